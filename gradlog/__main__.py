@@ -1,0 +1,5 @@
+import sys
+
+from gradlog.cli import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""Command line: `gradlog demo` (and, later, `gradlog report`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gradlog.demo import run
+
+    report = run(steps=args.steps, every=args.every, writer=args.writer, log_dir=args.log_dir, seed=args.seed)
+    del report  # the demo succeeded; finding the planted bugs is its point
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gradlog", description="Which PyTorch weights are learning, and which never did.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="train a small model with three planted bugs and print what gradlog finds")
+    demo.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    demo.add_argument("--every", type=int, default=10, help="measure every k optimizer steps (default 10)")
+    demo.add_argument("--writer", default="memory", help="writer name (default memory)")
+    demo.add_argument("--log-dir", default=None, help="where file-based writers write")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""At close: turn the ledger's evidence into one reason per tensor that never learned."""
+
+from __future__ import annotations
+
+from gradlog.ledger import Evidence
+from gradlog.params import Tracked, is_materialized
+from gradlog.report import NeverUpdated, Reason
+
+
+def _steps(n: int) -> str:
+    return f"{n} measured step{'s' if n != 1 else ''}"
+
+
+def _unchanged_reason(row: Tracked, ev: Evidence, has_optimizer: bool) -> tuple[Reason, str]:
+    if not row.param.requires_grad:
+        return Reason.FROZEN, "requires_grad is False"
+    if has_optimizer and row.group is None:
+        detail = "in no optimizer param group (added after the optimizer was built?)"
+        if ev.measured and ev.grad_none < ev.measured:
+            detail += f"; had a gradient at {ev.measured - ev.grad_none} of {_steps(ev.measured)}"
+        return Reason.NOT_IN_OPTIMIZER, detail
+    if ev.measured == 0:
+        return Reason.UNKNOWN, "no measured step saw it (did the optimizer step, or log() run?)"
+    if ev.grad_none == ev.measured:
+        return Reason.NO_GRAD, f"grad None at all {_steps(ev.measured)}: unused in forward, or detached"
+    if ev.lr_zero == ev.measured:
+        return Reason.ZERO_LR, f"lr 0 in param group {row.group} at all {_steps(ev.measured)}"
+    none = f"; None at {ev.grad_none}" if ev.grad_none else ""
+    if ev.grad_ok == 0 and ev.grad_nonfinite == 0 and ev.skipped == 0 and ev.grad_zero > 0:
+        return Reason.ZERO_GRAD, f"grad exactly zero at all {ev.grad_zero} measured steps with a gradient{none}"
+    if ev.grad_ok == 0 and (ev.grad_nonfinite or ev.skipped):
+        parts = []
+        if ev.grad_nonfinite:
+            parts.append(f"NaN/Inf grad at {ev.grad_nonfinite} of {_steps(ev.measured)}")
+        if ev.skipped:
+            parts.append(f"the optimizer skipped all {ev.skipped} measured steps with a gradient")
+        return Reason.NONFINITE_GRAD, "; ".join(parts)
+    if ev.stalled:
+        return (
+            Reason.BELOW_PRECISION,
+            f"finite non-zero grad and lr > 0 at {ev.grad_ok} measured steps, yet the {ev.dtype} value never "
+            f"changed: the update is below the dtype's precision (keep fp32 master weights, or raise lr)",
+        )
+    return Reason.UNKNOWN, (
+        f"value never changed; grad ok at {ev.grad_ok}, zero at {ev.grad_zero}, NaN/Inf at {ev.grad_nonfinite}, "
+        f"None at {ev.grad_none} of {_steps(ev.measured)}"
+    )
+
+
+def _changed_reason(row: Tracked, ev: Evidence) -> tuple[Reason, str] | None:
+    """A tensor that moved without ever getting a usable gradient did not learn either."""
+    if not row.param.requires_grad or ev.measured == 0 or ev.grad_ok > 0:
+        return None
+    if ev.grad_nonfinite:
+        return Reason.NONFINITE_GRAD, (
+            f"NaN/Inf grad at {ev.grad_nonfinite} of {_steps(ev.measured)} and never a finite one; "
+            "the value changed (it is likely non-finite now)"
+        )
+    if ev.grad_zero and not ev.skipped:
+        none = f", None at {ev.grad_none}" if ev.grad_none else ""
+        return Reason.ZERO_GRAD, (
+            f"grad exactly zero at all {ev.grad_zero} measured steps with a gradient{none}; "
+            "the value changed only without a gradient (weight decay)"
+        )
+    return None
+
+
+def diagnose(
+    rows: list[Tracked], evidence: dict[int, Evidence], changed: dict[int, bool], has_optimizer: bool
+) -> list[NeverUpdated]:
+    """One record per tensor that never learned, in model order."""
+    out = []
+    for row in rows:
+        ev = evidence.get(row.index, Evidence())
+        moved = changed.get(row.index)
+        found: tuple[Reason, str] | None
+        if moved is None:
+            if is_materialized(row.param) and ev.first_fp is not None:
+                continue
+            found = Reason.UNKNOWN, "never materialised (lazy or meta parameter), or first seen after the last step"
+        elif moved:
+            found = _changed_reason(row, ev)
+        else:
+            found = _unchanged_reason(row, ev, has_optimizer)
+        if found is not None:
+            reason, detail = found
+            out.append(NeverUpdated(row.name, row.shape, row.numel, reason, detail, row.aliases))
+    return out

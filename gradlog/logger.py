@@ -1,0 +1,285 @@
+"""`GradLogger`: the one object a user creates. It wires hooks -> meter -> writers and ledger -> report."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradlog.diagnosis import diagnose
+from gradlog.histogram import MAX_BINS
+from gradlog.ledger import Ledger
+from gradlog.measure import HISTOGRAM_KINDS, Measurement, Meter
+from gradlog.params import ParamTable
+from gradlog.report import COLUMNS, Report
+from gradlog.writers import WriterSpec, make_writers
+from gradlog.writers.guard import GuardedWriters
+
+log = logging.getLogger("gradlog")
+log.addHandler(logging.NullHandler())
+
+DEFAULT_EVERY = 50
+
+
+def _is_rank_zero() -> bool:
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+class GradLogger:
+    """Measures gradients and updates every `every` optimizer steps and names the tensors that never learned.
+
+    When a step is measured: inside the optimizer's step hooks, counting optimizer steps from 0.
+    Step k is measured when ``k % every == 0`` (so the first step always is). The pre-hook reads
+    the gradients the optimizer is about to use and snapshots the weights; the post-hook measures
+    the update it really applied. Where you call ``zero_grad()``, and how many backward passes
+    make one step, therefore does not matter.
+
+    When it is written: ``log(step)`` publishes the latest measurement not yet published, at x-axis
+    value ``step`` (default: the 0-based index of the measured optimizer step). Calling ``log`` more
+    often than measurements happen (every micro-batch, say) is cheap and publishes nothing new.
+
+    Without an optimizer (``optimizer=None``) gradients are measured inside ``log()`` itself, on
+    every ``every``-th call, and no update can be measured.
+
+    Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
+    never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        writer: WriterSpec = "memory",
+        every: int = DEFAULT_EVERY,
+        *,
+        log_dir: str | None = None,
+        histograms: bool = True,
+        histogram_every: int | None = None,
+        histogram_kinds: tuple[str, ...] = HISTOGRAM_KINDS,
+        bins: int = 64,
+        print_report: bool = True,
+        strict: bool = False,
+        writer_options: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}; "
+                "with several optimizers, create one GradLogger per optimizer"
+            )
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an integer >= 1 (measure every k-th optimizer step), got {every!r}")
+        if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:
+            raise ValueError(f"bins must be an integer in 1..{MAX_BINS}, got {bins!r}")
+        if histogram_every is not None and (histogram_every < 1 or histogram_every % every):
+            raise ValueError(
+                f"histogram_every must be a positive multiple of every={every}, got {histogram_every!r}"
+            )
+        bad = [k for k in histogram_kinds if k not in HISTOGRAM_KINDS]
+        if bad:
+            raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
+        self.model = model
+        self.optimizer = optimizer
+        self.every = every
+        self.histogram_every = (histogram_every or every) if histograms else 0
+        self.print_report = print_report
+        self.table = ParamTable(model, optimizer)
+        self.meter = Meter(
+            self.table,
+            optimizer,
+            bins,
+            tuple(histogram_kinds),
+            grad_scale=self._grad_scale,
+            skipped=self._found_inf,
+        )
+        self.ledger = Ledger()
+        self.ledger.fingerprint_new(self.table.rows)
+        self.rank_zero = _is_rank_zero()
+        writers = make_writers(writer, log_dir=log_dir, **(writer_options or {})) if self.rank_zero else []
+        self.writers = GuardedWriters(writers, strict=strict)
+        self.optimizer_steps = 0
+        self._calls = 0
+        self._pending: Measurement | None = None
+        self._last_index = -1
+        self._report: Report | None = None
+        self._handles: list[Any] = []
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(self._pre_step))
+            self._handles.append(optimizer.register_step_post_hook(self._post_step))
+        _active.append(self)
+        ref = weakref.ref(self)
+        self._atexit: Callable[[], None] = lambda: _close_ref(ref)
+        atexit.register(self._atexit)
+
+    # --- hooks (the hot path: unmeasured steps only count) ---------------------------------
+    def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        index = self.optimizer_steps
+        self.optimizer_steps += 1
+        if index % self.every:
+            return
+        self._begin(index, snapshot=True)
+
+    def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.meter.busy:
+            self.meter.finish()
+
+    def _begin(self, index: int, snapshot: bool) -> None:
+        self._collect()  # a measurement the user never published still feeds the ledger
+        self.table.rescan()  # parameters materialised or added since the last measured step
+        self.ledger.fingerprint_new(self.table.rows)
+        hist = bool(self.histogram_every) and index % self.histogram_every == 0
+        self.meter.start(index, histograms=hist, snapshot=snapshot)
+
+    def _grad_scale(self) -> torch.Tensor | None:
+        """Fused optimizers under GradScaler see scaled gradients and carry the scale."""
+        scale = getattr(self.optimizer, "grad_scale", None)
+        if isinstance(scale, torch.Tensor):
+            return 1.0 / scale.detach().double()
+        return None
+
+    def _found_inf(self) -> torch.Tensor | None:
+        found = getattr(self.optimizer, "found_inf", None)
+        return found.detach() if isinstance(found, torch.Tensor) else None
+
+    def _collect(self) -> Measurement | None:
+        """Bring a finished measurement to the host (its one copy) and feed the ledger."""
+        m = self.meter.fetch()
+        if m is not None:
+            self.ledger.observe(m)
+            self._pending = m
+        return m
+
+    # --- public API --------------------------------------------------------------------------
+    def log(self, step: int | None = None) -> None:
+        """Publish the latest measurement not yet published, at x-axis value `step`.
+
+        Never raises because of a writer; see the class docstring for when steps are measured.
+        """
+        if self._report is not None:
+            raise RuntimeError("GradLogger.log() called after close(); create a new GradLogger for a new run")
+        if self.optimizer is None:
+            call = self._calls
+            self._calls += 1
+            if call % self.every == 0:
+                self._begin(call, snapshot=False)
+                self.meter.finish()
+        self._collect()
+        m, self._pending = self._pending, None
+        if m is None or m.index == self._last_index:
+            return
+        self._last_index = m.index
+        self._publish(m, m.index if step is None else int(step))
+
+    def _publish(self, m: Measurement, step: int) -> None:
+        if not self.writers.writers:
+            return
+        scalars = m.scalars()
+        scalars["gradlog/skipped_steps"] = float(self.ledger.skipped_steps)
+        self.writers.log_scalars(scalars, step)
+        for kind, hists in m.histograms.items():
+            for pos, h in hists.items():
+                self.writers.log_histogram(f"{kind}/{m.rows[pos].name}", h, step)
+        self.writers.flush()
+
+    def report(self) -> Report:
+        """The never-updated diagnosis as of now (close() calls this once more at the end)."""
+        self._collect()
+        rows = self.table.rows
+        changed = self.ledger.changed(rows)
+        return Report(
+            never_updated=diagnose(rows, self.ledger.evidence, changed, self.optimizer is not None),
+            first_nonfinite=self.ledger.first_nonfinite,
+            optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
+            measured_steps=self.ledger.measured_steps,
+            skipped_steps=self.ledger.skipped_steps,
+            tracked_tensors=len(rows),
+        )
+
+    def close(self) -> Report:
+        """Remove the hooks, diagnose, print and write the never-updated table. Idempotent."""
+        if self._report is not None:
+            return self._report
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.meter.abandon()
+        self.table.rescan()
+        report = self.report()
+        self._report = report
+        if self.rank_zero:
+            self._write_report(report)
+            if self.print_report:
+                print(report.table(), file=sys.stdout, flush=True)
+        self.writers.close()
+        if self in _active:
+            _active.remove(self)
+        atexit.unregister(self._atexit)
+        return report
+
+    def _write_report(self, report: Report) -> None:
+        step = max(self._last_index, 0)
+        final = {"gradlog/never_updated": float(len(report.never_updated))}
+        for reason, n in report.counts().items():
+            final[f"gradlog/never_updated/{reason}"] = float(n)
+        self.writers.log_scalars(final, step)
+        self.writers.log_table("gradlog/never_updated", COLUMNS, report.rows())
+        summary = [
+            ["verdict", report.verdict],
+            ["healthy", str(report.healthy)],
+            ["optimizer_steps", str(report.optimizer_steps)],
+            ["measured_steps", str(report.measured_steps)],
+            ["skipped_steps", str(report.skipped_steps)],
+        ]
+        if report.first_nonfinite is not None:
+            summary += [
+                ["first_nonfinite_step", str(report.first_nonfinite.step)],
+                ["first_nonfinite_tensor", report.first_nonfinite.name],
+            ]
+        self.writers.log_table("gradlog/summary", ["key", "value"], summary)
+
+    def __enter__(self) -> GradLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_active: list[GradLogger] = []
+
+
+def _close_ref(ref: weakref.ref[GradLogger]) -> None:
+    gl = ref()
+    if gl is not None:
+        try:
+            gl.close()
+        except Exception as exc:  # never turn interpreter exit into a traceback
+            log.warning("gradlog: closing at exit failed: %s", exc)
+
+
+def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> GradLogger:
+    """Create a GradLogger that the module-level `gradlog.log()` and `gradlog.close()` drive."""
+    return GradLogger(model, optimizer, **kwargs)
+
+
+def log(step: int | None = None) -> None:
+    """Publish the latest measurement of every open GradLogger (see `GradLogger.log`)."""
+    if not _active:
+        raise RuntimeError("gradlog.log() needs an open logger: call gradlog.watch(model, optimizer) first")
+    for gl in list(_active):
+        gl.log(step)
+
+
+def close() -> Report | None:
+    """Close every open GradLogger; returns the last one's Report (None if none was open)."""
+    report = None
+    for gl in list(_active):
+        report = gl.close()
+    return report

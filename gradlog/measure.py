@@ -1,0 +1,244 @@
+"""One measured step: device statistics in, one host copy out.
+
+`Meter.start` runs in the optimizer's step pre-hook (gradients as the optimizer sees them, and a
+snapshot of the weights), `Meter.finish` in the post-hook (the update really applied). Nothing
+is read back until `fetch`, which makes the step's single device-to-host copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from gradlog.histogram import Histogram
+from gradlog.params import ParamTable, Tracked, is_materialized, local_tensor
+from gradlog.stats import NONFINITE, NONZERO, SUMSQ, Packer, dense_values, histogram_partials, norm_partials
+
+HISTOGRAM_KINDS = ("grad", "weight", "update")
+
+#: Returns 1/scale (a device tensor) when the gradients the optimizer sees are scaled, else None.
+ScaleFn = Callable[[], "torch.Tensor | None"]
+#: Returns a device tensor that is non-zero when the optimizer skipped this step, else None.
+SkipFn = Callable[[], "torch.Tensor | None"]
+
+
+@dataclass
+class Measurement:
+    """Host-side statistics of one measured step, one row per tracked tensor (`rows`)."""
+
+    index: int
+    rows: list[Tracked]
+    has_grad: list[bool]
+    numel: torch.Tensor
+    grad: torch.Tensor  # [n, 3] sum of squares, non-zeros, non-finite (unscaled)
+    weight_sumsq: torch.Tensor
+    before_sumsq: torch.Tensor | None
+    update_sumsq: torch.Tensor | None
+    lr: list[float | None]
+    skipped: bool
+    histograms: dict[str, dict[int, Histogram]] = field(default_factory=dict)
+
+    @property
+    def grad_norm(self) -> torch.Tensor:
+        return self.grad[:, SUMSQ].sqrt()
+
+    @property
+    def nonfinite(self) -> torch.Tensor:
+        return self.grad[:, NONFINITE]
+
+    @property
+    def zero_frac(self) -> torch.Tensor:
+        numel = self.numel.clamp(min=1)
+        return (self.numel - self.grad[:, NONZERO]) / numel
+
+    @property
+    def update_norm(self) -> torch.Tensor | None:
+        return None if self.update_sumsq is None else self.update_sumsq.sqrt()
+
+    @property
+    def update_ratio(self) -> torch.Tensor | None:
+        """‖Δw‖ / ‖w_before‖; a tensor that was all zero before is measured against ‖w_after‖."""
+        if self.update_sumsq is None or self.before_sumsq is None:
+            return None
+        u = self.update_sumsq.sqrt()
+        den = torch.where(self.before_sumsq > 0, self.before_sumsq, self.weight_sumsq).sqrt()
+        return torch.where(den > 0, u / den.clamp(min=1e-300), torch.zeros_like(u))
+
+    def scalars(self) -> dict[str, float]:
+        """Every scalar tag of this step, for the writers."""
+        out: dict[str, float] = {}
+        gnorm, zf, nf = self.grad_norm.tolist(), self.zero_frac.tolist(), self.nonfinite.tolist()
+        wnorm = self.weight_sumsq.sqrt().tolist()
+        ratio = self.update_ratio
+        ratios = ratio.tolist() if ratio is not None else None
+        total = 0.0
+        n_nonfinite = 0
+        n_nograd = 0
+        for i, row in enumerate(self.rows):
+            name = row.name
+            out[f"weight_norm/{name}"] = wnorm[i]
+            if self.has_grad[i]:
+                out[f"grad_norm/{name}"] = gnorm[i]
+                out[f"grad_zero_frac/{name}"] = zf[i]
+                out[f"grad_nonfinite/{name}"] = nf[i]
+                total += float(self.grad[i, SUMSQ])
+                n_nonfinite += nf[i] > 0
+            elif row.param.requires_grad:
+                n_nograd += 1
+            if ratios is not None and row.group is not None:
+                out[f"update_ratio/{name}"] = ratios[i]
+        out["gradlog/grad_norm_total"] = math.sqrt(total) if math.isfinite(total) else total
+        out["gradlog/nonfinite_tensors"] = float(n_nonfinite)
+        out["gradlog/no_grad_tensors"] = float(n_nograd)
+        return out
+
+
+@dataclass
+class _Open:
+    """Device state held between the pre- and post-hook of one measured step."""
+
+    index: int
+    rows: list[Tracked]
+    has_grad: list[bool]
+    lr: list[float | None]
+    grad: torch.Tensor
+    before: torch.Tensor | None
+    snapshot: list[torch.Tensor] | None
+    histograms: bool
+    packer: Packer
+
+
+class Meter:
+    """Computes one step's statistics on the device; see the module docstring."""
+
+    def __init__(
+        self,
+        table: ParamTable,
+        optimizer: torch.optim.Optimizer | None,
+        bins: int,
+        histogram_kinds: tuple[str, ...],
+        grad_scale: ScaleFn | None = None,
+        skipped: SkipFn | None = None,
+    ) -> None:
+        self.table = table
+        self.optimizer = optimizer
+        self.bins = bins
+        self.histogram_kinds = histogram_kinds
+        self.grad_scale = grad_scale
+        self.skipped = skipped
+        self._open: _Open | None = None
+        self._done: tuple[_Open, Packer] | None = None
+        self.tensor_work = 0  # number of start() calls that touched tensors; tests assert on it
+
+    @property
+    def busy(self) -> bool:
+        return self._open is not None
+
+    def _device(self, rows: list[Tracked]) -> torch.device:
+        for r in rows:
+            return local_tensor(r.param).device
+        return torch.device("cpu")
+
+    @torch.no_grad()
+    def start(self, index: int, histograms: bool, snapshot: bool) -> None:
+        """Gradient statistics and (with an optimizer) the weight snapshot, before the step."""
+        self.tensor_work += 1
+        rows = [r for r in self.table.rows if is_materialized(r.param)]
+        device = self._device(rows)
+        packer = Packer(device)
+        grads = [r.param.grad for r in rows]
+        has_grad = [g is not None for g in grads]
+        pos = [i for i, h in enumerate(has_grad) if h]
+        xs = [dense_values(grads[i]) for i in pos]  # type: ignore[arg-type]
+        grad = torch.zeros(len(rows), 3, dtype=torch.float64 if device.type != "mps" else torch.float32, device=device)
+        inv = self.grad_scale() if self.grad_scale is not None else None
+        if xs:
+            part = norm_partials(xs, device)
+            if inv is not None:
+                part[:, SUMSQ] *= inv.to(part) ** 2
+            grad[torch.tensor(pos, device=device)] = part
+        if histograms and "grad" in self.histogram_kinds and xs:
+            h = histogram_partials(xs, self.bins, device)
+            if inv is not None:
+                h[:, self.bins : self.bins + 3] *= inv.to(h)
+                h[:, self.bins + 3] *= inv.to(h) ** 2
+            packer.add("hist/grad", h)
+            packer.add("hist/grad_pos", torch.tensor(pos, dtype=h.dtype, device=device))
+        lrs: list[float | None] = []
+        for r in rows:
+            if self.optimizer is None or r.group is None:
+                lrs.append(None)
+            else:
+                lr = self.optimizer.param_groups[r.group].get("lr")
+                lrs.append(float(lr) if lr is not None else None)
+        before = snap = None
+        if snapshot:
+            weights = [local_tensor(r.param).detach() for r in rows]
+            before = norm_partials(weights, device, counts=False)[:, SUMSQ]
+            snap = [w.clone() for w in weights]
+        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, packer)
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Weight norms and the applied update, after the step; queues everything for one host copy."""
+        op = self._open
+        if op is None:
+            return
+        self._open = None
+        device, packer = op.packer.device, op.packer
+        weights = [local_tensor(r.param).detach() for r in op.rows]
+        packer.add("grad", op.grad)
+        packer.add("weight", norm_partials(weights, device, counts=False)[:, SUMSQ])
+        if op.histograms and "weight" in self.histogram_kinds and weights:
+            packer.add("hist/weight", histogram_partials(weights, self.bins, device))
+        if op.snapshot is not None and op.before is not None:
+            torch._foreach_sub_(op.snapshot, weights)  # before - after, in place: no second copy
+            torch._foreach_neg_(op.snapshot)
+            packer.add("before", op.before)
+            packer.add("update", norm_partials(op.snapshot, device, counts=False)[:, SUMSQ])
+            if op.histograms and "update" in self.histogram_kinds and weights:
+                packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device))
+            op.snapshot = None
+        flag = self.skipped() if self.skipped is not None else None
+        if flag is not None:
+            packer.add("skipped", flag.reshape(-1)[:1])
+        self._done = (op, packer)
+
+    def abandon(self) -> None:
+        """The step raised between the hooks: drop the snapshot."""
+        self._open = None
+
+    def fetch(self) -> Measurement | None:
+        """The step's one device-to-host copy, then host-side assembly. None when nothing is queued."""
+        if self._done is None:
+            return None
+        op, packer = self._done
+        self._done = None
+        host = packer.fetch()
+        numel = torch.tensor([float(r.numel) for r in op.rows], dtype=torch.float64)
+        hists: dict[str, dict[int, Histogram]] = {}
+        for kind in HISTOGRAM_KINDS:
+            h = host.get(f"hist/{kind}")
+            if h is None:
+                continue
+            positions = host["hist/grad_pos"].long().tolist() if kind == "grad" else list(range(len(op.rows)))
+            hists[kind] = {
+                p: Histogram.from_partials(h[j].tolist(), op.rows[p].numel) for j, p in enumerate(positions)
+            }
+        skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
+        return Measurement(
+            index=op.index,
+            rows=op.rows,
+            has_grad=op.has_grad,
+            numel=numel,
+            grad=host["grad"].double(),
+            weight_sumsq=host["weight"].double(),
+            before_sumsq=host["before"].double() if "before" in host else None,
+            update_sumsq=host["update"].double() if "update" in host else None,
+            lr=op.lr,
+            skipped=skipped,
+            histograms=hists,
+        )

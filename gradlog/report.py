@@ -1,0 +1,152 @@
+"""The end-of-run answer: which tensors never learned, and why."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Reason(str, enum.Enum):
+    """Why a tensor never learned. Exactly one per reported tensor, most fundamental first."""
+
+    FROZEN = "frozen"
+    NOT_IN_OPTIMIZER = "not_in_optimizer"
+    NO_GRAD = "no_grad"
+    ZERO_LR = "zero_lr"
+    ZERO_GRAD = "zero_grad"
+    NONFINITE_GRAD = "nonfinite_grad"
+    BELOW_PRECISION = "below_precision"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Reasons that usually mean the user meant it (fine-tuning with a frozen backbone).
+INTENTIONAL = frozenset({Reason.FROZEN})
+
+COLUMNS = ["name", "shape", "numel", "reason", "detail"]
+
+
+@dataclass(frozen=True)
+class NeverUpdated:
+    """One tensor that never learned, with the evidence in `detail`."""
+
+    name: str
+    shape: tuple[int, ...]
+    numel: int
+    reason: Reason
+    detail: str
+    aliases: tuple[str, ...] = ()
+
+    def row(self) -> list[str]:
+        name = self.name if not self.aliases else f"{self.name} (= {', '.join(self.aliases)})"
+        return [name, "x".join(map(str, self.shape)) or "scalar", str(self.numel), self.reason.value, self.detail]
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Where a gradient first went NaN/Inf: the step to look at first."""
+
+    step: int
+    name: str
+    count: int
+
+
+@dataclass
+class Report:
+    """What `GradLogger.close()` returns: the never-updated tensors and the run's headline numbers."""
+
+    never_updated: list[NeverUpdated] = field(default_factory=list)
+    first_nonfinite: NonFinite | None = None
+    optimizer_steps: int = 0
+    measured_steps: int = 0
+    skipped_steps: int = 0
+    tracked_tensors: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        """True when nothing is suspicious: only intentionally frozen tensors may be listed."""
+        return self.first_nonfinite is None and all(r.reason in INTENTIONAL for r in self.never_updated)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for rec in self.never_updated:
+            out[rec.reason.value] = out.get(rec.reason.value, 0) + 1
+        return out
+
+    @property
+    def verdict(self) -> str:
+        """One line a user can act on."""
+        n = len(self.never_updated)
+        parts = []
+        if n == 0:
+            parts.append(f"all {self.tracked_tensors} tracked tensors were updated")
+        else:
+            by = ", ".join(f"{k} {v}" for k, v in self.counts().items())
+            parts.append(f"{n} of {self.tracked_tensors} tensors never updated ({by})")
+        if self.first_nonfinite is not None:
+            f = self.first_nonfinite
+            parts.append(f"first non-finite gradient at step {f.step} in {f.name}")
+        if self.skipped_steps:
+            parts.append(f"{self.skipped_steps} optimizer steps skipped")
+        head = "OK" if self.healthy else "PROBLEM"
+        return f"gradlog {head}: " + "; ".join(parts) + f" ({self.optimizer_steps} optimizer steps, {self.measured_steps} measured)"
+
+    def rows(self) -> list[list[str]]:
+        return [r.row() for r in self.never_updated]
+
+    def table(self) -> str:
+        """A plain-text table for the console."""
+        return format_table(COLUMNS, self.rows()) + "\n" + self.verdict if self.never_updated else self.verdict
+
+    def markdown(self) -> str:
+        """A markdown table (TensorBoard's text plugin renders it)."""
+        lines = []
+        if self.never_updated:
+            lines.append("| " + " | ".join(COLUMNS) + " |")
+            lines.append("|" + "---|" * len(COLUMNS))
+            for row in self.rows():
+                lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+            lines.append("")
+        lines.append(f"**{self.verdict}**")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "healthy": self.healthy,
+            "verdict": self.verdict,
+            "optimizer_steps": self.optimizer_steps,
+            "measured_steps": self.measured_steps,
+            "skipped_steps": self.skipped_steps,
+            "tracked_tensors": self.tracked_tensors,
+            "never_updated": [
+                {
+                    "name": r.name,
+                    "aliases": list(r.aliases),
+                    "shape": list(r.shape),
+                    "numel": r.numel,
+                    "reason": r.reason.value,
+                    "detail": r.detail,
+                }
+                for r in self.never_updated
+            ],
+            "first_nonfinite": None
+            if self.first_nonfinite is None
+            else {"step": self.first_nonfinite.step, "name": self.first_nonfinite.name, "count": self.first_nonfinite.count},
+        }
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def format_table(columns: list[str], rows: list[list[str]]) -> str:
+    widths = [len(c) for c in columns]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    sep = "  "
+    out = [sep.join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    out.append(sep.join("-" * w for w in widths))
+    out += [sep.join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(out)

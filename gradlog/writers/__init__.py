@@ -1,0 +1,50 @@
+"""Writers and the one registry that maps `writer="name"` to a class."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+from gradlog.writers.base import Writer
+from gradlog.writers.memory import MemoryWriter
+
+#: name -> "module:Class"; backends import their package only when constructed.
+REGISTRY: dict[str, str] = {
+    "memory": "gradlog.writers.memory:MemoryWriter",
+}
+
+WriterSpec = Union[str, Writer, Sequence[Union[str, Writer]]]
+
+
+def writer_class(name: str) -> Callable[..., Writer]:
+    if name not in REGISTRY:
+        valid = ", ".join(repr(n) for n in sorted(REGISTRY))
+        raise ValueError(f"unknown writer {name!r}; valid names are {valid}, or pass a gradlog.Writer instance")
+    module, _, cls = REGISTRY[name].partition(":")
+    factory: Callable[..., Writer] = getattr(importlib.import_module(module), cls)
+    return factory
+
+
+def make_writers(spec: WriterSpec, log_dir: str | None = None, **options: Any) -> list[Writer]:
+    """Turn `writer=` into Writer instances: a name, an instance, or a list of either."""
+    items: list[str | Writer] = [spec] if isinstance(spec, (str, Writer)) else list(spec)
+    out: list[Writer] = []
+    for item in items:
+        if isinstance(item, Writer):
+            out.append(item)
+        elif isinstance(item, str):
+            cls = writer_class(item)
+            kwargs = dict(options)
+            if log_dir is not None:
+                kwargs["log_dir"] = log_dir
+            out.append(cls(**kwargs))
+        else:
+            raise TypeError(
+                f"writer must be a name ({', '.join(sorted(REGISTRY))}), a gradlog.Writer or a list of them; "
+                f"got {type(item).__name__}"
+            )
+    return out
+
+
+__all__ = ["REGISTRY", "MemoryWriter", "Writer", "make_writers", "writer_class"]
