@@ -1,8 +1,8 @@
 """gradlog: which weights are learning, and which never did.
 
-    gl = gradlog.GradLogger(model, optimizer)        # or gradlog.watch(model, optimizer)
-    ... optimizer.step(); gl.log(step) ...
-    report = gl.close()                               # the never-updated table
+gl = gradlog.GradLogger(model, optimizer)        # or gradlog.watch(model, optimizer)
+... optimizer.step(); gl.log(step) ...
+report = gl.close()                               # the never-updated table
 """
 
 from __future__ import annotations

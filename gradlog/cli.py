@@ -16,7 +16,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gradlog", description="Which PyTorch weights are learning, and which never did.")
+    parser = argparse.ArgumentParser(
+        prog="gradlog", description="Which PyTorch weights are learning, and which never did."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small model with three planted bugs and print what gradlog finds")
     demo.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")

@@ -48,7 +48,7 @@ class Histogram:
         bins = len(row) - 5
         counts = tuple(max(float(c), 0.0) for c in row[:bins])
         lo, hi, s, s2, nf = (float(v) for v in row[bins:])
-        count = int(round(sum(counts)))
+        count = round(sum(counts))
         if count == 0:
             lo = hi = s = s2 = 0.0
-        return cls(counts, lo, hi, s, s2, count, int(round(nf)))
+        return cls(counts, lo, hi, s, s2, count, round(nf))

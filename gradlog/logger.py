@@ -21,8 +21,8 @@ from gradlog.report import COLUMNS, Report
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
 
-log = logging.getLogger("gradlog")
-log.addHandler(logging.NullHandler())
+logger = logging.getLogger("gradlog")
+logger.addHandler(logging.NullHandler())
 
 DEFAULT_EVERY = 50
 
@@ -80,9 +80,7 @@ class GradLogger:
         if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:
             raise ValueError(f"bins must be an integer in 1..{MAX_BINS}, got {bins!r}")
         if histogram_every is not None and (histogram_every < 1 or histogram_every % every):
-            raise ValueError(
-                f"histogram_every must be a positive multiple of every={every}, got {histogram_every!r}"
-            )
+            raise ValueError(f"histogram_every must be a positive multiple of every={every}, got {histogram_every!r}")
         bad = [k for k in histogram_kinds if k not in HISTOGRAM_KINDS]
         if bad:
             raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
@@ -261,7 +259,7 @@ def _close_ref(ref: weakref.ref[GradLogger]) -> None:
         try:
             gl.close()
         except Exception as exc:  # never turn interpreter exit into a traceback
-            log.warning("gradlog: closing at exit failed: %s", exc)
+            logger.warning("gradlog: closing at exit failed: %s", exc)
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> GradLogger:

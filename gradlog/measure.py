@@ -225,9 +225,7 @@ class Meter:
             if h is None:
                 continue
             positions = host["hist/grad_pos"].long().tolist() if kind == "grad" else list(range(len(op.rows)))
-            hists[kind] = {
-                p: Histogram.from_partials(h[j].tolist(), op.rows[p].numel) for j, p in enumerate(positions)
-            }
+            hists[kind] = {p: Histogram.from_partials(h[j].tolist(), op.rows[p].numel) for j, p in enumerate(positions)}
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
         return Measurement(
             index=op.index,

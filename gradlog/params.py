@@ -74,14 +74,14 @@ class ParamTable:
         before = len(self.rows)
         names: dict[int, list[str]] = {}
         params: dict[int, torch.Tensor] = {}
-        for name, p in self._model.named_parameters(remove_duplicate=False):
+        for name, p in self._model.named_parameters(remove_duplicate=False):  # aliases of tied weights too
             names.setdefault(id(p), []).append(clean_name(name))
             params[id(p)] = p
-        for pid, p in params.items():
+        for pid, param in params.items():
             ns = names[pid]
             row = self._by_id.get(pid)
             if row is None:
-                self._add(p, ns[0], tuple(ns[1:]), in_model=True)
+                self._add(param, ns[0], tuple(ns[1:]), in_model=True)
             else:
                 row.name, row.aliases, row.in_model = ns[0], tuple(ns[1:]), True
         groups: dict[int, int] = {}

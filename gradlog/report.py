@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +93,8 @@ class Report:
         if self.skipped_steps:
             parts.append(f"{self.skipped_steps} optimizer steps skipped")
         head = "OK" if self.healthy else "PROBLEM"
-        return f"gradlog {head}: " + "; ".join(parts) + f" ({self.optimizer_steps} optimizer steps, {self.measured_steps} measured)"
+        steps = f" ({self.optimizer_steps} optimizer steps, {self.measured_steps} measured)"
+        return f"gradlog {head}: " + "; ".join(parts) + steps
 
     def rows(self) -> list[list[str]]:
         return [r.row() for r in self.never_updated]
@@ -132,9 +134,7 @@ class Report:
                 }
                 for r in self.never_updated
             ],
-            "first_nonfinite": None
-            if self.first_nonfinite is None
-            else {"step": self.first_nonfinite.step, "name": self.first_nonfinite.name, "count": self.first_nonfinite.count},
+            "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
         }
 
     def __str__(self) -> str:

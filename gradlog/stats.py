@@ -68,9 +68,9 @@ def norm_partials(xs: Sequence[torch.Tensor], device: torch.device, counts: bool
             nz = torch._foreach_norm(group, 0) if counts else zeros
             nf = torch._foreach_norm(torch._foreach_mul(group, 0), 0) if counts else zeros
         else:  # integer "parameters" cannot be NaN
-            l2 = [g.double().norm() for g in group]
-            nz = [torch.count_nonzero(g) for g in group]
-            nf = [torch.zeros((), device=g.device) for g in group]
+            l2 = tuple(g.double().norm() for g in group)
+            nz = tuple(torch.count_nonzero(g) for g in group)
+            nf = tuple(torch.zeros((), device=g.device) for g in group)
         cols = [torch.stack([v.to(device, dt) for v in vals]) for vals in (l2, nz, nf)]
         cols[0] = cols[0] * cols[0]
         out[torch.tensor(idx, device=device)] = torch.stack(cols, dim=1)

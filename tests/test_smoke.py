@@ -1,0 +1,30 @@
+import torch
+from torch import nn
+
+import gradlog
+
+
+def test_demo_names_exactly_the_three_planted_bugs() -> None:
+    from gradlog.demo import run
+
+    report = run(steps=30, every=5)
+    found = {(r.name, r.reason) for r in report.never_updated}
+    assert found == {
+        ("frozen.weight", gradlog.Reason.FROZEN),
+        ("late.weight", gradlog.Reason.NOT_IN_OPTIMIZER),
+        ("aux_head.weight", gradlog.Reason.NO_GRAD),
+    }
+
+
+def test_grad_norm_matches_vector_norm() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    model(torch.randn(4, 3)).pow(2).sum().backward()
+    expected = torch.linalg.vector_norm(model.weight.grad).item()
+    opt.step()
+    gl.log(0)
+    gl.close()
+    assert abs(mem.last("grad_norm/weight") - expected) < 1e-6 * max(expected, 1)
