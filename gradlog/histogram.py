@@ -46,7 +46,9 @@ class Histogram:
     def from_partials(cls, row: Sequence[float], numel: int) -> Histogram:
         """Build from a `stats.histogram_partials` row (counts, min, max, sum, sum of squares, non-finite)."""
         bins = len(row) - 5
-        counts = tuple(max(float(c), 0.0) for c in row[:bins])
+        counts = tuple(map(float, row[:bins]))  # C-level loops: thousands of these per logged step
+        if counts and min(counts) < 0:
+            counts = tuple(max(c, 0.0) for c in counts)
         lo, hi, s, s2, nf = (float(v) for v in row[bins:])
         count = round(sum(counts))
         if count == 0:

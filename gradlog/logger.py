@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,8 @@ logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
 
 DEFAULT_EVERY = 50
+#: Writers are flushed at most this often while training (and always at close).
+FLUSH_SECS = 10.0
 
 
 def _is_rank_zero() -> bool:
@@ -107,6 +110,7 @@ class GradLogger:
         self._calls = 0
         self._pending: Measurement | None = None
         self._last_index = -1
+        self._flushed_at = time.monotonic()
         self._report: Report | None = None
         self._handles: list[Any] = []
         if optimizer is not None:
@@ -185,7 +189,10 @@ class GradLogger:
         for kind, hists in m.histograms.items():
             for pos, h in hists.items():
                 self.writers.log_histogram(f"{kind}/{m.rows[pos].name}", h, step)
-        self.writers.flush()
+        now = time.monotonic()
+        if now - self._flushed_at >= FLUSH_SECS:  # a flush per step can cost more than the step's math
+            self._flushed_at = now
+            self.writers.flush()
 
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""

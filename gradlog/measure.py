@@ -71,6 +71,7 @@ class Measurement:
         """Every scalar tag of this step, for the writers."""
         out: dict[str, float] = {}
         gnorm, zf, nf = self.grad_norm.tolist(), self.zero_frac.tolist(), self.nonfinite.tolist()
+        sumsq = self.grad[:, SUMSQ].tolist()
         wnorm = self.weight_sumsq.sqrt().tolist()
         ratio = self.update_ratio
         ratios = ratio.tolist() if ratio is not None else None
@@ -84,7 +85,7 @@ class Measurement:
                 out[f"grad_norm/{name}"] = gnorm[i]
                 out[f"grad_zero_frac/{name}"] = zf[i]
                 out[f"grad_nonfinite/{name}"] = nf[i]
-                total += float(self.grad[i, SUMSQ])
+                total += sumsq[i]
                 n_nonfinite += nf[i] > 0
             elif row.param.requires_grad:
                 n_nograd += 1
@@ -196,10 +197,10 @@ class Meter:
             packer.add("hist/weight", histogram_partials(weights, self.bins, device))
         if op.snapshot is not None and op.before is not None:
             torch._foreach_sub_(op.snapshot, weights)  # before - after, in place: no second copy
-            torch._foreach_neg_(op.snapshot)
             packer.add("before", op.before)
             packer.add("update", norm_partials(op.snapshot, device, counts=False)[:, SUMSQ])
             if op.histograms and "update" in self.histogram_kinds and weights:
+                torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
                 packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device))
             op.snapshot = None
         flag = self.skipped() if self.skipped is not None else None
@@ -225,7 +226,7 @@ class Meter:
             if h is None:
                 continue
             positions = host["hist/grad_pos"].long().tolist() if kind == "grad" else list(range(len(op.rows)))
-            hists[kind] = {p: Histogram.from_partials(h[j].tolist(), op.rows[p].numel) for j, p in enumerate(positions)}
+            hists[kind] = {p: Histogram.from_partials(row, op.rows[p].numel) for p, row in zip(positions, h.tolist())}
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
         return Measurement(
             index=op.index,

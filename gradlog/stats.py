@@ -7,6 +7,7 @@ reducer can combine shards before the final norms and ratios are taken.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -49,64 +50,160 @@ def _groups(xs: Sequence[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype]
     return out
 
 
+def host_reads_free(device: torch.device) -> bool:
+    """On the CPU a value can be read back for free, so work can be skipped after a look.
+
+    Elsewhere a read is a host sync, so those paths stay branch-free on the device.
+    """
+    return device.type == "cpu"
+
+
+def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
+    """NaN/Inf entries per tensor of one (device, dtype) group, given its stacked L2 norms.
+
+    A tensor with any NaN/Inf has a non-finite norm, so on the CPU only those few are counted.
+    On accelerators: the non-zeros of `x * 0`, which is NaN exactly where x is not finite.
+    """
+    if not host_reads_free(l2.device):
+        return torch.stack(torch._foreach_norm(torch._foreach_mul(group, 0), 0))
+    out = torch.zeros(len(group), dtype=torch.float64, device=l2.device)
+    for i, bad in enumerate((~torch.isfinite(l2)).tolist()):
+        if bad:  # NaN/Inf inside, or a sum of squares that overflowed (then the count is 0)
+            out[i] = group[i].numel() - torch.isfinite(group[i]).sum()
+    return out
+
+
 def norm_partials(xs: Sequence[torch.Tensor], device: torch.device, counts: bool = True) -> torch.Tensor:
     """[n, 3]: sum of squares, count of non-zero entries (NaN/Inf included), count of NaN/Inf entries.
 
     With `counts=False` only the sum of squares is computed (the count columns stay 0).
 
-    Three fused `_foreach_norm` calls per (device, dtype) group; the NaN/Inf count is the
-    number of non-zeros of `x * 0`, which is NaN exactly where x is not finite.
+    One fused `_foreach_norm` per (device, dtype) group for the sums of squares (fp16/bf16
+    accumulated in fp32), one more for the non-zero counts; see `_nonfinite_counts`.
     """
     dt = stat_dtype(device)
+    groups = _groups(xs)
     out = torch.zeros(len(xs), 3, dtype=dt, device=device)
-    for (_, dtype), idx in _groups(xs).items():
+    for (_, dtype), idx in groups.items():
         group = [xs[i] for i in idx]
         if dtype.is_floating_point or dtype.is_complex:
             norm_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
             l2 = torch._foreach_norm(group, 2, dtype=norm_dtype) if norm_dtype else torch._foreach_norm(group, 2)
-            zeros = [torch.zeros((), device=g.device) for g in group]
-            nz = torch._foreach_norm(group, 0) if counts else zeros
-            nf = torch._foreach_norm(torch._foreach_mul(group, 0), 0) if counts else zeros
+            l2s = torch.stack(l2)
+            cols = [l2s.to(device, dt)]
+            if counts:
+                cols.append(torch.stack(torch._foreach_norm(group, 0)).to(device, dt))
+                cols.append(_nonfinite_counts(group, l2s).to(device, dt))
         else:  # integer "parameters" cannot be NaN
-            l2 = tuple(g.double().norm() for g in group)
-            nz = tuple(torch.count_nonzero(g) for g in group)
-            nf = tuple(torch.zeros((), device=g.device) for g in group)
-        cols = [torch.stack([v.to(device, dt) for v in vals]) for vals in (l2, nz, nf)]
+            cols = [torch.stack([g.double().norm() for g in group]).to(device, dt)]
+            if counts:
+                cols.append(torch.stack([torch.count_nonzero(g) for g in group]).to(device, dt))
         cols[0] = cols[0] * cols[0]
-        out[torch.tensor(idx, device=device)] = torch.stack(cols, dim=1)
+        part = torch.stack(cols, dim=1)
+        if len(groups) == 1:
+            out[:, : part.shape[1]] = part
+        else:
+            out[torch.tensor(idx, device=device), : part.shape[1]] = part
     return out
+
+
+def _hist_input(x: torch.Tensor) -> torch.Tensor:
+    x = _real(x).reshape(-1)
+    return x.float() if x.element_size() < 4 else x  # fp16/bf16: bucket and sum in fp32
+
+
+def _positions(z: torch.Tensor, lo: float | torch.Tensor, scale: float | torch.Tensor, bins: int) -> torch.Tensor:
+    """Bucket of each value as a small integer in [0, bins]; `bins` (only the maximum, by rounding) is folded later.
+
+    `z >= lo` always, so no clamp is needed below; a narrow integer type keeps the pass cheap.
+    """
+    pos = torch.sub(z, lo).mul_(scale)
+    return pos.to(torch.uint8 if bins < 255 else torch.int16)
+
+
+def _host_histograms(xs: list[torch.Tensor], bins: int) -> tuple[list[torch.Tensor], list[list[float]]]:
+    """CPU: one pass each for min/max, sum, sum of squares; the rare tensor with NaN/Inf is masked first."""
+    stats = [torch.stack([*torch.aminmax(x), x.sum(), torch.dot(x, x)]) for x in xs if x.numel()]
+    host = iter(torch.stack([s.double() for s in stats]).tolist() if stats else [])
+    counts: list[torch.Tensor] = []
+    moments: list[list[float]] = []
+    for x in xs:
+        if x.numel() == 0:
+            counts.append(torch.zeros(bins + 1, dtype=torch.int64))
+            moments.append([0.0, 0.0, 0.0, 0.0, 0.0])
+            continue
+        lo, hi, s, s2 = next(host)
+        nonfinite = 0
+        if not all(math.isfinite(v) for v in (lo, hi, s, s2)):  # NaN/Inf inside (or an overflowed sum)
+            z = x[torch.isfinite(x)]
+            nonfinite = x.numel() - z.numel()
+            if z.numel() == 0:
+                counts.append(torch.zeros(bins + 1, dtype=torch.int64))
+                moments.append([0.0, 0.0, 0.0, 0.0, float(nonfinite)])
+                continue
+            lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
+            x = z
+        if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
+            x = x.double()
+        scale = bins / (hi - lo) if hi > lo else 0.0
+        counts.append(torch.bincount(_positions(x, lo, scale, bins), minlength=bins + 1))
+        moments.append([lo, hi, s, s2, float(nonfinite)])
+    return counts, moments
+
+
+def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accelerators: the same numbers without reading anything back (NaN/Inf masked with `where`)."""
+    if x.numel() == 0:
+        return torch.zeros(bins + 1, dtype=torch.int64, device=x.device), torch.zeros(5, device=x.device)
+    fin = torch.isfinite(x)
+    nonfinite = x.numel() - fin.sum()
+    empty = nonfinite == x.numel()
+    lo = torch.where(empty, 0, torch.where(fin, x, math.inf).amin())
+    hi = torch.where(empty, 0, torch.where(fin, x, -math.inf).amax())
+    z = torch.where(fin, x, lo)  # NaN/Inf parked in bucket 0, then taken out of it
+    zf = torch.where(fin, x, 0)
+    width = hi.double() - lo.double()
+    scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0).to(x.dtype)
+    pos = torch.sub(z, lo).mul_(scale).clamp_(0, bins)  # clamp: x - lo may overflow near the dtype's max
+    counts = torch.bincount(pos.to(torch.uint8 if bins < 255 else torch.int16), minlength=bins + 1)
+    counts[0] -= nonfinite
+    moments = torch.stack([lo, hi, zf.sum(), torch.dot(zf, zf), nonfinite.to(x.dtype)])
+    return counts, moments
 
 
 def histogram_partials(xs: Sequence[torch.Tensor], bins: int, device: torch.device) -> torch.Tensor:
     """[n, bins + 5]: bucket counts of the finite values, then min, max, sum, sum of squares, NaN/Inf count.
 
-    Buckets are fixed-width between each tensor's own finite min and max, computed on the device
-    without reading anything back: NaN/Inf are replaced by 0 for the range and the moments, then
-    taken back out of the bucket that holds 0. A constant tensor puts everything in bucket 0.
+    Buckets are fixed-width between each tensor's own finite min and max; NaN/Inf are only
+    counted and never reach the buckets or the moments. A constant tensor puts everything in
+    bucket 0. On the CPU values are read back to skip work; elsewhere nothing is read back.
     """
     dt = stat_dtype(device)
-    rows = []
-    for x in xs:
-        x = _real(x).reshape(-1)
-        if x.element_size() < 4:  # fp16/bf16: bucket and sum in fp32
-            x = x.float()
-        if x.numel() == 0:
-            rows.append(torch.zeros(bins + 5, dtype=dt, device=device))
-            continue
-        z = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
-        nonfinite = x.numel() - torch.isfinite(x).sum()
-        lo, hi = torch.aminmax(z)
-        width = hi - lo
-        scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0)
-        pos = (z - lo).mul_(scale).clamp_(0, bins - 1)
-        counts = torch.bincount(pos.to(torch.int64), minlength=bins).to(dt)
-        zero_bin = ((0 - lo) * scale).clamp(0, bins - 1).to(torch.int64).reshape(1)
-        counts.index_add_(0, zero_bin, -nonfinite.to(dt).reshape(1))
-        moments = torch.stack([lo, hi, z.sum(), torch.dot(z, z)]).to(dt)
-        rows.append(torch.cat([counts, moments, nonfinite.to(dt).reshape(1)]).to(device))
-    if not rows:
+    if not xs:
         return torch.zeros(0, bins + 5, dtype=dt, device=device)
-    return torch.stack(rows)
+    flat = [_hist_input(x) for x in xs]
+    counts: list[torch.Tensor] = [torch.empty(0)] * len(flat)
+    moments: list[torch.Tensor] = [torch.empty(0)] * len(flat)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, x in enumerate(flat):
+        by_device.setdefault(x.device, []).append(i)
+    for dev, idx in by_device.items():
+        if host_reads_free(dev):
+            c, m = _host_histograms([flat[i] for i in idx], bins)
+            host_m = torch.tensor(m, dtype=dt).to(device)
+            for j, i in enumerate(idx):
+                counts[i], moments[i] = c[j], host_m[j]
+        else:
+            for i in idx:
+                counts[i], moments[i] = _device_histogram(flat[i], bins)
+    if len(by_device) == 1:
+        c_all = torch.stack(counts).to(device, dt)
+        m_all = torch.stack(moments).to(device, dt)
+    else:
+        c_all = torch.stack([c.to(device, dt) for c in counts])
+        m_all = torch.stack([m.to(device, dt) for m in moments])
+    c_all[:, bins - 1] += c_all[:, bins]  # the maximum itself sits on the closed right edge
+    return torch.cat([c_all[:, :bins], m_all], dim=1)
 
 
 class Packer:

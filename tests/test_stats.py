@@ -1,0 +1,161 @@
+"""Device statistics against independent references: torch.linalg.vector_norm, numpy.histogram.
+
+Both code paths run here: the CPU one (reads values back to skip work) and the accelerator one
+(branch-free on the device), forced on the CPU by switching `host_reads_free` off.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gradlog import stats
+from gradlog.histogram import Histogram
+from gradlog.stats import NONFINITE, NONZERO, SUMSQ, dense_values, histogram_partials, norm_partials
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(params=["host", "device"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "device":
+        monkeypatch.setattr(stats, "host_reads_free", lambda device: False)
+    return str(request.param)
+
+
+def _poisoned(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    x[x.abs() < 0.3] = 0  # exact zeros
+    x = x.to(dtype)
+    flat = x.view(-1)
+    flat[3] = math.nan
+    flat[7] = math.inf
+    flat[11] = -math.inf
+    return x
+
+
+def _mixed() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [
+        torch.randn(17, 5),
+        _poisoned((40, 3), torch.float32, 1),
+        torch.randn(9, dtype=torch.float64),
+        _poisoned((64,), torch.bfloat16, 2),
+        torch.randn(33).to(torch.float16),
+        torch.randn(6, 4, dtype=torch.complex64),
+        torch.zeros(5),
+        torch.empty(0),
+        torch.full((8,), math.nan),
+        torch.tensor([3e38, 3e38, -3e38]),  # finite entries whose fp32 sum of squares overflows
+        torch.arange(-3, 4),
+    ]
+
+
+def test_norm_partials_match_vector_norm_and_exact_counts(path: str) -> None:
+    xs = _mixed()
+    out = norm_partials(xs, CPU)
+    assert out.shape == (len(xs), 3) and out.dtype == torch.float64
+    for i, x in enumerate(xs):
+        ref = x.double() if not x.is_complex() else x.to(torch.complex128)
+        expected = torch.linalg.vector_norm(ref).item() ** 2
+        got = out[i, SUMSQ].item()
+        if math.isfinite(expected) and expected < 1e30:
+            assert got == pytest.approx(expected, rel=1e-5, abs=1e-12), (i, x.dtype)
+        elif x.dtype == torch.float32 and torch.isfinite(x).all():
+            assert got == math.inf  # fp32 accumulation overflows, as clip_grad_norm_ would
+        else:
+            assert not math.isfinite(got), i
+        assert out[i, NONZERO].item() == torch.count_nonzero(x).item(), i  # NaN/Inf are non-zero
+        assert out[i, NONFINITE].item() == (~torch.isfinite(x)).sum().item(), i
+
+
+def test_norm_partials_without_counts_and_sparse_values() -> None:
+    dense = torch.zeros(50, 4)
+    dense[[1, 7, 7, 30]] = torch.tensor([1.0, 2.0, 3.0, -4.0]).unsqueeze(1)
+    sparse = dense.to_sparse()
+    out = norm_partials([dense_values(sparse)], CPU)
+    assert out[0, SUMSQ].item() == pytest.approx(torch.linalg.vector_norm(dense).item() ** 2)
+    assert out[0, NONZERO].item() == 12 and out[0, NONFINITE].item() == 0
+    only = norm_partials([dense], CPU, counts=False)
+    assert only[0, SUMSQ].item() == pytest.approx(torch.linalg.vector_norm(dense).item() ** 2)
+    assert only[0, NONZERO].item() == 0 and only[0, NONFINITE].item() == 0
+
+
+def _near_edge(values: np.ndarray, lo: float, hi: float, bins: int) -> int:
+    """Values so close to a bucket edge that fp32 rounding may put them on either side."""
+    if values.size == 0 or hi <= lo:
+        return 0
+    edges = np.linspace(lo, hi, bins + 1)
+    gap = np.min(np.abs(values[:, None] - edges[None, 1:-1]), axis=1) if bins > 1 else np.full(values.size, np.inf)
+    return int((gap <= 1e-5 * (hi - lo)).sum())
+
+
+@pytest.mark.parametrize("bins", [1, 7, 64, 300])
+def test_histogram_partials_match_numpy(path: str, bins: int) -> None:
+    xs = _mixed()
+    out = histogram_partials(xs, bins, CPU)
+    assert out.shape == (len(xs), bins + 5)
+    for i, x in enumerate(xs):
+        v = x.abs() if x.is_complex() else x
+        v = v.double().numpy().reshape(-1)
+        finite = v[np.isfinite(v)]
+        h = Histogram.from_partials(out[i].tolist(), x.numel())
+        assert h.nonfinite == v.size - finite.size, i
+        assert h.count == finite.size, i
+        if finite.size == 0:
+            assert h.counts == (0.0,) * bins and (h.min, h.max, h.sum) == (0.0, 0.0, 0.0)
+            continue
+        assert (h.min, h.max) == (finite.min(), finite.max()), i
+        if np.abs(finite).max() < 1e18:  # beyond, fp32 accumulation overflows (as torch.sum does)
+            assert h.sum == pytest.approx(finite.sum(), rel=1e-3, abs=1e-3)
+            assert h.sum_squares == pytest.approx(np.dot(finite, finite), rel=1e-3)
+        if finite.min() == finite.max():
+            assert h.counts[0] == finite.size  # a constant tensor: everything in bucket 0
+            continue
+        ref, _ = np.histogram(finite, bins=bins, range=(finite.min(), finite.max()))
+        diff = np.abs(np.asarray(h.counts) - ref).sum()
+        assert diff <= 2 * _near_edge(finite, finite.min(), finite.max(), bins), (i, h.counts, ref.tolist())
+
+
+def test_histogram_of_many_values_is_exact_against_numpy(path: str) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(100_000)
+    x[::997] = math.nan
+    x[5::1009] = math.inf
+    out = histogram_partials([x], 64, CPU)
+    h = Histogram.from_partials(out[0].tolist(), x.numel())
+    finite = x[torch.isfinite(x)].double().numpy()
+    ref, _ = np.histogram(finite, bins=64, range=(finite.min(), finite.max()))
+    assert h.nonfinite == x.numel() - finite.size
+    assert sum(h.counts) == finite.size
+    assert np.abs(np.asarray(h.counts) - ref).sum() <= 2 * _near_edge(finite, finite.min(), finite.max(), 64)
+
+
+def test_histogram_agrees_with_torch_histc_on_finite_data() -> None:
+    torch.manual_seed(4)
+    x = torch.rand(4096) * 10 - 3
+    out = histogram_partials([x], 50, CPU)
+    ref = torch.histc(x, 50, x.min().item(), x.max().item())
+    assert (out[0, :50] - ref.double()).abs().sum().item() <= 2 * _near_edge(
+        x.double().numpy(), x.min().item(), x.max().item(), 50
+    )
+
+
+def test_host_and_device_paths_agree() -> None:
+    xs = _mixed()
+    host = histogram_partials(xs, 16, CPU)
+    stats_host = norm_partials(xs, CPU)
+    original = stats.host_reads_free
+    stats.host_reads_free = lambda device: False  # type: ignore[assignment]
+    try:
+        dev = histogram_partials(xs, 16, CPU)
+        stats_dev = norm_partials(xs, CPU)
+    finally:
+        stats.host_reads_free = original  # type: ignore[assignment]
+    torch.testing.assert_close(stats_host, stats_dev, equal_nan=True)
+    torch.testing.assert_close(host[:, 16:], dev[:, 16:], equal_nan=True, rtol=1e-5, atol=1e-5)
+    assert (host[:, :16].sum(1) == dev[:, :16].sum(1)).all()
