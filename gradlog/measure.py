@@ -160,14 +160,17 @@ class Meter:
             part = norm_partials(xs, device)
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
-            grad[torch.tensor(pos, device=device)] = part
+            if len(pos) == len(rows):
+                grad = part
+            else:  # an index built on the host and sent without waiting (no sync on accelerators)
+                grad[torch.tensor(pos).to(device, non_blocking=True)] = part
         if histograms and "grad" in self.histogram_kinds and xs:
             h = histogram_partials(xs, self.bins, device)
             if inv is not None:
                 h[:, self.bins : self.bins + 3] *= inv.to(h)
                 h[:, self.bins + 3] *= inv.to(h) ** 2
             packer.add("hist/grad", h)
-            packer.add("hist/grad_pos", torch.tensor(pos, dtype=h.dtype, device=device))
+            packer.add("hist/grad_pos", torch.tensor(pos, dtype=h.dtype).to(device, non_blocking=True))
         lrs: list[float | None] = []
         for r in rows:
             if self.optimizer is None or r.group is None:

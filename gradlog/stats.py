@@ -103,7 +103,7 @@ def norm_partials(xs: Sequence[torch.Tensor], device: torch.device, counts: bool
         if len(groups) == 1:
             out[:, : part.shape[1]] = part
         else:
-            out[torch.tensor(idx, device=device), : part.shape[1]] = part
+            out[torch.tensor(idx).to(device, non_blocking=True), : part.shape[1]] = part
     return out
 
 
@@ -165,7 +165,10 @@ def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.T
     width = hi.double() - lo.double()
     scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0).to(x.dtype)
     pos = torch.sub(z, lo).mul_(scale).clamp_(0, bins)  # clamp: x - lo may overflow near the dtype's max
-    counts = torch.bincount(pos.to(torch.uint8 if bins < 255 else torch.int16), minlength=bins + 1)
+    if pos.numel() > 2**24:  # float32 counts stop being exact
+        pos = pos.double()
+    # bincount would read its maximum back to size its output; histc with fixed edges does not.
+    counts = torch.histc(pos, bins + 1, 0, bins + 1).to(torch.int64)
     counts[0] -= nonfinite
     moments = torch.stack([lo, hi, zf.sum(), torch.dot(zf, zf), nonfinite.to(x.dtype)])
     return counts, moments
