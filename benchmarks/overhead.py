@@ -12,12 +12,18 @@ divided by that round's baseline median before any statistic is taken.
 Columns:
 - median step ms: median over all timed steps (logged or not).
 - ratio: amortised step time over the baseline, ((every-1) * unlogged + logged) / every, from the
-  medians of the normalised unlogged and logged step times (robust to stray slow steps).
+  medians of the normalised unlogged and logged step times (robust to stray slow steps). A
+  configuration that logs less often than once per round is fast-forwarded at the start of each
+  round (gradlog's step counter is advanced; nothing else changes) so that every round times
+  one of its logged steps.
 - ms per logged step: what a logged step costs over a baseline step.
-- peak MB over baseline: growth of memory during one logged step, minus the same for a baseline
-  step. CPU: measured after the timing rounds, with glibc told to serve every block above 64 KiB
-  by mmap (so freeing returns memory at once) and trimmed before the step; a thread samples RSS
-  from /proc/self/statm every 0.2 ms while the step runs. CUDA: torch.cuda.max_memory_allocated.
+- peak MB over baseline: memory growth during one logged step minus the same for a baseline
+  step, in two windows, the larger reported: the whole step, and the optimizer step with the
+  monitor's work around it (activations are gone by then, so a parameter snapshot shows there
+  even when it does not raise the step's overall peak). CPU: measured after all timing, with
+  glibc told to serve every block above 64 KiB by mmap (so freed memory leaves RSS at once) and
+  trimmed first; a thread samples RSS from /proc/self/statm every 0.2 ms. CUDA:
+  torch.cuda.max_memory_allocated.
 """
 
 from __future__ import annotations
@@ -164,6 +170,10 @@ class Monitor:
     def after_step(self, i: int, loss: torch.Tensor) -> None:
         pass
 
+    def fast_forward(self, i: int) -> int:
+        """Jump the schedule to the next logged step (memory phase only); returns the new step index."""
+        return i
+
     def close(self) -> None:
         pass
 
@@ -240,6 +250,12 @@ class Gradlog(Monitor):
 
     def after_step(self, i: int, loss: torch.Tensor) -> None:
         self.gl.log(i)
+
+    def fast_forward(self, i: int) -> int:
+        assert self.every is not None
+        ahead = -i % self.every
+        self.gl.optimizer_steps += ahead  # gradlog measures when its own step counter hits a multiple
+        return i + ahead
 
     def close(self) -> None:
         self.gl.close()
@@ -357,7 +373,7 @@ class RssSampler:
     def __init__(self, period_s: float = 0.0002) -> None:
         self.period = period_s
         self.page = os.sysconf("SC_PAGE_SIZE")
-        self.peak = 0
+        self.peak = self.window_peak = 0
         self._stop = threading.Event()
 
     def rss(self) -> int:
@@ -366,8 +382,16 @@ class RssSampler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.rss())
+            r = self.rss()
+            self.peak = max(self.peak, r)
+            self.window_peak = max(self.window_peak, r)
             time.sleep(self.period)
+
+    def mark(self) -> int:
+        """Start a sub-window (its peak is `window_peak`); returns the RSS now."""
+        r = self.rss()
+        self.window_peak = r
+        return r
 
     @contextlib.contextmanager
     def measure(self) -> Iterator[None]:
@@ -392,9 +416,14 @@ def _glibc() -> Any:
         return None
 
 
-def peak_growth_mb(run: Run, device: torch.device, sampler: RssSampler, libc: Any) -> float:
-    """Memory growth during one step (the next logged one, or any step for the baseline)."""
+def peak_growth_mb(run: Run, device: torch.device, sampler: RssSampler, libc: Any) -> tuple[float, float]:
+    """Peak memory growth during one step (the next logged one, or any step for the baseline).
+
+    Two windows: the whole step, and optimizer-step-plus-monitor only (where activations are gone,
+    so a snapshot of the parameters shows even when it does not raise the step's overall peak).
+    """
     if run.mon.every is not None:
+        run.step = run.mon.fast_forward(run.step)
         while not run.mon.logged(run.step):
             train_step(run)
     gc.collect()
@@ -402,15 +431,64 @@ def peak_growth_mb(run: Run, device: torch.device, sampler: RssSampler, libc: An
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
-        train_step(run)
+        loss = run.loss_fn(run.model)
+        loss.backward()
+        whole = torch.cuda.max_memory_allocated(device) - start
+        torch.cuda.reset_peak_memory_stats(device)
+        window_start = torch.cuda.memory_allocated(device)
+        run.mon.before_step(run.step)
+        run.opt.step()
+        run.mon.after_step(run.step, loss.detach())
         torch.cuda.synchronize(device)
-        return (torch.cuda.max_memory_allocated(device) - start) / 2**20
+        window = torch.cuda.max_memory_allocated(device) - window_start
+        whole = max(whole, torch.cuda.max_memory_allocated(device) - start)
+        run.opt.zero_grad(set_to_none=True)
+        run.step += 1
+        return whole / 2**20, window / 2**20
     if libc is not None:
         libc.malloc_trim(0)
     start = sampler.rss()
     with sampler.measure():
-        train_step(run)
-    return (sampler.peak - start) / 2**20
+        loss = run.loss_fn(run.model)
+        loss.backward()
+        window_start = sampler.mark()
+        run.mon.before_step(run.step)
+        run.opt.step()
+        run.mon.after_step(run.step, loss.detach())
+        window = sampler.window_peak - window_start
+        run.opt.zero_grad(set_to_none=True)
+        run.step += 1
+    return (sampler.peak - start) / 2**20, window / 2**20
+
+
+def check_sync(model: ModelSpec, device: torch.device, steps: int = 20) -> str:
+    """CUDA only: host syncs per step under gradlog full metrics every 10, from torch's sync debug mode."""
+    import gradlog
+
+    net, loss_fn = model.build(device)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    gl = gradlog.GradLogger(net, opt, every=10, print_report=False)
+    run = Run(CONFIGS[0], net, opt, loss_fn, Baseline())
+    measured: list[int] = []
+    unmeasured: list[int] = []
+    for i in range(steps):
+        torch.cuda.synchronize(device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                train_step(run)
+                gl.log(i)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        n = sum("synchroniz" in str(w.message) for w in caught)
+        (measured if i % 10 == 0 else unmeasured).append(n)
+    gl.close()
+    return (
+        f"host syncs per step ({model.name}, gradlog full metrics every 10, torch.cuda.set_sync_debug_mode): "
+        f"unmeasured steps {sorted(set(unmeasured))}, measured steps {sorted(set(measured))} "
+        "(training itself, without gradlog, is included in both)"
+    )
 
 
 # --------------------------------------------------------------------------- statistics
@@ -521,6 +599,8 @@ def bench_model(model: ModelSpec, args: argparse.Namespace, device: torch.device
     for rnd in range(args.rounds):
         order = runs[rnd % len(runs) :] + runs[: rnd % len(runs)]
         for run in order:
+            if run.mon.every is not None and run.mon.every > args.steps:
+                run.step = run.mon.fast_forward(run.step)  # so that every round times one logged step
             for _ in range(args.steps):
                 timed_step(run, rnd, device)
         print(f"  {model.name}: round {rnd + 1}/{args.rounds} done, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -533,11 +613,14 @@ def measure_memory(bench: Bench, args: argparse.Namespace, device: torch.device)
     if libc is not None and device.type == "cpu":
         libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD fixed at 64 KiB: big blocks go back to the OS on free
         libc.mallopt(-1, 0)  # M_TRIM_THRESHOLD 0
-    growth = {}
+    growth: dict[str, tuple[float, float]] = {}
     for run in bench.runs:
-        growth[run.spec.key] = min(peak_growth_mb(run, device, sampler, libc) for _ in range(args.memory_repeats))
+        samples = [peak_growth_mb(run, device, sampler, libc) for _ in range(args.memory_repeats)]
+        growth[run.spec.key] = (min(w for w, _ in samples), min(o for _, o in samples))
+    base_whole, base_window = growth["baseline"]
     for run in bench.runs:
-        run.peak_mb = growth[run.spec.key] - growth["baseline"]
+        whole, window = growth[run.spec.key]
+        run.peak_mb = max(whole - base_whole, window - base_window)
 
 
 def finish(bench: Bench) -> str:
@@ -562,6 +645,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory measurement")
     p.add_argument("--quick", action="store_true", help="fewer rounds and steps (about 2-3 minutes on 2 cores)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--no-check-sync", dest="check_sync", action="store_false", help="cuda: skip the sync count")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
     args = p.parse_args(argv)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -602,6 +686,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(header, file=sys.stderr)
     parts = [header]
+    if device.type == "cuda" and args.check_sync:
+        for name in args.models:
+            line = check_sync(MODELS[name], device)
+            print(line, flush=True)
+            parts.append(line)
     benches = [bench_model(MODELS[name], args, device, tmp) for name in args.models]
     for bench in benches:
         if args.memory:

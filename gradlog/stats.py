@@ -14,6 +14,11 @@ import torch
 
 from gradlog.params import local_tensor
 
+try:  # optional: torch runs without numpy, gradlog too (a little slower on the CPU)
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
+
 #: Columns of `norm_partials`.
 SUMSQ, NONZERO, NONFINITE = 0, 1, 2
 
@@ -58,6 +63,26 @@ def host_reads_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _nonzero_counts(group: list[torch.Tensor]) -> torch.Tensor:
+    """Non-zero entries per tensor (NaN/Inf count as non-zero).
+
+    A fused `_foreach_norm(x, 0)` on accelerators. On the CPU that op is the slowest statistic
+    of a measured step (~1 ns per entry); numpy's SIMD `count_nonzero` on a view is 2x faster.
+    """
+    if not host_reads_free(group[0].device):
+        return torch.stack(torch._foreach_norm(group, 0))
+    counts = [
+        np.count_nonzero(g.resolve_conj().resolve_neg().numpy())
+        if np is not None and g.dtype in _NUMPY_DTYPES
+        else int(torch.count_nonzero(g))
+        for g in group
+    ]
+    return torch.tensor(counts, dtype=torch.float64)
+
+
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.complex64, torch.complex128)
+
+
 def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
     """NaN/Inf entries per tensor of one (device, dtype) group, given its stacked L2 norms.
 
@@ -92,7 +117,7 @@ def norm_partials(xs: Sequence[torch.Tensor], device: torch.device, counts: bool
             l2s = torch.stack(l2)
             cols = [l2s.to(device, dt)]
             if counts:
-                cols.append(torch.stack(torch._foreach_norm(group, 0)).to(device, dt))
+                cols.append(_nonzero_counts(group).to(device, dt))
                 cols.append(_nonfinite_counts(group, l2s).to(device, dt))
         else:  # integer "parameters" cannot be NaN
             cols = [torch.stack([g.double().norm() for g in group]).to(device, dt)]
@@ -124,7 +149,7 @@ def _positions(z: torch.Tensor, lo: float | torch.Tensor, scale: float | torch.T
 def _host_histograms(xs: list[torch.Tensor], bins: int) -> tuple[list[torch.Tensor], list[list[float]]]:
     """CPU: one pass each for min/max, sum, sum of squares; the rare tensor with NaN/Inf is masked first."""
     stats = [torch.stack([*torch.aminmax(x), x.sum(), torch.dot(x, x)]) for x in xs if x.numel()]
-    host = iter(torch.stack([s.double() for s in stats]).tolist() if stats else [])
+    host = iter(torch.stack(stats).double().tolist() if stats else [])  # stack promotes fp32 + fp64
     counts: list[torch.Tensor] = []
     moments: list[list[float]] = []
     for x in xs:
