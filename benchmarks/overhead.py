@@ -16,7 +16,10 @@ Columns:
   configuration that logs less often than once per round is fast-forwarded at the start of each
   round (gradlog's step counter is advanced; nothing else changes) so that every round times
   one of its logged steps.
-- ms per logged step: what a logged step costs over a baseline step.
+- ms per logged step: what a logged step costs over a baseline step, timed around the optimizer
+  step and the monitor's work before and after it (the median of that window on logged steps
+  minus the baseline's), which leaves forward/backward's noise out; for wandb.watch, whose hooks
+  work inside forward/backward, from whole steps instead.
 - peak MB over baseline: memory growth during one logged step minus the same for a baseline
   step, in two windows, the larger reported: the whole step, and the optimizer step with the
   monitor's work around it (activations are gone by then, so a parameter snapshot shows there
@@ -160,6 +163,7 @@ class Monitor:
 
     every: int | None = None  # None: never logs (the baseline)
     offset: int = 0
+    works_in_backward = False  # True: its cost is in forward/backward hooks, outside the optimizer window
 
     def logged(self, i: int) -> bool:
         return self.every is not None and (i - self.offset) % self.every == 0
@@ -276,6 +280,7 @@ class WandbWatch(Monitor):
         except ImportError as exc:
             raise Skip("wandb is not installed") from exc
         self.every, self.offset = k, k - 1  # wandb's hooks fire on the k-th, 2k-th, ... call
+        self.works_in_backward = True
         if WandbWatch._run is None:
             WandbWatch._run = wandb.init(
                 project="gradlog-bench",
@@ -337,7 +342,7 @@ class Run:
     loss_fn: Callable[[nn.Module], torch.Tensor]
     mon: Monitor
     step: int = 0
-    times: list[tuple[int, int, float]] = field(default_factory=list)  # (round, step, seconds)
+    times: list[tuple[int, int, float, float]] = field(default_factory=list)  # (round, step, step s, window s)
     peak_mb: float | None = None
 
 
@@ -346,22 +351,31 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_step(run: Run) -> None:
+def train_step(run: Run, device: torch.device | None = None) -> float:
+    """One step; returns the seconds spent from just before the monitor's pre-step work to the end
+    of its post-step work (the optimizer step included), synchronised when `device` is given."""
     loss = run.loss_fn(run.model)
     loss.backward()
+    if device is not None:
+        _sync(device)
+    t0 = time.perf_counter()
     run.mon.before_step(run.step)
     run.opt.step()
     run.mon.after_step(run.step, loss.detach())
+    if device is not None:
+        _sync(device)
+    window = time.perf_counter() - t0
     run.opt.zero_grad(set_to_none=True)
     run.step += 1
+    return window
 
 
 def timed_step(run: Run, rnd: int, device: torch.device) -> None:
     _sync(device)
     t0 = time.perf_counter()
-    train_step(run)
+    window = train_step(run, device)
     _sync(device)
-    run.times.append((rnd, run.step - 1, time.perf_counter() - t0))
+    run.times.append((rnd, run.step - 1, time.perf_counter() - t0, window))
 
 
 # --------------------------------------------------------------------------- memory
@@ -506,14 +520,15 @@ class Row:
 
 def summarise(runs: list[Run], base: Run) -> list[Row]:
     by_round: dict[int, list[float]] = {}
-    for rnd, _, t in base.times:
+    for rnd, _, t, _ in base.times:
         by_round.setdefault(rnd, []).append(t)
     base_med = {r: statistics.median(ts) for r, ts in by_round.items()}
-    base_ms = statistics.median(t for _, _, t in base.times) * 1e3
+    base_ms = statistics.median(t for _, _, t, _ in base.times) * 1e3
+    base_window_ms = statistics.median(w for _, _, _, w in base.times) * 1e3
     rows = []
     for run in runs:
-        norm_logged = [t / base_med[r] for r, i, t in run.times if run.mon.logged(i)]
-        norm_plain = [t / base_med[r] for r, i, t in run.times if not run.mon.logged(i)]
+        norm_logged = [t / base_med[r] for r, i, t, _ in run.times if run.mon.logged(i)]
+        norm_plain = [t / base_med[r] for r, i, t, _ in run.times if not run.mon.logged(i)]
         every = run.mon.every
         if every is None:
             ratio, logged = statistics.median(norm_plain), None
@@ -521,12 +536,16 @@ def summarise(runs: list[Run], base: Run) -> list[Row]:
             lg = statistics.median(norm_logged) if norm_logged else math.nan
             pl = statistics.median(norm_plain) if norm_plain else lg
             ratio = ((every - 1) * pl + lg) / every
-            logged = (lg - 1) * base_ms
+            if run.mon.works_in_backward:
+                logged = (lg - 1) * base_ms
+            else:  # the optimizer window alone: the same cost without forward/backward's noise
+                windows = [w for _, i, _, w in run.times if run.mon.logged(i)]
+                logged = statistics.median(windows) * 1e3 - base_window_ms if windows else math.nan
         rows.append(
             Row(
                 run.spec.label,
                 "-" if every is None else str(every),
-                statistics.median(t for _, _, t in run.times) * 1e3,
+                statistics.median(t for _, _, t, _ in run.times) * 1e3,
                 ratio,
                 logged,
                 run.peak_mb,

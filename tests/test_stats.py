@@ -159,3 +159,18 @@ def test_host_and_device_paths_agree() -> None:
     torch.testing.assert_close(stats_host, stats_dev, equal_nan=True)
     torch.testing.assert_close(host[:, 16:], dev[:, 16:], equal_nan=True, rtol=1e-5, atol=1e-5)
     assert (host[:, :16].sum(1) == dev[:, :16].sum(1)).all()
+
+
+def test_counts_of_large_tensors_take_the_same_values(path: str) -> None:
+    """Large tensors are counted by a different routine on the CPU; the counts must not change."""
+    torch.manual_seed(5)
+    x = torch.randn(300_000)
+    x[x.abs() < 0.1] = 0
+    x[::4099] = math.nan
+    x[1::5003] = -math.inf
+    half = x[:200_000].to(torch.bfloat16)
+    out = norm_partials([x, half], CPU)
+    for i, t in enumerate([x, half]):
+        assert out[i, NONZERO].item() == torch.count_nonzero(t).item()
+        assert out[i, NONFINITE].item() == (~torch.isfinite(t)).sum().item()
+        assert not math.isfinite(out[i, SUMSQ].item())
