@@ -63,6 +63,14 @@ def host_reads_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _count_dtype(t: torch.Tensor) -> torch.dtype:
+    """Counts accumulated in the input's own dtype stop being exact at 2**8 (bf16) or 2**24 (fp32)."""
+    wide = stat_dtype(t.device)
+    if t.is_complex():
+        return torch.complex128 if wide == torch.float64 else torch.complex64
+    return wide
+
+
 def _nonzero_counts(group: list[torch.Tensor]) -> torch.Tensor:
     """Non-zero entries per tensor (NaN/Inf count as non-zero).
 
@@ -71,7 +79,7 @@ def _nonzero_counts(group: list[torch.Tensor]) -> torch.Tensor:
     `count_nonzero`, the many mid-sized and small ones to numpy's (no per-call thread start-up).
     """
     if not host_reads_free(group[0].device):
-        return torch.stack(torch._foreach_norm(group, 0))
+        return torch.stack(torch._foreach_norm(group, 0, dtype=_count_dtype(group[0])))
     counts = [
         np.count_nonzero(g.resolve_conj().resolve_neg().numpy())
         if np is not None and g.numel() < _TORCH_COUNT_FROM and g.dtype in _NUMPY_DTYPES
@@ -92,7 +100,7 @@ def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tens
     On accelerators: the non-zeros of `x * 0`, which is NaN exactly where x is not finite.
     """
     if not host_reads_free(l2.device):
-        return torch.stack(torch._foreach_norm(torch._foreach_mul(group, 0), 0))
+        return torch.stack(torch._foreach_norm(torch._foreach_mul(group, 0), 0, dtype=_count_dtype(group[0])))
     out = torch.zeros(len(group), dtype=torch.float64, device=l2.device)
     for i, bad in enumerate((~torch.isfinite(l2)).tolist()):
         if bad:  # NaN/Inf inside, or a sum of squares that overflowed (then the count is 0)
