@@ -177,6 +177,7 @@ def _host_histograms(xs: list[torch.Tensor], bins: int) -> tuple[list[torch.Tens
                 moments.append([0.0, 0.0, 0.0, 0.0, float(nonfinite)])
                 continue
             lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
+            lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
             x = z
         if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
             x = x.double()
@@ -192,11 +193,9 @@ def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.T
         return torch.zeros(bins + 1, dtype=torch.int64, device=x.device), torch.zeros(5, device=x.device)
     fin = torch.isfinite(x)
     nonfinite = x.numel() - fin.sum()
-    empty = nonfinite == x.numel()
-    lo = torch.where(empty, 0, torch.where(fin, x, math.inf).amin())
-    hi = torch.where(empty, 0, torch.where(fin, x, -math.inf).amax())
-    z = torch.where(fin, x, lo)  # NaN/Inf parked in bucket 0, then taken out of it
-    zf = torch.where(fin, x, 0)
+    zf = torch.where(fin, x, 0)  # NaN/Inf stand at 0 for the range and the moments
+    lo, hi = torch.aminmax(zf)
+    z = torch.where(fin, x, lo)  # ... and are parked in bucket 0 for counting, then taken out of it
     width = hi.double() - lo.double()
     scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0).to(x.dtype)
     pos = torch.sub(z, lo).mul_(scale).clamp_(0, bins)  # clamp: x - lo may overflow near the dtype's max
@@ -212,9 +211,10 @@ def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.T
 def histogram_partials(xs: Sequence[torch.Tensor], bins: int, device: torch.device) -> torch.Tensor:
     """[n, bins + 5]: bucket counts of the finite values, then min, max, sum, sum of squares, NaN/Inf count.
 
-    Buckets are fixed-width between each tensor's own finite min and max; NaN/Inf are only
-    counted and never reach the buckets or the moments. A constant tensor puts everything in
-    bucket 0. On the CPU values are read back to skip work; elsewhere nothing is read back.
+    Buckets are fixed-width between each tensor's own min and max; NaN/Inf are counted and never
+    reach the buckets or the sums, but stand at 0 for the range (so a tensor with any NaN/Inf has
+    0 inside [min, max], as the sharded two-phase path has it). A constant tensor puts everything
+    in bucket 0. On the CPU values are read back to skip work; elsewhere nothing is read back.
     """
     dt = stat_dtype(device)
     if not xs:
