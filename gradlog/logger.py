@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradlog.alerts import ALERT_COLUMNS, DEFAULT_NO_GRAD_PATIENCE, DEFAULT_RATIO_BAND, DEFAULT_RATIO_PATIENCE, Alerts
 from gradlog.diagnosis import diagnose
 from gradlog.histogram import MAX_BINS
 from gradlog.ledger import Ledger
@@ -67,6 +68,10 @@ class GradLogger:
         print_report: bool = True,
         strict: bool = False,
         writer_options: dict[str, Any] | None = None,
+        alerts: bool = True,
+        ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND,
+        ratio_patience: int = DEFAULT_RATIO_PATIENCE,
+        no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -89,6 +94,9 @@ class GradLogger:
         self.every = every
         self.histogram_every = (histogram_every or every) if histograms else 0
         self.print_report = print_report
+        # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
+        watch = Alerts(ratio_band, ratio_patience, no_grad_patience)
+        self.alerts: Alerts | None = watch if alerts else None
         self.table = ParamTable(model, optimizer)
         self.meter = Meter(
             self.table,
@@ -152,6 +160,8 @@ class GradLogger:
         m = self.meter.fetch()
         if m is not None:
             self.ledger.observe(m)
+            if self.alerts is not None:
+                self.alerts.observe(m)
             self._pending = m
         return m
 
@@ -181,6 +191,8 @@ class GradLogger:
             return
         scalars = m.scalars()
         scalars["gradlog/skipped_steps"] = float(self.ledger.skipped_steps)
+        if self.alerts is not None:
+            scalars["gradlog/alerts"] = float(len(self.alerts.fired))
         self.writers.log_scalars(scalars, step)
         for kind, hists in m.histograms.items():
             for pos, h in hists.items():
@@ -242,6 +254,8 @@ class GradLogger:
                 ["first_nonfinite_tensor", report.first_nonfinite.name],
             ]
         self.writers.log_table("gradlog/summary", ["key", "value"], summary)
+        if self.alerts is not None and self.alerts.fired:
+            self.writers.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
 
     def __enter__(self) -> GradLogger:
         return self
