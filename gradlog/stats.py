@@ -96,9 +96,9 @@ def histogram_partials(xs: Sequence[torch.Tensor], bins: int, device: torch.devi
         z = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
         nonfinite = x.numel() - torch.isfinite(x).sum()
         lo, hi = torch.aminmax(z)
-        width = hi - lo
+        width = hi.to(dt) - lo.to(dt)  # in fp32 a range like -3e38..3e38 overflows to inf, and inf * 0 is NaN
         scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0)
-        pos = (z - lo).mul_(scale).clamp_(0, bins - 1)
+        pos = (z - lo).mul_(scale).nan_to_num_(nan=0.0).clamp_(0, bins - 1)
         counts = torch.bincount(pos.to(torch.int64), minlength=bins).to(dt)
         zero_bin = ((0 - lo) * scale).clamp(0, bins - 1).to(torch.int64).reshape(1)
         counts.index_add_(0, zero_bin, -nonfinite.to(dt).reshape(1))

@@ -157,3 +157,21 @@ def test_bad_thresholds_name_the_value(kwargs: dict[str, object], match: str) ->
     model = nn.Linear(2, 2)
     with pytest.raises(ValueError, match=match):
         gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)  # type: ignore[arg-type]
+
+
+def test_histogram_of_a_huge_finite_range_does_not_crash_training() -> None:
+    """fp32 values near ±3e38 made hi - lo overflow to inf and bincount fail inside optimizer.step()."""
+    from gradlog.stats import histogram_partials
+
+    x = torch.tensor([3e38, -3e38, 1.0, float("nan")])
+    row = histogram_partials([x], 4, torch.device("cpu"))[0]
+    assert row[:4].sum().item() == 3  # the three finite values are bucketed, the NaN is counted apart
+    assert row[4].item() == x[0].neg().item() and row[5].item() == x[0].item() and row[-1].item() == 1
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    gl = gradlog.GradLogger(model, opt, every=1, print_report=False)
+    model(torch.ones(1, 2)).sum().backward()
+    model.weight.grad.copy_(torch.tensor([[3e38, -3e38], [0.0, 1.0]]))
+    opt.step()  # raised RuntimeError from the pre-hook before the fix
+    gl.log(0)
+    assert gl.close().measured_steps == 1
