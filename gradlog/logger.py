@@ -99,7 +99,7 @@ class GradLogger:
             skipped=self._found_inf,
         )
         self.ledger = Ledger()
-        self.ledger.fingerprint_new(self.table.rows)
+        self.ledger.fingerprint_new(self.table.live)
         self.rank_zero = _is_rank_zero()
         writers = make_writers(writer, log_dir=log_dir, **(writer_options or {})) if self.rank_zero else []
         self.writers = GuardedWriters(writers, strict=strict)
@@ -132,7 +132,7 @@ class GradLogger:
     def _begin(self, index: int, snapshot: bool) -> None:
         self._collect()  # a measurement the user never published still feeds the ledger
         self.table.rescan()  # parameters materialised or added since the last measured step
-        self.ledger.fingerprint_new(self.table.rows)
+        self.ledger.fingerprint_new(self.table.live)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         self.meter.start(index, histograms=hist, snapshot=snapshot)
 
@@ -190,7 +190,7 @@ class GradLogger:
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""
         self._collect()
-        rows = self.table.rows
+        rows = self.table.live
         changed = self.ledger.changed(rows)
         return Report(
             never_updated=diagnose(rows, self.ledger.evidence, changed, self.optimizer is not None),

@@ -146,7 +146,7 @@ class Meter:
     def start(self, index: int, histograms: bool, snapshot: bool) -> None:
         """Gradient statistics and (with an optimizer) the weight snapshot, before the step."""
         self.tensor_work += 1
-        rows = [r for r in self.table.rows if is_materialized(r.param)]
+        rows = [r for r in self.table.live if is_materialized(r.param)]
         device = self._device(rows)
         packer = Packer(device)
         grads = [r.param.grad for r in rows]
