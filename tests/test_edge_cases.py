@@ -283,3 +283,19 @@ def test_report_printed_at_interpreter_exit_when_close_is_forgotten(tmp_path) ->
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.index("training done") < out.stdout.index("0.weight")
     assert "frozen" in out.stdout and "gradlog OK" in out.stdout
+
+
+def test_a_failure_inside_measurement_never_reaches_the_training_loop() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    gl.meter.start = broken  # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match="measuring step 0 failed.*illegal memory access.*training continues"):
+        _step(model, opt, torch.randn(2, 2))
+    _step(model, opt, torch.randn(2, 2))  # warned once only, and the optimizer still stepped
+    assert gl.optimizer_steps == 2
+    gl.close()
