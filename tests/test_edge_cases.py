@@ -299,3 +299,24 @@ def test_a_failure_inside_measurement_never_reaches_the_training_loop() -> None:
     _step(model, opt, torch.randn(2, 2))  # warned once only, and the optimizer still stepped
     assert gl.optimizer_steps == 2
     gl.close()
+
+
+def test_frozen_tensors_are_never_copied_for_the_update_snapshot() -> None:
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 2))
+    model[0].requires_grad_(False)  # a frozen backbone, even if the optimizer holds it
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    seen: list[list[tuple[int, ...]]] = []
+
+    def spy(*args: object) -> None:  # runs after gradlog's pre-hook, while its snapshot is held
+        assert gl.meter._open is not None and gl.meter._open.snapshot is not None
+        seen.append([tuple(t.shape) for t in gl.meter._open.snapshot])
+
+    handle = opt.register_step_pre_hook(spy)
+    _step(model, opt, torch.randn(4, 64))
+    gl.log(0)
+    handle.remove()
+    gl.close()
+    assert seen == [[(2, 64), (2,)]]
+    assert mem.last("update_ratio/0.weight") == 0.0 and mem.last("update_ratio/1.weight") > 0
