@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -97,6 +98,8 @@ class GradLogger:
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
         watch = Alerts(ratio_band, ratio_patience, no_grad_patience)
         self.alerts: Alerts | None = watch if alerts else None
+        self.strict = strict
+        self._failures: set[str] = set()
         self.table = ParamTable(model, optimizer)
         self.meter = Meter(
             self.table,
@@ -107,7 +110,7 @@ class GradLogger:
             skipped=self._found_inf,
         )
         self.ledger = Ledger()
-        self.ledger.fingerprint_new(self.table.rows)
+        self.ledger.fingerprint_new(self.table.live)
         self.rank_zero = _is_rank_zero()
         writers = make_writers(writer, log_dir=log_dir, **(writer_options or {})) if self.rank_zero else []
         self.writers = GuardedWriters(writers, strict=strict)
@@ -131,18 +134,38 @@ class GradLogger:
         self.optimizer_steps += 1
         if index % self.every:
             return
-        self._begin(index, snapshot=True)
+        self._guarded(lambda: self._begin(index, snapshot=True))
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.meter.busy:
-            self.meter.finish()
+            self._guarded(self.meter.finish)
+
+    def _guarded(self, work: Callable[[], object]) -> None:
+        """Measuring must never kill a training run: a failure drops this step's measurement, once warned."""
+        try:
+            work()
+        except Exception as exc:
+            self.meter.abandon()
+            if self.strict:
+                raise
+            key = f"{type(exc).__name__}: {exc}"
+            if key not in self._failures:
+                self._failures.add(key)
+                msg = f"gradlog: measuring step {self.optimizer_steps - 1} failed ({key}); training continues"
+                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                logger.warning(msg)
 
     def _begin(self, index: int, snapshot: bool) -> None:
         self._collect()  # a measurement the user never published still feeds the ledger
         self.table.rescan()  # parameters materialised or added since the last measured step
-        self.ledger.fingerprint_new(self.table.rows)
+        self.ledger.fingerprint_new(self.table.live)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         self.meter.start(index, histograms=hist, snapshot=snapshot)
+
+    def _measure_now(self, call: int) -> None:
+        """Without an optimizer there are no step hooks: measure inside log()."""
+        self._begin(call, snapshot=False)
+        self.meter.finish()
 
     def _grad_scale(self) -> torch.Tensor | None:
         """Fused optimizers under GradScaler see scaled gradients and carry the scale."""
@@ -177,9 +200,8 @@ class GradLogger:
             call = self._calls
             self._calls += 1
             if call % self.every == 0:
-                self._begin(call, snapshot=False)
-                self.meter.finish()
-        self._collect()
+                self._guarded(lambda: self._measure_now(call))
+        self._guarded(self._collect)
         m, self._pending = self._pending, None
         if m is None or m.index == self._last_index:
             return
@@ -202,7 +224,7 @@ class GradLogger:
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""
         self._collect()
-        rows = self.table.rows
+        rows = self.table.live
         changed = self.ledger.changed(rows)
         return Report(
             never_updated=diagnose(rows, self.ledger.evidence, changed, self.optimizer is not None),

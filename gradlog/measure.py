@@ -109,6 +109,8 @@ class _Open:
     snapshot: list[torch.Tensor] | None
     histograms: bool
     packer: Packer
+    grad_pos: list[int]  # rows that had a gradient
+    moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
 
 
 class Meter:
@@ -146,7 +148,7 @@ class Meter:
     def start(self, index: int, histograms: bool, snapshot: bool) -> None:
         """Gradient statistics and (with an optimizer) the weight snapshot, before the step."""
         self.tensor_work += 1
-        rows = [r for r in self.table.rows if is_materialized(r.param)]
+        rows = [r for r in self.table.live if is_materialized(r.param)]
         device = self._device(rows)
         packer = Packer(device)
         grads = [r.param.grad for r in rows]
@@ -166,7 +168,6 @@ class Meter:
                 h[:, self.bins : self.bins + 3] *= inv.to(h)
                 h[:, self.bins + 3] *= inv.to(h) ** 2
             packer.add("hist/grad", h)
-            packer.add("hist/grad_pos", torch.tensor(pos, dtype=h.dtype, device=device))
         lrs: list[float | None] = []
         for r in rows:
             if self.optimizer is None or r.group is None:
@@ -175,11 +176,15 @@ class Meter:
                 lr = self.optimizer.param_groups[r.group].get("lr")
                 lrs.append(float(lr) if lr is not None else None)
         before = snap = None
+        # Only tensors the optimizer may move need a snapshot: a frozen backbone is never copied.
+        moving = [i for i, r in enumerate(rows) if r.group is not None and r.param.requires_grad] if snapshot else []
         if snapshot:
-            weights = [local_tensor(r.param).detach() for r in rows]
-            before = norm_partials(weights, device, counts=False)[:, SUMSQ]
+            weights = [local_tensor(rows[i].param).detach() for i in moving]
+            before = torch.zeros(len(rows), dtype=grad.dtype, device=device)
+            if weights:
+                before[torch.tensor(moving, device=device)] = norm_partials(weights, device, counts=False)[:, SUMSQ]
             snap = [w.clone() for w in weights]
-        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, packer)
+        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, packer, pos, moving)
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -195,12 +200,17 @@ class Meter:
         if op.histograms and "weight" in self.histogram_kinds and weights:
             packer.add("hist/weight", histogram_partials(weights, self.bins, device))
         if op.snapshot is not None and op.before is not None:
-            torch._foreach_sub_(op.snapshot, weights)  # before - after, in place: no second copy
-            torch._foreach_neg_(op.snapshot)
             packer.add("before", op.before)
-            packer.add("update", norm_partials(op.snapshot, device, counts=False)[:, SUMSQ])
-            if op.histograms and "update" in self.histogram_kinds and weights:
-                packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device))
+            update = torch.zeros_like(op.before)
+            if op.snapshot:
+                after = [weights[i] for i in op.moving]
+                torch._foreach_sub_(op.snapshot, after)  # before - after, in place: no second copy
+                torch._foreach_neg_(op.snapshot)
+                moved = norm_partials(op.snapshot, device, counts=False)[:, SUMSQ]
+                update[torch.tensor(op.moving, device=device)] = moved
+                if op.histograms and "update" in self.histogram_kinds:
+                    packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device))
+            packer.add("update", update)
             op.snapshot = None
         flag = self.skipped() if self.skipped is not None else None
         if flag is not None:
@@ -224,7 +234,7 @@ class Meter:
             h = host.get(f"hist/{kind}")
             if h is None:
                 continue
-            positions = host["hist/grad_pos"].long().tolist() if kind == "grad" else list(range(len(op.rows)))
+            positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))
             hists[kind] = {p: Histogram.from_partials(h[j].tolist(), op.rows[p].numel) for j, p in enumerate(positions)}
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
         return Measurement(

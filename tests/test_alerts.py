@@ -160,7 +160,7 @@ def test_bad_thresholds_name_the_value(kwargs: dict[str, object], match: str) ->
 
 
 def test_histogram_of_a_huge_finite_range_does_not_crash_training() -> None:
-    """fp32 values near ±3e38 made hi - lo overflow to inf and bincount fail inside optimizer.step()."""
+    """fp32 values near ±3e38 made hi - lo overflow to inf and bincount fail, losing the measured step."""
     from gradlog.stats import histogram_partials
 
     x = torch.tensor([3e38, -3e38, 1.0, float("nan")])
@@ -172,6 +172,6 @@ def test_histogram_of_a_huge_finite_range_does_not_crash_training() -> None:
     gl = gradlog.GradLogger(model, opt, every=1, print_report=False)
     model(torch.ones(1, 2)).sum().backward()
     model.weight.grad.copy_(torch.tensor([[3e38, -3e38], [0.0, 1.0]]))
-    opt.step()  # raised RuntimeError from the pre-hook before the fix
+    opt.step()  # before the fix the pre-hook failed here and the step went unmeasured
     gl.log(0)
     assert gl.close().measured_steps == 1
