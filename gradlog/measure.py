@@ -65,7 +65,8 @@ class Measurement:
             return None
         u = self.update_sumsq.sqrt()
         den = torch.where(self.before_sumsq > 0, self.before_sumsq, self.weight_sumsq).sqrt()
-        return torch.where(den > 0, u / den.clamp(min=1e-300), torch.zeros_like(u))
+        # NaN weights give a NaN ratio, not 0: "no update" would hide the blow-up
+        return torch.where((den > 0) | den.isnan(), u / den.clamp(min=1e-300), torch.zeros_like(u))
 
     def scalars(self) -> dict[str, float]:
         """Every scalar tag of this step, for the writers."""

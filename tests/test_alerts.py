@@ -175,3 +175,21 @@ def test_histogram_of_a_huge_finite_range_does_not_crash_training() -> None:
     opt.step()  # before the fix the pre-hook failed here and the step went unmeasured
     gl.log(0)
     assert gl.close().measured_steps == 1
+
+
+def test_update_ratio_of_nan_weights_is_nan_not_zero() -> None:
+    """Weights that went NaN must not read as 'no update' (ratio 0) in the series, the plot or the alerts."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    for step in range(3):
+        model(torch.ones(1, 2)).sum().backward()
+        if step >= 1:
+            model.weight.grad.fill_(float("nan"))  # SGD writes NaN into the weights at step 1
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    ratios = [v for _, v in mem.scalars["update_ratio/weight"]]
+    assert ratios[0] > 0 and all(v != v for v in ratios[1:])
