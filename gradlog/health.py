@@ -76,10 +76,18 @@ class Health:
     skipped: list[str] = field(default_factory=list)
 
     @property
-    def healthy(self) -> bool:
+    def problems(self) -> bool:
+        """Anything a user should look at: a non-frozen never-updated tensor, NaN/Inf, out of band, spikes."""
         intentional = all(r.reason == "frozen" for r in self.never_updated)
         recorded = self.summary.get("healthy", "True") == "True"
-        return intentional and recorded and self.first_nonfinite is None and not self.out_of_band and not self.spikes
+        return (
+            not (intentional and recorded) or self.first_nonfinite is not None or bool(self.out_of_band or self.spikes)
+        )
+
+    @property
+    def healthy(self) -> bool:
+        """No problems, and the run closed (so its never-updated table is known) and was read in full."""
+        return not self.problems and self.never_updated_known and not self.skipped
 
     @property
     def verdict(self) -> str:
@@ -106,12 +114,13 @@ class Health:
             parts.append(f"{n} tensor{'s' * (n != 1)} with gradient-norm spikes > {self.spike_factor:g}x median")
         if self.skipped:
             parts.append(f"{len(self.skipped)} unreadable part{'s' * (len(self.skipped) != 1)} skipped")
-        head = "OK" if self.healthy else "PROBLEM"
+        head = "PROBLEM" if self.problems else "OK" if self.healthy else "INCOMPLETE"
         return f"gradlog {head}: " + "; ".join(parts) + f" ({self.measured_steps} measured steps)"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["healthy"] = self.healthy
+        out["problems"] = self.problems
         out["verdict"] = self.verdict
         out["band"] = list(self.band)
         return out

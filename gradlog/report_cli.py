@@ -1,5 +1,8 @@
 """`gradlog report PATH`: read a run back, print its health, exit 0 (healthy), 1 (problems) or 2 (bad input).
 
+A file that is only partly readable (torn or corrupt event file) still gets the report of what could be
+read, followed by exit 2; a run that never closed (no never-updated table) exits 1.
+
 Kept apart from `cli.py` so the argument parser stays importable without tensorboard or matplotlib.
 """
 
@@ -78,4 +81,6 @@ def run_report(
         except Exception as exc:
             return _fail(f"cannot write the plot to {plot!r} ({type(exc).__name__}: {exc})")
         print(f"plot written to {plot}", file=sys.stderr)
+    if health.skipped:  # a partial report: say so, and let scripts tell it from a clean read
+        return _fail(f"{len(health.skipped)} unreadable part(s) of {path!r} skipped; the report above is partial")
     return OK if health.healthy else PROBLEMS

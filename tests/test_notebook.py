@@ -37,7 +37,6 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path: Path, monkeypatch: pyt
     pytest.importorskip("ipykernel")
     _kernel_on_this_python(tmp_path / "jupyter")
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     # The kernel imports the gradlog this test imports (a worktree on PYTHONPATH, or the installed one).
     root = str(NOTEBOOK.parent.parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
