@@ -12,6 +12,7 @@ The result is backend-neutral `RunData`: the same shape `MemoryWriter` keeps in 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import struct
 from collections.abc import Iterator
@@ -71,27 +72,27 @@ def _is_event_file(name: str) -> bool:
     return "tfevents" in os.path.basename(name)
 
 
+def _wandb_files(root: str) -> list[str]:
+    """Every W&B run file under `root`, once each (wandb/latest-run is a symlink to one of the run dirs)."""
+    found = {os.path.realpath(p) for p in glob.glob(os.path.join(root, "**", "*.wandb"), recursive=True)}
+    return sorted(found)
+
+
 def _detect(path: str) -> tuple[str, str]:
-    """('tensorboard' | 'wandb', the dir or file to read)."""
+    """('tensorboard', log dir or event file) or ('wandb', the run's .wandb file)."""
     if os.path.isfile(path):
         if _is_event_file(path):
             return "tensorboard", path
         if path.endswith(".wandb"):
-            return "wandb", os.path.dirname(path) or "."
+            return "wandb", path
         raise BadInput(
             f"{path!r} is neither a TensorBoard event file (events.out.tfevents.*) nor a W&B run file (*.wandb)"
         )
     entries = sorted(os.listdir(path))
     if any(_is_event_file(e) for e in entries):
         return "tensorboard", path
-    if any(e.endswith(".wandb") for e in entries):
-        return "wandb", path
-    wandb_runs = sorted(glob.glob(os.path.join(path, "offline-run-*"))) or sorted(
-        glob.glob(os.path.join(path, "wandb", "offline-run-*"))
-    )
-    wandb_runs = [r for r in wandb_runs if glob.glob(os.path.join(r, "*.wandb"))]
     tb_runs = sorted({os.path.dirname(f) for f in glob.glob(os.path.join(path, "**", "*tfevents*"), recursive=True)})
-    runs = [("wandb", r) for r in wandb_runs] + [("tensorboard", r) for r in tb_runs]
+    runs = [("tensorboard", r) for r in tb_runs] + [("wandb", f) for f in _wandb_files(path)]
     if len(runs) == 1:
         return runs[0]
     if not runs:
@@ -99,7 +100,7 @@ def _detect(path: str) -> tuple[str, str]:
             f"{path!r} holds no TensorBoard event file and no W&B offline run; "
             "pass the log dir a GradLogger wrote (log_dir=...) or a wandb/offline-run-* dir"
         )
-    listed = "\n  ".join(r for _, r in runs[:20])
+    listed = "\n  ".join(r if kind == "tensorboard" else os.path.dirname(r) for kind, r in runs[:20])
     raise BadInput(f"{path!r} holds {len(runs)} runs; pass one of them:\n  {listed}")
 
 
@@ -231,19 +232,64 @@ def parse_markdown_table(text: str) -> Table:
 
 
 # --- W&B ---------------------------------------------------------------------------------------------
-def _load_wandb(target: str) -> RunData:
+#: The W&B writer logs some tables under another key (the plain name already holds a scalar there).
+_WANDB_TABLES = {"gradlog/never_updated_table": "gradlog/never_updated", "gradlog/alerts_table": "gradlog/alerts"}
+#: Keys of the `gradlog/summary` table, in the order the logger writes them; W&B keeps them in run.summary.
+_SUMMARY_KEYS = (
+    "verdict",
+    "healthy",
+    "optimizer_steps",
+    "measured_steps",
+    "skipped_steps",
+    "first_nonfinite_step",
+    "first_nonfinite_tensor",
+)
+_STEP_KEY = "gradlog/step"
+
+
+def _summary_text(value: Any) -> str:
+    """Back to the strings gradlog wrote: W&B stores True/40 where the table said "True"/"40"."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _load_wandb(run_file: str) -> RunData:
+    from gradlog.readers.wandb_offline import WandbFileError, read_offline_run
+
+    run_dir = os.path.dirname(run_file)
     try:
-        from gradlog.readers import wandb_offline
-    except ImportError as exc:
-        raise BadInput(f"{target!r} is a W&B offline run, but gradlog's W&B reader is not available ({exc})") from exc
-    run = RunData(path=target, backend="wandb")
-    reader: Any = wandb_offline
-    read = getattr(reader, "read_run", None)
-    if read is None:
-        raise BadInput(f"{target!r}: gradlog.readers.wandb_offline has no read_run(); this gradlog is incomplete")
-    data = read(target)
-    run.scalars = data.scalars
-    run.tables = data.tables
-    run.files = list(getattr(data, "files", []))
-    run.skipped = list(getattr(data, "skipped", []))
+        offline = read_offline_run(run_file)
+    except WandbFileError as exc:
+        raise BadInput(str(exc)) from exc
+    run = RunData(path=run_dir, backend="wandb", files=[run_file], skipped=list(offline.skipped))
+    points: dict[str, dict[int, float]] = {}
+    table_files: dict[str, str] = {}
+    for row in offline.history:
+        step = row.get(_STEP_KEY, row.get("_step"))
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            continue
+        for key, value in row.items():
+            if key.startswith("_") or key == _STEP_KEY:
+                continue
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                points.setdefault(key, {})[int(step)] = float(value)
+            elif isinstance(value, dict) and value.get("_type") == "table-file" and "path" in value:
+                table_files[_WANDB_TABLES.get(key, key)] = str(value["path"])
+    run.scalars = {tag: sorted(p.items()) for tag, p in points.items()}
+    for name, rel in table_files.items():
+        if name not in TABLE_NAMES:
+            continue
+        file = os.path.join(run_dir, "files", rel)
+        try:
+            with open(file, encoding="utf-8") as f:
+                doc = json.load(f)
+            columns = [str(c) for c in doc["columns"]]
+            run.tables[name] = (columns, [[str(c) for c in r] for r in doc["data"]])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            run.skipped.append(f"table {name}: {rel} cannot be read ({type(exc).__name__}: {exc})")
+    summary = offline.summary
+    if "gradlog/verdict" in summary:
+        rows = [[k, _summary_text(summary[f"gradlog/{k}"])] for k in _SUMMARY_KEYS if f"gradlog/{k}" in summary]
+        run.tables["gradlog/summary"] = (["key", "value"], rows)
     return run

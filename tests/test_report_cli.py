@@ -373,3 +373,77 @@ def test_memory_run_data_gives_the_same_findings_as_disk(tmp_path: Path) -> None
         assert disk[key] == memory[key], key
     assert [(s["name"], s["step"]) for s in disk["spikes"]] == [(s["name"], s["step"]) for s in memory["spikes"]]
     assert [o["name"] for o in disk["out_of_band"]] == [o["name"] for o in memory["out_of_band"]]
+
+
+# --- W&B offline ---------------------------------------------------------------------------------------
+@pytest.fixture
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The real wandb package in offline mode, every file it writes kept under tmp_path."""
+    wandb = pytest.importorskip("wandb")
+    for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    yield wandb
+    if wandb.run is not None:  # a failed test must not leave a run for the next one to adopt
+        wandb.run.finish()
+
+
+def wandb_run(tmp_path: Path, **kwargs: Any) -> tuple[Path, gradlog.MemoryWriter, gradlog.Report]:
+    """A planted-bug run logged to W&B offline; returns the folder holding wandb/offline-run-*."""
+    from gradlog.readers.wandb_offline import find_run_files, read_finished_run
+    from gradlog.writers.wandb import WandbWriter
+
+    root = tmp_path / "wb"
+    writer = WandbWriter(project="gradlog-report-test", log_dir=str(root), mode="offline")
+    mem, report = planted_run(writer, **kwargs)
+    (run_file,) = find_run_files(root)
+    read_finished_run(run_file)  # wandb's service finishes writing the file shortly after finish() returns
+    return root, mem, report
+
+
+@pytest.mark.slow
+def test_wandb_offline_readback_equals_the_report_close_returned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], wandb_offline: Any
+) -> None:
+    root, mem, report = wandb_run(tmp_path, nan_at=30, spike_at=12)
+    code, out = report_json(root, capsys)  # the folder wandb.init(dir=...) got; the run dir is found inside
+    assert code == 1
+    assert out["backend"] == "wandb" and out["skipped"] == []
+    assert_matches_close(out, report, mem)
+    (run_dir,) = (root / "wandb").glob("offline-run-*")
+    code, again = report_json(run_dir, capsys)
+    assert code == 1 and again["never_updated"] == out["never_updated"] and again["verdict"] == out["verdict"]
+    # The alerts table came through too, under its own key (W&B already holds the alert count as a scalar).
+    run = load(str(run_dir))
+    columns, rows = run.tables["gradlog/alerts"]
+    assert columns == ["step", "kind", "name", "detail"] and ["30", "nonfinite_grad", "blocks.0.bias"] in [
+        r[:3] for r in rows
+    ]
+    assert run.scalars["gradlog/alerts"][-1][1] == len(rows)
+
+
+@pytest.mark.slow
+def test_wandb_damaged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], wandb_offline: Any) -> None:
+    root, _, report = wandb_run(tmp_path, nan_at=30)
+    (run_dir,) = (root / "wandb").glob("offline-run-*")
+    (run_file,) = run_dir.glob("*.wandb")
+    data = run_file.read_bytes()
+    # A torn tail (the process was killed): what was read is reported, what was lost is named, exit 2.
+    run_file.write_bytes(data[: len(data) - 200])
+    code = main(["report", str(run_dir)])
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err
+    assert "Skipped (unreadable):" in captured.out and "the report above is partial" in captured.err
+    assert report.first_nonfinite is not None
+    assert f"First non-finite gradient: step {report.first_nonfinite.step}" in captured.out
+    # The table file the history points at is gone: named as skipped.
+    run_file.write_bytes(data)
+    for f in (run_dir / "files" / "media" / "table").rglob("never_updated*.table.json"):
+        f.unlink()
+    code = main(["report", str(run_dir)])
+    captured = capsys.readouterr()
+    assert code == 2 and "table gradlog/never_updated: media/table/" in captured.out
+    # Not a W&B file at all.
+    run_file.write_bytes(b"this is not a wandb file" * 10)
+    _bad([str(run_dir)], capsys, "is not a W&B run file")
