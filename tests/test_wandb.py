@@ -21,7 +21,13 @@ from torch import nn
 
 import gradlog
 from gradlog.histogram import Histogram
-from gradlog.readers.wandb_offline import OfflineRun, WandbFileError, find_run_files, read_offline_run
+from gradlog.readers.wandb_offline import (
+    OfflineRun,
+    WandbFileError,
+    find_run_files,
+    read_finished_run,
+    read_offline_run,
+)
 from gradlog.writers.wandb import StepPayload, histogram_bytes, histogram_payload, split_payload
 
 wandb = pytest.importorskip("wandb")
@@ -110,7 +116,7 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[gradlog.Memor
         assert wandb.run is None, "gradlog started this run, so close() must finish it"
     files = find_run_files(root / "logs")
     assert len(files) == 1
-    return mem, read_offline_run(files[0], strict=True), report
+    return mem, read_finished_run(files[0]), report
 
 
 def gradlog_rows(run: OfflineRun) -> list[dict[str, Any]]:
@@ -145,6 +151,10 @@ def test_one_row_per_measured_step_with_gradlog_step(offline_run: tuple[Any, Off
     assert [s for s, _ in mem.scalars["gradlog/grad_norm_total"]] == measured
     assert [r["_step"] for r in run.history] == list(range(len(run.history)))
     assert report.measured_steps == len(measured)
+    # every key gradlog wrote is plotted against gradlog/step
+    globs = {m["glob_name"][:-2] for m in run.metrics if m.get("step_metric") == "gradlog/step"}
+    keys = {k for row in rows for k in row if not k.startswith("_")}
+    assert all(k.split("/")[0] in globs for k in keys), keys
 
 
 def test_histogram_bins_and_counts(offline_run: tuple[Any, OfflineRun, Any]) -> None:
@@ -200,23 +210,25 @@ def test_summary_values(offline_run: tuple[Any, OfflineRun, Any]) -> None:
     assert run.finished and run.exit_code == 0
 
 
-def test_user_steps_survive_interleaving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The user passes step= to their own wandb.log, after gradlog logged in the same iteration: the order
-    that loses the user's data when another logger commits rows. Every user point must keep its step."""
+@pytest.mark.parametrize("style", ["explicit_step", "auto_step"])
+def test_user_steps_survive_interleaving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, style: str) -> None:
+    """The user logs every iteration, right after gradlog did. `explicit_step`: wandb.log(..., step=i), the
+    order that loses the user's data when another logger commits rows first. `auto_step`: plain
+    wandb.log(...), whose steps another logger's rows would shift. Every user point must keep step i."""
     offline_env(monkeypatch, tmp_path)
     run = wandb.init(project="user-run", dir=str(tmp_path))
     losses: list[float] = []
 
     def user_log(i: int) -> None:
         losses.append(float(i) / 3)
-        run.log({"train/loss": losses[-1]}, step=i)
+        run.log({"train/loss": losses[-1]}, **({"step": i} if style == "explicit_step" else {}))
 
     report = train("wandb", steps=10, after_log=user_log, strict=True)
     assert wandb.run is run, "gradlog must not finish a run the user started"
-    run.log({"train/loss": -1.0}, step=10)
+    run.log({"train/loss": -1.0}, **({"step": 10} if style == "explicit_step" else {}))
     run.finish()
     (path,) = find_run_files(tmp_path)
-    back = read_offline_run(path, strict=True)
+    back = read_finished_run(path)
     assert back.column("train/loss") == [(i, v) for i, v in enumerate([*losses, -1.0])]
     steps = [row["gradlog/step"] for row in back.history if "gradlog/grad_norm_total" in row]
     assert steps == list(range(0, 10, EVERY))

@@ -21,6 +21,7 @@ import glob
 import json
 import os
 import struct
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ class OfflineRun:
     summary: dict[str, Any] = field(default_factory=dict)
     summary_updates: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    #: `define_metric` calls: {"name" or "glob_name": ..., "step_metric": ...}
+    metrics: list[dict[str, str]] = field(default_factory=list)
     exit_code: int | None = None
     finished: bool = False
     skipped: list[str] = field(default_factory=list)
@@ -216,6 +219,12 @@ def read_offline_run(path: str | os.PathLike[str], *, strict: bool = False) -> O
             run.run_id = rec.run.run_id or run.run_id
             run.project = rec.run.project or run.project
             _merge(run.config, _items(rec.run.config.update, run.skipped, f"run record {n}"))
+        elif kind == "metric":
+            m = rec.metric
+            entry = {"name": m.name} if m.name else {"glob_name": m.glob_name}
+            if m.step_metric:
+                entry["step_metric"] = m.step_metric
+            run.metrics.append(entry)
         elif kind == "exit":
             run.exit_code = rec.exit.exit_code
             run.finished = True
@@ -224,4 +233,23 @@ def read_offline_run(path: str | os.PathLike[str], *, strict: bool = False) -> O
     return run
 
 
-__all__ = ["OfflineRun", "WandbFileError", "find_run_files", "read_chunks", "read_offline_run"]
+def read_finished_run(path: str | os.PathLike[str], timeout: float = 60.0) -> OfflineRun:
+    """`read_offline_run`, waiting until the file ends with the run's exit record.
+
+    `run.finish()` returns before wandb's service has flushed the file's tail (the service closes it
+    asynchronously; with multi-MB rows this was seen to take a moment), so a reader started right after
+    a run finished can see a torn record. Raises `WandbFileError` if the run is still incomplete after
+    `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        run = read_offline_run(path)
+        if run.finished and run.complete:
+            return run
+        if time.monotonic() > deadline:
+            state = "; ".join(run.skipped) or "no exit record yet"
+            raise WandbFileError(f"{os.fspath(path)} is not a finished run after {timeout:g} s: {state}")
+        time.sleep(0.05)
+
+
+__all__ = ["OfflineRun", "WandbFileError", "find_run_files", "read_chunks", "read_finished_run", "read_offline_run"]
