@@ -298,6 +298,45 @@ def test_online_without_credentials_is_one_clear_error(tmp_path: Path) -> None:
     assert "WANDB_MODE=offline" in proc.stdout and "wandb login" in proc.stdout
 
 
+DDP_SCRIPT = """
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+import gradlog
+
+def worker(rank, root):
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(root, "rendezvous"), rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # a writer built by hand on every rank: only rank 0 may produce a run
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.WandbWriter(log_dir=os.path.join(root, "logs")),
+                            every=1, print_report=False, strict=True)
+    for step in range(3):
+        model(torch.randn(4, 3) + rank).pow(2).sum().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(sys.argv[1],), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_ddp_only_rank_zero_makes_a_run(tmp_path: Path) -> None:
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path))
+    cmd = [sys.executable, str(script), str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = find_run_files(tmp_path / "logs")
+    run = read_finished_run(path)
+    assert [row["gradlog/step"] for row in run.history if "gradlog/grad_norm_total" in row] == [0, 1, 2]
+
+
 def test_import_gradlog_does_not_import_wandb(tmp_path: Path) -> None:
     proc = run_python(
         """

@@ -179,6 +179,8 @@ class WandbWriter(Writer):
             if run is not None and (project is not None or log_dir is not None or init_kwargs):
                 log.warning("gradlog: logging into the active W&B run; project/log_dir/init arguments are ignored")
         if run is None:
+            if not _rank_zero():  # only rank 0 logs; a writer built by hand on every rank must not start N runs
+                init_kwargs = {**init_kwargs, "mode": "disabled"}
             run = self._init(project, log_dir, init_kwargs)
             self.owns_run = True
         self.run = run
@@ -308,6 +310,12 @@ class WandbWriter(Writer):
             self._warned.add(key)
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
             log.warning(msg)
+
+
+def _rank_zero() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def _as_arrays(counts: list[int], edges: list[float]) -> tuple[Iterable[Any], Iterable[Any]]:
