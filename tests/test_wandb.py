@@ -235,6 +235,30 @@ def test_user_steps_survive_interleaving(tmp_path: Path, monkeypatch: pytest.Mon
     assert back.summary["gradlog/measured_steps"] == report.measured_steps
 
 
+def test_a_step_over_the_size_budget_is_split_into_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    offline_env(monkeypatch, tmp_path)
+    mem = gradlog.MemoryWriter()
+    writer = gradlog.WandbWriter(log_dir=str(tmp_path), max_payload_bytes=4096)
+    with pytest.warns(RuntimeWarning, match="split over") as caught:
+        train([mem, writer], steps=4, strict=True)
+    assert len([w for w in caught if "split over" in str(w.message)]) == 1
+    (path,) = find_run_files(tmp_path)
+    run = read_finished_run(path)
+    rows = gradlog_rows(run)
+    assert len(rows) > 3 * 2  # 2 measured steps + close, each in several rows
+    merged: dict[tuple[int, str], Any] = {}
+    for row in rows:
+        for key, value in row.items():
+            if not key.startswith("_") and key not in ("gradlog/step", "gradlog/never_updated_table"):
+                assert (row["gradlog/step"], key) not in merged
+                merged[(row["gradlog/step"], key)] = value
+    scalars = {(step, k): v for k, points in mem.scalars.items() for step, v in points}
+    hists = {(step, k): h for k, points in mem.histograms.items() for step, h in points if h.count}
+    assert merged.keys() == scalars.keys() | hists.keys()
+    assert all(same(float(merged[k]), v) for k, v in scalars.items())
+    assert all(merged[k]["values"] == [round(c) for c in h.counts] for k, h in hists.items())
+
+
 def test_failing_run_log_warns_once_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The user finishes their run mid-training (wandb then refuses every log call; asking the finished run
     its step would block for 30 s, so the writer checks first): one warning, the other writers go on."""
