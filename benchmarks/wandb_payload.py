@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -50,6 +51,9 @@ def main() -> None:
             writer.log_scalars(payload.scalars, payload.step)
             for tag, hist in payload.histograms.items():
                 writer.log_histogram(tag, hist, payload.step)
+            start = time.perf_counter()
+            writer.flush()
+            flush_s = time.perf_counter() - start
             writer.close()
             (path,) = find_run_files(root)
             read_finished_run(path)  # wait for wandb's service to write the tail
@@ -65,7 +69,7 @@ def main() -> None:
         print(
             f"bins={bins}: {tensors} tensors -> history record {real / 1e3:.0f} kB "
             f"({real / tensors / 1e3:.1f} kB per tensor), estimate {estimate / 1e3:.0f} kB; "
-            f"4 MB budget fits ~{4_000_000 * tensors // estimate} tensors per row",
+            f"4 MB budget fits ~{4_000_000 * tensors // estimate} tensors per row; flush {flush_s * 1e3:.0f} ms",
             file=sys.stdout,
         )
 
