@@ -25,6 +25,7 @@ from gradlog.readers.wandb_offline import (
     OfflineRun,
     WandbFileError,
     find_run_files,
+    read_chunks,
     read_finished_run,
     read_offline_run,
 )
@@ -111,8 +112,9 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[gradlog.Memor
     mem = gradlog.MemoryWriter()
     with pytest.MonkeyPatch.context() as mp:
         offline_env(mp, root)
-        writer = gradlog.WandbWriter(project="gradlog-test", log_dir=str(root / "logs"))
-        report = train([mem, writer], strict=True)
+        # by registry name: GradLogger passes log_dir (-> wandb.init(dir=)) and writer_options along
+        options = {"project": "gradlog-test"}
+        report = train([mem, "wandb"], log_dir=str(root / "logs"), writer_options=options, strict=True)
         assert wandb.run is None, "gradlog started this run, so close() must finish it"
     files = find_run_files(root / "logs")
     assert len(files) == 1
@@ -208,6 +210,7 @@ def test_summary_values(offline_run: tuple[Any, OfflineRun, Any]) -> None:
     for reason, n in report.counts().items():
         assert s[f"gradlog/never_updated/{reason}"] == n == mem.last(f"gradlog/never_updated/{reason}")
     assert run.finished and run.exit_code == 0
+    assert run.project == "gradlog-test"  # writer_options reached wandb.init
 
 
 @pytest.mark.parametrize("style", ["explicit_step", "auto_step"])
@@ -446,6 +449,7 @@ def test_reader_reports_truncation_and_corruption(offline_run: tuple[Any, Offlin
     _, run, _ = offline_run
     data = Path(run.path).read_bytes()
     assert len(data) > 3 * 32 * 1024  # several blocks, so block boundaries were exercised
+    assert max(len(r) for r in read_chunks(data, [])) > 32 * 1024  # a record in first/middle/last pieces
 
     torn = tmp_path / "torn.wandb"
     torn.write_bytes(data[: len(data) // 2])

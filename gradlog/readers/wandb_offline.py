@@ -1,7 +1,7 @@
-"""Read a W&B run file (`run-<id>.wandb`, written in offline and online mode) without a W&B server.
+"""Read a W&B run file (`run-<id>.wandb`, the run's local transaction log) without a W&B server.
 
 wandb ships no reader for these files, so gradlog has its own. The layout (LevelDB's log format with
-a file header, checked against wandb 0.31's output):
+a file header, checked against wandb 0.31's offline runs):
 
 - a 7-byte header: `:W&B`, magic 0xBEE1 (little-endian u16), version byte 0;
 - then 32 KiB blocks, counted from the start of the file, holding chunks. A chunk has a 7-byte header:
