@@ -8,13 +8,16 @@ report = gl.close()                               # the never-updated table
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradlog.histogram import Histogram
 from gradlog.logger import GradLogger, close, log, watch
 from gradlog.report import NeverUpdated, NonFinite, Reason, Report
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; at run time see __getattr__ below
+    from gradlog.writers.wandb import WandbWriter
 
 __version__ = "0.1.0"
 
