@@ -46,8 +46,8 @@ PREFIXES = (
 )
 #: W&B rejects a `run.log` call above ~10 MB (wandb#3701); stay well under it.
 DEFAULT_MAX_PAYLOAD_BYTES = 4_000_000
-#: the never-updated table is logged under this key: `gradlog/never_updated` already holds the count.
-TABLE_KEYS = {"gradlog/never_updated": "gradlog/never_updated_table"}
+#: tables logged under another key, because the plain name already holds a scalar (the count) in W&B.
+TABLE_KEYS = {"gradlog/never_updated": "gradlog/never_updated_table", "gradlog/alerts": "gradlog/alerts_table"}
 SUMMARY_TABLE = "gradlog/summary"
 
 
