@@ -97,6 +97,7 @@ def figure(
     from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     lo, hi = float(band[0]), float(band[1])
     never = _never(never_updated)
@@ -241,6 +242,8 @@ def figure(
     ax_h.set_ylim(n_rows - 0.5, -0.5)
     if steps:  # one x range for both panels, so a step lines up across them
         ax_r.set_xlim(x_edges[0], x_edges[-1])
+    for ax in (ax_r, ax_h):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax_h.set_xlabel("step")
     ax_h.set_title(
         "gradient norm per tensor (log colour)   grey: no gradient   black: exactly zero   red: NaN/Inf",
