@@ -116,7 +116,7 @@ def figure(
     ax_r, ax_h = fig.subplots(2, 1, height_ratios=[ratio_h, heat_h])
     heading = title or "gradlog: update ratio and gradient norm per tensor"
     n_never = len(never)
-    fig.suptitle(f"{heading}\n{len(rows)} tensors, {n_never} never updated", fontsize=11)
+    fig.suptitle(f"{heading}\n{len(rows)} tensor{'s' * (len(rows) != 1)}, {n_never} never updated", fontsize=11)
 
     # --- top: log10 update ratio per tensor, healthy band shaded -----------------------------------
     ax_r.axhspan(math.log10(lo), math.log10(hi), color="#2ca02c", alpha=0.12, lw=0)
