@@ -156,7 +156,7 @@ def test_alerts_off_logs_and_writes_nothing(caplog: pytest.LogCaptureFixture) ->
 def test_bad_thresholds_name_the_value(kwargs: dict[str, object], match: str) -> None:
     model = nn.Linear(2, 2)
     with pytest.raises(ValueError, match=match):
-        gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)  # type: ignore[arg-type]
+        gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), writer="memory", **kwargs)  # type: ignore[arg-type]
 
 
 def test_histogram_of_a_huge_finite_range_does_not_crash_training() -> None:
@@ -169,7 +169,7 @@ def test_histogram_of_a_huge_finite_range_does_not_crash_training() -> None:
     assert row[4].item() == x[0].neg().item() and row[5].item() == x[0].item() and row[-1].item() == 1
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    gl = gradlog.GradLogger(model, opt, every=1, print_report=False)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=1, print_report=False)
     model(torch.ones(1, 2)).sum().backward()
     model.weight.grad.copy_(torch.tensor([[3e38, -3e38], [0.0, 1.0]]))
     opt.step()  # before the fix the pre-hook failed here and the step went unmeasured
