@@ -145,6 +145,11 @@ def scan_records(path: str) -> tuple[int, str | None]:
     return n, None
 
 
+#: gradlog's writer tags a table `name/table` when a scalar already holds `name` (TensorBoard keeps one kind
+#: of data per tag); torch's SummaryWriter.add_text appends `/text_summary`.
+_TEXT_SUFFIXES = ("/table", "/text_summary")
+
+
 def _event_files(target: str) -> list[str]:
     if os.path.isfile(target):
         return [target]
@@ -178,7 +183,10 @@ def _load_tensorboard(target: str) -> RunData:
             points[int(ev.step)] = float(ev.value)  # a step written twice (a resumed run): the last one wins
         run.scalars[tag] = sorted(points.items())
     for tag in tags.get(ea.TENSORS, []):
-        name = tag[: -len("/text_summary")] if tag.endswith("/text_summary") else tag
+        name = tag
+        for suffix in _TEXT_SUFFIXES:
+            if tag.endswith(suffix) and tag[: -len(suffix)] in TABLE_NAMES:
+                name = tag[: -len(suffix)]
         if name not in TABLE_NAMES:
             continue
         events = acc.Tensors(tag)
