@@ -11,6 +11,7 @@ The result is backend-neutral `RunData`: the same shape `MemoryWriter` keeps in 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -150,6 +151,34 @@ def scan_records(path: str) -> tuple[int, str | None]:
 _TEXT_SUFFIXES = ("/table", "/text_summary")
 
 
+@contextlib.contextmanager
+def c_crc_for_tensorboard() -> Iterator[bool]:
+    """Let tensorboard's reader check CRCs with the C `crc32c` package while we read.
+
+    Without TensorFlow, tensorboard verifies every record with a pure-Python CRC32C: 75% of the time
+    reading a 111 MB run (20 s). The C function returns the same numbers (checked on a probe first);
+    it is swapped in only inside this block, and the slow path stays whenever anything looks different.
+    Yields whether the fast path is on.
+    """
+    try:
+        import crc32c
+        from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+
+        original = stub.crc32c
+        probe = bytes(range(256)) * 3
+        usable = original(probe) == crc32c.crc32c(probe)
+    except Exception:  # another tensorboard layout, or no crc32c: read the slow way
+        usable = False
+    if not usable:
+        yield False
+        return
+    stub.crc32c = crc32c.crc32c
+    try:
+        yield True
+    finally:
+        stub.crc32c = original
+
+
 def _event_files(target: str) -> list[str]:
     if os.path.isfile(target):
         return [target]
@@ -173,7 +202,8 @@ def _load_tensorboard(target: str) -> RunData:
     # which the accumulator would otherwise take for a restarted run and throw away.
     acc = ea.EventAccumulator(target, size_guidance=guidance, purge_orphaned_data=False)
     try:
-        acc.Reload()
+        with c_crc_for_tensorboard():
+            acc.Reload()
     except Exception as exc:  # a record with a valid CRC but not an Event: keep what was read before it
         run.skipped.append(f"reading stopped early ({type(exc).__name__}: {exc})")
     tags = acc.Tags()

@@ -447,3 +447,17 @@ def test_wandb_damaged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     # Not a W&B file at all.
     run_file.write_bytes(b"this is not a wandb file" * 10)
     _bad([str(run_dir)], capsys, "is not a W&B run file")
+
+
+def test_c_crc_swap_gives_tensorboard_the_same_checksums_and_is_undone() -> None:
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+
+    from gradlog.readback import c_crc_for_tensorboard
+
+    original = stub.crc32c
+    data = os.urandom(5000)
+    with c_crc_for_tensorboard() as fast:
+        assert fast
+        assert stub.crc32c is not original
+        assert stub.crc32c(data) == original(data)
+    assert stub.crc32c is original
