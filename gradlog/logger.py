@@ -13,7 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradlog.amp import AmpState
 from gradlog.diagnosis import diagnose
+from gradlog.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Reducer, check_supported
 from gradlog.histogram import MAX_BINS
 from gradlog.ledger import Ledger
 from gradlog.measure import HISTOGRAM_KINDS, Measurement, Meter
@@ -68,6 +70,8 @@ class GradLogger:
         print_report: bool = True,
         strict: bool = False,
         writer_options: dict[str, Any] | None = None,
+        scaler: Any = None,
+        sync_timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -85,6 +89,8 @@ class GradLogger:
         bad = [k for k in histogram_kinds if k not in HISTOGRAM_KINDS]
         if bad:
             raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
+        check_supported(model)
+        self.amp = AmpState(optimizer, scaler)
         self.model = model
         self.optimizer = optimizer
         self.every = every
@@ -93,13 +99,16 @@ class GradLogger:
         self.strict = strict
         self._failures: set[str] = set()
         self.table = ParamTable(model, optimizer)
+        self.meter_bins = bins
         self.meter = Meter(
             self.table,
             optimizer,
             bins,
             tuple(histogram_kinds),
-            grad_scale=self._grad_scale,
-            skipped=self._found_inf,
+            grad_scale=self.amp.inv_scale,
+            skipped=self.amp.found_inf,
+            reducer=Reducer(self._layout(histogram_kinds), sync_timeout),
+            skip_count=self.amp.count,
         )
         self.ledger = Ledger()
         self.ledger.fingerprint_new(self.table.live)
@@ -122,6 +131,8 @@ class GradLogger:
 
     # --- hooks (the hot path: unmeasured steps only count) ---------------------------------
     def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.amp.scaler is not None:
+            self._guarded(self.amp.before_step)
         index = self.optimizer_steps
         self.optimizer_steps += 1
         if index % self.every:
@@ -129,6 +140,8 @@ class GradLogger:
         self._guarded(lambda: self._begin(index, snapshot=True))
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.amp.fused:
+            self._guarded(self.amp.after_step)
         if self.meter.busy:
             self._guarded(self.meter.finish)
 
@@ -136,6 +149,8 @@ class GradLogger:
         """Measuring must never kill a training run: a failure drops this step's measurement, once warned."""
         try:
             work()
+        except DistributedMismatchError:
+            raise  # carrying on would hang or mix up collectives: this one must stop the run
         except Exception as exc:
             self.meter.abandon()
             if self.strict:
@@ -159,16 +174,10 @@ class GradLogger:
         self._begin(call, snapshot=False)
         self.meter.finish()
 
-    def _grad_scale(self) -> torch.Tensor | None:
-        """Fused optimizers under GradScaler see scaled gradients and carry the scale."""
-        scale = getattr(self.optimizer, "grad_scale", None)
-        if isinstance(scale, torch.Tensor):
-            return 1.0 / scale.detach().double()
-        return None
-
-    def _found_inf(self) -> torch.Tensor | None:
-        found = getattr(self.optimizer, "found_inf", None)
-        return found.detach() if isinstance(found, torch.Tensor) else None
+    def _layout(self, kinds: tuple[str, ...] | list[str]) -> list[float]:
+        """Settings every rank must share under FSDP2/DTensor (compared across ranks before use)."""
+        kind_bits = sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds)
+        return [self.every, self.histogram_every, self.meter_bins, kind_bits, self.optimizer is not None]
 
     def _collect(self) -> Measurement | None:
         """Bring a finished measurement to the host (its one copy) and feed the ledger."""
@@ -214,8 +223,18 @@ class GradLogger:
         self._collect()
         rows = self.table.live
         changed = self.ledger.changed(rows)
+        reducer = self.meter.reducer
+        if reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
+            changed = reducer.changed(rows, changed, self.meter._device(rows))
+        elif reducer is not None and reducer.used:
+            reducer.warn_local()
+        skipped = self.amp.final_count()
+        if skipped is not None:
+            self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
         return Report(
-            never_updated=diagnose(rows, self.ledger.evidence, changed, self.optimizer is not None),
+            never_updated=diagnose(
+                rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
+            ),
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
             measured_steps=self.ledger.measured_steps,
