@@ -7,6 +7,7 @@ report = gl.close()                               # the never-updated table
 
 from __future__ import annotations
 
+from gradlog.distributed import DistributedMismatchError
 from gradlog.histogram import Histogram
 from gradlog.logger import GradLogger, close, log, watch
 from gradlog.report import NeverUpdated, NonFinite, Reason, Report
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WRITERS",
+    "DistributedMismatchError",
     "GradLogger",
     "Histogram",
     "MemoryWriter",
