@@ -211,7 +211,9 @@ class Meter:
             before = torch.zeros(len(rows), dtype=grad.dtype, device=device)
             if weights:
                 before[torch.tensor(moving, device=device)] = norm_partials(weights, device, counts=False)[:, SUMSQ]
-            snap = [w.clone() for w in weights]
+            # fp16/bf16 weights are snapshot in fp32: the difference of two low-precision values whose
+            # signs differ rounds, and the update must be measured in a precision that does not round it
+            snap = [w.float() if w.is_floating_point() and w.element_size() < 4 else w.clone() for w in weights]
         self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, packer, pos, moving, dist)
 
     def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
