@@ -24,7 +24,7 @@ import datetime
 import logging
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -141,8 +141,8 @@ class Reducer:
     it is compared across ranks once per table size, before anything whose size depends on it.
     """
 
-    def __init__(self, layout: Sequence[float], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self.layout = [float(v) for v in layout]
+    def __init__(self, layout: Mapping[str, float], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.layout = {k: float(v) for k, v in layout.items()}
         self.timeout_s = timeout_s
         self._checked_rows: int | None = None
         self.used = False  # a collective ran at least once: a local report at close would be wrong
@@ -183,17 +183,14 @@ class Reducer:
     def _check_layout(self, n: int, device: torch.device) -> None:
         if self._checked_rows == n:
             return
-        mine = [float(n), *self.layout]
+        mine = [float(n), *self.layout.values()]
         t = torch.tensor(mine + [-v for v in mine], dtype=torch.float64, device=device)
         self.all_reduce(t, "max", -1)
         hi, lo = t[: len(mine)].tolist(), [-v for v in t[len(mine) :].tolist()]
         if hi != lo:
-            names = ["tracked tensors", *[f"setting {i}" for i in range(len(self.layout))]]
+            names = ["tracked tensors", *self.layout]
             diff = [f"{k} {a:g}..{b:g}" for k, a, b in zip(names, lo, hi) if a != b]
-            raise DistributedMismatchError(
-                f"gradlog: ranks track different things ({', '.join(diff)}; settings are every, histogram_every, "
-                f"bins, histogram kinds, optimizer present); {_RULE}"
-            )
+            raise DistributedMismatchError(f"gradlog: ranks disagree ({', '.join(diff)} across ranks); {_RULE}")
         self._checked_rows = n
 
     def exchange_header(

@@ -174,10 +174,15 @@ class GradLogger:
         self._begin(call, snapshot=False)
         self.meter.finish()
 
-    def _layout(self, kinds: tuple[str, ...] | list[str]) -> list[float]:
+    def _layout(self, kinds: tuple[str, ...] | list[str]) -> dict[str, float]:
         """Settings every rank must share under FSDP2/DTensor (compared across ranks before use)."""
-        kind_bits = sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds)
-        return [self.every, self.histogram_every, self.meter_bins, kind_bits, self.optimizer is not None]
+        return {
+            "every": self.every,
+            "histogram_every": self.histogram_every,
+            "bins": self.meter_bins,
+            "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
+            "optimizer": self.optimizer is not None,
+        }
 
     def _collect(self) -> Measurement | None:
         """Bring a finished measurement to the host (its one copy) and feed the ledger."""

@@ -226,6 +226,23 @@ def main_suite(out: str, rank: int, world: int) -> None:
         _save(out, "fsdp1", rank, {"error": str(exc)})
     dist.barrier()
 
+    # a logger still open when the process group is destroyed: its report is rank-local, and says so
+    import warnings
+
+    torch.manual_seed(0)
+    model = Net()
+    fully_shard(model, mesh=mesh)
+    gl = gradlog.GradLogger(model, make_optimizer(model), print_report=False)
+    x, y = data(0)
+    nn.functional.mse_loss(model(x[:4]), y[:4]).backward()
+    gl.optimizer.step()  # type: ignore[union-attr]
+    dist.barrier()
+    dist.destroy_process_group()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gl.close()
+    _save(out, "late_close", rank, {"warnings": [str(w.message) for w in caught]})
+
 
 def mismatch_suite(out: str, rank: int, world: int) -> None:
     """Ranks that disagree must get a clear error, not a hang. Gradients are set by hand: no collective

@@ -164,11 +164,17 @@ def test_fsdp1_is_refused_clearly(main_run: Any) -> None:
         assert payload["error"] is not None and "fully_shard" in payload["error"]
 
 
+def test_close_after_destroy_process_group_warns_that_the_report_is_local(main_run: Any) -> None:
+    _, runs = main_run
+    for payload in runs["late_close"]:
+        assert any("before torch.distributed.destroy_process_group()" in w for w in payload["warnings"])
+
+
 def test_disagreeing_ranks_get_an_error_not_a_hang(tmp_path: Path) -> None:
     runs = _launch(tmp_path, "mismatch")
     r0, r1 = (p["results"] for p in runs["mismatch"])
     for r in (r0, r1):
-        assert r["layout"] is not None and "setting 0 1..2" in r["layout"] and "same settings" in r["layout"]
+        assert r["layout"] is not None and "every 1..2 across ranks" in r["layout"] and "same settings" in r["layout"]
         assert r["index"] is not None and "step index 0 to 1" in r["index"]
     assert r0["timeout"] is not None and "never joined" in r0["timeout"]
     assert r1["timeout"] is None
