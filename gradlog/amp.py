@@ -40,6 +40,8 @@ class AmpState:
         self._count: torch.Tensor | None = None  # skipped optimizer steps so far, on the device
         self._prev: tuple[torch.Tensor, torch.Tensor] | None = None  # scale, growth tracker at the last step
         self._stepped = False  # a step ran after _prev was taken: its scaler.update() may have grown the scale
+        if self._watching_scaler() and getattr(scaler, "_scale", None) is not None:  # attached mid-run
+            self._prev = (scaler._scale.detach().clone(), scaler._growth_tracker.detach().clone())
 
     def _watching_scaler(self) -> bool:
         sc = self.scaler

@@ -168,7 +168,13 @@ class Reducer:
         dist = torch.distributed
         self.used = True
         rop = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
-        if dist.get_backend() != "gloo":  # NCCL and friends: their own watchdog times out
+        backend = dist.get_backend()
+        if backend == "nccl" and t.device.type == "cpu":  # CPU-offloaded parameters under NCCL
+            on_gpu = t.cuda()
+            dist.all_reduce(on_gpu, op=rop)
+            t.copy_(on_gpu)
+            return
+        if backend != "gloo":  # NCCL and friends: their own watchdog times out
             dist.all_reduce(t, op=rop)
             return
         work = dist.all_reduce(t, op=rop, async_op=True)

@@ -73,7 +73,7 @@ NON_FUSED = {
 @pytest.mark.parametrize("unscale_first", [False, True], ids=["scaler.step", "unscale_+step"])
 @pytest.mark.parametrize("name", sorted(NON_FUSED))
 def test_non_fused_grad_norms_are_unscaled_and_skips_counted(name: str, unscale_first: bool) -> None:
-    skip = {3, 4, 7}  # consecutive skips, and skips right after the scale grew (growth_interval=2)
+    skip = {0, 3, 4, 7}  # a skip before any step ran, consecutive skips, skips right after the scale grew
     mem, report, by_hand, weights = run_scaled(NON_FUSED[name], skip, 9, pass_scaler=True, unscale_first=unscale_first)
     ran = [s for s in range(9) if s not in skip]
     for tensor in ("a.weight", "a.bias", "b.weight"):
@@ -82,9 +82,9 @@ def test_non_fused_grad_norms_are_unscaled_and_skips_counted(name: str, unscale_
         for s, v in series:
             assert v == pytest.approx(by_hand[s][tensor], rel=1e-5)
             assert by_hand[s][tensor] < 100  # the reference itself is unscaled (scale is 2**10 and more)
-    assert [v for _, v in mem.scalars["gradlog/skipped_steps"]] == [0, 0, 0, 2, 2, 3]  # published at 0 1 2 5 6 8
-    assert report.skipped_steps == 3
-    for s in skip:  # the skipped steps really did not move anything
+    assert [v for _, v in mem.scalars["gradlog/skipped_steps"]] == [1, 1, 3, 3, 4]  # published at 1 2 5 6 8
+    assert report.skipped_steps == 4
+    for s in skip - {0}:  # the skipped steps really did not move anything
         assert all(torch.equal(weights[s][n], weights[s - 1][n]) for n in weights[s])
 
 
@@ -234,3 +234,21 @@ def test_compiled_model_metrics_equal_eager() -> None:
         for (s1, a), (s2, b) in zip(compiled.scalars[tag], series):
             assert s1 == s2
             assert a == pytest.approx(b, rel=1e-4, abs=1e-7), tag
+
+
+def test_logger_attached_mid_run_counts_only_later_skips() -> None:
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    gl = None
+    for step in range(8):
+        if step == 3:  # after two skips the logger must not see
+            gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, scaler=scaler)
+        loss = model(batch(step)).pow(2).mean() * (float("inf") if step in (1, 2, 5) else 1.0)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert gl is not None
+    assert gl.close().skipped_steps == 1
