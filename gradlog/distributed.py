@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from gradlog.params import Tracked
+from gradlog.params import Tracked, local_tensor
 
 log = logging.getLogger("gradlog")
 
@@ -235,8 +235,9 @@ class Reducer:
         n = ranges.shape[0]
         return torch.stack([-t[n:], t[:n]], dim=1)
 
-    def changed(self, rows: Sequence[Tracked], changed: dict[int, bool], device: torch.device) -> dict[int, bool]:
+    def changed(self, rows: Sequence[Tracked], changed: dict[int, bool]) -> dict[int, bool]:
         """At close: a tensor changed if any of its shards did. One all_reduce(MAX)."""
+        device = local_tensor(rows[0].param).device if rows else torch.device("cpu")
         self._check_layout(len(rows), device)
         flags = [(-1.0 if changed.get(r.index) is None else float(changed[r.index])) for r in rows]
         t = torch.tensor(flags, dtype=torch.float64, device=device)

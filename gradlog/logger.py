@@ -99,7 +99,6 @@ class GradLogger:
         self.strict = strict
         self._failures: set[str] = set()
         self.table = ParamTable(model, optimizer)
-        self.meter_bins = bins
         self.meter = Meter(
             self.table,
             optimizer,
@@ -107,7 +106,7 @@ class GradLogger:
             tuple(histogram_kinds),
             grad_scale=self.amp.inv_scale,
             skipped=self.amp.found_inf,
-            reducer=Reducer(self._layout(histogram_kinds), sync_timeout),
+            reducer=Reducer(self._layout(bins, histogram_kinds), sync_timeout),
             skip_count=self.amp.count,
         )
         self.ledger = Ledger()
@@ -174,12 +173,12 @@ class GradLogger:
         self._begin(call, snapshot=False)
         self.meter.finish()
 
-    def _layout(self, kinds: tuple[str, ...] | list[str]) -> dict[str, float]:
+    def _layout(self, bins: int, kinds: tuple[str, ...] | list[str]) -> dict[str, float]:
         """Settings every rank must share under FSDP2/DTensor (compared across ranks before use)."""
         return {
             "every": self.every,
             "histogram_every": self.histogram_every,
-            "bins": self.meter_bins,
+            "bins": bins,
             "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
             "optimizer": self.optimizer is not None,
         }
@@ -230,7 +229,7 @@ class GradLogger:
         changed = self.ledger.changed(rows)
         reducer = self.meter.reducer
         if reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
-            changed = reducer.changed(rows, changed, self.meter._device(rows))
+            changed = reducer.changed(rows, changed)
         elif reducer is not None and reducer.used:
             reducer.warn_local()
         skipped = self.amp.final_count()
