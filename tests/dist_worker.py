@@ -114,13 +114,26 @@ def train(
     no_sync: Callable[[], Any] | None = None,
     writers: list[gradlog.Writer] | None = None,
     shard_batch: bool = True,
+    collectives: list[tuple[str, int]] | None = None,
 ) -> tuple[gradlog.MemoryWriter, gradlog.Report, int]:
-    """STEPS optimizer steps on the global batch (this rank's slice of it when shard_batch)."""
+    """STEPS optimizer steps on the global batch (this rank's slice of it when shard_batch).
+
+    `collectives` receives (op, measured step) for every all_reduce gradlog makes."""
     opt = make_optimizer(model)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(
         model, opt, writer=[mem, *(writers or [])], every=1, histogram_every=2, bins=16, print_report=False
     )
+    if collectives is not None:
+        reducer = gl.meter.reducer
+        assert reducer is not None
+        real = reducer.all_reduce
+
+        def counted(t: torch.Tensor, op: str, index: int) -> None:
+            collectives.append((op, index))
+            real(t, op, index)
+
+        reducer.all_reduce = counted  # type: ignore[method-assign]
     per = GLOBAL_BATCH // world if shard_batch else GLOBAL_BATCH
     lo = rank * per if shard_batch else 0
     for step in range(STEPS):
@@ -204,8 +217,10 @@ def main_suite(out: str, rank: int, world: int) -> None:
     fully_shard(model, mesh=mesh)
     names = [n for n, _ in model.named_parameters()]
     local_rows = {n: int(p.to_local().shape[0]) for n, p in model.named_parameters()}
-    mem, report, n = train(model, rank, world)
-    _save(out, "fsdp2", rank, {**dump(mem, report, n), "raw_names": names, "local_rows": local_rows})
+    calls: list[tuple[str, int]] = []
+    mem, report, n = train(model, rank, world, collectives=calls)
+    extra = {"raw_names": names, "local_rows": local_rows, "collectives": calls}
+    _save(out, "fsdp2", rank, {**dump(mem, report, n), **extra})
 
     # tensor parallel: plain DTensor parameters, sharded and replicated (the row-wise bias)
     torch.manual_seed(0)

@@ -137,6 +137,19 @@ def test_fsdp2_global_numbers_equal_one_process(main_run: Any, reference: Any) -
     assert rank1["report"] == reference["report"]  # every rank's report is the global one
 
 
+def test_fsdp2_collectives_per_measured_step(main_run: Any) -> None:
+    """Per measured step one MAX (step check + gradient ranges) and one SUM; histogram steps (every 2nd
+    here) add one MAX for the weight/update ranges. Settings are checked once (index -1) before the
+    first step; at close the changed flags take one more MAX."""
+    _, runs = main_run
+    calls = [tuple(c) for c in runs["fsdp2"][0]["collectives"]]
+    want = [("max", -1)]
+    for step in range(W.STEPS):
+        want += [("max", step), ("max", step), ("sum", step)] if step % 2 == 0 else [("max", step), ("sum", step)]
+    want += [("max", -1)]
+    assert calls == want
+
+
 def test_tensor_parallel_dtensors_count_replicas_once(main_run: Any) -> None:
     _, runs = main_run
     rank0, _ = runs["tp"]
