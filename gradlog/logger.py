@@ -53,6 +53,10 @@ class GradLogger:
 
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
     never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
+
+    With a GradScaler and a non-fused optimizer pass ``scaler=`` so that skipped steps are counted.
+    Under FSDP2/DTensor every rank must create, step, ``log()`` and ``close()`` alike: gradlog's
+    collectives run there (a gloo rank waiting over ``sync_timeout`` seconds raises).
     """
 
     def __init__(
@@ -89,6 +93,8 @@ class GradLogger:
         bad = [k for k in histogram_kinds if k not in HISTOGRAM_KINDS]
         if bad:
             raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
+        if isinstance(sync_timeout, bool) or not isinstance(sync_timeout, (int, float)) or not sync_timeout > 0:
+            raise ValueError(f"sync_timeout must be a number of seconds > 0, got {sync_timeout!r}")
         check_supported(model)
         self.amp = AmpState(optimizer, scaler)
         self.model = model

@@ -58,3 +58,10 @@ def test_single_process_run_makes_no_collective() -> None:
     gl.log()
     gl.close()
     assert gl.meter.reducer is not None and not gl.meter.reducer.used
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "30", True])
+def test_sync_timeout_is_checked(bad: object) -> None:
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"sync_timeout must be a number of seconds > 0, got"):
+        gradlog.GradLogger(model, None, sync_timeout=bad)  # type: ignore[arg-type]
