@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gradlog.distributed import DistributedMismatchError
 from gradlog.histogram import Histogram
 from gradlog.logger import GradLogger, close, log, watch
 from gradlog.report import NeverUpdated, NonFinite, Reason, Report
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WRITERS",
+    "DistributedMismatchError",
     "GradLogger",
     "Histogram",
     "MemoryWriter",
