@@ -12,6 +12,7 @@ from gradlog.logger import GradLogger, close, log, watch
 from gradlog.report import NeverUpdated, NonFinite, Reason, Report
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
+from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when constructed
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "NonFinite",
     "Reason",
     "Report",
+    "TensorBoardWriter",
     "Writer",
     "__version__",
     "close",

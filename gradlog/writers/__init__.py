@@ -12,6 +12,7 @@ from gradlog.writers.memory import MemoryWriter
 #: name -> "module:Class"; backends import their package only when constructed.
 REGISTRY: dict[str, str] = {
     "memory": "gradlog.writers.memory:MemoryWriter",
+    "tensorboard": "gradlog.writers.tensorboard:TensorBoardWriter",
 }
 
 WriterSpec = Union[str, Writer, Sequence[Union[str, Writer]]]
