@@ -255,6 +255,7 @@ class TensorBoardWriter(Writer):
         self._slow = False
         self._last_flush: _Flush | None = None
         self._last_step = 0
+        self._scalar_tags: set[str] = set()
         self.closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._state, self._sink, self.flush_timeout)
 
@@ -305,6 +306,7 @@ class TensorBoardWriter(Writer):
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         self._last_step = max(self._last_step, step)
+        self._scalar_tags.update(scalars)
         self._put(("s", int(step), time.time(), [(tag, float(v)) for tag, v in scalars.items()]))
 
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
@@ -312,9 +314,14 @@ class TensorBoardWriter(Writer):
         self._put(("h", int(step), time.time(), (tag, hist)))
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        """A markdown table in TensorBoard's Text tab, tagged `name`, at the latest step logged."""
+        """A markdown table in TensorBoard's Text tab at the latest step logged.
+
+        Tagged `name`, or `name/table` when a scalar already uses that tag (the logger writes a scalar
+        `gradlog/never_updated` too): TensorBoard keeps one kind of data per tag and drops the other.
+        """
+        tag = f"{name}/table" if name in self._scalar_tags else name
         markdown = self._sink.format.markdown_table(columns, rows)
-        self._put(("t", self._last_step, time.time(), (name, markdown)))
+        self._put(("t", self._last_step, time.time(), (tag, markdown)))
 
     def flush(self) -> None:
         """Return once everything logged so far is written to the OS (or `flush_timeout` passed)."""
