@@ -205,6 +205,41 @@ def test_markdown_tables_render_as_tables_in_tensorboard() -> None:
     assert "no rows" in markdown_to_safe_html(markdown_table(["k"], []))
 
 
+def test_hand_encoded_records_parse_as_tensorboard_protobufs() -> None:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from gradlog.writers import tb_format
+
+    spread = gradlog.Histogram((3.0, 0.0, 2.0), -1.5, 4.5, 7.0, 30.0, 5, 2)
+    const = gradlog.Histogram((4.0, 0.0), 2.5, 2.5, 10.0, 25.0, 4, 0)
+    empty = gradlog.Histogram((0.0, 0.0), 0.0, 0.0, 0.0, 0.0, 0, 3)
+    long_tag = "grad_norm/" + "é" * 200  # multi-byte length prefix and UTF-8
+    scalars = [("a", 1.25), ("b", math.nan), ("c", -math.inf), ("d", 1e39), (long_tag, 3.0)]
+    for step in (0, 7, 300, 2**40, -3):
+        values = [tb_format.scalar_value(t, v) for t, v in scalars]
+        values += [tb_format.histogram_value(t, h) for t, h in (("h/spread", spread), ("h/c", const), ("h/e", empty))]
+        (record,) = tb_format.summary_events(12.5, step, values)
+        got = event_pb2.Event.FromString(record)
+        assert (got.wall_time, got.step) == (12.5, step)
+        simple = [(v.tag, v.simple_value) for v in got.summary.value[:5]]
+        with np.errstate(over="ignore"):  # 1e39 is inf in float32, as in TensorBoard
+            expected = [(t, float(np.float32(v))) for t, v in scalars]
+        assert [t for t, _ in simple] == [t for t, _ in expected]
+        assert all(same(a, b) for (_, a), (_, b) in zip(simple, expected))
+        hists = [v.histo for v in got.summary.value[5:]]
+        assert hists[0] == summary_pb2.HistogramProto(
+            min=-1.5, max=4.5, num=5, sum=7.0, sum_squares=30.0, bucket_limit=[0.5, 2.5, 4.5], bucket=[3, 0, 2]
+        )
+        assert hists[1] == summary_pb2.HistogramProto(
+            min=2.5, max=2.5, num=4, sum=10.0, sum_squares=25.0, bucket_limit=[2.5], bucket=[4]
+        )
+        assert hists[2] == summary_pb2.HistogramProto(bucket_limit=[0.0], bucket=[0.0])
+    many = [tb_format.scalar_value(f"s/{i}", float(i)) for i in range(2500)]
+    events = [event_pb2.Event.FromString(r) for r in tb_format.summary_events(1.0, 4, many)]
+    assert [len(e.summary.value) for e in events] == [1024, 1024, 452]
+    assert [v.simple_value for e in events for v in e.summary.value] == [float(i) for i in range(2500)]
+
+
 # --- the real server ----------------------------------------------------------------------------------
 
 
@@ -365,6 +400,12 @@ def test_unwritable_log_dir_by_name(tmp_path: Path) -> None:
     with pytest.warns(RuntimeWarning, match="TensorBoard cannot write"):
         report = tiny_training(["memory", "tensorboard"], log_dir=str(tmp_path / "f" / "run"))
     assert report.measured_steps == 6
+
+
+def test_strict_mode_raises_instead(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    with pytest.raises(RuntimeError, match=r"TensorBoard cannot write to .*NotADirectoryError"):
+        tiny_training("tensorboard", log_dir=str(tmp_path / "f" / "run"), strict=True, writer_options={"strict": True})
 
 
 def test_vanished_log_dir_warns_once_and_continues_in_a_new_file(tmp_path: Path) -> None:

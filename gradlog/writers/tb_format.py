@@ -1,4 +1,4 @@
-"""gradlog values -> TensorBoard's protobuf messages (scalars, raw histograms, text, custom-scalars layout).
+"""gradlog values -> serialized TensorBoard messages (scalars, raw histograms, text, custom-scalars layout).
 
 Importing this module imports the `tensorboard` package's protobufs; `TensorBoardWriter` does so only
 when it is constructed, so `import gradlog` stays light.
@@ -6,7 +6,9 @@ when it is constructed, so `import gradlog` stays light.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+import struct
+from collections.abc import Sequence
 from typing import Any
 
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
@@ -27,30 +29,104 @@ _LAYOUT_METADATA = summary_pb2.SummaryMetadata(
 )
 
 
-def scalar_values(scalars: Iterable[tuple[str, float]]) -> list[Any]:
-    """Legacy `simple_value` (float32), which every TensorBoard reader understands; NaN/Inf stay as they are."""
-    return [Value(tag=tag, simple_value=value) for tag, value in scalars]
+# --- the hot path, encoded by hand ---------------------------------------------------------------------
+# Scalars and histograms are most of every step. Building protobuf objects for them costs ~15 us per
+# histogram; their wire format is small and fixed, so it is written directly with `struct` (tests parse
+# it back with the protobuf classes). Field numbers: tensorboard/compat/proto/{event,summary}.proto.
+_F64 = struct.Struct("<d")
+_F32 = struct.Struct("<f")
+_MOMENTS = struct.Struct("<BdBdBdBdBd")  # HistogramProto fields 1-5: min, max, num, sum, sum_squares
 
 
-def histogram_proto(h: Histogram) -> Any:
-    """TensorBoard's raw histogram: `bucket[i]` counts values up to `bucket_limit[i]`, the first starting at `min`.
+_ONE_BYTE = [bytes((i,)) for i in range(128)]
+
+
+def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _ONE_BYTE[n]
+    n &= 0xFFFFFFFFFFFFFFFF  # negative int64 -> ten bytes, as protobuf does
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(key: int, payload: bytes) -> bytes:
+    """A length-delimited field: key byte, varint length, payload."""
+    return b"".join((bytes((key,)), _varint(len(payload)), payload))
+
+
+def _float32(value: float) -> bytes:
+    """TensorBoard's `simple_value` is float32; beyond its range a value becomes +-inf (as protobuf casts it)."""
+    try:
+        return _F32.pack(value)
+    except OverflowError:
+        return _F32.pack(math.copysign(math.inf, value))
+
+
+_SCALAR_HEADS: dict[str, bytes] = {}  # tag -> encoded bytes before the float: the same tags come every step
+_MAX_CACHED = 100_000
+
+
+def scalar_value(tag: str, value: float) -> bytes:
+    """One `Summary.value` entry with `simple_value`, the legacy form every reader understands."""
+    head = _SCALAR_HEADS.get(tag)
+    if head is None:
+        inner = _field(0x0A, tag.encode("utf-8")) + b"\x15"
+        head = b"\x0a" + _varint(len(inner) + 4) + inner  # entry key, length (the float adds 4 bytes), tag
+        if len(_SCALAR_HEADS) < _MAX_CACHED:
+            _SCALAR_HEADS[tag] = head
+    return head + _float32(value)
+
+
+def _packed(key: int, values: Sequence[float]) -> bytes:
+    return _field(key, struct.pack(f"<{len(values)}d", *values))
+
+
+def histogram(h: Histogram) -> bytes:
+    """A serialized raw `HistogramProto`: `bucket[i]` counts values up to `bucket_limit[i]`, starting at `min`.
 
     Only finite values are counted (`num == sum(bucket)`). Degenerate tensors follow what TensorBoard's own
-    histogram op writes: no finite value (all NaN, or empty) -> one empty bucket at 0, which the reader turns
-    into an empty histogram; a constant tensor -> a single zero-width bucket at its value.
+    histogram op writes: no finite value (all NaN/Inf, or empty) -> one empty bucket at 0, which readers
+    turn into an empty histogram; a constant tensor -> one zero-width bucket at its value.
     """
     if h.count == 0:
-        return summary_pb2.HistogramProto(bucket_limit=[0.0], bucket=[0.0])
-    moments = {"min": h.min, "max": h.max, "num": float(h.count), "sum": h.sum, "sum_squares": h.sum_squares}
-    if not h.max > h.min:
-        return summary_pb2.HistogramProto(bucket_limit=[h.max], bucket=[float(h.count)], **moments)
-    limits = list(h.edges[1:])
-    limits[-1] = h.max  # exact, whatever the rounding of the computed edges
-    return summary_pb2.HistogramProto(bucket_limit=limits, bucket=h.counts, **moments)
+        lo = hi = total = squares = 0.0
+        limits: Sequence[float] = [0.0]
+        counts: Sequence[float] = [0.0]
+    else:
+        lo, hi, total, squares = h.min, h.max, h.sum, h.sum_squares
+        if hi > lo:
+            limits, counts = list(h.edges[1:]), h.counts
+            limits[-1] = hi  # exact, whatever the rounding of the computed edges
+        else:
+            limits, counts = [hi], [float(h.count)]
+    moments = _MOMENTS.pack(0x09, lo, 0x11, hi, 0x19, float(h.count), 0x21, total, 0x29, squares)
+    return moments + _packed(0x32, limits) + _packed(0x3A, counts)
 
 
-def histogram_value(tag: str, h: Histogram) -> Any:
-    return Value(tag=tag, histo=histogram_proto(h))
+def histogram_value(tag: str, h: Histogram) -> bytes:
+    """One `Summary.value` entry with `histo`."""
+    return _field(0x0A, _field(0x0A, tag.encode("utf-8")) + _field(0x2A, histogram(h)))
+
+
+def event(wall_time: float, step: int, values: Sequence[bytes]) -> bytes:
+    """A serialized `Event` whose `Summary` holds the given `Summary.value` entries."""
+    summary = b"".join(values)
+    return b"".join((b"\x09", _F64.pack(wall_time), b"\x10", _varint(step), _field(0x2A, summary)))
+
+
+def summary_events(wall_time: float, step: int, values: Sequence[bytes]) -> list[bytes]:
+    """Serialized Events carrying `values`, at most MAX_VALUES_PER_EVENT each."""
+    return [
+        event(wall_time, step, values[at : at + MAX_VALUES_PER_EVENT])
+        for at in range(0, len(values), MAX_VALUES_PER_EVENT)
+    ]
+
+
+# --- once per run: built with the protobuf classes ---------------------------------------------------
 
 
 def _string_tensor(data: bytes) -> Any:
@@ -59,9 +135,10 @@ def _string_tensor(data: bytes) -> Any:
     )
 
 
-def text_value(tag: str, markdown: str) -> Any:
-    """A text-plugin summary; TensorBoard renders the string as markdown (tables included)."""
-    return Value(tag=tag, metadata=_TEXT_METADATA, tensor=_string_tensor(markdown.encode("utf-8")))
+def text_value(tag: str, markdown: str) -> bytes:
+    """One text-plugin `Summary.value` entry; TensorBoard renders the string as markdown (tables included)."""
+    value = Value(tag=tag, metadata=_TEXT_METADATA, tensor=_string_tensor(markdown.encode("utf-8")))
+    return _field(0x0A, value.SerializeToString())
 
 
 def _cell(text: str) -> str:
@@ -89,12 +166,3 @@ def header_events(wall_time: float) -> list[bytes]:
     version = event_pb2.Event(wall_time=wall_time, step=0, file_version="brain.Event:2")
     layout = event_pb2.Event(wall_time=wall_time, step=0, summary=summary_pb2.Summary(value=[layout_value()]))
     return [version.SerializeToString(), layout.SerializeToString()]
-
-
-def summary_events(wall_time: float, step: int, values: Sequence[Any]) -> list[bytes]:
-    """Serialized Events carrying `values`, at most MAX_VALUES_PER_EVENT each."""
-    out = []
-    for at in range(0, len(values), MAX_VALUES_PER_EVENT):
-        summary = summary_pb2.Summary(value=values[at : at + MAX_VALUES_PER_EVENT])
-        out.append(event_pb2.Event(wall_time=wall_time, step=step, summary=summary).SerializeToString())
-    return out

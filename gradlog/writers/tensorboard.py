@@ -127,11 +127,12 @@ class _Sink:
         return out
 
 
-def _values(fmt: Any, item: _Item) -> list[Any]:
+def _values(fmt: Any, item: _Item) -> list[bytes]:
+    """Serialized `Summary.Value`s of one queue item."""
     kind, _, _, payload = item
     if kind == "s":
-        values: list[Any] = fmt.scalar_values(payload)
-        return values
+        value = fmt.scalar_value
+        return [value(tag, v) for tag, v in payload]
     if kind == "h":
         return [fmt.histogram_value(*payload)]
     return [fmt.text_value(*payload)]
@@ -140,7 +141,7 @@ def _values(fmt: Any, item: _Item) -> list[Any]:
 def _encode(fmt: Any, items: list[_Item]) -> list[bytes]:
     """Consecutive items of the same step share Events (up to MAX_VALUES_PER_EVENT values each)."""
     records: list[bytes] = []
-    group: list[Any] = []
+    group: list[bytes] = []
     step, wall = 0, 0.0
     for item in items:
         if group and item[1] != step:
@@ -198,7 +199,7 @@ def _emit(messages: list[str]) -> None:
         log.warning(message)
 
 
-def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float) -> None:
+def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float, emit: bool = True) -> None:
     """Drain and stop the writer thread, close the file. Runs once: from close(), on collection, or at exit."""
     t = state.thread
     if t is not None and t.is_alive():
@@ -209,7 +210,8 @@ def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float) 
         t.join(timeout)
     else:
         sink.close()
-    _emit(sink.new_problems())
+    if emit:
+        _emit(sink.new_problems())
 
 
 class TensorBoardWriter(Writer):
@@ -222,7 +224,8 @@ class TensorBoardWriter(Writer):
     Options: `max_queue` items may wait for the writer thread; `flush_timeout` seconds bound how long
     `flush()` waits (after one timeout it stops waiting until the thread catches up); `fsync=True`
     also survives power loss, not only a killed process; after an I/O error a new event file is
-    tried every `retry_secs`. Problems are warned about once each; they never raise.
+    tried every `retry_secs`. Problems are warned about once each and never raise, unless
+    `strict=True` (for CI): then `flush()` and `close()` raise RuntimeError with the same message.
     """
 
     def __init__(
@@ -233,6 +236,7 @@ class TensorBoardWriter(Writer):
         flush_timeout: float = 60.0,
         fsync: bool = False,
         retry_secs: float = 30.0,
+        strict: bool = False,
     ) -> None:
         try:
             from gradlog.writers import tb_format
@@ -247,6 +251,7 @@ class TensorBoardWriter(Writer):
             raise ValueError(f"flush_timeout must be > 0 seconds, got {flush_timeout!r}")
         self.log_dir = os.fspath(log_dir) if log_dir is not None else default_log_dir()
         self.flush_timeout = float(flush_timeout)
+        self.strict = strict
         self._sink = _Sink(self.log_dir, fsync, float(retry_secs), tb_format)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._state = _Thread()
@@ -337,14 +342,25 @@ class TensorBoardWriter(Writer):
                     self._go_slow()
             except queue.Full:
                 self._go_slow()
-        _emit(self._sink.new_problems())
+        self._report()
+
+    def _report(self) -> None:
+        problems = self._sink.new_problems()
+        if problems and self.strict:
+            raise RuntimeError(problems[0])
+        _emit(problems)
 
     def close(self) -> None:
         """Write what is queued, close the file. Idempotent; also runs at interpreter exit."""
         if self.closed:
             return
         self.closed = True
-        self._finalizer()
+        if self.strict:  # report here, raising, instead of warning from the finalizer
+            self._finalizer.detach()
+            _shutdown(self._queue, self._state, self._sink, self.flush_timeout, emit=False)
+            self._report()
+        else:
+            self._finalizer()
 
     def __repr__(self) -> str:
         return f"TensorBoardWriter(log_dir={self.log_dir!r})"
