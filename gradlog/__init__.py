@@ -16,6 +16,7 @@ from gradlog.logger import GradLogger, close, log, watch
 from gradlog.report import NeverUpdated, NonFinite, Reason, Report
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
+from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when constructed
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time see __getattr__ below
     from gradlog.writers.wandb import WandbWriter
@@ -32,6 +33,7 @@ __all__ = [
     "NonFinite",
     "Reason",
     "Report",
+    "TensorBoardWriter",
     "WandbWriter",
     "Writer",
     "__version__",

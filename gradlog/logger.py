@@ -51,6 +51,9 @@ class GradLogger:
     Without an optimizer (``optimizer=None``) gradients are measured inside ``log()`` itself, on
     every ``every``-th call, and no update can be measured.
 
+    Where it goes: ``writer`` (default ``"tensorboard"``, into ``log_dir``, by default a new
+    ``runs/<timestamp>-<host>`` folder per logger), a `Writer`, or a list of either.
+
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
     never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
 
@@ -63,7 +66,7 @@ class GradLogger:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
-        writer: WriterSpec = "memory",
+        writer: WriterSpec = "tensorboard",
         every: int = DEFAULT_EVERY,
         *,
         log_dir: str | None = None,
