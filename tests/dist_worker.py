@@ -235,7 +235,7 @@ def main_suite(out: str, rank: int, world: int) -> None:
     torch.manual_seed(0)
     try:
         fsdp1 = FSDP(Net(), use_orig_params=True, device_id=torch.device("cpu"))
-        gradlog.GradLogger(fsdp1, torch.optim.SGD(fsdp1.parameters(), lr=0.1), print_report=False)
+        gradlog.GradLogger(fsdp1, torch.optim.SGD(fsdp1.parameters(), lr=0.1), writer="memory", print_report=False)
         _save(out, "fsdp1", rank, {"error": None})
     except NotImplementedError as exc:
         _save(out, "fsdp1", rank, {"error": str(exc)})
@@ -247,7 +247,7 @@ def main_suite(out: str, rank: int, world: int) -> None:
     torch.manual_seed(0)
     model = Net()
     fully_shard(model, mesh=mesh)
-    gl = gradlog.GradLogger(model, make_optimizer(model), print_report=False)
+    gl = gradlog.GradLogger(model, make_optimizer(model), writer="memory", print_report=False)
     x, y = data(0)
     nn.functional.mse_loss(model(x[:4]), y[:4]).backward()
     gl.optimizer.step()  # type: ignore[union-attr]
@@ -281,7 +281,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
 
     # 1. different settings (every) on the two ranks: caught by the layout check on both
     m, opt = sharded()
-    gl = gradlog.GradLogger(m, opt, every=1 + rank, print_report=False)
+    gl = gradlog.GradLogger(m, opt, every=1 + rank, writer="memory", print_report=False)
     try:
         step(m, opt)
         results["layout"] = None
@@ -294,7 +294,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
     # 2. rank 1 drops its first measurement (a failure before its collective): the next exchange pairs
     # rank 0's step 0 with rank 1's step 1, and both ranks raise
     m, opt = sharded()
-    gl = gradlog.GradLogger(m, opt, every=1, histograms=False, print_report=False)
+    gl = gradlog.GradLogger(m, opt, every=1, histograms=False, writer="memory", print_report=False)
     if rank == 1:
         real = gl.meter.start
         calls = {"n": 0}
@@ -325,7 +325,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
     # a clear error instead of hanging; rank 1 never enters a gradlog collective
     m, _ = sharded()
     m.weight.grad = DTensor.from_local(torch.ones_like(m.weight.to_local()), mesh, [Shard(0)])
-    gl = gradlog.GradLogger(m, None, every=1, print_report=False, sync_timeout=3)
+    gl = gradlog.GradLogger(m, None, every=1, writer="memory", print_report=False, sync_timeout=3)
     results["timeout"] = None
     if rank == 0:
         try:
