@@ -36,6 +36,11 @@ ScaleFn = Callable[[], "torch.Tensor | None"]
 SkipFn = Callable[[], "torch.Tensor | None"]
 
 
+def _sumsq(t: torch.Tensor) -> torch.Tensor:
+    flat = t.reshape(-1)
+    return torch.dot(flat, flat) if flat.numel() else flat.new_zeros(())
+
+
 @dataclass
 class Measurement:
     """Host-side statistics of one measured step, one row per tracked tensor (`rows`)."""
@@ -211,9 +216,9 @@ class Meter:
             before = torch.zeros(len(rows), dtype=grad.dtype, device=device)
             if weights:
                 before[torch.tensor(moving, device=device)] = norm_partials(weights, device, counts=False)[:, SUMSQ]
-            # fp16/bf16 weights are snapshot in fp32: the difference of two low-precision values whose
-            # signs differ rounds, and the update must be measured in a precision that does not round it
-            snap = [w.float() if w.is_floating_point() and w.element_size() < 4 else w.clone() for w in weights]
+            # Snapshot in the weights' own dtype: one copy, never more (finish() takes the norm of a
+            # low-precision update in fp32, one tensor at a time).
+            snap = [w.clone() for w in weights]
         self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, packer, pos, moving, dist)
 
     def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
@@ -245,9 +250,15 @@ class Meter:
             update = torch.zeros_like(op.before)
             if op.snapshot:
                 after = [weights[i] for i in op.moving]
+                # fp16/bf16: the difference of two values of different sign rounds in their own dtype,
+                # so its norm is taken from an fp32 difference, built and dropped per tensor.
+                low = [j for j, a in enumerate(after) if a.is_floating_point() and a.element_size() < 4]
+                exact = [_sumsq(after[j].float() - op.snapshot[j].float()) for j in low]
                 torch._foreach_sub_(op.snapshot, after)  # before - after, in place: no second copy
                 torch._foreach_neg_(op.snapshot)
                 moved = norm_partials(op.snapshot, device, counts=False)[:, SUMSQ]
+                if low:
+                    moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
                 update[torch.tensor(op.moving, device=device)] = moved
                 if op.histograms and "update" in self.histogram_kinds:
                     hists.append(("update", op.snapshot, op.moving))
