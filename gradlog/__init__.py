@@ -10,11 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gradlog.distributed import DistributedMismatchError
 from gradlog.histogram import Histogram
 from gradlog.logger import GradLogger, close, log, watch
 from gradlog.report import NeverUpdated, NonFinite, Reason, Report
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
+from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when constructed
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time see __getattr__ below
     from gradlog.writers.wandb import WandbWriter
@@ -23,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WRITERS",
+    "DistributedMismatchError",
     "GradLogger",
     "Histogram",
     "MemoryWriter",
@@ -30,6 +33,7 @@ __all__ = [
     "NonFinite",
     "Reason",
     "Report",
+    "TensorBoardWriter",
     "WandbWriter",
     "Writer",
     "__version__",

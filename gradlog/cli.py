@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train a small model with three planted bugs and print what gradlog finds")
     demo.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     demo.add_argument("--every", type=int, default=10, help="measure every k optimizer steps (default 10)")
-    demo.add_argument("--writer", default="memory", help="writer name (default memory)")
-    demo.add_argument("--log-dir", default=None, help="where file-based writers write")
+    demo.add_argument("--writer", default="tensorboard", help="writer name: tensorboard (default) or memory")
+    demo.add_argument("--log-dir", default=None, help="run folder for tensorboard (default runs/<timestamp>-<host>)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
     report = sub.add_parser(

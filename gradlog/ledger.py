@@ -50,7 +50,8 @@ class Ledger:
 
     def observe(self, m: Measurement) -> None:
         self.measured_steps += 1
-        self.skipped_steps += m.skipped
+        # GradScaler skips that fired no hook are only known through the running total
+        self.skipped_steps = m.skipped_total if m.skipped_total is not None else self.skipped_steps + m.skipped
         nonzero = m.grad[:, 1].tolist()
         nonfinite = m.grad[:, 2].tolist()
         upd = m.update_sumsq.tolist() if m.update_sumsq is not None else None

@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from gradlog.alerts import ALERT_COLUMNS, DEFAULT_NO_GRAD_PATIENCE, DEFAULT_RATIO_BAND, DEFAULT_RATIO_PATIENCE, Alerts
+from gradlog.amp import AmpState
 from gradlog.diagnosis import diagnose
+from gradlog.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Reducer, check_supported
 from gradlog.histogram import MAX_BINS
 from gradlog.ledger import Ledger
 from gradlog.measure import HISTOGRAM_KINDS, Measurement, Meter
@@ -50,15 +52,22 @@ class GradLogger:
     Without an optimizer (``optimizer=None``) gradients are measured inside ``log()`` itself, on
     every ``every``-th call, and no update can be measured.
 
+    Where it goes: ``writer`` (default ``"tensorboard"``, into ``log_dir``, by default a new
+    ``runs/<timestamp>-<host>`` folder per logger), a `Writer`, or a list of either.
+
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
     never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
+
+    With a GradScaler and a non-fused optimizer pass ``scaler=`` so that skipped steps are counted.
+    Under FSDP2/DTensor every rank must create, step, ``log()`` and ``close()`` alike: gradlog's
+    collectives run there (a gloo rank waiting over ``sync_timeout`` seconds raises).
     """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
-        writer: WriterSpec = "memory",
+        writer: WriterSpec = "tensorboard",
         every: int = DEFAULT_EVERY,
         *,
         log_dir: str | None = None,
@@ -69,6 +78,8 @@ class GradLogger:
         print_report: bool = True,
         strict: bool = False,
         writer_options: dict[str, Any] | None = None,
+        scaler: Any = None,
+        sync_timeout: float = DEFAULT_TIMEOUT_S,
         alerts: bool = True,
         ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND,
         ratio_patience: int = DEFAULT_RATIO_PATIENCE,
@@ -90,6 +101,10 @@ class GradLogger:
         bad = [k for k in histogram_kinds if k not in HISTOGRAM_KINDS]
         if bad:
             raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
+        if isinstance(sync_timeout, bool) or not isinstance(sync_timeout, (int, float)) or not sync_timeout > 0:
+            raise ValueError(f"sync_timeout must be a number of seconds > 0, got {sync_timeout!r}")
+        check_supported(model)
+        self.amp = AmpState(optimizer, scaler)
         self.model = model
         self.optimizer = optimizer
         self.every = every
@@ -106,8 +121,10 @@ class GradLogger:
             optimizer,
             bins,
             tuple(histogram_kinds),
-            grad_scale=self._grad_scale,
-            skipped=self._found_inf,
+            grad_scale=self.amp.inv_scale,
+            skipped=self.amp.found_inf,
+            reducer=Reducer(self._layout(bins, histogram_kinds), sync_timeout),
+            skip_count=self.amp.count,
         )
         self.ledger = Ledger()
         self.ledger.fingerprint_new(self.table.live)
@@ -130,6 +147,8 @@ class GradLogger:
 
     # --- hooks (the hot path: unmeasured steps only count) ---------------------------------
     def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.amp.scaler is not None:
+            self._guarded(self.amp.before_step)
         index = self.optimizer_steps
         self.optimizer_steps += 1
         if index % self.every:
@@ -137,6 +156,8 @@ class GradLogger:
         self._guarded(lambda: self._begin(index, snapshot=True))
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.amp.fused:
+            self._guarded(self.amp.after_step)
         if self.meter.busy:
             self._guarded(self.meter.finish)
 
@@ -144,6 +165,8 @@ class GradLogger:
         """Measuring must never kill a training run: a failure drops this step's measurement, once warned."""
         try:
             work()
+        except DistributedMismatchError:
+            raise  # carrying on would hang or mix up collectives: this one must stop the run
         except Exception as exc:
             self.meter.abandon()
             if self.strict:
@@ -167,23 +190,22 @@ class GradLogger:
         self._begin(call, snapshot=False)
         self.meter.finish()
 
-    def _grad_scale(self) -> torch.Tensor | None:
-        """Fused optimizers under GradScaler see scaled gradients and carry the scale."""
-        scale = getattr(self.optimizer, "grad_scale", None)
-        if isinstance(scale, torch.Tensor):
-            return 1.0 / scale.detach().double()
-        return None
-
-    def _found_inf(self) -> torch.Tensor | None:
-        found = getattr(self.optimizer, "found_inf", None)
-        return found.detach() if isinstance(found, torch.Tensor) else None
+    def _layout(self, bins: int, kinds: tuple[str, ...] | list[str]) -> dict[str, float]:
+        """Settings every rank must share under FSDP2/DTensor (compared across ranks before use)."""
+        return {
+            "every": self.every,
+            "histogram_every": self.histogram_every,
+            "bins": bins,
+            "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
+            "optimizer": self.optimizer is not None,
+        }
 
     def _collect(self) -> Measurement | None:
         """Bring a finished measurement to the host (its one copy) and feed the ledger."""
         m = self.meter.fetch()
         if m is not None:
             self.ledger.observe(m)
-            if self.alerts is not None:
+            if self.alerts is not None and self.rank_zero:  # every rank sees the same reduced numbers: warn once
                 self.alerts.observe(m)
             self._pending = m
         return m
@@ -226,8 +248,18 @@ class GradLogger:
         self._collect()
         rows = self.table.live
         changed = self.ledger.changed(rows)
+        reducer = self.meter.reducer
+        if reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
+            changed = reducer.changed(rows, changed)
+        elif reducer is not None and reducer.used:
+            reducer.warn_local()
+        skipped = self.amp.final_count()
+        if skipped is not None:
+            self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
         return Report(
-            never_updated=diagnose(rows, self.ledger.evidence, changed, self.optimizer is not None),
+            never_updated=diagnose(
+                rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
+            ),
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
             measured_steps=self.ledger.measured_steps,

@@ -112,9 +112,15 @@ _MASK_DELTA = 0xA282EAD8
 
 
 def _masked_crc(data: bytes) -> int:
-    import crc32c
+    """TFRecord's masked CRC32C: the C `crc32c` package (the tensorboard extra), else tensorboard's own."""
+    try:
+        import crc32c
 
-    crc = int(crc32c.crc32c(data))
+        crc = int(crc32c.crc32c(data))
+    except ImportError:
+        from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+
+        return int(stub.masked_crc32c(data))
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -186,7 +192,12 @@ def _event_files(target: str) -> list[str]:
 
 
 def _load_tensorboard(target: str) -> RunData:
-    from tensorboard.backend.event_processing import event_accumulator as ea
+    try:
+        from tensorboard.backend.event_processing import event_accumulator as ea
+    except ImportError as exc:
+        raise BadInput(
+            f"{target!r} is a TensorBoard run; reading it needs tensorboard: pip install 'gradlog[tensorboard]'"
+        ) from exc
 
     run = RunData(path=target, backend="tensorboard", files=_event_files(target))
     for f in run.files:
@@ -298,7 +309,7 @@ def _load_wandb(run_file: str) -> RunData:
     run_dir = os.path.dirname(run_file)
     try:
         offline = read_offline_run(run_file)
-    except WandbFileError as exc:
+    except (WandbFileError, ImportError) as exc:  # ImportError names pip install 'gradlog[wandb]'
         raise BadInput(str(exc)) from exc
     run = RunData(path=run_dir, backend="wandb", files=[run_file], skipped=list(offline.skipped))
     points: dict[str, dict[int, float]] = {}

@@ -9,6 +9,12 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 
 @pytest.fixture(autouse=True)
+def _run_in_tmp(tmp_path, monkeypatch):
+    """The default writer creates runs/ in the working directory: keep the checkout clean."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
 def _close_loggers():
     """A test that fails mid-run must not leave hooks or atexit reports behind for the next one."""
     yield
