@@ -193,3 +193,25 @@ def test_update_ratio_of_nan_weights_is_nan_not_zero() -> None:
     gl.close()
     ratios = [v for _, v in mem.scalars["update_ratio/weight"]]
     assert ratios[0] > 0 and all(v != v for v in ratios[1:])
+
+
+def test_overflow_that_gradscaler_skipped_raises_no_nonfinite_alert(caplog: pytest.LogCaptureFixture) -> None:
+    """Under AMP, Inf gradients on a step the scaler skips are routine (scale calibration), not an alert."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # fused: the hooks see the skipped step
+    scaler = torch.amp.GradScaler("cpu")
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, scaler=scaler)
+    caplog.set_level(logging.WARNING, logger="gradlog")
+    for step in range(4):
+        scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+        if step == 2:
+            model.weight.grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert report.skipped_steps == 1 and report.measured_steps == 4  # the step was measured, and skipped
+    assert gl.alerts is not None and not [a for a in gl.alerts.fired if a.kind == NONFINITE]
+    assert not [m for m in _records(caplog) if "non-finite" in m]
