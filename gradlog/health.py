@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -179,7 +179,7 @@ def _names(run: RunData, prefix: str) -> list[str]:
 def out_of_band(
     run: RunData,
     band: Sequence[float],
-    exclude: set[str] = frozenset(),  # type: ignore[assignment]
+    exclude: Collection[str] = (),
 ) -> list[OutOfBand]:
     """Tensors whose finite update ratio was outside `band` on more than half of their measured steps."""
     lo, hi = float(band[0]), float(band[1])

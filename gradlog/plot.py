@@ -57,7 +57,7 @@ def _out_of_band_score(values: list[float], lo: float, hi: float) -> float:
     score = 0.0
     for v in values:
         if not math.isfinite(v) or v <= 0:
-            score += 3.0  # no update at all counts as far out
+            score += 3.0  # no update at all, or a NaN/Inf one, counts as far out
         elif v > hi:
             score += math.log10(v / hi)
         elif v < lo:
