@@ -67,7 +67,7 @@ class Ledger:
                 continue
             if nonfinite[i] > 0:
                 ev.grad_nonfinite += 1
-                if self.first_nonfinite is None:
+                if self.first_nonfinite is None and not m.skipped:  # a GradScaler overflow skip is routine
                     self.first_nonfinite = NonFinite(step=m.index, name=row.name, count=int(nonfinite[i]))
             if m.skipped:
                 ev.skipped += 1

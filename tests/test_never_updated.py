@@ -240,3 +240,22 @@ def test_every_step_skipped_is_nonfinite_grad_with_fused_found_inf() -> None:
     report = gl.close()
     assert set(reported(report).values()) == {Reason.NONFINITE_GRAD}
     assert report.skipped_steps == 4
+
+
+def test_a_routine_gradscaler_overflow_skip_keeps_the_run_healthy() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    for step in range(5):
+        loss = model(torch.randn(4, 6)).pow(2).mean() * (float("inf") if step == 1 else 1.0)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert report.never_updated == [] and report.skipped_steps == 1
+    assert report.first_nonfinite is None and report.healthy
+    assert "1 optimizer step skipped" in report.verdict
