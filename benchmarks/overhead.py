@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import ctypes
 import gc
+import inspect
 import math
 import os
 import statistics
@@ -241,7 +242,7 @@ class Gradlog(Monitor):
         from gradlog.logger import DEFAULT_EVERY
         from gradlog.writers import REGISTRY
 
-        writer = kwargs.get("writer", "memory")
+        writer = kwargs.get("writer", inspect.signature(gradlog.GradLogger).parameters["writer"].default)
         if isinstance(writer, str) and writer not in REGISTRY:
             raise Skip(f"gradlog.writers.REGISTRY has no {writer!r} writer yet (its branch is not merged)")
         self.every = kwargs.get("every", DEFAULT_EVERY)
@@ -316,11 +317,11 @@ def _gl(**kw: Any) -> Callable[[nn.Module, torch.optim.Optimizer, str], Monitor]
 CONFIGS: list[ConfigSpec] = [
     ConfigSpec("baseline", "baseline (no monitoring)", lambda m, o, tmp: Baseline()),
     ConfigSpec("floor", "device-work floor (plain torch)", lambda m, o, tmp: Floor(m)),
-    ConfigSpec("scalars-1", "gradlog scalars (histograms=False)", _gl(every=1, histograms=False)),
-    ConfigSpec("scalars-10", "gradlog scalars (histograms=False)", _gl(every=10, histograms=False)),
-    ConfigSpec("scalars-100", "gradlog scalars (histograms=False)", _gl(every=100, histograms=False)),
-    ConfigSpec("hist-1", "gradlog + grad/weight/update histograms, MemoryWriter", _gl(every=1)),
-    ConfigSpec("hist-10", "gradlog + grad/weight/update histograms, MemoryWriter", _gl(every=10)),
+    ConfigSpec("scalars-1", "gradlog scalars (histograms=False)", _gl(every=1, histograms=False, writer="memory")),
+    ConfigSpec("scalars-10", "gradlog scalars (histograms=False)", _gl(every=10, histograms=False, writer="memory")),
+    ConfigSpec("scalars-100", "gradlog scalars (histograms=False)", _gl(every=100, histograms=False, writer="memory")),
+    ConfigSpec("hist-1", "gradlog + grad/weight/update histograms, MemoryWriter", _gl(every=1, writer="memory")),
+    ConfigSpec("hist-10", "gradlog + grad/weight/update histograms, MemoryWriter", _gl(every=10, writer="memory")),
     ConfigSpec("default", "gradlog default: GradLogger(model, opt)", _gl()),
     ConfigSpec("tb-1", "gradlog full metrics -> TensorBoard writer", _gl(every=1, writer="tensorboard")),
     ConfigSpec("wandb-1", "gradlog full metrics -> W&B writer (offline)", _gl(every=1, writer="wandb")),

@@ -7,16 +7,25 @@ report = gl.close()                               # the never-updated table
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from gradlog.distributed import DistributedMismatchError
 from gradlog.histogram import Histogram
 from gradlog.logger import GradLogger, close, log, watch
 from gradlog.report import NeverUpdated, NonFinite, Reason, Report
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
+from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when constructed
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; at run time see __getattr__ below
+    from gradlog.writers.wandb import WandbWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
     "WRITERS",
+    "DistributedMismatchError",
     "GradLogger",
     "Histogram",
     "MemoryWriter",
@@ -24,9 +33,21 @@ __all__ = [
     "NonFinite",
     "Reason",
     "Report",
+    "TensorBoardWriter",
+    "WandbWriter",
     "Writer",
     "__version__",
     "close",
     "log",
     "watch",
 ]
+
+#: writers whose backend package is optional: resolved on first attribute access, so `import gradlog`
+#: never imports wandb (and the backend itself is imported only when a writer is constructed).
+_LAZY = {"WandbWriter": "gradlog.writers.wandb"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'gradlog' has no attribute {name!r}")

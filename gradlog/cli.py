@@ -1,4 +1,4 @@
-"""Command line: `gradlog demo` (and, later, `gradlog report`)."""
+"""Command line: `gradlog demo` and `gradlog report`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from gradlog.report_cli import run_report
+
+    return run_report(args.path, as_json=args.json, plot=args.plot, band=args.band, spike=args.spike)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradlog", description="Which PyTorch weights are learning, and which never did."
@@ -23,10 +29,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train a small model with three planted bugs and print what gradlog finds")
     demo.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     demo.add_argument("--every", type=int, default=10, help="measure every k optimizer steps (default 10)")
-    demo.add_argument("--writer", default="memory", help="writer name (default memory)")
-    demo.add_argument("--log-dir", default=None, help="where file-based writers write")
+    demo.add_argument("--writer", default="tensorboard", help="writer name: tensorboard (default) or memory")
+    demo.add_argument("--log-dir", default=None, help="run folder for tensorboard (default runs/<timestamp>-<host>)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+    report = sub.add_parser(
+        "report",
+        help="read a run back (TensorBoard log dir or event file, W&B offline run dir) and print its health",
+        description="Exit status: 0 healthy, 1 problems found, 2 bad input.",
+    )
+    report.add_argument("path", help="TensorBoard log dir or event file, or W&B offline run dir")
+    report.add_argument("--json", action="store_true", help="print the report as JSON")
+    report.add_argument("--plot", metavar="OUT.png", default=None, help="also draw the run (needs gradlog[plot])")
+    report.add_argument(
+        "--band", nargs=2, type=float, metavar=("LO", "HI"), default=None, help="healthy update ratio (1e-4 1e-2)"
+    )
+    report.add_argument("--spike", type=float, metavar="FACTOR", default=None, help="spike: x running median (10)")
+    report.set_defaults(func=_report)
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -11,6 +12,7 @@ from torch import nn
 
 from gradlog.logger import GradLogger
 from gradlog.report import Report
+from gradlog.writers.tensorboard import TensorBoardWriter
 
 
 class DemoNet(nn.Module):
@@ -55,8 +57,22 @@ def _progress(i: int, n: int, loss: float, start: float) -> None:
     sys.stderr.flush()
 
 
-def run(steps: int = 300, every: int = 10, writer: Any = "memory", log_dir: str | None = None, seed: int = 0) -> Report:
-    """Train DemoNet on a synthetic 4-class problem and return gradlog's report."""
+def _where(gl: GradLogger, log_dir: str | None) -> str | None:
+    """Where the demo's TensorBoard files went, and the command that shows them."""
+    dirs = [w.log_dir for w in gl.writers.writers if isinstance(w, TensorBoardWriter)]
+    if not dirs:
+        return None
+    root = log_dir if log_dir is not None else os.path.dirname(dirs[0]) or "."
+    return f"TensorBoard event files: {dirs[0]}\nView them with:       tensorboard --logdir {root}"
+
+
+def run(
+    steps: int = 300, every: int = 10, writer: Any = "tensorboard", log_dir: str | None = None, seed: int = 0
+) -> Report:
+    """Train DemoNet on a synthetic 4-class problem and return gradlog's report.
+
+    By default it writes TensorBoard files to a new folder under `runs/` and prints where.
+    """
     model, optimizer = build(seed)
     gen = torch.Generator().manual_seed(seed)
     teacher = torch.randn(16, 4, generator=gen)
@@ -74,4 +90,8 @@ def run(steps: int = 300, every: int = 10, writer: Any = "memory", log_dir: str 
         _progress(step, steps, loss.item(), start)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
-    return gl.close()
+    report = gl.close()
+    where = _where(gl, log_dir)
+    if where:
+        print(where, flush=True)
+    return report

@@ -11,7 +11,7 @@ def _steps(n: int) -> str:
     return f"{n} measured step{'s' if n != 1 else ''}"
 
 
-def _unchanged_reason(row: Tracked, ev: Evidence, has_optimizer: bool) -> tuple[Reason, str]:
+def _unchanged_reason(row: Tracked, ev: Evidence, has_optimizer: bool, skipped_steps: int = 0) -> tuple[Reason, str]:
     if not row.param.requires_grad:
         return Reason.FROZEN, "requires_grad is False"
     if has_optimizer and row.group is None:
@@ -19,6 +19,10 @@ def _unchanged_reason(row: Tracked, ev: Evidence, has_optimizer: bool) -> tuple[
         if ev.measured and ev.grad_none < ev.measured:
             detail += f"; had a gradient at {ev.measured - ev.grad_none} of {_steps(ev.measured)}"
         return Reason.NOT_IN_OPTIMIZER, detail
+    if ev.measured == 0 and skipped_steps:  # a non-fused optimizer's skipped steps fire no hook
+        return Reason.NONFINITE_GRAD, (
+            f"no optimizer step ran: GradScaler skipped all {skipped_steps} steps (NaN/Inf gradients)"
+        )
     if ev.measured == 0:
         return Reason.UNKNOWN, "no measured step saw it (did the optimizer step, or log() run?)"
     if ev.grad_none == ev.measured:
@@ -66,7 +70,11 @@ def _changed_reason(row: Tracked, ev: Evidence) -> tuple[Reason, str] | None:
 
 
 def diagnose(
-    rows: list[Tracked], evidence: dict[int, Evidence], changed: dict[int, bool], has_optimizer: bool
+    rows: list[Tracked],
+    evidence: dict[int, Evidence],
+    changed: dict[int, bool],
+    has_optimizer: bool,
+    skipped_steps: int = 0,
 ) -> list[NeverUpdated]:
     """One record per tensor that never learned, in model order."""
     out = []
@@ -81,7 +89,7 @@ def diagnose(
         elif moved:
             found = _changed_reason(row, ev)
         else:
-            found = _unchanged_reason(row, ev, has_optimizer)
+            found = _unchanged_reason(row, ev, has_optimizer, skipped_steps)
         if found is not None:
             reason, detail = found
             out.append(NeverUpdated(row.name, row.shape, row.numel, reason, detail, row.aliases))

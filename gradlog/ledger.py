@@ -50,7 +50,8 @@ class Ledger:
 
     def observe(self, m: Measurement) -> None:
         self.measured_steps += 1
-        self.skipped_steps += m.skipped
+        # GradScaler skips that fired no hook are only known through the running total
+        self.skipped_steps = m.skipped_total if m.skipped_total is not None else self.skipped_steps + m.skipped
         nonzero = m.grad[:, 1].tolist()
         nonfinite = m.grad[:, 2].tolist()
         upd = m.update_sumsq.tolist() if m.update_sumsq is not None else None
@@ -66,7 +67,7 @@ class Ledger:
                 continue
             if nonfinite[i] > 0:
                 ev.grad_nonfinite += 1
-                if self.first_nonfinite is None:
+                if self.first_nonfinite is None and not m.skipped:  # a GradScaler overflow skip is routine
                     self.first_nonfinite = NonFinite(step=m.index, name=row.name, count=int(nonfinite[i]))
             if m.skipped:
                 ev.skipped += 1

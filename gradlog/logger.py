@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
-import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradlog.alerts import ALERT_COLUMNS, DEFAULT_NO_GRAD_PATIENCE, DEFAULT_RATIO_BAND, DEFAULT_RATIO_PATIENCE, Alerts
+from gradlog.amp import AmpState
 from gradlog.diagnosis import diagnose
+from gradlog.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Reducer, check_supported
 from gradlog.histogram import MAX_BINS
 from gradlog.ledger import Ledger
 from gradlog.measure import HISTOGRAM_KINDS, Measurement, Meter
@@ -26,8 +29,6 @@ logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
 
 DEFAULT_EVERY = 50
-#: Writers are flushed at most this often while training (and always at close).
-FLUSH_SECS = 10.0
 
 
 def _is_rank_zero() -> bool:
@@ -51,15 +52,22 @@ class GradLogger:
     Without an optimizer (``optimizer=None``) gradients are measured inside ``log()`` itself, on
     every ``every``-th call, and no update can be measured.
 
+    Where it goes: ``writer`` (default ``"tensorboard"``, into ``log_dir``, by default a new
+    ``runs/<timestamp>-<host>`` folder per logger), a `Writer`, or a list of either.
+
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
     never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
+
+    With a GradScaler and a non-fused optimizer pass ``scaler=`` so that skipped steps are counted.
+    Under FSDP2/DTensor every rank must create, step, ``log()`` and ``close()`` alike: gradlog's
+    collectives run there (a gloo rank waiting over ``sync_timeout`` seconds raises).
     """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
-        writer: WriterSpec = "memory",
+        writer: WriterSpec = "tensorboard",
         every: int = DEFAULT_EVERY,
         *,
         log_dir: str | None = None,
@@ -70,6 +78,12 @@ class GradLogger:
         print_report: bool = True,
         strict: bool = False,
         writer_options: dict[str, Any] | None = None,
+        scaler: Any = None,
+        sync_timeout: float = DEFAULT_TIMEOUT_S,
+        alerts: bool = True,
+        ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND,
+        ratio_patience: int = DEFAULT_RATIO_PATIENCE,
+        no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -87,22 +101,33 @@ class GradLogger:
         bad = [k for k in histogram_kinds if k not in HISTOGRAM_KINDS]
         if bad:
             raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
+        if isinstance(sync_timeout, bool) or not isinstance(sync_timeout, (int, float)) or not sync_timeout > 0:
+            raise ValueError(f"sync_timeout must be a number of seconds > 0, got {sync_timeout!r}")
+        check_supported(model)
+        self.amp = AmpState(optimizer, scaler)
         self.model = model
         self.optimizer = optimizer
         self.every = every
         self.histogram_every = (histogram_every or every) if histograms else 0
         self.print_report = print_report
+        # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
+        watch = Alerts(ratio_band, ratio_patience, no_grad_patience)
+        self.alerts: Alerts | None = watch if alerts else None
+        self.strict = strict
+        self._failures: set[str] = set()
         self.table = ParamTable(model, optimizer)
         self.meter = Meter(
             self.table,
             optimizer,
             bins,
             tuple(histogram_kinds),
-            grad_scale=self._grad_scale,
-            skipped=self._found_inf,
+            grad_scale=self.amp.inv_scale,
+            skipped=self.amp.found_inf,
+            reducer=Reducer(self._layout(bins, histogram_kinds), sync_timeout),
+            skip_count=self.amp.count,
         )
         self.ledger = Ledger()
-        self.ledger.fingerprint_new(self.table.rows)
+        self.ledger.fingerprint_new(self.table.live)
         self.rank_zero = _is_rank_zero()
         writers = make_writers(writer, log_dir=log_dir, **(writer_options or {})) if self.rank_zero else []
         self.writers = GuardedWriters(writers, strict=strict)
@@ -110,7 +135,6 @@ class GradLogger:
         self._calls = 0
         self._pending: Measurement | None = None
         self._last_index = -1
-        self._flushed_at = time.monotonic()
         self._report: Report | None = None
         self._handles: list[Any] = []
         if optimizer is not None:
@@ -123,39 +147,66 @@ class GradLogger:
 
     # --- hooks (the hot path: unmeasured steps only count) ---------------------------------
     def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.amp.scaler is not None:
+            self._guarded(self.amp.before_step)
         index = self.optimizer_steps
         self.optimizer_steps += 1
         if index % self.every:
             return
-        self._begin(index, snapshot=True)
+        self._guarded(lambda: self._begin(index, snapshot=True))
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.amp.fused:
+            self._guarded(self.amp.after_step)
         if self.meter.busy:
-            self.meter.finish()
+            self._guarded(self.meter.finish)
+
+    def _guarded(self, work: Callable[[], object]) -> None:
+        """Measuring must never kill a training run: a failure drops this step's measurement, once warned."""
+        try:
+            work()
+        except DistributedMismatchError:
+            raise  # carrying on would hang or mix up collectives: this one must stop the run
+        except Exception as exc:
+            self.meter.abandon()
+            if self.strict:
+                raise
+            key = f"{type(exc).__name__}: {exc}"
+            if key not in self._failures:
+                self._failures.add(key)
+                msg = f"gradlog: measuring step {self.optimizer_steps - 1} failed ({key}); training continues"
+                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                logger.warning(msg)
 
     def _begin(self, index: int, snapshot: bool) -> None:
         self._collect()  # a measurement the user never published still feeds the ledger
         self.table.rescan()  # parameters materialised or added since the last measured step
-        self.ledger.fingerprint_new(self.table.rows)
+        self.ledger.fingerprint_new(self.table.live)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         self.meter.start(index, histograms=hist, snapshot=snapshot)
 
-    def _grad_scale(self) -> torch.Tensor | None:
-        """Fused optimizers under GradScaler see scaled gradients and carry the scale."""
-        scale = getattr(self.optimizer, "grad_scale", None)
-        if isinstance(scale, torch.Tensor):
-            return 1.0 / scale.detach().double()
-        return None
+    def _measure_now(self, call: int) -> None:
+        """Without an optimizer there are no step hooks: measure inside log()."""
+        self._begin(call, snapshot=False)
+        self.meter.finish()
 
-    def _found_inf(self) -> torch.Tensor | None:
-        found = getattr(self.optimizer, "found_inf", None)
-        return found.detach() if isinstance(found, torch.Tensor) else None
+    def _layout(self, bins: int, kinds: tuple[str, ...] | list[str]) -> dict[str, float]:
+        """Settings every rank must share under FSDP2/DTensor (compared across ranks before use)."""
+        return {
+            "every": self.every,
+            "histogram_every": self.histogram_every,
+            "bins": bins,
+            "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
+            "optimizer": self.optimizer is not None,
+        }
 
     def _collect(self) -> Measurement | None:
         """Bring a finished measurement to the host (its one copy) and feed the ledger."""
         m = self.meter.fetch()
         if m is not None:
             self.ledger.observe(m)
+            if self.alerts is not None and self.rank_zero:  # every rank sees the same reduced numbers: warn once
+                self.alerts.observe(m)
             self._pending = m
         return m
 
@@ -171,9 +222,8 @@ class GradLogger:
             call = self._calls
             self._calls += 1
             if call % self.every == 0:
-                self._begin(call, snapshot=False)
-                self.meter.finish()
-        self._collect()
+                self._guarded(lambda: self._measure_now(call))
+        self._guarded(self._collect)
         m, self._pending = self._pending, None
         if m is None or m.index == self._last_index:
             return
@@ -185,22 +235,31 @@ class GradLogger:
             return
         scalars = m.scalars()
         scalars["gradlog/skipped_steps"] = float(self.ledger.skipped_steps)
+        if self.alerts is not None:
+            scalars["gradlog/alerts"] = float(len(self.alerts.fired))
         self.writers.log_scalars(scalars, step)
         for kind, hists in m.histograms.items():
             for pos, h in hists.items():
                 self.writers.log_histogram(f"{kind}/{m.rows[pos].name}", h, step)
-        now = time.monotonic()
-        if now - self._flushed_at >= FLUSH_SECS:  # a flush per step can cost more than the step's math
-            self._flushed_at = now
-            self.writers.flush()
+        self.writers.flush()
 
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""
         self._collect()
-        rows = self.table.rows
+        rows = self.table.live
         changed = self.ledger.changed(rows)
+        reducer = self.meter.reducer
+        if reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
+            changed = reducer.changed(rows, changed)
+        elif reducer is not None and reducer.used:
+            reducer.warn_local()
+        skipped = self.amp.final_count()
+        if skipped is not None:
+            self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
         return Report(
-            never_updated=diagnose(rows, self.ledger.evidence, changed, self.optimizer is not None),
+            never_updated=diagnose(
+                rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
+            ),
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
             measured_steps=self.ledger.measured_steps,
@@ -249,6 +308,8 @@ class GradLogger:
                 ["first_nonfinite_tensor", report.first_nonfinite.name],
             ]
         self.writers.log_table("gradlog/summary", ["key", "value"], summary)
+        if self.alerts is not None and self.alerts.fired:
+            self.writers.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
 
     def __enter__(self) -> GradLogger:
         return self

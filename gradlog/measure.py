@@ -13,9 +13,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gradlog.distributed import DistStep, Reducer, neutral_ranges
 from gradlog.histogram import Histogram
 from gradlog.params import ParamTable, Tracked, is_materialized, local_tensor
-from gradlog.stats import NONFINITE, NONZERO, SUMSQ, Packer, dense_values, histogram_partials, norm_partials
+from gradlog.stats import (
+    NONFINITE,
+    NONZERO,
+    SUMSQ,
+    Packer,
+    dense_values,
+    histogram_bucket,
+    histogram_partials,
+    histogram_ranges,
+    norm_partials,
+)
 
 HISTOGRAM_KINDS = ("grad", "weight", "update")
 
@@ -23,6 +34,11 @@ HISTOGRAM_KINDS = ("grad", "weight", "update")
 ScaleFn = Callable[[], "torch.Tensor | None"]
 #: Returns a device tensor that is non-zero when the optimizer skipped this step, else None.
 SkipFn = Callable[[], "torch.Tensor | None"]
+
+
+def _sumsq(t: torch.Tensor) -> torch.Tensor:
+    flat = t.reshape(-1)
+    return torch.dot(flat, flat) if flat.numel() else flat.new_zeros(())
 
 
 @dataclass
@@ -40,6 +56,7 @@ class Measurement:
     lr: list[float | None]
     skipped: bool
     histograms: dict[str, dict[int, Histogram]] = field(default_factory=dict)
+    skipped_total: int | None = None  # optimizer steps skipped so far (GradScaler), when known
 
     @property
     def grad_norm(self) -> torch.Tensor:
@@ -65,7 +82,8 @@ class Measurement:
             return None
         u = self.update_sumsq.sqrt()
         den = torch.where(self.before_sumsq > 0, self.before_sumsq, self.weight_sumsq).sqrt()
-        return torch.where(den > 0, u / den.clamp(min=1e-300), torch.zeros_like(u))
+        # NaN weights give a NaN ratio, not 0: "no update" would hide the blow-up
+        return torch.where((den > 0) | den.isnan(), u / den.clamp(min=1e-300), torch.zeros_like(u))
 
     def scalars(self) -> dict[str, float]:
         """Every scalar tag of this step, for the writers."""
@@ -110,6 +128,9 @@ class _Open:
     snapshot: list[torch.Tensor] | None
     histograms: bool
     packer: Packer
+    grad_pos: list[int]  # rows that had a gradient
+    moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
+    dist: DistStep | None = None  # sharded parameters: sums pending the step's all_reduce
 
 
 class Meter:
@@ -123,6 +144,8 @@ class Meter:
         histogram_kinds: tuple[str, ...],
         grad_scale: ScaleFn | None = None,
         skipped: SkipFn | None = None,
+        reducer: Reducer | None = None,
+        skip_count: SkipFn | None = None,
     ) -> None:
         self.table = table
         self.optimizer = optimizer
@@ -130,6 +153,8 @@ class Meter:
         self.histogram_kinds = histogram_kinds
         self.grad_scale = grad_scale
         self.skipped = skipped
+        self.reducer = reducer  # makes statistics of sharded (DTensor) parameters global
+        self.skip_count = skip_count
         self._open: _Open | None = None
         self._done: tuple[_Open, Packer] | None = None
         self.tensor_work = 0  # number of start() calls that touched tensors; tests assert on it
@@ -147,7 +172,7 @@ class Meter:
     def start(self, index: int, histograms: bool, snapshot: bool) -> None:
         """Gradient statistics and (with an optimizer) the weight snapshot, before the step."""
         self.tensor_work += 1
-        rows = [r for r in self.table.rows if is_materialized(r.param)]
+        rows = [r for r in self.table.live if is_materialized(r.param)]
         device = self._device(rows)
         packer = Packer(device)
         grads = [r.param.grad for r in rows]
@@ -164,13 +189,23 @@ class Meter:
                 grad = part
             else:  # an index built on the host and sent without waiting (no sync on accelerators)
                 grad[torch.tensor(pos).to(device, non_blocking=True)] = part
-        if histograms and "grad" in self.histogram_kinds and xs:
+        dist = self.reducer.open(index, rows, device) if self.reducer and self.reducer.active(rows) else None
+        if dist is not None:
+            pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
+            xs = [dense_values(g) if g is not None else grad.new_zeros(0) for g in grads]
+        h = None
+        if dist is not None:
+            h = self._dist_grad_histogram(dist, xs, histograms)
+        elif histograms and "grad" in self.histogram_kinds and xs:
             h = histogram_partials(xs, self.bins, device)
+        if h is not None:
             if inv is not None:
                 h[:, self.bins : self.bins + 3] *= inv.to(h)
                 h[:, self.bins + 3] *= inv.to(h) ** 2
-            packer.add("hist/grad", h)
-            packer.add("hist/grad_pos", torch.tensor(pos, dtype=h.dtype).to(device, non_blocking=True))
+            if dist is not None:
+                dist.add("hist/grad", h, keep=(self.bins, self.bins + 1))
+            else:
+                packer.add("hist/grad", h)
         lrs: list[float | None] = []
         for r in rows:
             if self.optimizer is None or r.group is None:
@@ -179,11 +214,27 @@ class Meter:
                 lr = self.optimizer.param_groups[r.group].get("lr")
                 lrs.append(float(lr) if lr is not None else None)
         before = snap = None
+        # Only tensors the optimizer may move need a snapshot: a frozen backbone is never copied.
+        moving = [i for i, r in enumerate(rows) if r.group is not None and r.param.requires_grad] if snapshot else []
         if snapshot:
-            weights = [local_tensor(r.param).detach() for r in rows]
-            before = norm_partials(weights, device, counts=False)[:, SUMSQ]
+            weights = [local_tensor(rows[i].param).detach() for i in moving]
+            before = torch.zeros(len(rows), dtype=grad.dtype, device=device)
+            if weights:
+                before[torch.tensor(moving, device=device)] = norm_partials(weights, device, counts=False)[:, SUMSQ]
+            # Snapshot in the weights' own dtype: one copy, never more (finish() takes the norm of a
+            # low-precision update in fp32, one tensor at a time).
             snap = [w.clone() for w in weights]
-        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, packer)
+        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, packer, pos, moving, dist)
+
+    def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
+        """Sharded gradients: the step-index check and the global histogram range share one all_reduce."""
+        assert self.reducer is not None
+        if "grad" not in self.histogram_kinds:
+            self.reducer.exchange_header(dist, due, None)
+            return None
+        local = histogram_ranges(xs, dist.device) if due else neutral_ranges(len(xs), dist.device)
+        ranges = self.reducer.exchange_header(dist, due, local)
+        return histogram_bucket(xs, self.bins, ranges, dist.device) if due and ranges is not None else None
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -194,22 +245,72 @@ class Meter:
         self._open = None
         device, packer = op.packer.device, op.packer
         weights = [local_tensor(r.param).detach() for r in op.rows]
-        packer.add("grad", op.grad)
-        packer.add("weight", norm_partials(weights, device, counts=False)[:, SUMSQ])
+        sums: dict[str, torch.Tensor] = {"grad": op.grad}
+        sums["weight"] = norm_partials(weights, device, counts=False)[:, SUMSQ]
+        hists: list[tuple[str, list[torch.Tensor], list[int] | None]] = []  # kind, tensors, their rows
         if op.histograms and "weight" in self.histogram_kinds and weights:
-            packer.add("hist/weight", histogram_partials(weights, self.bins, device))
+            hists.append(("weight", weights, None))
         if op.snapshot is not None and op.before is not None:
-            torch._foreach_sub_(op.snapshot, weights)  # before - after, in place: no second copy
-            packer.add("before", op.before)
-            packer.add("update", norm_partials(op.snapshot, device, counts=False)[:, SUMSQ])
-            if op.histograms and "update" in self.histogram_kinds and weights:
-                torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
-                packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device))
-            op.snapshot = None
+            sums["before"] = op.before
+            update = torch.zeros_like(op.before)
+            if op.snapshot:
+                after = [weights[i] for i in op.moving]
+                # fp16/bf16: the difference of two values of different sign rounds in their own dtype,
+                # so its norm is taken from an fp32 difference, built and dropped per tensor.
+                low = [j for j, a in enumerate(after) if a.is_floating_point() and a.element_size() < 4]
+                exact = [_sumsq(after[j].float() - op.snapshot[j].float()) for j in low]
+                torch._foreach_sub_(op.snapshot, after)  # before - after, in place: no second copy
+                moved = norm_partials(op.snapshot, device, counts=False)[:, SUMSQ]
+                if low:
+                    moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
+                update[torch.tensor(op.moving, device=device)] = moved
+                if op.histograms and "update" in self.histogram_kinds:
+                    torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
+                    hists.append(("update", op.snapshot, op.moving))
+            sums["update"] = update
         flag = self.skipped() if self.skipped is not None else None
-        if flag is not None:
-            packer.add("skipped", flag.reshape(-1)[:1])
+        if op.dist is None:
+            for key, t in sums.items():
+                packer.add(key, t)
+            for kind, xs, _ in hists:
+                packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device))
+            if flag is not None:
+                packer.add("skipped", flag.reshape(-1)[:1])
+        else:
+            self._reduce(op.dist, sums, hists, flag, op.has_grad, packer)
+        op.snapshot = None
+        total = self.skip_count() if self.skip_count is not None else None
+        if total is not None:
+            packer.add("skipped_total", total.reshape(-1)[:1])
         self._done = (op, packer)
+
+    def _reduce(
+        self,
+        dist: DistStep,
+        sums: dict[str, torch.Tensor],
+        hists: list[tuple[str, list[torch.Tensor], list[int] | None]],
+        flag: torch.Tensor | None,
+        has_grad: list[bool],
+        packer: Packer,
+    ) -> None:
+        """Sharded parameters: global histogram ranges (one MAX), then every sum of the step (one SUM)."""
+        assert self.reducer is not None
+        for key, t in sums.items():
+            dist.add(key, t)
+        dist.add_flag("has_grad", torch.tensor(has_grad, dtype=torch.float64))
+        if flag is not None:
+            dist.add_flag("skipped", (flag.reshape(-1)[:1] != 0).double())
+        if hists:
+            ranges = self.reducer.global_ranges(
+                dist, torch.cat([histogram_ranges(xs, dist.device) for _, xs, _ in hists])
+            )
+            at = 0
+            for kind, xs, rows in hists:
+                h = histogram_bucket(xs, self.bins, ranges[at : at + len(xs)], dist.device)
+                at += len(xs)
+                dist.add(f"hist/{kind}", h, rows=rows, keep=(self.bins, self.bins + 1))
+        for key, t in dist.reduce().items():
+            packer.add(key, t)
 
     def abandon(self) -> None:
         """The step raised between the hooks: drop the snapshot."""
@@ -228,13 +329,19 @@ class Meter:
             h = host.get(f"hist/{kind}")
             if h is None:
                 continue
-            positions = host["hist/grad_pos"].long().tolist() if kind == "grad" else list(range(len(op.rows)))
+            positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))
             hists[kind] = {p: Histogram.from_partials(row, op.rows[p].numel) for p, row in zip(positions, h.tolist())}
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
+        has_grad = op.has_grad
+        if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
+            has_grad = [v > 0 for v in host["has_grad"].tolist()]
+            hists["grad"] = {p: h for p, h in hists.get("grad", {}).items() if has_grad[p]}
+            if not hists["grad"]:
+                del hists["grad"]
         return Measurement(
             index=op.index,
             rows=op.rows,
-            has_grad=op.has_grad,
+            has_grad=has_grad,
             numel=numel,
             grad=host["grad"].double(),
             weight_sumsq=host["weight"].double(),
@@ -243,4 +350,5 @@ class Meter:
             lr=op.lr,
             skipped=skipped,
             histograms=hists,
+            skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
         )

@@ -77,6 +77,8 @@ class ParamTable:
         for name, p in self._model.named_parameters(remove_duplicate=False):  # aliases of tied weights too
             names.setdefault(id(p), []).append(clean_name(name))
             params[id(p)] = p
+        for old in self.rows:
+            old.in_model = id(old.param) in params
         for pid, param in params.items():
             ns = names[pid]
             row = self._by_id.get(pid)
@@ -110,6 +112,11 @@ class ParamTable:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def live(self) -> list[Tracked]:
+        """Rows still held by the model or the optimizer (to_empty() replaces meta parameters)."""
+        return [r for r in self.rows if r.in_model or r.group is not None]
 
     def get(self, p: torch.Tensor) -> Tracked | None:
         return self._by_id.get(id(p))

@@ -91,7 +91,7 @@ class Report:
             f = self.first_nonfinite
             parts.append(f"first non-finite gradient at step {f.step} in {f.name}")
         if self.skipped_steps:
-            parts.append(f"{self.skipped_steps} optimizer steps skipped")
+            parts.append(f"{self.skipped_steps} optimizer step{'s' if self.skipped_steps != 1 else ''} skipped")
         head = "OK" if self.healthy else "PROBLEM"
         steps = f" ({self.optimizer_steps} optimizer steps, {self.measured_steps} measured)"
         return f"gradlog {head}: " + "; ".join(parts) + steps

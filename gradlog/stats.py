@@ -272,3 +272,67 @@ class Packer:
             at += n
         self._parts = []
         return out
+
+
+# --- two-phase histograms, for tensors sharded across ranks -------------------------------------
+# A shard cannot pick its own bucket edges: every rank first reports its range (`histogram_ranges`),
+# the ranges are reduced to the global one, then each rank buckets its shard with that range
+# (`histogram_bucket`) and the bucket counts are summed. `histogram_partials` stays the one-pass
+# single-process path.
+
+
+def histogram_ranges(xs: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[n, 2]: min and max of each tensor with NaN/Inf read as 0 (as `histogram_partials` does).
+
+    An empty tensor (a rank's empty shard) gives (+inf, -inf), the neutral element of MIN/MAX.
+    """
+    dt = stat_dtype(device)
+    out = torch.empty(len(xs), 2, dtype=dt, device=device)
+    out[:, 0] = math.inf
+    out[:, 1] = -math.inf
+    for i, x in enumerate(xs):
+        x = _real(x).reshape(-1)
+        if x.numel() == 0:
+            continue
+        if x.element_size() < 4:
+            x = x.float()
+        lo, hi = torch.aminmax(torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+        out[i, 0] = lo.to(device, dt)
+        out[i, 1] = hi.to(device, dt)
+    return out
+
+
+def histogram_bucket(xs: Sequence[torch.Tensor], bins: int, ranges: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[n, bins + 5] like `histogram_partials`, but bucketed over the given (global) `ranges` [n, 2].
+
+    Every column but min/max is a sum over shards; min/max are copied from `ranges`. A range with
+    min > max (no element anywhere) is read as [0, 0].
+    """
+    dt = stat_dtype(device)
+    out = torch.zeros(len(xs), bins + 5, dtype=dt, device=device)
+    if not len(xs):
+        return out
+    ranges = ranges.to(device, dt)
+    empty = ranges[:, 0] > ranges[:, 1]
+    ranges = torch.where(empty.unsqueeze(1), torch.zeros_like(ranges), ranges)
+    out[:, bins : bins + 2] = ranges
+    for i, x in enumerate(xs):
+        x = _real(x).reshape(-1)
+        if x.numel() == 0:
+            continue
+        if x.element_size() < 4:
+            x = x.float()
+        z = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+        nonfinite = x.numel() - torch.isfinite(x).sum()
+        lo = ranges[i, 0].to(z.dtype)  # the value each rank's own min would have had
+        width = ranges[i, 1] - ranges[i, 0]
+        scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0)
+        pos = (z - lo).mul_(scale).nan_to_num_(nan=0.0).clamp_(0, bins - 1)
+        counts = torch.bincount(pos.to(torch.int64), minlength=bins).to(dt)
+        zero_bin = ((0 - lo) * scale).clamp(0, bins - 1).to(torch.int64).reshape(1)
+        counts.index_add_(0, zero_bin, -nonfinite.to(dt).reshape(1))
+        out[i, :bins] = counts
+        out[i, bins + 2] = z.sum().to(dt)
+        out[i, bins + 3] = torch.dot(z, z).to(dt)
+        out[i, bins + 4] = nonfinite.to(dt)
+    return out

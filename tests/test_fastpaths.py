@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 
 import pytest
 import torch
 from torch import nn
 
 import gradlog
-from gradlog import logger as logger_module
 from gradlog.histogram import Histogram
 
 
@@ -74,41 +72,3 @@ def test_nan_and_inf_gradients_are_counted_and_kept_out_of_histograms() -> None:
     assert math.isfinite(h.sum) and h.sum == pytest.approx(finite.sum().item(), rel=1e-5, abs=1e-6)
     wh: Histogram = mem.histograms["weight/2.weight"][-1][1]  # SGD wrote the NaN/Inf into the weights
     assert wh.nonfinite == 3 and wh.count == g.numel() - 3
-
-
-class CountingWriter(gradlog.Writer):
-    """A real Writer that only counts what it is asked to do."""
-
-    def __init__(self) -> None:
-        self.scalar_calls = 0
-        self.flushes = 0
-
-    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        self.scalar_calls += 1
-
-    def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
-        pass
-
-    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        pass
-
-    def flush(self) -> None:
-        self.flushes += 1
-
-
-@pytest.mark.parametrize(("flush_secs", "flushes_while_training"), [(0.0, 4), (1e9, 0)])
-def test_writers_are_flushed_at_most_every_flush_secs_and_at_close(
-    monkeypatch: pytest.MonkeyPatch, flush_secs: float, flushes_while_training: int
-) -> None:
-    monkeypatch.setattr(logger_module, "FLUSH_SECS", flush_secs)
-    model, opt, x = _setup(3)
-    w = CountingWriter()
-    gl = gradlog.GradLogger(model, opt, writer=w, every=1, histograms=False, print_report=False)
-    for step in range(4):
-        model(x).sum().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    assert w.scalar_calls == 4 and w.flushes == flushes_while_training
-    gl.close()
-    assert w.flushes == flushes_while_training + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -12,6 +13,8 @@ from gradlog.writers.memory import MemoryWriter
 #: name -> "module:Class"; backends import their package only when constructed.
 REGISTRY: dict[str, str] = {
     "memory": "gradlog.writers.memory:MemoryWriter",
+    "tensorboard": "gradlog.writers.tensorboard:TensorBoardWriter",
+    "wandb": "gradlog.writers.wandb:WandbWriter",
 }
 
 WriterSpec = Union[str, Writer, Sequence[Union[str, Writer]]]
@@ -36,8 +39,8 @@ def make_writers(spec: WriterSpec, log_dir: str | None = None, **options: Any) -
         elif isinstance(item, str):
             cls = writer_class(item)
             kwargs = dict(options)
-            if log_dir is not None:
-                kwargs["log_dir"] = log_dir
+            if log_dir is not None and "log_dir" in inspect.signature(cls).parameters:
+                kwargs["log_dir"] = log_dir  # file writers only: writer=["memory", "tensorboard"] works
             out.append(cls(**kwargs))
         else:
             raise TypeError(

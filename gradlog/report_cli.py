@@ -1,0 +1,86 @@
+"""`gradlog report PATH`: read a run back, print its health, exit 0 (healthy), 1 (problems) or 2 (bad input).
+
+A file that is only partly readable (torn or corrupt event file) still gets the report of what could be
+read, followed by exit 2; a run that never closed (no never-updated table) exits 1.
+
+Kept apart from `cli.py` so the argument parser stays importable without tensorboard or matplotlib.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+
+from gradlog.alerts import DEFAULT_RATIO_BAND, check_band
+from gradlog.health import DEFAULT_SPIKE_FACTOR, analyze
+from gradlog.readback import BadInput, load
+
+OK, PROBLEMS, BAD_INPUT = 0, 1, 2
+
+
+def _fail(message: str) -> int:
+    print(f"gradlog report: {message}", file=sys.stderr)
+    return BAD_INPUT
+
+
+def _plain(obj: object) -> object:
+    """JSON has no NaN/Inf: write them as null, so any JSON parser reads the report."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def run_report(
+    path: str,
+    as_json: bool = False,
+    plot: str | None = None,
+    band: Sequence[float] | None = None,
+    spike: float | None = None,
+) -> int:
+    """Never raises: bad input, an unreadable file or a missing extra is a message on stderr and exit 2."""
+    try:
+        lo_hi = check_band(band if band is not None else DEFAULT_RATIO_BAND)
+    except ValueError as exc:
+        return _fail(str(exc).replace("ratio_band", "--band LO HI"))
+    factor = DEFAULT_SPIKE_FACTOR if spike is None else float(spike)
+    if not factor > 1:
+        return _fail(f"--spike must be a factor > 1 (a gradient norm this many times its running median), got {spike}")
+    try:
+        run = load(path)
+        health = analyze(run, lo_hi, factor)
+    except BadInput as exc:
+        return _fail(str(exc))
+    except Exception as exc:  # a file we could not make sense of: a message, never a traceback
+        return _fail(f"cannot read {path!r} ({type(exc).__name__}: {exc})")
+    if as_json:
+        print(json.dumps(_plain(health.to_dict()), indent=2, allow_nan=False, default=str))
+    else:
+        print(health.text())
+    if plot:
+        try:
+            from gradlog import plot as plotting
+
+            first = health.first_nonfinite
+            never = {r.name.split(" (= ", 1)[0]: r.reason for r in health.never_updated}
+            plotting.save(
+                plot,
+                run.scalars,
+                never,
+                band=lo_hi,
+                title=f"gradlog: {path}",
+                first_nonfinite=None if first is None else (first.step, first.tensor),
+            )
+        except ImportError as exc:
+            return _fail(str(exc))
+        except Exception as exc:
+            return _fail(f"cannot write the plot to {plot!r} ({type(exc).__name__}: {exc})")
+        print(f"plot written to {plot}", file=sys.stderr)
+    if health.skipped:  # a partial report: say so, and let scripts tell it from a clean read
+        return _fail(f"{len(health.skipped)} unreadable part(s) of {path!r} skipped; the report above is partial")
+    return OK if health.healthy else PROBLEMS

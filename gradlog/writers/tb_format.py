@@ -1,0 +1,168 @@
+"""gradlog values -> serialized TensorBoard messages (scalars, raw histograms, text, custom-scalars layout).
+
+Importing this module imports the `tensorboard` package's protobufs; `TensorBoardWriter` does so only
+when it is constructed, so `import gradlog` stays light.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+from tensorboard.plugins.custom_scalar import layout_pb2
+
+from gradlog.histogram import Histogram
+
+#: One multi-line chart per metric family, each showing every parameter (the custom-scalars tab).
+METRICS = ("grad_norm", "update_ratio", "grad_zero_frac", "grad_nonfinite", "weight_norm", "gradlog")
+LAYOUT_TAG = "custom_scalars__config__"
+#: Values per Event record: few records, yet no single record so large that a torn write loses much.
+MAX_VALUES_PER_EVENT = 1024
+
+Value = summary_pb2.Summary.Value
+_TEXT_METADATA = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+_LAYOUT_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="custom_scalars")
+)
+
+
+# --- the hot path, encoded by hand ---------------------------------------------------------------------
+# Scalars and histograms are most of every step. Building protobuf objects for them costs ~15 us per
+# histogram; their wire format is small and fixed, so it is written directly with `struct` (tests parse
+# it back with the protobuf classes). Field numbers: tensorboard/compat/proto/{event,summary}.proto.
+_F64 = struct.Struct("<d")
+_F32 = struct.Struct("<f")
+_MOMENTS = struct.Struct("<BdBdBdBdBd")  # HistogramProto fields 1-5: min, max, num, sum, sum_squares
+
+
+_ONE_BYTE = [bytes((i,)) for i in range(128)]
+
+
+def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _ONE_BYTE[n]
+    n &= 0xFFFFFFFFFFFFFFFF  # negative int64 -> ten bytes, as protobuf does
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(key: int, payload: bytes) -> bytes:
+    """A length-delimited field: key byte, varint length, payload."""
+    return b"".join((bytes((key,)), _varint(len(payload)), payload))
+
+
+def _float32(value: float) -> bytes:
+    """TensorBoard's `simple_value` is float32; beyond its range a value becomes +-inf (as protobuf casts it)."""
+    try:
+        return _F32.pack(value)
+    except OverflowError:
+        return _F32.pack(math.copysign(math.inf, value))
+
+
+_SCALAR_HEADS: dict[str, bytes] = {}  # tag -> encoded bytes before the float: the same tags come every step
+_MAX_CACHED = 100_000
+
+
+def scalar_value(tag: str, value: float) -> bytes:
+    """One `Summary.value` entry with `simple_value`, the legacy form every reader understands."""
+    head = _SCALAR_HEADS.get(tag)
+    if head is None:
+        inner = _field(0x0A, tag.encode("utf-8")) + b"\x15"
+        head = b"\x0a" + _varint(len(inner) + 4) + inner  # entry key, length (the float adds 4 bytes), tag
+        if len(_SCALAR_HEADS) < _MAX_CACHED:
+            _SCALAR_HEADS[tag] = head
+    return head + _float32(value)
+
+
+def _packed(key: int, values: Sequence[float]) -> bytes:
+    return _field(key, struct.pack(f"<{len(values)}d", *values))
+
+
+def histogram(h: Histogram) -> bytes:
+    """A serialized raw `HistogramProto`: `bucket[i]` counts values up to `bucket_limit[i]`, starting at `min`.
+
+    Only finite values are counted (`num == sum(bucket)`). Degenerate tensors follow what TensorBoard's own
+    histogram op writes: no finite value (all NaN/Inf, or empty) -> one empty bucket at 0, which readers
+    turn into an empty histogram; a constant tensor -> one zero-width bucket at its value.
+    """
+    if h.count == 0:
+        lo = hi = total = squares = 0.0
+        limits: Sequence[float] = [0.0]
+        counts: Sequence[float] = [0.0]
+    else:
+        lo, hi, total, squares = h.min, h.max, h.sum, h.sum_squares
+        if hi > lo:
+            limits, counts = list(h.edges[1:]), h.counts
+            limits[-1] = hi  # exact, whatever the rounding of the computed edges
+        else:
+            limits, counts = [hi], [float(h.count)]
+    moments = _MOMENTS.pack(0x09, lo, 0x11, hi, 0x19, float(h.count), 0x21, total, 0x29, squares)
+    return moments + _packed(0x32, limits) + _packed(0x3A, counts)
+
+
+def histogram_value(tag: str, h: Histogram) -> bytes:
+    """One `Summary.value` entry with `histo`."""
+    return _field(0x0A, _field(0x0A, tag.encode("utf-8")) + _field(0x2A, histogram(h)))
+
+
+def event(wall_time: float, step: int, values: Sequence[bytes]) -> bytes:
+    """A serialized `Event` whose `Summary` holds the given `Summary.value` entries."""
+    summary = b"".join(values)
+    return b"".join((b"\x09", _F64.pack(wall_time), b"\x10", _varint(step), _field(0x2A, summary)))
+
+
+def summary_events(wall_time: float, step: int, values: Sequence[bytes]) -> list[bytes]:
+    """Serialized Events carrying `values`, at most MAX_VALUES_PER_EVENT each."""
+    return [
+        event(wall_time, step, values[at : at + MAX_VALUES_PER_EVENT])
+        for at in range(0, len(values), MAX_VALUES_PER_EVENT)
+    ]
+
+
+# --- once per run: built with the protobuf classes ---------------------------------------------------
+
+
+def _string_tensor(data: bytes) -> Any:
+    return tensor_pb2.TensorProto(
+        dtype="DT_STRING", string_val=[data], tensor_shape=tensor_shape_pb2.TensorShapeProto()
+    )
+
+
+def text_value(tag: str, markdown: str) -> bytes:
+    """One text-plugin `Summary.value` entry; TensorBoard renders the string as markdown (tables included)."""
+    value = Value(tag=tag, metadata=_TEXT_METADATA, tensor=_string_tensor(markdown.encode("utf-8")))
+    return _field(0x0A, value.SerializeToString())
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|") or " "
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-style markdown table; cells are escaped so a `|` or newline in a name cannot break it."""
+    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    if not rows:
+        lines += ["", "_(no rows)_"]
+    return "\n".join(lines)
+
+
+def layout_value() -> Any:
+    """The custom-scalars layout: category "gradlog", one multi-line chart per metric."""
+    charts = [layout_pb2.Chart(title=m, multiline=layout_pb2.MultilineChartContent(tag=[f"^{m}/"])) for m in METRICS]
+    layout = layout_pb2.Layout(category=[layout_pb2.Category(title="gradlog", chart=charts)])
+    return Value(tag=LAYOUT_TAG, metadata=_LAYOUT_METADATA, tensor=_string_tensor(layout.SerializeToString()))
+
+
+def header_events(wall_time: float) -> list[bytes]:
+    """What every new event file starts with: the format version, then the layout."""
+    version = event_pb2.Event(wall_time=wall_time, step=0, file_version="brain.Event:2")
+    layout = event_pb2.Event(wall_time=wall_time, step=0, summary=summary_pb2.Summary(value=[layout_value()]))
+    return [version.SerializeToString(), layout.SerializeToString()]

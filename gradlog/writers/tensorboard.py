@@ -1,0 +1,366 @@
+"""`TensorBoardWriter`: event files for `tensorboard --logdir runs`, written by a background thread.
+
+The training thread only enqueues plain Python values. A writer thread turns them into protobufs,
+batches a step's values into few Event records, frames them (C CRC32C) and writes them with one
+system call. `flush()` (the logger calls it after every published step) waits until that is done,
+so a `kill -9` right after `log()` loses nothing already logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from gradlog.histogram import Histogram
+from gradlog.writers.base import Writer
+
+log = logging.getLogger("gradlog")
+
+#: Queue items: ("s", step, wall, [(tag, value)]), ("h", step, wall, (tag, Histogram)), ("t", step, wall, (tag, md)).
+_Item = tuple[str, int, float, Any]
+_STOP = object()
+_MAX_BATCH = 4096
+_claimed: set[str] = set()  # default run folders handed out in this process
+
+
+def default_log_dir(root: str = "runs") -> str:
+    """`runs/<YYYYmmdd-HHMMSS>-<host>`, with a `-2`, `-3`... suffix if taken: one run folder per logger."""
+    host = socket.gethostname().replace(os.sep, "_") or "localhost"
+    base = os.path.join(root, f"{time.strftime('%Y%m%d-%H%M%S')}-{host}")
+    path, n = base, 1
+    while path in _claimed or os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    _claimed.add(path)
+    return path
+
+
+@dataclass
+class _Flush:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Sink:
+    """The writer thread's side: the open event file, and the problems it has met (reported by the caller's thread)."""
+
+    log_dir: str
+    fsync: bool
+    retry_secs: float
+    format: Any  # the tb_format module, imported by the constructor
+    file: Any = None  # tfrecord.EventFile
+    retry_at: float = 0.0
+    dropped: int = 0
+    files: list[str] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    reported: set[str] = field(default_factory=set)
+
+    def problem(self, kind: str, message: str) -> None:
+        self.problems.append((kind, message))
+
+    def write(self, records: list[bytes], sync: bool) -> None:
+        from gradlog.writers.tfrecord import EventFile, frames
+
+        if self.file is not None and self.file.vanished():
+            self.problem(
+                "vanished",
+                f"gradlog: the TensorBoard event file {self.file.path} was deleted while training; "
+                f"writing continues in a new event file under {self.log_dir}",
+            )
+            self._drop_file()
+        if self.file is None:
+            if time.monotonic() < self.retry_at:
+                self.dropped += len(records)
+                return
+            try:
+                self.file = EventFile(self.log_dir)
+                self.files.append(self.file.path)
+                records = self.format.header_events(time.time()) + records
+            except OSError as exc:
+                self._fail(exc, records)
+                return
+        try:
+            self.file.write(frames(records))
+            if sync and self.fsync:
+                self.file.sync()
+        except OSError as exc:
+            self._fail(exc, records)
+
+    def _fail(self, exc: OSError, records: list[bytes]) -> None:
+        """Never append after a failed write (the file may end in a torn record): retry later in a new file."""
+        self.dropped += len(records)
+        self._drop_file()
+        self.retry_at = time.monotonic() + self.retry_secs
+        self.problem(
+            "io",
+            f"gradlog: TensorBoard cannot write to {self.log_dir!r} ({type(exc).__name__}: {exc}); training "
+            f"continues, records are dropped and a new event file is tried every {self.retry_secs:g} s",
+        )
+
+    def _drop_file(self) -> None:
+        f, self.file = self.file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._drop_file()
+
+    def new_problems(self) -> list[str]:
+        """One message per kind of problem, the first time it is seen."""
+        out = []
+        for kind, message in list(self.problems):
+            if kind not in self.reported:
+                self.reported.add(kind)
+                out.append(message)
+        return out
+
+
+def _values(fmt: Any, item: _Item) -> list[bytes]:
+    """Serialized `Summary.Value`s of one queue item."""
+    kind, _, _, payload = item
+    if kind == "s":
+        value = fmt.scalar_value
+        return [value(tag, v) for tag, v in payload]
+    if kind == "h":
+        return [fmt.histogram_value(*payload)]
+    return [fmt.text_value(*payload)]
+
+
+def _encode(fmt: Any, items: list[_Item]) -> list[bytes]:
+    """Consecutive items of the same step share Events (up to MAX_VALUES_PER_EVENT values each)."""
+    records: list[bytes] = []
+    group: list[bytes] = []
+    step, wall = 0, 0.0
+    for item in items:
+        if group and item[1] != step:
+            records += fmt.summary_events(wall, step, group)
+            group = []
+        if not group:
+            step, wall = item[1], item[2]
+        group += _values(fmt, item)
+    if group:
+        records += fmt.summary_events(wall, step, group)
+    return records
+
+
+def _process(sink: _Sink, batch: list[Any]) -> bool:
+    """Write one batch from the queue; release its flush waiters. Returns False at the stop marker."""
+    items = [b for b in batch if isinstance(b, tuple)]
+    waiters = [b for b in batch if isinstance(b, _Flush)]
+    stop = any(b is _STOP for b in batch)
+    try:
+        if items or waiters:
+            sink.write(_encode(sink.format, items) if items else [], sync=bool(waiters) or stop)
+    except Exception as exc:  # a bug or a bad value must not kill the thread and hang flush()
+        sink.dropped += len(items)
+        sink.problem("error", f"gradlog: TensorBoard writing failed ({type(exc).__name__}: {exc}); training continues")
+    finally:
+        for w in waiters:
+            w.done.set()
+        if stop:
+            sink.close()
+    return not stop
+
+
+def _run(q: queue.Queue[Any], sink: _Sink) -> None:
+    """The writer thread: block for one item, take whatever else is queued (up to a flush marker), write."""
+    while True:
+        batch = [q.get()]
+        while len(batch) < _MAX_BATCH and not isinstance(batch[-1], _Flush) and batch[-1] is not _STOP:
+            try:
+                batch.append(q.get_nowait())
+            except queue.Empty:
+                break
+        if not _process(sink, batch):
+            return
+
+
+@dataclass
+class _Thread:
+    thread: threading.Thread | None = None
+    inline: bool = False  # no thread could be started (interpreter shutting down): write in the caller
+
+
+def _emit(messages: list[str]) -> None:
+    for message in messages:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        log.warning(message)
+
+
+def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float, emit: bool = True) -> None:
+    """Drain and stop the writer thread, close the file. Runs once: from close(), on collection, or at exit."""
+    t = state.thread
+    if t is not None and t.is_alive():
+        try:
+            q.put(_STOP, timeout=timeout)
+        except queue.Full:
+            pass
+        t.join(timeout)
+    else:
+        sink.close()
+    if emit:
+        _emit(sink.new_problems())
+
+
+class TensorBoardWriter(Writer):
+    """Writes scalars, raw histograms, the custom-scalars layout and tables as TensorBoard event files.
+
+    `log_dir` is one run folder (default `runs/<timestamp>-<host>`); every writer creates a new event
+    file in it, so a restarted run never appends to an old, possibly torn, file. Nothing is created
+    until the first value is logged.
+
+    Options: `max_queue` items may wait for the writer thread; `flush_timeout` seconds bound how long
+    `flush()` waits (after one timeout it stops waiting until the thread catches up); `fsync=True`
+    also survives power loss, not only a killed process; after an I/O error a new event file is
+    tried every `retry_secs`. Problems are warned about once each and never raise, unless
+    `strict=True` (for CI): then `flush()` and `close()` raise RuntimeError with the same message.
+    """
+
+    def __init__(
+        self,
+        log_dir: Union[str, os.PathLike[str], None] = None,
+        *,
+        max_queue: int = 10_000,
+        flush_timeout: float = 60.0,
+        fsync: bool = False,
+        retry_secs: float = 30.0,
+        strict: bool = False,
+    ) -> None:
+        try:
+            from gradlog.writers import tb_format, tfrecord  # noqa: F401 - both need the extra
+        except ImportError as exc:
+            raise ImportError(
+                f"TensorBoardWriter needs the tensorboard and crc32c packages ({exc}); "
+                "install them with pip install 'gradlog[tensorboard]', or pass writer='memory'"
+            ) from exc
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue!r}")
+        if not flush_timeout > 0:
+            raise ValueError(f"flush_timeout must be > 0 seconds, got {flush_timeout!r}")
+        self.log_dir = os.fspath(log_dir) if log_dir is not None else default_log_dir()
+        self.flush_timeout = float(flush_timeout)
+        self.strict = strict
+        self._sink = _Sink(self.log_dir, fsync, float(retry_secs), tb_format)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._state = _Thread()
+        self._lock = threading.Lock()
+        self._dirty = False
+        self._slow = False
+        self._last_flush: _Flush | None = None
+        self._last_step = 0
+        self._scalar_tags: set[str] = set()
+        self.closed = False
+        self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._state, self._sink, self.flush_timeout)
+
+    @property
+    def files(self) -> list[str]:
+        """Event files written so far (more than one after the log dir vanished or a write failed)."""
+        return list(self._sink.files)
+
+    @property
+    def dropped(self) -> int:
+        """Records lost to I/O errors or a stalled disk (0 in a healthy run)."""
+        return self._sink.dropped
+
+    # --- the training thread's side: enqueue only ---------------------------------------------
+    def _start(self) -> None:
+        with self._lock:
+            if self._state.thread is not None or self._state.inline:
+                return
+            t = threading.Thread(target=_run, args=(self._queue, self._sink), name="gradlog-tensorboard", daemon=True)
+            try:
+                t.start()
+                self._state.thread = t
+            except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                self._state.inline = True
+
+    def _put(self, item: Any) -> None:
+        if self.closed:
+            raise RuntimeError("TensorBoardWriter is closed; create a new writer (a new run) to log again")
+        if self._state.thread is None:
+            self._start()
+        if self._state.inline:
+            _process(self._sink, [item])
+            return
+        self._dirty = True
+        try:
+            self._queue.put(item, block=not self._slow, timeout=self.flush_timeout)
+        except queue.Full:
+            self._sink.dropped += 1
+            self._go_slow()
+
+    def _go_slow(self) -> None:
+        self._slow = True
+        self._sink.problem(
+            "slow",
+            f"gradlog: TensorBoard writing is more than {self.flush_timeout:g} s behind (a slow or hung disk?); "
+            "training continues without waiting for it, records that do not fit the queue are dropped",
+        )
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        self._last_step = max(self._last_step, step)
+        self._scalar_tags.update(scalars)
+        self._put(("s", int(step), time.time(), [(tag, float(v)) for tag, v in scalars.items()]))
+
+    def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
+        self._last_step = max(self._last_step, step)
+        self._put(("h", int(step), time.time(), (tag, hist)))
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        """A markdown table in TensorBoard's Text tab at the latest step logged.
+
+        Tagged `name`, or `name/table` when a scalar already uses that tag (the logger writes a scalar
+        `gradlog/never_updated` too): TensorBoard keeps one kind of data per tag and drops the other.
+        """
+        tag = f"{name}/table" if name in self._scalar_tags else name
+        markdown = self._sink.format.markdown_table(columns, rows)
+        self._put(("t", self._last_step, time.time(), (tag, markdown)))
+
+    def flush(self) -> None:
+        """Return once everything logged so far is written to the OS (or `flush_timeout` passed)."""
+        if self._dirty and not self.closed and self._state.thread is not None:
+            if self._slow and self._last_flush is not None and self._last_flush.done.is_set():
+                self._slow = False  # the thread caught up
+            marker = _Flush()
+            try:
+                self._queue.put(marker, block=not self._slow, timeout=self.flush_timeout)
+                self._last_flush = marker
+                self._dirty = False
+                if not self._slow and not marker.done.wait(self.flush_timeout):
+                    self._go_slow()
+            except queue.Full:
+                self._go_slow()
+        self._report()
+
+    def _report(self) -> None:
+        problems = self._sink.new_problems()
+        if problems and self.strict:
+            raise RuntimeError(problems[0])
+        _emit(problems)
+
+    def close(self) -> None:
+        """Write what is queued, close the file. Idempotent; also runs at interpreter exit."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.strict:  # report here, raising, instead of warning from the finalizer
+            self._finalizer.detach()
+            _shutdown(self._queue, self._state, self._sink, self.flush_timeout, emit=False)
+            self._report()
+        else:
+            self._finalizer()
+
+    def __repr__(self) -> str:
+        return f"TensorBoardWriter(log_dir={self.log_dir!r})"

@@ -1,0 +1,341 @@
+"""`WandbWriter`: gradlog's metrics into a Weights & Biases run, one `run.log` call per measured step.
+
+Why it looks the way it does (measured with wandb 0.31, see README "Weights & Biases"):
+
+- `step=` is never passed to `run.log`: W&B's step counter is shared with the user's own `wandb.log`
+  calls, and a step lower than the current one is silently dropped. gradlog logs `gradlog/step` as a
+  value and declares it, with `define_metric`, as the x-axis of its own keys.
+- Rows are logged with `commit=False`, so they merge into the row the user is building instead of
+  advancing W&B's step behind the user's back. If gradlog's previous row is still open when the next
+  measured step arrives, it is committed first with an empty `run.log({})`.
+- Histograms arrive one call per tensor, so a step is buffered and sent on `flush()` (the logger
+  flushes after each published step), when a new step starts, or at `close()`.
+- W&B accepts about 10 MB per `run.log` call; a step larger than `max_payload_bytes` is split over
+  several rows, each carrying `gradlog/step`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradlog.histogram import Histogram
+from gradlog.writers.base import Writer
+
+log = logging.getLogger("gradlog")
+
+INSTALL_HINT = "pip install 'gradlog[wandb]'"
+STEP_KEY = "gradlog/step"
+#: key prefixes gradlog writes; each gets `define_metric(prefix + "/*", step_metric="gradlog/step")`.
+PREFIXES = (
+    "grad_norm",
+    "update_ratio",
+    "grad_zero_frac",
+    "grad_nonfinite",
+    "weight_norm",
+    "gradlog",
+    "grad",
+    "weight",
+    "update",
+)
+#: W&B rejects a `run.log` call above ~10 MB (wandb#3701); stay well under it.
+DEFAULT_MAX_PAYLOAD_BYTES = 4_000_000
+#: tables logged under another key, because the plain name already holds a scalar (the count) in W&B.
+TABLE_KEYS = {"gradlog/never_updated": "gradlog/never_updated_table", "gradlog/alerts": "gradlog/alerts_table"}
+SUMMARY_TABLE = "gradlog/summary"
+
+
+class WandbSetupError(RuntimeError):
+    """W&B could not start a run (no credentials, no server): raised once, at construction."""
+
+
+def import_wandb() -> Any:
+    """Import wandb, refusing an empty namespace package (a stray `./wandb` folder, e.g. offline runs)."""
+    try:
+        import wandb
+    except ImportError as exc:
+        raise ImportError(f"gradlog's W&B writer needs the wandb package: {INSTALL_HINT}") from exc
+    if not callable(getattr(wandb, "init", None)):
+        where = list(getattr(wandb, "__path__", []))
+        raise ImportError(
+            f"`import wandb` found a folder without the wandb package ({where}), probably a stray ./wandb "
+            f"directory of run files shadowing a missing install: {INSTALL_HINT}, or run from another directory"
+        )
+    return wandb
+
+
+def histogram_bytes(tag: str, hist: Histogram) -> int:
+    """Upper bound of one histogram's size in a W&B history row: 3 items (`_type`, `values`, `bins`),
+    each repeating the key, counts up to 12 characters, edges up to 25 (`repr` of a float64 plus comma)."""
+    return 3 * (len(tag.encode()) + 16) + 40 + 12 * hist.bins + 25 * (hist.bins + 1)
+
+
+def scalar_bytes(key: str) -> int:
+    """Upper bound of one scalar item: the key, a float's JSON and protobuf framing."""
+    return len(key.encode()) + 40
+
+
+def histogram_payload(hist: Histogram) -> tuple[list[int], list[float]] | None:
+    """(counts, edges) for `wandb.Histogram(np_histogram=...)`, or None when there is nothing W&B can draw:
+    no finite value (all NaN/Inf, or an empty tensor) or a non-finite bucket edge. NaN/Inf entries are
+    already outside the buckets (counted in `hist.nonfinite`), so W&B never sees one."""
+    if hist.count <= 0 or hist.bins == 0:
+        return None
+    counts = [float(c) for c in hist.counts]
+    edges = list(hist.edges)
+    if not all(math.isfinite(v) for v in counts) or not all(math.isfinite(e) for e in edges):
+        return None
+    return [round(c) for c in counts], edges
+
+
+def scalar_value(value: object) -> float | None:
+    """A float W&B stores as it is: finite, NaN ("NaN") and ±Inf ("Infinity") all round-trip through the
+    offline file. Anything float() refuses is dropped (one bad value would lose the whole `run.log` call)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class StepPayload:
+    """Everything gradlog sent for one x-axis value, waiting for `flush()`."""
+
+    step: int
+    scalars: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    tables: dict[str, tuple[list[str], list[list[str]]]] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not (self.scalars or self.histograms or self.tables)
+
+
+def split_payload(payload: StepPayload, max_bytes: int) -> list[StepPayload]:
+    """Cut one step into parts of at most `max_bytes` (estimated); scalars first, then histograms, tables last.
+
+    A single item larger than `max_bytes` still gets a part of its own (it cannot be cut further)."""
+    parts = [StepPayload(payload.step)]
+    used = scalar_bytes(STEP_KEY)
+
+    def room(size: int) -> StepPayload:
+        nonlocal used
+        if used + size > max_bytes and not parts[-1].empty():
+            parts.append(StepPayload(payload.step))
+            used = scalar_bytes(STEP_KEY)
+        used += size
+        return parts[-1]
+
+    for key, value in payload.scalars.items():
+        room(scalar_bytes(key)).scalars[key] = value
+    for tag, hist in payload.histograms.items():
+        room(histogram_bytes(tag, hist)).histograms[tag] = hist
+    for name, table in payload.tables.items():
+        size = len(json.dumps(table[1]).encode()) + 200
+        room(size).tables[name] = table
+    return parts
+
+
+def summary_value(text: str) -> Any:
+    """The summary table arrives as strings; W&B shows numbers and booleans better as themselves."""
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+class WandbWriter(Writer):
+    """Logs gradlog's scalars, histograms and never-updated report into a W&B run.
+
+    `run`: an existing run to log into. Otherwise the active run (`wandb.run`) is used; gradlog never
+    finishes a run it did not start. With no active run, `wandb.init(project=project, dir=log_dir,
+    **init_kwargs)` starts one, finished again by `close()`. Pass `mode="offline"` or `mode="disabled"`
+    through `init_kwargs` (or set `WANDB_MODE`).
+    """
+
+    def __init__(
+        self,
+        run: Any = None,
+        project: str | None = None,
+        log_dir: str | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        **init_kwargs: Any,
+    ) -> None:
+        self.wandb = import_wandb()
+        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1024:
+            raise ValueError(f"max_payload_bytes must be an integer >= 1024, got {max_payload_bytes!r}")
+        self.max_payload_bytes = max_payload_bytes
+        self.owns_run = False
+        if run is None:
+            run = self.wandb.run
+            if run is not None and (project is not None or log_dir is not None or init_kwargs):
+                log.warning("gradlog: logging into the active W&B run; project/log_dir/init arguments are ignored")
+        if run is None:
+            if not _rank_zero():  # only rank 0 logs; a writer built by hand on every rank must not start N runs
+                init_kwargs = {**init_kwargs, "mode": "disabled"}
+            run = self._init(project, log_dir, init_kwargs)
+            self.owns_run = True
+        self.run = run
+        self._buffer: StepPayload | None = None
+        self._open_row: int | None = None  # W&B step of gradlog's uncommitted row, if still open
+        self._summary: dict[str, Any] = {}
+        self._warned: set[str] = set()
+        self._closed = False
+        self._last_step = 0
+        self._step_known = True
+        self.run.define_metric(STEP_KEY)
+        for prefix in PREFIXES:
+            self.run.define_metric(f"{prefix}/*", step_metric=STEP_KEY)
+
+    def _init(self, project: str | None, log_dir: str | None, init_kwargs: dict[str, Any]) -> Any:
+        kwargs = dict(init_kwargs)
+        if project is not None:
+            kwargs["project"] = project
+        if log_dir is not None:
+            kwargs.setdefault("dir", log_dir)
+            os.makedirs(log_dir, exist_ok=True)  # wandb.init refuses a dir that does not exist
+        try:
+            return self.wandb.init(**kwargs)
+        except self.wandb.errors.Error as exc:
+            raise WandbSetupError(
+                f"W&B could not start a run ({type(exc).__name__}: {exc}). Without a W&B account or network, set "
+                "WANDB_MODE=offline (sync later with `wandb sync`) or pass writer_options={'mode': 'offline'}; "
+                "to log online, run `wandb login` or set WANDB_API_KEY"
+            ) from exc
+
+    # --- Writer interface -------------------------------------------------------------------
+    def _payload(self, step: int) -> StepPayload:
+        """The buffer for `step`; a different step first sends the buffered one."""
+        if self._buffer is not None and self._buffer.step != step:
+            self.flush()
+        if self._buffer is None:
+            self._buffer = StepPayload(int(step))
+        return self._buffer
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        payload = self._payload(step)
+        for key, value in scalars.items():
+            v = scalar_value(value)
+            if v is None:
+                self._warn_once("value", f"gradlog: W&B cannot log {key}={value!r} (not a number); it is left out")
+                continue
+            payload.scalars[key] = v
+            if key.startswith("gradlog/never_updated"):
+                self._summary[key] = round(v) if v.is_integer() else v
+
+    def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
+        self._payload(step).histograms[tag] = hist
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        if name == SUMMARY_TABLE:
+            for row in rows:
+                if len(row) >= 2:
+                    self._summary[f"gradlog/{row[0]}"] = summary_value(str(row[1]))
+            return
+        step = self._buffer.step if self._buffer is not None else self._last_step
+        self._payload(step).tables[TABLE_KEYS.get(name, name)] = (list(columns), [list(r) for r in rows])
+
+    def flush(self) -> None:
+        """Send the buffered step. The buffer is emptied first: a failing call loses that step, not the next."""
+        payload, self._buffer = self._buffer, None
+        if payload is None or payload.empty():
+            return
+        self._last_step = payload.step
+        parts = split_payload(payload, self.max_payload_bytes)
+        if len(parts) > 1:
+            self._warn_once(
+                "split",
+                f"gradlog: step {payload.step} is larger than max_payload_bytes={self.max_payload_bytes} and was "
+                f"split over {len(parts)} W&B rows; log fewer histograms (histogram_every=, bins=, "
+                "histogram_kinds=) to keep one row per step",
+            )
+        for part in parts:
+            self._send(self._row(part))
+
+    def close(self) -> None:
+        """Send what is buffered, write the summary, and finish the run if gradlog started it."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+            if self._summary and not getattr(self.run, "_is_finished", False):
+                self.run.summary.update(self._summary)
+        finally:
+            if self.owns_run:
+                self.run.finish()
+
+    # --- internals ----------------------------------------------------------------------------
+    def _row(self, part: StepPayload) -> dict[str, Any]:
+        row: dict[str, Any] = {STEP_KEY: part.step}
+        row.update(part.scalars)
+        for tag, hist in part.histograms.items():
+            data = histogram_payload(hist)
+            if data is not None:
+                row[tag] = self.wandb.Histogram(np_histogram=_as_arrays(*data))
+        for name, (columns, rows) in part.tables.items():
+            row[name] = self.wandb.Table(columns=columns, data=rows)
+        return row
+
+    def _send(self, row: dict[str, Any]) -> None:
+        """Merge into the row being built (`commit=False`); commit gradlog's own previous row first if
+        nobody else did, so two gradlog steps never land in one W&B row."""
+        if getattr(self.run, "_is_finished", False):  # asking a finished run its step hangs for 30 s
+            raise RuntimeError(
+                f"the W&B run {getattr(self.run, 'id', '')} was finished before gradlog.close(), so gradlog's "
+                f"data for step {row.get(STEP_KEY)} is not logged; finish the run after closing the GradLogger"
+            )
+        current = self._current_step()
+        if current is None:  # a run that cannot tell its step: plain committed rows
+            self.run.log(row)
+            return
+        if current == self._open_row:
+            self.run.log({}, commit=True)
+            current += 1
+        self.run.log(row, commit=False)  # does not move the step
+        self._open_row = current
+
+    def _current_step(self) -> int | None:
+        """W&B's step of the row being built (one round trip to wandb's service, ~0.3 ms offline).
+        None for runs that cannot say (mode="shared" raises), remembered so it is asked only once."""
+        if self._step_known:
+            try:
+                step = self.run.step
+            except Exception:
+                step = None
+            if isinstance(step, int):
+                return step
+            self._step_known = False
+        return None
+
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            log.warning(msg)
+
+
+def _rank_zero() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _as_arrays(counts: list[int], edges: list[float]) -> tuple[Iterable[Any], Iterable[Any]]:
+    """numpy arrays when numpy is there (what `np_histogram` documents); plain lists work the same."""
+    try:
+        import numpy as np
+    except ImportError:
+        return counts, edges
+    return np.asarray(counts, dtype=np.int64), np.asarray(edges, dtype=np.float64)
+
+
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "WandbSetupError", "WandbWriter", "import_wandb"]

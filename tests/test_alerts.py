@@ -1,0 +1,217 @@
+"""Alerts during training: checked against streaks recomputed by hand from the weights themselves."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog.alerts import NO_GRAD, NONFINITE, RATIO_HIGH, RATIO_LOW
+
+
+def _records(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gradlog" and "alert" in r.getMessage()]
+
+
+class Three(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast = nn.Linear(8, 8, bias=False)
+        self.slow = nn.Linear(8, 8, bias=False)
+        self.mid = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.mid(torch.tanh(self.slow(torch.tanh(self.fast(x)))))
+        return out
+
+
+def test_update_ratio_alert_fires_when_the_hand_computed_streak_reaches_patience(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(0)
+    model = Three()
+    opt = torch.optim.SGD(
+        [
+            {"params": model.fast.parameters(), "lr": 5.0},
+            {"params": model.slow.parameters(), "lr": 1e-7},
+            {"params": model.mid.parameters(), "lr": 1e-2},
+        ]
+    )
+    mem = gradlog.MemoryWriter()
+    band, patience = (1e-4, 1e-2), 3
+    gl = gradlog.GradLogger(
+        model, opt, writer=mem, every=1, print_report=False, ratio_band=band, ratio_patience=patience
+    )
+    streak: dict[tuple[str, str], int] = {}
+    expected: dict[tuple[str, str], int] = {}  # (name, kind) -> first optimizer step it should fire
+    caplog.set_level(logging.WARNING, logger="gradlog")
+    for step in range(8):
+        model(torch.randn(16, 8)).pow(2).mean().backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        for n, p in model.named_parameters():
+            ratio = (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])).item()
+            for kind, outside in ((RATIO_HIGH, ratio > band[1]), (RATIO_LOW, ratio < band[0])):
+                streak[n, kind] = streak.get((n, kind), 0) + 1 if outside else 0
+                if streak[n, kind] >= patience:
+                    expected.setdefault((n, kind), step)
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    assert gl.alerts is not None
+    got = {(a.name, a.kind): a.step for a in gl.alerts.fired}
+    assert got == expected
+    # The planted extremes are really caught, at the third measured step; the sane layer is not.
+    assert got[("fast.weight", RATIO_HIGH)] == 2 and got[("slow.weight", RATIO_LOW)] == 2
+    assert not any(name == "mid.weight" for name, _ in got)
+    msgs = _records(caplog)
+    assert any("step 2" in m and "fast.weight" in m and "above the healthy band" in m for m in msgs)
+    assert any("step 2" in m and "slow.weight" in m and "below the healthy band" in m for m in msgs)
+    # Each tensor and kind warns once, however long the streak goes on.
+    assert sum("fast.weight" in m for m in msgs) == 1
+    # Writer side: a running count per published step, and the table at close.
+    assert [v for _, v in mem.scalars["gradlog/alerts"]][-1] == len(expected)
+    assert next(s for s, v in mem.scalars["gradlog/alerts"] if v > 0) == 2
+    columns, rows = mem.tables["gradlog/alerts"]
+    assert columns == ["step", "kind", "name", "detail"]
+    assert {(r[2], r[1]) for r in rows} == set(expected)
+
+
+def test_nonfinite_alert_names_tensor_and_step_once(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=2, print_report=False)
+    caplog.set_level(logging.WARNING, logger="gradlog")
+    for step in range(10):
+        model(torch.randn(8, 4)).sum().backward()
+        if step >= 5:  # planted: the second layer's bias gradient goes NaN from step 5 on
+            model[1].bias.grad.fill_(float("nan"))
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert gl.alerts is not None
+    nonfinite = [a for a in gl.alerts.fired if a.kind == NONFINITE]
+    # every=2: step 5 is not measured, step 6 is the first measured step that sees the NaN.
+    assert [(a.name, a.step) for a in nonfinite] == [("1.bias", 6)]
+    assert report.first_nonfinite is not None and report.first_nonfinite.step == 6
+    msgs = [m for m in _records(caplog) if "non-finite" in m]
+    assert len(msgs) == 1 and "1.bias" in msgs[0] and "step 6" in msgs[0]
+    assert "1 NaN/Inf gradient entries" in msgs[0]
+
+
+def test_no_grad_alert_after_patience_skips_frozen_tensors(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"used": nn.Linear(4, 4), "unused": nn.Linear(4, 4), "frozen": nn.Linear(4, 4)})
+    model["frozen"].requires_grad_(False)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=3, no_grad_patience=4, print_report=False)
+    caplog.set_level(logging.WARNING, logger="gradlog")
+    for step in range(15):
+        model["used"](model["frozen"](torch.randn(2, 4))).sum().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    assert gl.alerts is not None
+    got = sorted((a.name, a.kind, a.step) for a in gl.alerts.fired if a.kind == NO_GRAD)
+    # Measured steps are 0, 3, 6, 9, 12: the fourth of them in a row is step 9.
+    assert got == [("unused.bias", NO_GRAD, 9), ("unused.weight", NO_GRAD, 9)]
+    msgs = [m for m in _records(caplog) if "no gradient" in m]
+    assert len(msgs) == 1 and "in 2 tensors" in msgs[0] and "unused.weight" in msgs[0] and "frozen" not in msgs[0]
+
+
+def test_alerts_off_logs_and_writes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.ModuleDict({"used": nn.Linear(4, 4), "unused": nn.Linear(4, 4)})
+    opt = torch.optim.SGD(model.parameters(), lr=100.0)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, alerts=False, no_grad_patience=1, print_report=False)
+    caplog.set_level(logging.WARNING, logger="gradlog")
+    for step in range(5):
+        model["used"](torch.randn(2, 4)).sum().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    assert gl.alerts is None
+    assert _records(caplog) == []
+    assert "gradlog/alerts" not in mem.scalars and "gradlog/alerts" not in mem.tables
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"ratio_band": (1e-2, 1e-4)}, r"0 < low < high.*\(0\.01, 0\.0001\)"),
+        ({"ratio_band": (0.0, 1e-2)}, r"0 < low < high"),
+        ({"ratio_band": (1e-3,)}, r"two numbers"),
+        ({"ratio_patience": 0}, r"ratio_patience must be an integer >= 1.*got 0"),
+        ({"no_grad_patience": 2.5}, r"no_grad_patience must be an integer >= 1.*got 2\.5"),
+    ],
+)
+def test_bad_thresholds_name_the_value(kwargs: dict[str, object], match: str) -> None:
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=match):
+        gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), writer="memory", **kwargs)  # type: ignore[arg-type]
+
+
+def test_histogram_of_a_huge_finite_range_does_not_crash_training() -> None:
+    """fp32 values near ±3e38 made hi - lo overflow to inf and bincount fail, losing the measured step."""
+    from gradlog.stats import histogram_partials
+
+    x = torch.tensor([3e38, -3e38, 1.0, float("nan")])
+    row = histogram_partials([x], 4, torch.device("cpu"))[0]
+    assert row[:4].sum().item() == 3  # the three finite values are bucketed, the NaN is counted apart
+    assert row[4].item() == x[0].neg().item() and row[5].item() == x[0].item() and row[-1].item() == 1
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=1, print_report=False)
+    model(torch.ones(1, 2)).sum().backward()
+    model.weight.grad.copy_(torch.tensor([[3e38, -3e38], [0.0, 1.0]]))
+    opt.step()  # before the fix the pre-hook failed here and the step went unmeasured
+    gl.log(0)
+    assert gl.close().measured_steps == 1
+
+
+def test_update_ratio_of_nan_weights_is_nan_not_zero() -> None:
+    """Weights that went NaN must not read as 'no update' (ratio 0) in the series, the plot or the alerts."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    for step in range(3):
+        model(torch.ones(1, 2)).sum().backward()
+        if step >= 1:
+            model.weight.grad.fill_(float("nan"))  # SGD writes NaN into the weights at step 1
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    ratios = [v for _, v in mem.scalars["update_ratio/weight"]]
+    assert ratios[0] > 0 and all(v != v for v in ratios[1:])
+
+
+def test_overflow_that_gradscaler_skipped_raises_no_nonfinite_alert(caplog: pytest.LogCaptureFixture) -> None:
+    """Under AMP, Inf gradients on a step the scaler skips are routine (scale calibration), not an alert."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # fused: the hooks see the skipped step
+    scaler = torch.amp.GradScaler("cpu")
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, scaler=scaler)
+    caplog.set_level(logging.WARNING, logger="gradlog")
+    for step in range(4):
+        scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+        if step == 2:
+            model.weight.grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert report.skipped_steps == 1 and report.measured_steps == 4  # the step was measured, and skipped
+    assert gl.alerts is not None and not [a for a in gl.alerts.fired if a.kind == NONFINITE]
+    assert not [m for m in _records(caplog) if "non-finite" in m]

@@ -1,0 +1,254 @@
+"""GradScaler, low-precision weights and torch.compile: the numbers must still be the true ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.b(torch.tanh(self.a(x)))
+        return out
+
+
+def batch(step: int) -> torch.Tensor:
+    return torch.randn(5, 6, generator=torch.Generator().manual_seed(step))
+
+
+def run_scaled(
+    make_opt: object,
+    skip: set[int],
+    steps: int,
+    pass_scaler: bool,
+    unscale_first: bool = False,
+) -> tuple[gradlog.MemoryWriter, gradlog.Report, dict[int, dict[str, float]], list[dict[str, torch.Tensor]]]:
+    """Train under GradScaler; the loss is multiplied by inf on the steps in `skip`.
+
+    Returns what gradlog wrote, its report, the unscaled grad norms computed by hand before each
+    scaler.step, and the weights after each step.
+    """
+    torch.manual_seed(0)
+    model = Small()
+    opt = make_opt(model.parameters())  # type: ignore[operator]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, scaler=scaler if pass_scaler else None)
+    by_hand: dict[int, dict[str, float]] = {}
+    weights = []
+    for step in range(steps):
+        loss = model(batch(step)).pow(2).mean()
+        if step in skip:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        if unscale_first:
+            scaler.unscale_(opt)
+            by_hand[step] = {n: torch.linalg.vector_norm(p.grad).item() for n, p in model.named_parameters()}
+        else:
+            scale = scaler.get_scale()
+            by_hand[step] = {n: torch.linalg.vector_norm(p.grad).item() / scale for n, p in model.named_parameters()}
+        scaler.step(opt)
+        scaler.update()
+        gl.log(step)
+        opt.zero_grad()
+        weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return mem, gl.close(), by_hand, weights
+
+
+NON_FUSED = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+}
+
+
+@pytest.mark.parametrize("unscale_first", [False, True], ids=["scaler.step", "unscale_+step"])
+@pytest.mark.parametrize("name", sorted(NON_FUSED))
+def test_non_fused_grad_norms_are_unscaled_and_skips_counted(name: str, unscale_first: bool) -> None:
+    skip = {0, 3, 4, 7}  # a skip before any step ran, consecutive skips, skips right after the scale grew
+    mem, report, by_hand, weights = run_scaled(NON_FUSED[name], skip, 9, pass_scaler=True, unscale_first=unscale_first)
+    ran = [s for s in range(9) if s not in skip]
+    for tensor in ("a.weight", "a.bias", "b.weight"):
+        series = mem.scalars[f"grad_norm/{tensor}"]
+        assert [s for s, _ in series] == ran  # a skipped step is never published
+        for s, v in series:
+            assert v == pytest.approx(by_hand[s][tensor], rel=1e-5)
+            assert by_hand[s][tensor] < 100  # the reference itself is unscaled (scale is 2**10 and more)
+    assert [v for _, v in mem.scalars["gradlog/skipped_steps"]] == [1, 1, 3, 3, 4]  # published at 1 2 5 6 8
+    assert report.skipped_steps == 4
+    for s in skip - {0}:  # the skipped steps really did not move anything
+        assert all(torch.equal(weights[s][n], weights[s - 1][n]) for n in weights[s])
+
+
+def test_non_fused_trailing_skips_are_counted_at_close() -> None:
+    _, report, _, _ = run_scaled(NON_FUSED["adamw"], {5, 6}, 7, pass_scaler=True)
+    assert report.skipped_steps == 2
+
+
+def test_non_fused_every_step_skipped_is_nonfinite_grad() -> None:
+    mem, report, _, _ = run_scaled(NON_FUSED["sgd"], set(range(4)), 4, pass_scaler=True)
+    assert report.skipped_steps == 4
+    assert {r.name: r.reason for r in report.never_updated} == {
+        n: Reason.NONFINITE_GRAD for n in ("a.weight", "a.bias", "b.weight", "b.bias")
+    }
+    assert "skipped all 4 steps" in report.never_updated[0].detail
+    assert not any(t.startswith("update_ratio/") for t in mem.scalars)
+
+
+def test_fused_adamw_grad_norms_are_unscaled_and_skip_is_no_update() -> None:
+    fused = lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True)  # noqa: E731
+    mem, report, by_hand, weights = run_scaled(fused, {3}, 6, pass_scaler=False)
+    for tensor in ("a.weight", "b.bias"):
+        series = dict(mem.scalars[f"grad_norm/{tensor}"])
+        assert sorted(series) == list(range(6))  # fused optimizers' hooks fire on skipped steps too
+        for s in (0, 1, 2, 4, 5):
+            assert series[s] == pytest.approx(by_hand[s][tensor], rel=1e-5)
+        assert dict(mem.scalars[f"grad_nonfinite/{tensor}"])[3] > 0
+        assert dict(mem.scalars[f"update_ratio/{tensor}"])[3] == 0.0  # not reported as an update
+        assert dict(mem.scalars[f"update_ratio/{tensor}"])[4] > 0.0
+    assert torch.equal(weights[3]["a.weight"], weights[2]["a.weight"])
+    assert [v for _, v in mem.scalars["gradlog/skipped_steps"]] == [0, 0, 0, 1, 1, 1]
+    assert report.skipped_steps == 1 and report.never_updated == []
+
+
+def test_fused_adamw_with_scaler_passed_and_unscale_first_is_not_divided_twice() -> None:
+    fused = lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True)  # noqa: E731
+    mem, report, by_hand, _ = run_scaled(fused, {2}, 4, pass_scaler=True, unscale_first=True)
+    for s, v in mem.scalars["grad_norm/a.weight"]:
+        if s != 2:
+            assert v == pytest.approx(by_hand[s]["a.weight"], rel=1e-5)
+    assert report.skipped_steps == 1
+
+
+def test_optimizer_stepped_directly_with_scaled_grads_is_unscaled() -> None:
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, scaler=scaler)
+    scaler.scale(model(batch(0)).pow(2).mean()).backward()
+    want = torch.linalg.vector_norm(model.a.weight.grad).item() / 2.0**12
+    opt.step()  # bypasses scaler.step: the gradients still carry the scale
+    gl.log(0)
+    gl.close()
+    assert mem.last("grad_norm/a.weight") == pytest.approx(want, rel=1e-6)
+
+
+def test_scaler_argument_is_checked() -> None:
+    model = Small()
+    with pytest.raises(TypeError, match=r"scaler must be a torch\.amp\.GradScaler"):
+        gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), scaler=2.0**16)
+
+
+# --- low-precision weights -------------------------------------------------------------------
+
+
+def _train_dtype(dtype: torch.dtype, lr: float, steps: int = 3) -> tuple[gradlog.MemoryWriter, gradlog.Report, list]:
+    torch.manual_seed(0)
+    model = Small().to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    ratios = []
+    for step in range(steps):
+        model(batch(step).to(dtype)).float().pow(2).mean().backward()
+        before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+        opt.step()
+        ratios.append(
+            {
+                n: (
+                    torch.linalg.vector_norm(p.detach().double() - before[n]) / torch.linalg.vector_norm(before[n])
+                ).item()
+                for n, p in model.named_parameters()
+            }
+        )
+        gl.log(step)
+        opt.zero_grad()
+    return mem, gl.close(), ratios
+
+
+def test_bf16_update_lost_to_rounding_is_below_precision() -> None:
+    _, report, ratios = _train_dtype(torch.bfloat16, lr=1e-6)
+    assert all(r == 0 for step in ratios for r in step.values())  # the update really rounded away
+    assert {r.name: r.reason for r in report.never_updated} == {
+        n: Reason.BELOW_PRECISION for n in ("a.weight", "a.bias", "b.weight", "b.bias")
+    }
+    assert "bfloat16" in report.never_updated[0].detail
+
+
+def test_fp32_same_tiny_lr_is_not_reported() -> None:
+    _, report, ratios = _train_dtype(torch.float32, lr=1e-6)
+    assert all(r > 0 for step in ratios for r in step.values())
+    assert report.never_updated == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_update_ratio_matches_fp64_reference(dtype: torch.dtype) -> None:
+    mem, report, ratios = _train_dtype(dtype, lr=0.05)
+    for name in ("a.weight", "b.bias"):
+        for (step, v), want in zip(mem.scalars[f"update_ratio/{name}"], ratios):
+            assert want[name] > 0
+            assert v == pytest.approx(want[name], rel=1e-4), (name, step)
+    assert report.never_updated == []
+
+
+# --- torch.compile ---------------------------------------------------------------------------
+
+
+def _train_compiled(compile_model: bool) -> gradlog.MemoryWriter:
+    torch.manual_seed(0)
+    model: nn.Module = Small()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if compile_model:
+        model = torch.compile(model, fullgraph=True)  # fullgraph: any graph break raises
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, bins=8, print_report=False)
+    for step in range(3):
+        model(batch(step)).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    return mem
+
+
+@pytest.mark.slow
+def test_compiled_model_metrics_equal_eager() -> None:
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    eager = _train_compiled(False)
+    compiled = _train_compiled(True)
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert sorted(compiled.scalars) == sorted(eager.scalars)
+    assert not any("_orig_mod" in t for t in compiled.scalars)
+    for tag, series in eager.scalars.items():
+        for (s1, a), (s2, b) in zip(compiled.scalars[tag], series):
+            assert s1 == s2
+            assert a == pytest.approx(b, rel=1e-4, abs=1e-7), tag
+
+
+def test_logger_attached_mid_run_counts_only_later_skips() -> None:
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    gl = None
+    for step in range(8):
+        if step == 3:  # after two skips the logger must not see
+            gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, scaler=scaler)
+        loss = model(batch(step)).pow(2).mean() * (float("inf") if step in (1, 2, 5) else 1.0)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert gl is not None
+    assert gl.close().skipped_steps == 1

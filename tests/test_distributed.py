@@ -1,0 +1,193 @@
+"""Two real ranks (torchrun, gloo, CPU): rank 0's numbers must equal one process on the same global batch.
+
+One torchrun launch per suite (see tests/dist_worker.py) covers DDP, FSDP2 and tensor parallel; the
+reference runs in this process with the same model, initialisation and data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dist_worker as W
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch(out: Path, suite: str) -> dict[str, list[dict[str, Any]]]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(ROOT / "tests" / "dist_worker.py"),
+        str(out),
+        suite,
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    found: dict[str, list[dict[str, Any]]] = {}
+    for rank in (0, 1):
+        for f in sorted(out.glob(f"*-rank{rank}.json")):
+            found.setdefault(f.name.rsplit("-rank", 1)[0], []).append(json.loads(f.read_text()))
+    return found
+
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[dict[str, Any]]]]:
+    out = tmp_path_factory.mktemp("dist")
+    return out, _launch(out, "main")
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, Any]:
+    torch.manual_seed(0)
+    mem, report, n = W.train(W.Net())
+    return W.dump(mem, report, n)
+
+
+@pytest.fixture(scope="module")
+def reference_accumulated() -> dict[str, Any]:
+    torch.manual_seed(0)
+    mem, report, n = W.train(W.Net(), accumulate=2)
+    return W.dump(mem, report, n)
+
+
+def _close(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= 1e-5 * max(abs(a), abs(b)) + 1e-7
+
+
+def assert_same_metrics(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert sorted(got["scalars"]) == sorted(want["scalars"])
+    bad = []
+    for tag, series in want["scalars"].items():
+        mine = got["scalars"][tag]
+        assert [s for s, _ in mine] == [s for s, _ in series], tag
+        bad += [(tag, s, a, b) for (s, a), (_, b) in zip(mine, series) if not _close(a, b)]
+    assert not bad, bad[:10]
+    assert sorted(got["histograms"]) == sorted(want["histograms"])
+    for tag, series in want["histograms"].items():
+        mine = got["histograms"][tag]
+        assert len(mine) == len(series), tag
+        for (s1, c1, lo1, hi1, sm1, sq1, n1, nf1), (s2, c2, lo2, hi2, sm2, sq2, n2, nf2) in zip(mine, series):
+            assert (s1, n1, nf1) == (s2, n2, nf2), tag
+            assert all(_close(a, b) for a, b in [(lo1, lo2), (hi1, hi2), (sq1, sq2)]), (tag, s1)
+            assert abs(sm1 - sm2) <= 1e-5 * math.sqrt(sq2 * n2) + 1e-7, (tag, s1)
+            # the same values up to float rounding: a value on a bucket edge may move one bucket over
+            assert sum(abs(a - b) for a, b in zip(c1, c2)) <= 2, (tag, s1, c1, c2)
+
+
+def _reasons(payload: dict[str, Any]) -> dict[str, str]:
+    return {r["name"]: r["reason"] for r in payload["report"]["never_updated"]}
+
+
+def test_ddp_with_no_sync_accumulation_equals_one_process(main_run: Any, reference_accumulated: Any) -> None:
+    _, runs = main_run
+    rank0, rank1 = runs["ddp"]
+    assert all(n.startswith("module.") for n in rank0["raw_names"])  # DDP's prefix, cleaned by gradlog
+    assert_same_metrics(rank0, reference_accumulated)
+    assert rank0["scalars"]["grad_norm/gate"][0][1] > 0  # not a vacuous comparison
+    assert rank0["report"] == reference_accumulated["report"]
+    assert rank1["report"] == reference_accumulated["report"]
+    assert _reasons(rank0) == {
+        "frozen.weight": "frozen",
+        "frozen.bias": "frozen",
+        "still.weight": "zero_lr",
+        "unused.weight": "no_grad",
+        "unused.bias": "no_grad",
+    }
+
+
+def test_fsdp2_global_numbers_equal_one_process(main_run: Any, reference: Any) -> None:
+    _, runs = main_run
+    rank0, rank1 = runs["fsdp2"]
+    # really sharded, with an empty shard on rank 1, and wrapped in activation checkpointing
+    assert rank0["local_rows"]["gate"] == 1 and rank1["local_rows"]["gate"] == 0
+    assert rank0["local_rows"]["inp.weight"] == 8 and rank1["local_rows"]["inp.weight"] == 8
+    assert any("_checkpoint_wrapped_module" in n for n in rank0["raw_names"])
+    assert_same_metrics(rank0, reference)
+    assert rank0["report"] == reference["report"]
+    assert rank1["report"] == reference["report"]  # every rank's report is the global one
+
+
+def test_fsdp2_collectives_per_measured_step(main_run: Any) -> None:
+    """Per measured step one MAX (step check + gradient ranges) and one SUM; histogram steps (every 2nd
+    here) add one MAX for the weight/update ranges. Settings are checked once (index -1) before the
+    first step; at close the changed flags take one more MAX."""
+    _, runs = main_run
+    calls = [tuple(c) for c in runs["fsdp2"][0]["collectives"]]
+    want = [("max", -1)]
+    for step in range(W.STEPS):
+        want += [("max", step), ("max", step), ("sum", step)] if step % 2 == 0 else [("max", step), ("sum", step)]
+    want += [("max", -1)]
+    assert calls == want
+
+
+def test_tensor_parallel_dtensors_count_replicas_once(main_run: Any) -> None:
+    _, runs = main_run
+    rank0, _ = runs["tp"]
+    assert "Replicate" in rank0["placements"]["down.bias"] and "Shard" in rank0["placements"]["up.weight"]
+    torch.manual_seed(0)
+    want, _ = W.train_tp(W.TPNet())
+    assert_same_metrics(rank0, want)
+    assert rank0["report"] == want["report"]
+    assert _reasons(rank0) == {"unused.weight": "no_grad", "unused.bias": "no_grad"}
+
+
+def test_only_rank_zero_writes(main_run: Any) -> None:
+    out, runs = main_run
+    for name in ("ddp", "fsdp2", "tp"):
+        assert runs[name][0]["writers"] >= 1 and runs[name][1]["writers"] == 0, name
+    assert (out / "events-rank0.jsonl").exists()
+    assert not (out / "events-rank1.jsonl").exists()
+    lines = [json.loads(x) for x in (out / "events-rank0.jsonl").read_text().splitlines()]
+    assert sum("scalars" in x for x in lines) == W.STEPS + 1  # one batch per step, one at close
+
+
+def test_fsdp1_is_refused_clearly(main_run: Any) -> None:
+    _, runs = main_run
+    for payload in runs["fsdp1"]:
+        assert payload["error"] is not None and "fully_shard" in payload["error"]
+
+
+def test_close_after_destroy_process_group_warns_that_the_report_is_local(main_run: Any) -> None:
+    _, runs = main_run
+    for payload in runs["late_close"]:
+        assert any("before torch.distributed.destroy_process_group()" in w for w in payload["warnings"])
+
+
+def test_disagreeing_ranks_get_an_error_not_a_hang(tmp_path: Path) -> None:
+    runs = _launch(tmp_path, "mismatch")
+    r0, r1 = (p["results"] for p in runs["mismatch"])
+    for r in (r0, r1):
+        assert r["layout"] is not None and "every 1..2 across ranks" in r["layout"] and "same settings" in r["layout"]
+        assert r["index"] is not None and "step index 0 to 1" in r["index"]
+    assert r0["timeout"] is not None and "never joined" in r0["timeout"]
+    assert r1["timeout"] is None

@@ -1,0 +1,322 @@
+"""Unusual tensors, the hook lifecycle, the cost of unmeasured steps, and bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+from gradlog.params import clean_name
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    out = model(x)
+    (out.abs() if out.is_complex() else out).pow(2).mean().backward()
+    opt.step()
+
+
+def test_sparse_embedding_gradient() -> None:
+    torch.manual_seed(0)
+    emb = nn.Embedding(50, 4, sparse=True)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(emb, opt, writer=mem, every=1, print_report=False)
+    tokens = torch.tensor([[1, 2, 2, 7]])
+    emb(tokens).pow(2).sum().backward()
+    dense = emb.weight.grad.to_dense()
+    opt.step()
+    gl.log(0)
+    report = gl.close()
+    assert mem.last("grad_norm/weight") == pytest.approx(torch.linalg.vector_norm(dense).item(), rel=1e-6)
+    # implicit zeros of the sparse gradient are zeros: 47 of 50 rows untouched
+    assert mem.last("grad_zero_frac/weight") == pytest.approx((dense == 0).sum().item() / dense.numel())
+    assert mem.histograms["grad/weight"][0][1].count == 12  # the explicit values only
+    assert report.never_updated == []
+
+
+def test_complex_parameters() -> None:
+    torch.manual_seed(0)
+
+    class C(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3, 3, dtype=torch.complex64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.to(torch.complex64) @ self.w
+
+    model = C()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    before = model.w.detach().clone()
+    model(torch.randn(2, 3)).abs().pow(2).sum().backward()
+    gnorm = torch.linalg.vector_norm(model.w.grad).item()
+    opt.step()
+    gl.log(0)
+    gl.close()
+    assert mem.last("grad_norm/w") == pytest.approx(gnorm, rel=1e-5)
+    ratio = (torch.linalg.vector_norm(model.w.detach() - before) / torch.linalg.vector_norm(before)).item()
+    assert mem.last("update_ratio/w") == pytest.approx(ratio, rel=1e-4)
+    h = mem.histograms["weight/w"][0][1]
+    assert h.count == 9 and h.min >= 0  # described by magnitude
+
+
+def test_lazy_parameters_are_skipped_until_materialised() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    for step in range(3):
+        _step(model, opt, torch.randn(5, 3))
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert len(mem.scalars["grad_norm/0.weight"]) == 3
+    assert report.never_updated == []
+
+
+def test_meta_model_materialised_with_to_empty_is_rescanned() -> None:
+    with torch.device("meta"):
+        model = nn.Linear(3, 2)
+    gl = gradlog.GradLogger(model, None, writer="memory", every=1, print_report=False)
+    model.to_empty(device="cpu")
+    nn.init.normal_(model.weight)
+    nn.init.zeros_(model.bias)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 3)).sum().backward()
+    gl.log(0)
+    opt.step()
+    report = gl.close()
+    names = {r.name: r.reason for r in report.never_updated}
+    assert "weight" not in names and "bias" not in names
+
+
+def test_names_are_cleaned_of_wrapper_prefixes() -> None:
+    assert clean_name("module._orig_mod.layers.0._checkpoint_wrapped_module.mlp.weight") == "layers.0.mlp.weight"
+    assert clean_name("_fsdp_wrapped_module.head.bias") == "head.bias"
+    assert clean_name("module") == "module"
+
+
+def test_unmeasured_steps_do_no_tensor_work() -> None:
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=10, print_report=False)
+    for step in range(25):
+        _step(model, opt, torch.randn(2, 3))
+        gl.log(step)
+        opt.zero_grad()
+    assert gl.optimizer_steps == 25
+    assert gl.meter.tensor_work == 3  # steps 0, 10, 20 only
+    gl.close()
+
+
+def test_close_removes_every_hook_and_sets_nothing_on_user_objects() -> None:
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model_attrs, opt_attrs = set(vars(model)), set(vars(opt))
+    n_pre, n_post = len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    assert len(opt._optimizer_step_pre_hooks) == n_pre + 1
+    _step(model, opt, torch.randn(2, 3))
+    gl.log(0)
+    gl.close()
+    assert (len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks)) == (n_pre, n_post)
+    assert set(vars(model)) == model_attrs and set(vars(opt)) == opt_attrs
+    assert gl.close() is gl.close()  # idempotent
+
+
+def test_two_loggers_on_one_optimizer_are_independent() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    m1, m2 = gradlog.MemoryWriter(), gradlog.MemoryWriter()
+    g1 = gradlog.GradLogger(model, opt, writer=m1, every=1, print_report=False)
+    g2 = gradlog.GradLogger(model, opt, writer=m2, every=2, print_report=False)
+    for step in range(4):
+        _step(model, opt, torch.randn(2, 3))
+        g1.log(step)
+        g2.log(step)
+        opt.zero_grad()
+    g1.close()
+    assert [s for s, _ in m1.scalars["grad_norm/weight"]] == [0, 1, 2, 3]
+    assert [s for s, _ in m2.scalars["grad_norm/weight"]] == [0, 2]
+    assert m2.scalars["grad_norm/weight"][1] == m1.scalars["grad_norm/weight"][2]
+    _step(model, opt, torch.randn(2, 3))  # g1's hooks are gone, g2 still counts
+    assert (g1.optimizer_steps, g2.optimizer_steps) == (4, 5)
+    g2.close()
+
+
+def test_module_level_watch_log_close() -> None:
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gradlog.watch(model, opt, writer=mem, every=1, print_report=False)
+    for step in range(2):
+        _step(model, opt, torch.randn(2, 3))
+        gradlog.log(step)
+        opt.zero_grad()
+    report = gradlog.close()
+    assert report is not None and report.never_updated == []
+    assert len(mem.scalars["grad_norm/weight"]) == 2
+    assert mem.closed and "gradlog/never_updated" in mem.tables
+    with pytest.raises(RuntimeError, match=r"gradlog\.watch"):
+        gradlog.log(3)
+
+
+def test_report_table_reaches_the_writer() -> None:
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    model[1].requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    _step(model, opt, torch.randn(2, 3))
+    gl.log(0)
+    report = gl.close()
+    cols, rows = mem.tables["gradlog/never_updated"]
+    assert cols == ["name", "shape", "numel", "reason", "detail"]
+    assert [r[:4] for r in rows] == [["1.weight", "2x2", "4", "frozen"], ["1.bias", "2", "2", "frozen"]]
+    summary = dict(mem.tables["gradlog/summary"][1])
+    assert summary["verdict"] == report.verdict
+    assert mem.last("gradlog/never_updated/frozen") == 2
+
+
+def test_bad_input_errors_name_the_value_and_the_fix() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"nn.Module, got dict"):
+        gradlog.GradLogger({"w": 1}, opt)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"every must be an integer >= 1.*got 0"):
+        gradlog.GradLogger(model, opt, every=0)
+    with pytest.raises(ValueError, match=r"bins must be an integer in 1\.\.512, got 513"):
+        gradlog.GradLogger(model, opt, bins=513)
+    with pytest.raises(ValueError, match=r"unknown writer 'tensorbored'; valid names are .*'memory'"):
+        gradlog.GradLogger(model, opt, writer="tensorbored")
+    with pytest.raises(TypeError, match="one GradLogger per optimizer"):
+        gradlog.GradLogger(model, [opt])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="histogram_every must be a positive multiple of every=5"):
+        gradlog.GradLogger(model, opt, every=5, histogram_every=7)
+    gl = gradlog.GradLogger(model, opt, writer="memory", print_report=False)
+    gl.close()
+    with pytest.raises(RuntimeError, match=r"log\(\) called after close\(\)"):
+        gl.log(1)
+
+
+def test_optimizer_with_a_foreign_parameter_warns_and_tracks_it() -> None:
+    model = nn.Linear(2, 2)
+    stray = nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([*model.parameters(), stray], lr=0.1)
+    with pytest.warns(UserWarning, match=r"optimizer holds a parameter the model does not have \(shape \(3,\)"):
+        gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    _step(model, opt, torch.randn(2, 2))
+    gl.log(0)
+    report = gl.close()
+    assert {r.name: r.reason for r in report.never_updated} == {"optimizer.param_groups.0.params.2": Reason.NO_GRAD}
+
+
+class Exploding(gradlog.Writer):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def log_scalars(self, scalars, step):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        raise OSError("No space left on device")
+
+    def log_histogram(self, tag, hist, step):  # type: ignore[no-untyped-def]
+        raise OSError("No space left on device")
+
+    def log_table(self, name, columns, rows):  # type: ignore[no-untyped-def]
+        raise OSError("No space left on device")
+
+
+def test_a_failing_writer_warns_once_and_training_continues() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    bad, mem = Exploding(), gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=[bad, mem], every=1, print_report=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            _step(model, opt, torch.randn(2, 2))
+            gl.log(step)
+            opt.zero_grad()
+        report = gl.close()
+    scalar_warnings = [w for w in caught if "Exploding.log_scalars failed" in str(w.message)]
+    assert len(scalar_warnings) == 1 and "No space left" in str(scalar_warnings[0].message)
+    assert bad.calls == 4  # three steps and the final counts: it kept being called
+    assert len(mem.scalars["grad_norm/weight"]) == 3  # the healthy writer got everything
+    assert report.never_updated == []
+
+
+def test_strict_mode_raises_writer_errors() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer=Exploding(), every=1, print_report=False, strict=True)
+    _step(model, opt, torch.randn(2, 2))
+    with pytest.raises(OSError, match="No space left"):
+        gl.log(0)
+
+
+def test_report_printed_at_interpreter_exit_when_close_is_forgotten(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = textwrap.dedent(
+        """
+        import torch, gradlog
+        from torch import nn
+        model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+        model[0].requires_grad_(False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gl = gradlog.GradLogger(model, opt, writer="memory", every=1)
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+        gl.log(0)
+        print("training done")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.index("training done") < out.stdout.index("0.weight")
+    assert "frozen" in out.stdout and "gradlog OK" in out.stdout
+
+
+def test_a_failure_inside_measurement_never_reaches_the_training_loop() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    gl.meter.start = broken  # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match="measuring step 0 failed.*illegal memory access.*training continues"):
+        _step(model, opt, torch.randn(2, 2))
+    _step(model, opt, torch.randn(2, 2))  # warned once only, and the optimizer still stepped
+    assert gl.optimizer_steps == 2
+    gl.close()
+
+
+def test_frozen_tensors_are_never_copied_for_the_update_snapshot() -> None:
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 2))
+    model[0].requires_grad_(False)  # a frozen backbone, even if the optimizer holds it
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    seen: list[list[tuple[int, ...]]] = []
+
+    def spy(*args: object) -> None:  # runs after gradlog's pre-hook, while its snapshot is held
+        assert gl.meter._open is not None and gl.meter._open.snapshot is not None
+        seen.append([tuple(t.shape) for t in gl.meter._open.snapshot])
+
+    handle = opt.register_step_pre_hook(spy)
+    _step(model, opt, torch.randn(4, 64))
+    gl.log(0)
+    handle.remove()
+    gl.close()
+    assert seen == [[(2, 64), (2,)]]
+    assert mem.last("update_ratio/0.weight") == 0.0 and mem.last("update_ratio/1.weight") > 0

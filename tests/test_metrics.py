@@ -1,0 +1,196 @@
+"""Every per-tensor metric against a reference computed by hand in the test."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+
+OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+    "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=True),
+    "adamw_forloop": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
+    "adamw_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1),
+}
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def _reference(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, micro: int, zero_first: bool):
+    """One optimizer step done by hand: returns {name: (grad_norm, zero_frac, nonfinite, ratio, weight_norm)}."""
+    if zero_first:
+        opt.zero_grad()
+    for chunk in x.chunk(micro):
+        model(chunk).pow(2).mean().backward()
+    params = dict(model.named_parameters())
+    grads = {n: p.grad.detach().clone() for n, p in params.items()}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float("inf")).item()
+    opt.step()
+    out = {}
+    for n, p in params.items():
+        g = grads[n]
+        out[n] = (
+            torch.linalg.vector_norm(g).item(),
+            (g == 0).sum().item() / g.numel(),
+            (~torch.isfinite(g)).sum().item(),
+            (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])).item(),
+            torch.linalg.vector_norm(p.detach()).item(),
+        )
+    if not zero_first:
+        opt.zero_grad()
+    return out, total
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("zero_first", [True, False], ids=["zero_grad_before_backward", "zero_grad_after_step"])
+@pytest.mark.parametrize("micro", [1, 3], ids=["no_accum", "accum3"])
+def test_metrics_equal_hand_reference(opt_name: str, zero_first: bool, micro: int) -> None:
+    torch.manual_seed(0)
+    ref_model = Net()
+    model = Net()
+    model.load_state_dict(ref_model.state_dict())
+    ref_opt = OPTIMIZERS[opt_name](list(ref_model.parameters()))
+    opt = OPTIMIZERS[opt_name](list(model.parameters()))
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=2, print_report=False)
+    refs = []
+    for step in range(5):
+        x = torch.randn(12, 6)
+        refs.append(_reference(ref_model, ref_opt, x, micro, zero_first))
+        # the monitored model: same data, and log() called after every micro-batch too
+        if zero_first:
+            opt.zero_grad()
+        for chunk in x.chunk(micro):
+            model(chunk).pow(2).mean().backward()
+            gl.log(step)
+        opt.step()
+        gl.log(step)
+        if not zero_first:
+            opt.zero_grad()
+    gl.close()
+    measured = [0, 2, 4]
+    assert [s for s, _ in mem.scalars["grad_norm/a.weight"]] == measured
+    for i, step in enumerate(measured):
+        ref, total = refs[step]
+        for name, (gnorm, zfrac, nonfinite, ratio, wnorm) in ref.items():
+            assert mem.scalars[f"grad_norm/{name}"][i] == (step, pytest.approx(gnorm, rel=1e-5))
+            assert mem.scalars[f"grad_zero_frac/{name}"][i] == (step, pytest.approx(zfrac, abs=1e-12))
+            assert mem.scalars[f"grad_nonfinite/{name}"][i] == (step, nonfinite)
+            assert mem.scalars[f"update_ratio/{name}"][i] == (step, pytest.approx(ratio, rel=1e-4))
+            assert mem.scalars[f"weight_norm/{name}"][i] == (step, pytest.approx(wnorm, rel=1e-5))
+        assert mem.scalars["gradlog/grad_norm_total"][i] == (step, pytest.approx(total, rel=1e-5))
+
+
+def test_default_x_axis_is_the_measured_optimizer_step_index() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=3, print_report=False)
+    for _ in range(7):
+        model(torch.randn(4, 6)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        gl.log()
+    gl.close()
+    assert [s for s, _ in mem.scalars["grad_norm/b.bias"]] == [0, 3, 6]
+
+
+def test_histograms_match_finite_values_and_count_nonfinite() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(50, 40)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, bins=16, print_report=False)
+    model(torch.randn(8, 50)).sum().backward()
+    model.weight.grad[0, :5] = float("nan")
+    model.weight.grad[1, :2] = float("inf")
+    g = model.weight.grad.clone()
+    opt.step()
+    gl.log(0)
+    gl.close()
+    h = mem.histograms["grad/weight"][0][1]
+    finite = g[torch.isfinite(g)]
+    assert h.nonfinite == 7
+    assert h.count == finite.numel() == sum(h.counts)
+    assert h.min == pytest.approx(finite.min().item())
+    assert h.max == pytest.approx(finite.max().item())
+    assert h.sum == pytest.approx(finite.sum().item(), rel=1e-5)
+    assert h.sum_squares == pytest.approx(finite.pow(2).sum().item(), rel=1e-5)
+    ref = torch.histc(finite, bins=16, min=h.min, max=h.max)
+    # bucket edges are computed the same way; allow values sitting exactly on an edge to move by one bucket
+    assert sum(abs(a - b) for a, b in zip(h.counts, ref.tolist())) <= 2
+    assert len(h.edges) == 17
+    assert mem.scalars["grad_nonfinite/weight"][0][1] == 7
+    assert mem.scalars["gradlog/nonfinite_tensors"][0][1] == 1
+    assert math.isnan(mem.scalars["grad_norm/weight"][0][1])
+    # lr 0 times a NaN gradient is NaN: SGD writes the 7 NaN/Inf into the weights, and the update shows them
+    w = mem.histograms["weight/weight"][0][1]
+    assert (w.count, w.nonfinite) == (1993, 7)
+    u = mem.histograms["update/weight"][0][1]
+    assert (u.count, u.nonfinite) == (1993, 7)
+    assert u.min == u.max == 0.0  # a constant update lands in one bucket
+    assert u.counts[0] == 1993
+
+
+def test_histogram_of_all_nan_gradient_is_empty_not_poisoned() -> None:
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    model(torch.randn(2, 3)).sum().backward()
+    model.weight.grad.fill_(float("nan"))
+    opt.step()
+    gl.log(0)
+    gl.close()
+    h = mem.histograms["grad/weight"][0][1]
+    assert (h.count, h.nonfinite, sum(h.counts)) == (0, 6, 0)
+    assert all(math.isfinite(v) for v in (h.min, h.max, h.sum, h.sum_squares))
+
+
+def test_update_ratio_of_zero_initialised_tensor_is_finite() -> None:
+    model = nn.Linear(3, 2)
+    nn.init.zeros_(model.bias)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    gl.log(0)
+    gl.close()
+    # measured against the weights after the step: the bias moved by its whole size
+    assert mem.last("update_ratio/bias") == pytest.approx(1.0)
+
+
+def test_optimizer_none_measures_gradients_at_log_time() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, None, writer=mem, every=2, print_report=False)
+    norms = []
+    for step in range(4):
+        model(torch.randn(4, 6)).sum().backward()
+        norms.append(torch.linalg.vector_norm(model.a.weight.grad).item())
+        gl.log(step)
+        opt.step()
+        opt.zero_grad()
+    report = gl.close()
+    assert mem.scalars["grad_norm/a.weight"] == [(0, pytest.approx(norms[0])), (2, pytest.approx(norms[2]))]
+    assert not any(t.startswith("update_ratio/") for t in mem.scalars)
+    assert report.never_updated == []

@@ -1,0 +1,261 @@
+"""Planted-bug training runs: each asserts the exact set of reported tensors and each one's reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+
+Loss = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+def _mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).pow(2).mean()
+
+
+def train(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    steps: int = 12,
+    every: int = 3,
+    loss_fn: Loss = _mse,
+    dim: int = 6,
+    gl: gradlog.GradLogger | None = None,
+) -> gradlog.Report:
+    gl = gl or gradlog.GradLogger(model, opt, writer="memory", every=every, print_report=False)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x = torch.randn(16, dim, generator=gen)
+        loss_fn(model, x).backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    return gl.close()
+
+
+def reported(report: gradlog.Report) -> dict[str, Reason]:
+    return {r.name: r.reason for r in report.never_updated}
+
+
+class TwoPath(nn.Module):
+    """main path plus a branch whose use each test plants a bug into."""
+
+    def __init__(self, mode: str = "ok") -> None:
+        super().__init__()
+        self.mode = mode
+        self.main = nn.Linear(6, 4)
+        self.branch = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.branch(x)
+        if self.mode == "detached":
+            b = b.detach()
+        elif self.mode == "times_zero":
+            b = b * 0
+        return self.main(x) + b
+
+
+def test_frozen_layer() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    model.branch.requires_grad_(False)
+    report = train(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    assert reported(report) == {"branch.weight": Reason.FROZEN, "branch.bias": Reason.FROZEN}
+    assert report.healthy  # frozen is intentional
+
+
+def test_layer_added_after_the_optimizer_was_built() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=3, print_report=False)
+    model.extra = nn.Linear(4, 4)  # the logger picks it up at the next measured step
+    report = train(model, opt, gl=gl, loss_fn=lambda m, x: m.extra(m(x)).pow(2).mean())
+    assert reported(report) == {"extra.weight": Reason.NOT_IN_OPTIMIZER, "extra.bias": Reason.NOT_IN_OPTIMIZER}
+    assert not report.healthy
+
+
+def test_unused_head() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    model.head = nn.Linear(4, 2)
+    report = train(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    assert reported(report) == {"head.weight": Reason.NO_GRAD, "head.bias": Reason.NO_GRAD}
+    assert "4 measured steps" in report.never_updated[0].detail
+
+
+def test_detached_branch() -> None:
+    torch.manual_seed(0)
+    model = TwoPath("detached")
+    report = train(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert reported(report) == {"branch.weight": Reason.NO_GRAD, "branch.bias": Reason.NO_GRAD}
+
+
+def test_param_group_with_lr_zero() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    opt = torch.optim.Adam(
+        [{"params": model.main.parameters()}, {"params": model.branch.parameters(), "lr": 0.0}], lr=1e-2
+    )
+    report = train(model, opt)
+    assert reported(report) == {"branch.weight": Reason.ZERO_LR, "branch.bias": Reason.ZERO_LR}
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1], ids=["adam", "adamw_decay"])
+def test_branch_multiplied_by_zero(weight_decay: float) -> None:
+    torch.manual_seed(0)
+    model = TwoPath("times_zero")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=weight_decay)
+    report = train(model, opt)
+    # with weight decay the branch does move, but only by decay: it still never learned
+    assert reported(report) == {"branch.weight": Reason.ZERO_GRAD, "branch.bias": Reason.ZERO_GRAD}
+
+
+def test_dead_relu_layer() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # every pre-activation negative: the ReLU never fires
+    report = train(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    # the dead layer, and the weight that only ever sees its zeros; the output bias still learns
+    assert reported(report) == {"0.weight": Reason.ZERO_GRAD, "0.bias": Reason.ZERO_GRAD, "2.weight": Reason.ZERO_GRAD}
+
+
+def test_nan_gradients_from_log_of_a_negative() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    model.gate = nn.Linear(6, 1)
+    with torch.no_grad():
+        model.gate.bias.fill_(-100.0)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x).pow(2).mean() + torch.log(m.gate(x)).pow(2).mean()  # log of a negative: NaN grads
+
+    report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), loss_fn=loss_fn)
+    assert reported(report) == {"gate.weight": Reason.NONFINITE_GRAD, "gate.bias": Reason.NONFINITE_GRAD}
+    assert report.first_nonfinite is not None
+    assert (report.first_nonfinite.step, report.first_nonfinite.name) == (0, "gate.weight")
+    assert "step 0 in gate.weight" in report.verdict
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bf16_weights_with_a_tiny_adam_lr(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = TwoPath().to(dtype)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-7)
+    report = train(model, opt, loss_fn=lambda m, x: m(x.to(dtype)).float().pow(2).mean())
+    if dtype == torch.bfloat16:
+        assert set(reported(report).values()) == {Reason.BELOW_PRECISION}
+        assert set(reported(report)) == {"main.weight", "main.bias", "branch.weight", "branch.bias"}
+        assert "bfloat16" in report.never_updated[0].detail
+    else:
+        assert reported(report) == {}
+
+
+class TiedLM(nn.Module):
+    def __init__(self, vocab: int = 20, dim: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.emb(tokens)))
+
+
+def _lm_loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    tokens = (x.abs() * 7).long().clamp(max=19)
+    return nn.functional.cross_entropy(m(tokens).reshape(-1, 20), tokens.reshape(-1))
+
+
+def test_tied_embeddings_healthy_are_not_reported_and_counted_once() -> None:
+    torch.manual_seed(0)
+    model = TiedLM()
+    mem = gradlog.MemoryWriter()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=3, print_report=False)
+    report = train(model, opt, gl=gl, loss_fn=_lm_loss)
+    assert reported(report) == {}
+    assert report.tracked_tensors == 3  # emb.weight (= head.weight), norm.weight, norm.bias
+    assert "grad_norm/emb.weight" in mem.scalars and "grad_norm/head.weight" not in mem.scalars
+
+
+def test_tied_embeddings_frozen_are_reported_once_with_alias() -> None:
+    torch.manual_seed(0)
+    model = TiedLM()
+    model.emb.weight.requires_grad_(False)
+    report = train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loss_fn=_lm_loss)
+    assert reported(report) == {"emb.weight": Reason.FROZEN}
+    assert report.never_updated[0].aliases == ("head.weight",)
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab: int = 32, dim: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(8, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(self.emb(tokens) + self.pos)))
+
+
+def test_healthy_transformer_like_model_reports_nothing() -> None:
+    torch.manual_seed(0)
+    model = TinyTransformer()
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        tokens = (x.abs() * 10).long().clamp(max=31)[:, :8]
+        return nn.functional.cross_entropy(m(tokens).reshape(-1, 32), tokens.reshape(-1))
+
+    report = train(model, torch.optim.AdamW(model.parameters(), lr=3e-3), steps=20, every=5, loss_fn=loss_fn, dim=8)
+    assert report.never_updated == []
+    assert report.healthy and report.first_nonfinite is None
+    assert report.verdict.startswith("gradlog OK")
+
+
+def test_every_step_skipped_is_nonfinite_grad_with_fused_found_inf() -> None:
+    """A fused optimizer under GradScaler is told to skip through `found_inf`; the post-hook still fires."""
+    torch.manual_seed(0)
+    model = TwoPath()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    for step in range(4):
+        loss = model(torch.randn(4, 6)).pow(2).mean() * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert set(reported(report).values()) == {Reason.NONFINITE_GRAD}
+    assert report.skipped_steps == 4
+
+
+def test_a_routine_gradscaler_overflow_skip_keeps_the_run_healthy() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    for step in range(5):
+        loss = model(torch.randn(4, 6)).pow(2).mean() * (float("inf") if step == 1 else 1.0)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert report.never_updated == [] and report.skipped_steps == 1
+    assert report.first_nonfinite is None and report.healthy
+    assert "1 optimizer step skipped" in report.verdict

@@ -1,0 +1,463 @@
+"""`gradlog report`: what it reads back from disk equals what close() said in the same run; bad input never crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog.cli import main
+from gradlog.health import analyze
+from gradlog.readback import RunData, load, parse_markdown_table
+from gradlog.report import COLUMNS
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANTED = {
+    "frozen.weight": "frozen",
+    "frozen.bias": "frozen",
+    "unused.weight": "no_grad",
+    "orphan.weight": "not_in_optimizer",
+}
+
+
+class Planted(nn.Module):
+    """Residual MLP with planted bugs: a frozen layer, an unused head, a layer left out of the optimizer."""
+
+    def __init__(self, width: int = 16, blocks: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.frozen = nn.Linear(width, width)
+        self.orphan = nn.Linear(width, width, bias=False)
+        self.head = nn.Linear(width, 4)
+        self.unused = nn.Linear(width, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + torch.tanh(b(x))
+        x = x + 0.1 * torch.tanh(self.frozen(x)) + 0.1 * self.orphan(x)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+def planted_run(
+    writer: Any,
+    log_dir: Path | None = None,
+    steps: int = 40,
+    every: int = 2,
+    nan_at: int | None = None,
+    spike_at: int | None = None,
+    blocks: int = 2,
+    bugs: bool = True,
+    lr: float = 5e-4,
+) -> tuple[gradlog.MemoryWriter, gradlog.Report]:
+    """Train `Planted`; also log to a MemoryWriter, the in-memory copy of the very same run."""
+    torch.manual_seed(0)
+    model = Planted(blocks=blocks)
+    if bugs:
+        model.frozen.requires_grad_(False)
+        params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("orphan")]
+    else:
+        model.unused = nn.Identity()  # type: ignore[assignment]
+        params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=lr)
+    mem = gradlog.MemoryWriter()
+    writers = [mem, *([writer] if writer is not None else [])]
+    gl = gradlog.GradLogger(
+        model, opt, writer=writers, every=every, log_dir=None if log_dir is None else str(log_dir), print_report=False
+    )
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x = torch.randn(32, 16, generator=gen)
+        model(x).pow(2).mean().backward()
+        if spike_at == step:
+            model.blocks[-1].weight.grad.mul_(1000.0)
+        if nan_at is not None and step >= nan_at:
+            model.blocks[0].bias.grad.fill_(float("nan"))
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    return mem, gl.close()
+
+
+def report_json(path: Path | str, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, Any]]:
+    code = main(["report", str(path), "--json", *extra])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def hand_spikes(series: list[tuple[int, float]], factor: float, history: int = 5) -> list[int]:
+    """Steps whose value exceeds factor x the median of all earlier finite values (statistics.median)."""
+    seen: list[float] = []
+    out = []
+    for step, v in series:
+        if v == v and abs(v) != float("inf"):
+            if len(seen) >= history and v > factor * statistics.median(seen):
+                out.append(step)
+            seen.append(v)
+    return out
+
+
+def hand_out_of_band(series: list[tuple[int, float]], lo: float, hi: float) -> bool:
+    vals = [v for _, v in series if v == v and abs(v) != float("inf")]
+    return bool(vals) and sum(v < lo or v > hi for v in vals) > len(vals) / 2
+
+
+def assert_matches_close(out: dict[str, Any], report: gradlog.Report, mem: gradlog.MemoryWriter) -> None:
+    """The report read from disk says what close() said, and what the in-memory series say."""
+    assert [[r[c] for c in COLUMNS] for r in out["never_updated"]] == report.rows()
+    assert {r["name"]: r["reason"] for r in out["never_updated"]} == PLANTED
+    assert report.first_nonfinite is not None
+    assert out["first_nonfinite"] == {"step": report.first_nonfinite.step, "tensor": report.first_nonfinite.name}
+    assert out["summary"]["verdict"] == report.verdict
+    assert out["summary"]["healthy"] == str(report.healthy)
+    assert out["measured_steps"] == report.measured_steps
+    assert out["problems"] is True and out["healthy"] is False
+    lo, hi = out["band"]
+    never = set(PLANTED)
+    expected_band = sorted(
+        tag.split("/", 1)[1]
+        for tag, pts in mem.scalars.items()
+        if tag.startswith("update_ratio/") and tag.split("/", 1)[1] not in never and hand_out_of_band(pts, lo, hi)
+    )
+    assert sorted(o["name"] for o in out["out_of_band"]) == expected_band
+    expected_spikes = {
+        tag.split("/", 1)[1]: steps
+        for tag, pts in mem.scalars.items()
+        if tag.startswith("grad_norm/") and (steps := hand_spikes(pts, out["spike_factor"]))
+    }
+    assert {s["name"]: s["count"] for s in out["spikes"]} == {k: len(v) for k, v in expected_spikes.items()}
+    assert "blocks.1.weight" in expected_spikes and 12 in expected_spikes["blocks.1.weight"]  # the planted spike
+    assert out["verdict"].startswith("gradlog PROBLEM: 4 of ")
+
+
+def test_tensorboard_readback_equals_the_report_close_returned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_dir = tmp_path / "tb"
+    mem, report = planted_run("tensorboard", log_dir, nan_at=30, spike_at=12)
+    code, out = report_json(log_dir, capsys)
+    assert code == 1
+    assert out["backend"] == "tensorboard" and out["skipped"] == []
+    assert_matches_close(out, report, mem)
+    # A single event file works the same.
+    (event_file,) = [p for p in log_dir.iterdir() if "tfevents" in p.name]
+    code, again = report_json(event_file, capsys)
+    assert code == 1 and again["never_updated"] == out["never_updated"] and again["spikes"] == out["spikes"]
+
+
+def test_healthy_run_exits_0_and_says_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_dir = tmp_path / "tb"
+    _, report = planted_run("tensorboard", log_dir, bugs=False)
+    assert report.healthy
+    assert main(["report", str(log_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "Never updated: none" in text and "First non-finite gradient: none" in text
+    assert text.strip().splitlines()[-1].startswith("gradlog OK: all ")
+    # A band that no update ratio fits turns the same run into a finding, and exit 1.
+    assert main(["report", str(log_dir), "--band", "1e-9", "1e-8"]) == 1
+    assert "Update ratio outside 1e-09..1e-08 for most of the run" in capsys.readouterr().out
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    from PIL import Image
+
+    with Image.open(path) as im:  # and the whole file decodes
+        im.load()
+        assert im.size == (width, height)
+    return width, height
+
+
+def test_plot_option_writes_a_sensible_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    log_dir = tmp_path / "tb"
+    planted_run("tensorboard", log_dir, nan_at=30, spike_at=12)
+    out_png = tmp_path / "run.png"
+    assert main(["report", str(log_dir), "--plot", str(out_png)]) == 1
+    assert f"plot written to {out_png}" in capsys.readouterr().err
+    width, height = _png_size(out_png)
+    assert 800 <= width <= 2000 and 500 <= height <= 2500
+
+
+def _label_boxes(fig: Any, axis: Any) -> list[Any]:
+    renderer = fig.canvas.get_renderer()
+    return [t.get_window_extent(renderer) for t in axis.get_yticklabels() if t.get_visible() and t.get_text()]
+
+
+@pytest.mark.parametrize("blocks", [1, 199])
+def test_plot_labels_never_overlap_with_few_or_many_tensors(tmp_path: Path, blocks: int) -> None:
+    """blocks=1 -> 9 tensors, blocks=199 -> 405: every label box is disjoint, never-updated rows are named."""
+    pytest.importorskip("matplotlib")
+    from gradlog import plot
+
+    mem, report = planted_run(None, steps=12, every=2, blocks=blocks)
+    never = {r.name: r.reason.value for r in report.never_updated}
+    fig = plot.figure(mem.scalars, never)
+    fig.canvas.draw()
+    ax_ratio, ax_heat = fig.axes[0], fig.axes[1]
+    left = _label_boxes(fig, ax_heat)
+    right_axes = [a for a in ax_heat.child_axes if a.get_ylabel().startswith("never updated")]
+    assert len(right_axes) == 1
+    right = _label_boxes(fig, right_axes[0])
+    for boxes in (left, right):
+        ordered = sorted(boxes, key=lambda b: b.y0)
+        assert all(a.y1 <= b.y0 + 0.5 for a, b in zip(ordered, ordered[1:])), "tick labels overlap"
+    n_tensors = len({t.split("/", 1)[1] for t in mem.scalars if t.startswith("weight_norm/")})
+    if blocks == 1:
+        assert len(left) == n_tensors  # few tensors: every one is named
+        assert {t.get_text().split(" ")[1].rstrip(":") for t in right_axes[0].get_yticklabels()} == set(never)
+    else:
+        assert n_tensors > 400 and 20 <= len(left) < n_tensors
+        assert right  # the never-updated rows are still named on the right
+    # The ratio panel shows the band and a legend that fits inside the figure.
+    legend = ax_ratio.get_legend()
+    assert legend is not None
+    assert fig.bbox.contains(*legend.get_window_extent().p1)
+    path = tmp_path / f"plot-{blocks}.png"
+    fig.savefig(path)
+    width, height = _png_size(path)
+    assert width == 1300 and 600 <= height <= 2000
+
+
+# --- bad input: a clear message and exit 2, never a traceback -----------------------------------------
+def _bad(args: list[str], capsys: pytest.CaptureFixture[str], match: str) -> str:
+    code = main(["report", *args])
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert "Traceback" not in captured.err + captured.out
+    assert match in captured.err, captured.err
+    return captured.out
+
+
+def test_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _bad([str(tmp_path / "nope")], capsys, "does not exist")
+
+
+def test_folder_without_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    _bad([str(tmp_path)], capsys, "holds no TensorBoard event file and no W&B offline run")
+
+
+def test_file_that_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "notes.txt"
+    f.write_text("hello")
+    _bad([str(f)], capsys, "neither a TensorBoard event file")
+
+
+def test_event_file_from_another_program_has_no_gradlog_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path)) as w:
+        for step in range(3):
+            w.add_scalar("loss", 1.0 / (step + 1), step)
+    _bad([str(tmp_path)], capsys, "holds no gradlog data (found loss)")
+
+
+def test_empty_and_garbage_event_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "a" / "events.out.tfevents.1.host"
+    empty.parent.mkdir()
+    empty.write_bytes(b"")
+    _bad([str(empty)], capsys, "holds no gradlog data")
+    garbage = tmp_path / "b" / "events.out.tfevents.2.host"
+    garbage.parent.mkdir()
+    garbage.write_bytes(os.urandom(4096))
+    _bad([str(garbage)], capsys, "corrupt record header at byte 0")
+
+
+def test_folder_with_two_runs_asks_for_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    planted_run("tensorboard", tmp_path / "run1", steps=4)
+    planted_run("tensorboard", tmp_path / "run2", steps=4)
+    err = _bad([str(tmp_path)], capsys, "holds 2 runs; pass one of them")
+    del err
+
+
+def _single_event_file(log_dir: Path) -> Path:
+    (f,) = [p for p in log_dir.iterdir() if "tfevents" in p.name]
+    return f
+
+
+def test_truncated_event_file_gives_a_partial_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_dir = tmp_path / "tb"
+    planted_run("tensorboard", log_dir, nan_at=30, spike_at=12)
+    f = _single_event_file(log_dir)
+    f.write_bytes(f.read_bytes()[:-7])  # a torn last record, as a killed writer leaves it
+    code = main(["report", str(log_dir)])
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err
+    assert "Skipped (unreadable):" in captured.out and "truncated last record at byte" in captured.out
+    assert "the report above is partial" in captured.err
+    # What was before the torn record is still reported: the NaN at step 30 and the planted spike.
+    assert "First non-finite gradient: step 30, blocks.0.bias" in captured.out
+    assert "blocks.1.weight" in captured.out
+
+
+def test_corrupt_record_in_the_middle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_dir = tmp_path / "tb"
+    mem, _ = planted_run("tensorboard", log_dir)
+    f = _single_event_file(log_dir)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    run = load(str(log_dir))
+    assert len(run.skipped) == 1 and "corrupt record" in run.skipped[0]
+    read_steps = len(run.scalars["grad_norm/head.weight"])
+    assert 0 < read_steps < len(mem.scalars["grad_norm/head.weight"])
+    # The points that were read are the points that were written (float32 on disk).
+    for (s1, v1), (s2, v2) in zip(run.scalars["grad_norm/head.weight"], mem.scalars["grad_norm/head.weight"]):
+        assert s1 == s2 and v1 == pytest.approx(v2, rel=1e-6)
+    code = main(["report", str(log_dir), "--json"])
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err
+    out = json.loads(captured.out)
+    assert out["healthy"] is False and out["never_updated_known"] is False and out["skipped"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--band", "1e-2", "1e-4"], "--band LO HI must satisfy 0 < low < high"),
+        (["--band", "0", "1"], "--band LO HI must satisfy 0 < low < high"),
+        (["--spike", "1"], "--spike must be a factor > 1"),
+    ],
+)
+def test_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], match: str) -> None:
+    log_dir = tmp_path / "tb"
+    planted_run("tensorboard", log_dir, steps=4)
+    _bad([str(log_dir), *extra], capsys, match)
+
+
+def test_command_line_exit_status_and_no_traceback(tmp_path: Path) -> None:
+    """Through the real entry point (`python -m gradlog`), as a script would call it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradlog", "report", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_markdown_table_round_trip_with_bars_and_backslashes() -> None:
+    from gradlog.writers.tb_format import markdown_table
+
+    rows = [["a|b", "c\\d", ""], ["x", "y  z", "w"]]
+    cols, back = parse_markdown_table(markdown_table(["one", "two", "three"], rows))
+    assert cols == ["one", "two", "three"]
+    assert back == [["a|b", "c\\d", ""], ["x", "y z", "w"]]  # the writer folds runs of whitespace
+
+
+def test_memory_run_data_gives_the_same_findings_as_disk(tmp_path: Path) -> None:
+    log_dir = tmp_path / "tb"
+    mem, _ = planted_run("tensorboard", log_dir, nan_at=30, spike_at=12)
+    disk = analyze(load(str(log_dir))).to_dict()
+    memory = analyze(RunData.from_memory(mem)).to_dict()
+    for key in ("never_updated", "first_nonfinite", "summary", "measured_steps", "tensors", "verdict"):
+        assert disk[key] == memory[key], key
+    assert [(s["name"], s["step"]) for s in disk["spikes"]] == [(s["name"], s["step"]) for s in memory["spikes"]]
+    assert [o["name"] for o in disk["out_of_band"]] == [o["name"] for o in memory["out_of_band"]]
+
+
+# --- W&B offline ---------------------------------------------------------------------------------------
+@pytest.fixture
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The real wandb package in offline mode, every file it writes kept under tmp_path."""
+    wandb = pytest.importorskip("wandb")
+    for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    yield wandb
+    if wandb.run is not None:  # a failed test must not leave a run for the next one to adopt
+        wandb.run.finish()
+
+
+def wandb_run(tmp_path: Path, **kwargs: Any) -> tuple[Path, gradlog.MemoryWriter, gradlog.Report]:
+    """A planted-bug run logged to W&B offline; returns the folder holding wandb/offline-run-*."""
+    from gradlog.readers.wandb_offline import find_run_files, read_finished_run
+    from gradlog.writers.wandb import WandbWriter
+
+    root = tmp_path / "wb"
+    writer = WandbWriter(project="gradlog-report-test", log_dir=str(root), mode="offline")
+    mem, report = planted_run(writer, **kwargs)
+    (run_file,) = find_run_files(root)
+    read_finished_run(run_file)  # wandb's service finishes writing the file shortly after finish() returns
+    return root, mem, report
+
+
+@pytest.mark.slow
+def test_wandb_offline_readback_equals_the_report_close_returned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], wandb_offline: Any
+) -> None:
+    root, mem, report = wandb_run(tmp_path, nan_at=30, spike_at=12)
+    code, out = report_json(root, capsys)  # the folder wandb.init(dir=...) got; the run dir is found inside
+    assert code == 1
+    assert out["backend"] == "wandb" and out["skipped"] == []
+    assert_matches_close(out, report, mem)
+    (run_dir,) = (root / "wandb").glob("offline-run-*")
+    code, again = report_json(run_dir, capsys)
+    assert code == 1 and again["never_updated"] == out["never_updated"] and again["verdict"] == out["verdict"]
+    # The alerts table came through too, under its own key (W&B already holds the alert count as a scalar).
+    run = load(str(run_dir))
+    columns, rows = run.tables["gradlog/alerts"]
+    assert columns == ["step", "kind", "name", "detail"] and ["30", "nonfinite_grad", "blocks.0.bias"] in [
+        r[:3] for r in rows
+    ]
+    assert run.scalars["gradlog/alerts"][-1][1] == len(rows)
+
+
+@pytest.mark.slow
+def test_wandb_damaged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], wandb_offline: Any) -> None:
+    root, _, report = wandb_run(tmp_path, nan_at=30)
+    (run_dir,) = (root / "wandb").glob("offline-run-*")
+    (run_file,) = run_dir.glob("*.wandb")
+    data = run_file.read_bytes()
+    # A torn tail (the process was killed): what was read is reported, what was lost is named, exit 2.
+    run_file.write_bytes(data[: len(data) - 200])
+    code = main(["report", str(run_dir)])
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err
+    assert "Skipped (unreadable):" in captured.out and "the report above is partial" in captured.err
+    assert report.first_nonfinite is not None
+    assert f"First non-finite gradient: step {report.first_nonfinite.step}" in captured.out
+    # The table file the history points at is gone: named as skipped.
+    run_file.write_bytes(data)
+    for f in (run_dir / "files" / "media" / "table").rglob("never_updated*.table.json"):
+        f.unlink()
+    code = main(["report", str(run_dir)])
+    captured = capsys.readouterr()
+    assert code == 2 and "table gradlog/never_updated: media/table/" in captured.out
+    # Not a W&B file at all.
+    run_file.write_bytes(b"this is not a wandb file" * 10)
+    _bad([str(run_dir)], capsys, "is not a W&B run file")
+
+
+def test_c_crc_swap_gives_tensorboard_the_same_checksums_and_is_undone() -> None:
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+
+    from gradlog.readback import c_crc_for_tensorboard
+
+    original = stub.crc32c
+    data = os.urandom(5000)
+    with c_crc_for_tensorboard() as fast:
+        assert fast
+        assert stub.crc32c is not original
+        assert stub.crc32c(data) == original(data)
+    assert stub.crc32c is original

@@ -1,0 +1,475 @@
+"""The W&B writer, proven with the real wandb package in offline mode: what gradlog sent is read back
+from the run-*.wandb file with gradlog's own reader and compared with a MemoryWriter of the same run."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog.histogram import Histogram
+from gradlog.readers.wandb_offline import (
+    OfflineRun,
+    WandbFileError,
+    find_run_files,
+    read_chunks,
+    read_finished_run,
+    read_offline_run,
+)
+from gradlog.writers.wandb import StepPayload, histogram_bytes, histogram_payload, split_payload
+
+wandb = pytest.importorskip("wandb")
+
+STEPS = 12
+EVERY = 2
+POISON_STEP = 6  # optimizer step whose gradients of `bad` and `worse` get Inf entries
+
+
+def offline_env(mp: pytest.MonkeyPatch, root: Path) -> None:
+    mp.setenv("WANDB_MODE", "offline")
+    mp.setenv("WANDB_DIR", str(root))
+    mp.setenv("WANDB_SILENT", "true")
+    mp.setenv("WANDB_CONFIG_DIR", str(root / "config"))
+    mp.setenv("WANDB_CACHE_DIR", str(root / "cache"))
+    mp.setenv("WANDB_DATA_DIR", str(root / "data"))
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_run() -> Iterator[None]:
+    """A test that fails half-way must not leave its run active for the next one (gradlog would adopt it)."""
+    yield
+    if wandb.run is not None:
+        wandb.run.finish()
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 2)
+        self.frozen = nn.Linear(2, 2)  # never learns: frozen
+        self.frozen.requires_grad_(False)
+        self.unused = nn.Linear(2, 2)  # never learns: not used in forward
+        self.bad = nn.Parameter(torch.ones(3))  # one Inf gradient entry, then one Inf weight
+        self.worse = nn.Parameter(torch.ones(2))  # an all-Inf gradient: no finite weight left to draw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The sum's backward does not multiply by its value: body/head gradients stay finite even
+        # after bad holds Inf, so only bad's own numbers go non-finite.
+        return self.head(torch.relu(self.body(x))).pow(2).mean() + (self.bad * 0.5).sum() + self.worse.sum()
+
+
+def train(writer: Any, steps: int = STEPS, after_log: Any = None, **kwargs: Any) -> gradlog.Report:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad and p is not model.unused.weight], lr=0.1)
+    state = {"step": 0}
+
+    def poison(index: slice) -> Any:
+        def hook(g: torch.Tensor) -> torch.Tensor:
+            if state["step"] == POISON_STEP:
+                g = g.clone()
+                g[index] = math.inf
+            return g
+
+        return hook
+
+    model.bad.register_hook(poison(slice(1, 2)))
+    model.worse.register_hook(poison(slice(None)))
+    gl = gradlog.GradLogger(model, opt, writer=writer, every=EVERY, print_report=False, **kwargs)
+    for i in range(steps):
+        state["step"] = i
+        model(torch.randn(5, 4)).backward()
+        opt.step()
+        gl.log(i)
+        if after_log is not None:
+            after_log(i)
+        opt.zero_grad()
+    return gl.close()
+
+
+def same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[gradlog.MemoryWriter, OfflineRun, gradlog.Report]:
+    """One training run logged to a MemoryWriter and, in the same run, to W&B offline."""
+    root = tmp_path_factory.mktemp("wandb_offline")
+    mem = gradlog.MemoryWriter()
+    with pytest.MonkeyPatch.context() as mp:
+        offline_env(mp, root)
+        # by registry name: GradLogger passes log_dir (-> wandb.init(dir=)) and writer_options along
+        options = {"project": "gradlog-test"}
+        report = train([mem, "wandb"], log_dir=str(root / "logs"), writer_options=options, strict=True)
+        assert wandb.run is None, "gradlog started this run, so close() must finish it"
+    files = find_run_files(root / "logs")
+    assert len(files) == 1
+    return mem, read_finished_run(files[0]), report
+
+
+def gradlog_rows(run: OfflineRun) -> list[dict[str, Any]]:
+    return [row for row in run.history if "gradlog/step" in row]
+
+
+def test_every_scalar_matches_the_memory_writer(offline_run: tuple[Any, OfflineRun, Any]) -> None:
+    mem, run, _ = offline_run
+    expected = {(step, key): value for key, points in mem.scalars.items() for step, value in points}
+    got: dict[tuple[int, str], float] = {}
+    for row in gradlog_rows(run):
+        for key, value in row.items():
+            if key.startswith("_") or key == "gradlog/step" or isinstance(value, dict):
+                continue
+            assert (row["gradlog/step"], key) not in got, f"{key} logged twice at step {row['gradlog/step']}"
+            got[(row["gradlog/step"], key)] = float(value)
+    assert got.keys() == expected.keys()
+    bad = {k: (got[k], expected[k]) for k in expected if not same(got[k], expected[k])}
+    assert not bad
+    # the poisoned tensor really exercised the non-finite path: Inf and NaN went through W&B intact
+    assert got[(POISON_STEP, "grad_nonfinite/bad")] == 1.0
+    assert math.isinf(got[(POISON_STEP, "weight_norm/bad")])
+    assert math.isnan(got[(POISON_STEP + EVERY, "update_ratio/bad")])
+
+
+def test_one_row_per_measured_step_with_gradlog_step(offline_run: tuple[Any, OfflineRun, Any]) -> None:
+    mem, run, report = offline_run
+    measured = list(range(0, STEPS, EVERY))
+    rows = gradlog_rows(run)
+    # one row per measured step, plus the close() row (final counts and the table) at the last step
+    assert [r["gradlog/step"] for r in rows] == [*measured, measured[-1]]
+    assert [s for s, _ in mem.scalars["gradlog/grad_norm_total"]] == measured
+    assert [r["_step"] for r in run.history] == list(range(len(run.history)))
+    assert report.measured_steps == len(measured)
+    # every key gradlog wrote is plotted against gradlog/step
+    globs = {m["glob_name"][:-2] for m in run.metrics if m.get("step_metric") == "gradlog/step"}
+    keys = {k for row in rows for k in row if not k.startswith("_")}
+    assert all(k.split("/")[0] in globs for k in keys), keys
+
+
+def test_histogram_bins_and_counts(offline_run: tuple[Any, OfflineRun, Any]) -> None:
+    mem, run, _ = offline_run
+    by_step = {row["gradlog/step"]: row for row in gradlog_rows(run)[:-1]}
+    checked = skipped = 0
+    for tag, points in mem.histograms.items():
+        for step, hist in points:
+            logged = by_step[step].get(tag)
+            if hist.count == 0:  # nothing finite to draw (worse's weights after the Inf): left out
+                assert logged is None, tag
+                skipped += 1
+                continue
+            assert logged["_type"] == "histogram"
+            assert logged["values"] == [round(c) for c in hist.counts]
+            assert logged["bins"] == list(hist.edges)
+            assert sum(logged["values"]) == hist.count
+            checked += 1
+    assert checked > 0 and skipped > 0
+    partial = [h for step, h in mem.histograms["weight/bad"] if step > POISON_STEP]
+    assert partial and all(h.nonfinite == 1 and h.count == 2 for h in partial)  # drawn without its Inf
+    logged_tags = {k for row in by_step.values() for k, v in row.items() if isinstance(v, dict)}
+    assert logged_tags <= set(mem.histograms)
+
+
+def test_never_updated_table_file(offline_run: tuple[Any, OfflineRun, Any]) -> None:
+    mem, run, report = offline_run
+    ref = run.history[-1]["gradlog/never_updated_table"]
+    assert ref["_type"] == "table-file"
+    path = Path(run.path).parent / "files" / ref["path"]
+    assert glob.glob(str(Path(run.path).parent / "files" / "media" / "table" / "**" / "*.table.json"), recursive=True)
+    table = json.loads(path.read_text())
+    columns, rows = mem.tables["gradlog/never_updated"]
+    assert table["columns"] == columns
+    assert table["data"] == rows
+    assert {r[0] for r in rows} == {"frozen.weight", "frozen.bias", "unused.weight", "unused.bias"}
+    assert ref["nrows"] == len(report.never_updated) == 4
+
+
+def test_summary_values(offline_run: tuple[Any, OfflineRun, Any]) -> None:
+    mem, run, report = offline_run
+    s = run.summary
+    assert s["gradlog/verdict"] == report.verdict
+    assert s["gradlog/healthy"] is False
+    assert s["gradlog/optimizer_steps"] == STEPS
+    assert s["gradlog/measured_steps"] == report.measured_steps
+    assert s["gradlog/skipped_steps"] == 0
+    assert s["gradlog/first_nonfinite_step"] == POISON_STEP
+    assert s["gradlog/first_nonfinite_tensor"] == report.first_nonfinite.name in ("bad", "worse")
+    assert s["gradlog/never_updated"] == 4
+    for reason, n in report.counts().items():
+        assert s[f"gradlog/never_updated/{reason}"] == n == mem.last(f"gradlog/never_updated/{reason}")
+    assert run.finished and run.exit_code == 0
+    assert run.project == "gradlog-test"  # writer_options reached wandb.init
+
+
+@pytest.mark.parametrize("style", ["explicit_step", "auto_step"])
+def test_user_steps_survive_interleaving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, style: str) -> None:
+    """The user logs every iteration, right after gradlog did. `explicit_step`: wandb.log(..., step=i), the
+    order that loses the user's data when another logger commits rows first. `auto_step`: plain
+    wandb.log(...), whose steps another logger's rows would shift. Every user point must keep step i."""
+    offline_env(monkeypatch, tmp_path)
+    run = wandb.init(project="user-run", dir=str(tmp_path))
+    losses: list[float] = []
+
+    def user_log(i: int) -> None:
+        losses.append(float(i) / 3)
+        run.log({"train/loss": losses[-1]}, **({"step": i} if style == "explicit_step" else {}))
+
+    report = train("wandb", steps=10, after_log=user_log, strict=True)
+    assert wandb.run is run, "gradlog must not finish a run the user started"
+    run.log({"train/loss": -1.0}, **({"step": 10} if style == "explicit_step" else {}))
+    run.finish()
+    (path,) = find_run_files(tmp_path)
+    back = read_finished_run(path)
+    assert back.column("train/loss") == [(i, v) for i, v in enumerate([*losses, -1.0])]
+    steps = [row["gradlog/step"] for row in back.history if "gradlog/grad_norm_total" in row]
+    assert steps == list(range(0, 10, EVERY))
+    assert back.summary["gradlog/measured_steps"] == report.measured_steps
+
+
+def test_a_step_over_the_size_budget_is_split_into_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    offline_env(monkeypatch, tmp_path)
+    mem = gradlog.MemoryWriter()
+    writer = gradlog.WandbWriter(log_dir=str(tmp_path), max_payload_bytes=4096)
+    with pytest.warns(RuntimeWarning, match="split over") as caught:
+        train([mem, writer], steps=4, strict=True)
+    assert len([w for w in caught if "split over" in str(w.message)]) == 1
+    (path,) = find_run_files(tmp_path)
+    run = read_finished_run(path)
+    rows = gradlog_rows(run)
+    assert len(rows) > 3 * 2  # 2 measured steps + close, each in several rows
+    merged: dict[tuple[int, str], Any] = {}
+    for row in rows:
+        for key, value in row.items():
+            if not key.startswith("_") and key not in ("gradlog/step", "gradlog/never_updated_table"):
+                assert (row["gradlog/step"], key) not in merged
+                merged[(row["gradlog/step"], key)] = value
+    scalars = {(step, k): v for k, points in mem.scalars.items() for step, v in points}
+    hists = {(step, k): h for k, points in mem.histograms.items() for step, h in points if h.count}
+    assert merged.keys() == scalars.keys() | hists.keys()
+    assert all(same(float(merged[k]), v) for k, v in scalars.items())
+    assert all(merged[k]["values"] == [round(c) for c in h.counts] for k, h in hists.items())
+
+
+def test_failing_run_log_warns_once_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user finishes their run mid-training (wandb then refuses every log call; asking the finished run
+    its step would block for 30 s, so the writer checks first): one warning, the other writers go on."""
+    offline_env(monkeypatch, tmp_path)
+    run = wandb.init(project="finished-early", dir=str(tmp_path))
+    mem = gradlog.MemoryWriter()
+
+    def finish_early(i: int) -> None:
+        if i == 3:
+            run.finish()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = train([gradlog.WandbWriter(), mem], after_log=finish_early)
+    flush_warnings = [w for w in caught if "WandbWriter.flush failed" in str(w.message)]
+    assert len(flush_warnings) == 1
+    assert "was finished before gradlog.close()" in str(flush_warnings[0].message)
+    assert [s for s, _ in mem.scalars["gradlog/grad_norm_total"]] == list(range(0, STEPS, EVERY))
+    assert report.optimizer_steps == STEPS
+
+
+def test_disabled_mode_still_measures_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    offline_env(monkeypatch, tmp_path)
+    monkeypatch.delenv("WANDB_MODE")
+    writer = gradlog.WandbWriter(mode="disabled")
+    assert writer.run.disabled
+    report = train(writer, strict=True)
+    assert report.measured_steps == STEPS // EVERY
+    assert {r.name for r in report.never_updated} == {"frozen.weight", "frozen.bias", "unused.weight", "unused.bias"}
+    assert find_run_files(tmp_path) == []
+
+
+def run_python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env}
+    cmd = [sys.executable, "-c", textwrap.dedent(code)]
+    return subprocess.run(cmd, cwd=cwd, env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_online_without_credentials_is_one_clear_error(tmp_path: Path) -> None:
+    """In a fresh process: wandb reads WANDB_* settings once per process, so this cannot follow offline tests."""
+    proc = run_python(
+        """
+        import os, gradlog, torch
+        from gradlog.writers.wandb import WandbSetupError
+        os.environ.pop("WANDB_API_KEY", None)
+        try:
+            gradlog.GradLogger(torch.nn.Linear(2, 2), writer="wandb", print_report=False)
+        except WandbSetupError as exc:
+            print("ERROR", exc)
+        """,
+        tmp_path,
+        WANDB_MODE="online",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(tmp_path),
+        WANDB_CONFIG_DIR=str(tmp_path / "config"),
+        HOME=str(tmp_path),
+        NETRC=str(tmp_path / "no-netrc"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ERROR W&B could not start a run (UsageError: No API key configured")
+    assert "WANDB_MODE=offline" in proc.stdout and "wandb login" in proc.stdout
+
+
+DDP_SCRIPT = """
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+import gradlog
+
+def worker(rank, root):
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(root, "rendezvous"), rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # a writer built by hand on every rank: only rank 0 may produce a run
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.WandbWriter(log_dir=os.path.join(root, "logs")),
+                            every=1, print_report=False, strict=True)
+    for step in range(3):
+        model(torch.randn(4, 3) + rank).pow(2).sum().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(sys.argv[1],), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_ddp_only_rank_zero_makes_a_run(tmp_path: Path) -> None:
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path))
+    cmd = [sys.executable, str(script), str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = find_run_files(tmp_path / "logs")
+    run = read_finished_run(path)
+    assert [row["gradlog/step"] for row in run.history if "gradlog/grad_norm_total" in row] == [0, 1, 2]
+
+
+def test_import_gradlog_does_not_import_wandb(tmp_path: Path) -> None:
+    proc = run_python(
+        """
+        import sys, gradlog
+        assert gradlog.WandbWriter.__name__ == "WandbWriter"
+        print("wandb" in sys.modules)
+        """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("how", ["missing", "stray_folder"])
+def test_import_error_names_the_extra(tmp_path: Path, how: str) -> None:
+    """`missing`: wandb not importable. `stray_folder`: an empty ./wandb directory, which Python imports as
+    a namespace package when wandb is not installed; built here with the path finder Python itself uses."""
+    (tmp_path / "wandb").mkdir()
+    setup = {
+        "missing": "sys.modules['wandb'] = None",
+        "stray_folder": (
+            "import importlib.machinery, importlib.util\n"
+            f"spec = importlib.machinery.PathFinder.find_spec('wandb', [{str(tmp_path)!r}])\n"
+            "assert spec.origin is None  # a namespace package\n"
+            "sys.modules['wandb'] = importlib.util.module_from_spec(spec)"
+        ),
+    }[how]
+    proc = run_python(
+        "import sys\n" + setup + "\n"
+        "import gradlog\n"
+        "try:\n"
+        "    gradlog.GradLogger(__import__('torch').nn.Linear(2, 2), writer='wandb')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n",
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'gradlog[wandb]'" in proc.stdout
+    if how == "stray_folder":
+        assert "stray ./wandb" in proc.stdout
+
+
+# --- payload size and histogram edge cases (pure functions, no W&B run) -------------------------
+def hist(bins: int, count: int = 10, lo: float = -1.0, hi: float = 1.0) -> Histogram:
+    counts = [0.0] * bins
+    counts[0] = float(count)
+    return Histogram(tuple(counts), lo, hi, 0.0, 0.0, count, 0)
+
+
+def test_histogram_payload_skips_what_wandb_cannot_draw() -> None:
+    assert histogram_payload(hist(8, count=0)) is None  # all NaN/Inf, or an empty tensor
+    assert histogram_payload(hist(8, lo=1e308, hi=1.7976931348623157e308)) is not None
+    assert histogram_payload(Histogram((float("nan"),), 0.0, 1.0, 0.0, 0.0, 1, 0)) is None
+    counts, edges = histogram_payload(hist(4, lo=2.0, hi=2.0)) or ([], [])  # a constant tensor
+    assert counts == [10, 0, 0, 0] and len(edges) == 5 and edges[0] == 2.0 < edges[-1]
+
+
+def test_histogram_size_estimate_is_an_upper_bound() -> None:
+    for bins in (1, 64, 512):
+        h = Histogram(tuple(float(10**9 + i) for i in range(bins)), -1.2345678901234567e-300, 1.0, 0.0, 0.0, 1, 0)
+        counts, edges = histogram_payload(h) or ([], [])
+        tag = "grad/some.module.weight"
+        exact = 3 * len(tag) + len(json.dumps(counts)) + len(json.dumps(edges)) + len('"histogram"')
+        assert exact <= histogram_bytes(tag, h)
+
+
+def test_split_payload_keeps_every_item_under_the_budget() -> None:
+    payload = StepPayload(7, scalars={f"grad_norm/l{i}": float(i) for i in range(50)})
+    payload.histograms = {f"grad/l{i}": hist(64) for i in range(40)}
+    budget = 3 * histogram_bytes("grad/l10", hist(64))
+    parts = split_payload(payload, budget)
+    assert len(parts) > 10
+    assert all(p.step == 7 for p in parts)
+    merged_s = {k: v for p in parts for k, v in p.scalars.items()}
+    merged_h = {k: v for p in parts for k, v in p.histograms.items()}
+    assert merged_s == payload.scalars and merged_h == payload.histograms
+    assert all(sum(histogram_bytes(t, h) for t, h in p.histograms.items()) <= budget for p in parts)
+    assert split_payload(payload, 10**9) == [payload]
+
+
+# --- the reader on damaged files ---------------------------------------------------------------
+def test_reader_reports_truncation_and_corruption(offline_run: tuple[Any, OfflineRun, Any], tmp_path: Path) -> None:
+    _, run, _ = offline_run
+    data = Path(run.path).read_bytes()
+    assert len(data) > 3 * 32 * 1024  # several blocks, so block boundaries were exercised
+    assert max(len(r) for r in read_chunks(data, [])) > 32 * 1024  # a record in first/middle/last pieces
+
+    torn = tmp_path / "torn.wandb"
+    torn.write_bytes(data[: len(data) // 2])
+    partial = read_offline_run(torn)
+    assert 0 < len(partial.history) < len(run.history)
+    assert partial.history == run.history[: len(partial.history)]
+    assert partial.skipped and not partial.complete
+    with pytest.raises(WandbFileError, match="damaged"):
+        read_offline_run(torn, strict=True)
+
+    flipped = bytearray(data)
+    flipped[32 * 1024 + 100] ^= 0xFF  # inside the second block
+    bad = tmp_path / "flipped.wandb"
+    bad.write_bytes(bytes(flipped))
+    damaged = read_offline_run(bad)
+    assert any("checksum" in s or "corrupt" in s for s in damaged.skipped)
+    assert 0 < len(damaged.history) < len(run.history)
+    assert damaged.history[-1] == run.history[-1]  # reading resumed after the damaged block
+
+    other = tmp_path / "not-wandb.bin"
+    other.write_bytes(b"hello world, not a run file")
+    with pytest.raises(WandbFileError, match="not a W&B run file"):
+        read_offline_run(other)
