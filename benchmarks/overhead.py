@@ -282,6 +282,8 @@ class WandbWatch(Monitor):
             raise Skip("wandb is not installed") from exc
         self.every, self.offset = k, k - 1  # wandb's hooks fire on the k-th, 2k-th, ... call
         self.works_in_backward = True
+        if WandbWatch._run is None and wandb.run is not None:  # e.g. the one gradlog's W&B writer started
+            WandbWatch._run = wandb.run
         if WandbWatch._run is None:
             WandbWatch._run = wandb.init(
                 project="gradlog-bench",
