@@ -274,6 +274,7 @@ class WandbWatch(Monitor):
 
     _run: Any = None
     _users = 0
+    _owned = False
 
     def __init__(self, model: nn.Module, k: int, tmp: str) -> None:
         try:
@@ -283,8 +284,9 @@ class WandbWatch(Monitor):
         self.every, self.offset = k, k - 1  # wandb's hooks fire on the k-th, 2k-th, ... call
         self.works_in_backward = True
         if WandbWatch._run is None and wandb.run is not None:  # e.g. the one gradlog's W&B writer started
-            WandbWatch._run = wandb.run
+            WandbWatch._run, WandbWatch._owned = wandb.run, False
         if WandbWatch._run is None:
+            WandbWatch._owned = True
             WandbWatch._run = wandb.init(
                 project="gradlog-bench",
                 dir=tmp,
@@ -301,7 +303,8 @@ class WandbWatch(Monitor):
     def close(self) -> None:
         WandbWatch._users -= 1
         if WandbWatch._users == 0:
-            self.run.finish()
+            if WandbWatch._owned:  # a run gradlog's writer started is finished by that writer
+                self.run.finish()
             WandbWatch._run = None
 
 
@@ -714,10 +717,12 @@ def main(argv: list[str] | None = None) -> None:
             print(line, flush=True)
             parts.append(line)
     benches = [bench_model(MODELS[name], args, device, tmp) for name in args.models]
-    for bench in benches:
-        if args.memory:
+    if args.memory:
+        for bench in benches:
             measure_memory(bench, args, device)
-        text = finish(bench)
+    # Close in reverse: monitors of several models may share one W&B run, owned by the first.
+    texts = [finish(bench) for bench in reversed(benches)][::-1]
+    for text in texts:
         print(text + "\n", flush=True)
         parts.append(text)
     if args.out:
