@@ -291,11 +291,9 @@ def histogram_ranges(xs: Sequence[torch.Tensor], device: torch.device) -> torch.
     out[:, 0] = math.inf
     out[:, 1] = -math.inf
     for i, x in enumerate(xs):
-        x = _real(x).reshape(-1)
+        x = _hist_input(x)
         if x.numel() == 0:
             continue
-        if x.element_size() < 4:
-            x = x.float()
         lo, hi = torch.aminmax(torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
         out[i, 0] = lo.to(device, dt)
         out[i, 1] = hi.to(device, dt)
@@ -317,11 +315,9 @@ def histogram_bucket(xs: Sequence[torch.Tensor], bins: int, ranges: torch.Tensor
     ranges = torch.where(empty.unsqueeze(1), torch.zeros_like(ranges), ranges)
     out[:, bins : bins + 2] = ranges
     for i, x in enumerate(xs):
-        x = _real(x).reshape(-1)
+        x = _hist_input(x)
         if x.numel() == 0:
             continue
-        if x.element_size() < 4:
-            x = x.float()
         z = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
         nonfinite = x.numel() - torch.isfinite(x).sum()
         lo = ranges[i, 0].to(z.dtype)  # the value each rank's own min would have had
