@@ -64,6 +64,7 @@ class ParamTable:
         self.rows: list[Tracked] = []
         self._by_id: dict[int, Tracked] = {}
         self._warned_foreign = False
+        self._layout: tuple[object, ...] = ()
         self.rescan()
 
     def rescan(self) -> bool:
@@ -72,9 +73,19 @@ class ParamTable:
         Returns True when the table grew.
         """
         before = len(self.rows)
+        named = list(self._model.named_parameters(remove_duplicate=False))  # aliases of tied weights too
+        param_groups = self._optimizer.param_groups if self._optimizer is not None else []
+        layout = (
+            *(n for n, _ in named),
+            *(id(p) for _, p in named),
+            *((len(g["params"]), *map(id, g["params"])) for g in param_groups),
+        )
+        if layout == self._layout:  # nothing added, replaced or regrouped: skip the rebuild (measured steps)
+            return False
+        self._layout = layout
         names: dict[int, list[str]] = {}
         params: dict[int, torch.Tensor] = {}
-        for name, p in self._model.named_parameters(remove_duplicate=False):  # aliases of tied weights too
+        for name, p in named:
             names.setdefault(id(p), []).append(clean_name(name))
             params[id(p)] = p
         for old in self.rows:
