@@ -129,7 +129,9 @@ class GradLogger:
         self.ledger = Ledger()
         self.ledger.fingerprint_new(self.table.live)
         self.rank_zero = _is_rank_zero()
-        writers = make_writers(writer, log_dir=log_dir, **(writer_options or {})) if self.rank_zero else []
+        options = dict(writer_options or {})
+        wstrict = bool(options.pop("strict", strict))  # writer_options may set the writers' own strictness
+        writers = make_writers(writer, log_dir=log_dir, strict=wstrict, **options) if self.rank_zero else []
         self.writers = GuardedWriters(writers, strict=strict)
         self.optimizer_steps = 0
         self._calls = 0

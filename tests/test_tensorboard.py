@@ -418,6 +418,12 @@ def test_strict_mode_raises_instead(tmp_path: Path) -> None:
         tiny_training("tensorboard", log_dir=str(tmp_path / "f" / "run"), strict=True, writer_options={"strict": True})
 
 
+def test_the_loggers_strict_mode_reaches_the_writer(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    with pytest.raises(RuntimeError, match=r"TensorBoard cannot write to .*NotADirectoryError"):
+        tiny_training("tensorboard", log_dir=str(tmp_path / "f" / "run"), strict=True)
+
+
 def test_vanished_log_dir_warns_once_and_continues_in_a_new_file(tmp_path: Path) -> None:
     import shutil
 

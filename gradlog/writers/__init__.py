@@ -29,8 +29,13 @@ def writer_class(name: str) -> Callable[..., Writer]:
     return factory
 
 
-def make_writers(spec: WriterSpec, log_dir: str | None = None, **options: Any) -> list[Writer]:
-    """Turn `writer=` into Writer instances: a name, an instance, or a list of either."""
+def make_writers(
+    spec: WriterSpec, log_dir: str | None = None, strict: bool | None = None, **options: Any
+) -> list[Writer]:
+    """Turn `writer=` into Writer instances: a name, an instance, or a list of either.
+
+    `log_dir` and `strict` go to the writers whose constructor takes them.
+    """
     items: list[str | Writer] = [spec] if isinstance(spec, (str, Writer)) else list(spec)
     out: list[Writer] = []
     for item in items:
@@ -41,6 +46,8 @@ def make_writers(spec: WriterSpec, log_dir: str | None = None, **options: Any) -
             kwargs = dict(options)
             if log_dir is not None and "log_dir" in inspect.signature(cls).parameters:
                 kwargs["log_dir"] = log_dir  # file writers only: writer=["memory", "tensorboard"] works
+            if strict is not None and "strict" in inspect.signature(cls).parameters:
+                kwargs["strict"] = strict  # the logger's strict mode reaches background threads too
             out.append(cls(**kwargs))
         else:
             raise TypeError(
