@@ -223,39 +223,32 @@ def test_healthy_transformer_like_model_reports_nothing() -> None:
     assert report.verdict.startswith("gradlog OK")
 
 
-def test_every_step_skipped_is_nonfinite_grad_with_fused_found_inf() -> None:
-    """A fused optimizer under GradScaler is told to skip through `found_inf`; the post-hook still fires."""
+def _fused_amp_run(steps: int, overflow: set[int]) -> gradlog.Report:
+    """Fused AdamW under GradScaler: the loss is multiplied by inf on the `overflow` steps."""
     torch.manual_seed(0)
     model = TwoPath()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
-    for step in range(4):
-        loss = model(torch.randn(4, 6)).pow(2).mean() * float("inf")
+    for step in range(steps):
+        loss = model(torch.randn(4, 6)).pow(2).mean() * (float("inf") if step in overflow else 1.0)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         gl.log(step)
         opt.zero_grad()
-    report = gl.close()
+    return gl.close()
+
+
+def test_every_step_skipped_is_nonfinite_grad_with_fused_found_inf() -> None:
+    """A fused optimizer under GradScaler is told to skip through `found_inf`; the post-hook still fires."""
+    report = _fused_amp_run(4, overflow={0, 1, 2, 3})
     assert set(reported(report).values()) == {Reason.NONFINITE_GRAD}
     assert report.skipped_steps == 4
 
 
 def test_a_routine_gradscaler_overflow_skip_keeps_the_run_healthy() -> None:
-    torch.manual_seed(0)
-    model = TwoPath()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
-    for step in range(5):
-        loss = model(torch.randn(4, 6)).pow(2).mean() * (float("inf") if step == 1 else 1.0)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+    report = _fused_amp_run(5, overflow={1})
     assert report.never_updated == [] and report.skipped_steps == 1
     assert report.first_nonfinite is None and report.healthy
     assert "1 optimizer step skipped" in report.verdict
