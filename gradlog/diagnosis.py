@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gradlog.ledger import Evidence
-from gradlog.params import Tracked, is_materialized
+from gradlog.params import Tracked
 from gradlog.report import NeverUpdated, Reason
 
 
@@ -82,9 +82,7 @@ def diagnose(
         ev = evidence.get(row.index, Evidence())
         moved = changed.get(row.index)
         found: tuple[Reason, str] | None
-        if moved is None:
-            if is_materialized(row.param) and ev.first_fp is not None:
-                continue
+        if moved is None:  # no fingerprint: never materialised, or first seen after the last step
             found = Reason.UNKNOWN, "never materialised (lazy or meta parameter), or first seen after the last step"
         elif moved:
             found = _changed_reason(row, ev)

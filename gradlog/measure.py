@@ -26,6 +26,7 @@ from gradlog.stats import (
     histogram_partials,
     histogram_ranges,
     norm_partials,
+    stat_dtype,
 )
 
 HISTOGRAM_KINDS = ("grad", "weight", "update")
@@ -70,10 +71,6 @@ class Measurement:
     def zero_frac(self) -> torch.Tensor:
         numel = self.numel.clamp(min=1)
         return (self.numel - self.grad[:, NONZERO]) / numel
-
-    @property
-    def update_norm(self) -> torch.Tensor | None:
-        return None if self.update_sumsq is None else self.update_sumsq.sqrt()
 
     @property
     def update_ratio(self) -> torch.Tensor | None:
@@ -179,7 +176,7 @@ class Meter:
         has_grad = [g is not None for g in grads]
         pos = [i for i, h in enumerate(has_grad) if h]
         xs = [dense_values(grads[i]) for i in pos]  # type: ignore[arg-type]
-        grad = torch.zeros(len(rows), 3, dtype=torch.float64 if device.type != "mps" else torch.float32, device=device)
+        grad = torch.zeros(len(rows), 3, dtype=stat_dtype(device), device=device)
         inv = self.grad_scale() if self.grad_scale is not None else None
         if xs:
             part = norm_partials(xs, device)
