@@ -51,11 +51,11 @@ class Measurement:
     has_grad: list[bool]
     numel: torch.Tensor
     grad: torch.Tensor  # [n, 3] sum of squares, non-zeros, non-finite (unscaled)
-    weight_sumsq: torch.Tensor
-    before_sumsq: torch.Tensor | None
+    weight_sumsq: torch.Tensor  # after the step
     update_sumsq: torch.Tensor | None
     lr: list[float | None]
     skipped: bool
+    zeros_counted: bool = True  # False: grad[:, NONZERO] only tells all-zero (0) from not (> 0)
     histograms: dict[str, dict[int, Histogram]] = field(default_factory=dict)
     skipped_total: int | None = None  # optimizer steps skipped so far (GradScaler), when known
 
@@ -74,18 +74,24 @@ class Measurement:
 
     @property
     def update_ratio(self) -> torch.Tensor | None:
-        """‖Δw‖ / ‖w_before‖; a tensor that was all zero before is measured against ‖w_after‖."""
-        if self.update_sumsq is None or self.before_sumsq is None:
+        """‖Δw‖ / ‖w‖, w the weights the step produced (their norm is measured anyway; the norm
+        before the step would cost a pass of its own and differs by about the ratio itself).
+
+        An update that left the tensor all zero is measured against the weights before it, which
+        were then Δw itself: the ratio is 1.
+        """
+        if self.update_sumsq is None:
             return None
         u = self.update_sumsq.sqrt()
-        den = torch.where(self.before_sumsq > 0, self.before_sumsq, self.weight_sumsq).sqrt()
+        den = torch.where(self.weight_sumsq > 0, self.weight_sumsq, self.update_sumsq).sqrt()
         # NaN weights give a NaN ratio, not 0: "no update" would hide the blow-up
         return torch.where((den > 0) | den.isnan(), u / den.clamp(min=1e-300), torch.zeros_like(u))
 
     def scalars(self) -> dict[str, float]:
         """Every scalar tag of this step, for the writers."""
         out: dict[str, float] = {}
-        gnorm, zf, nf = self.grad_norm.tolist(), self.zero_frac.tolist(), self.nonfinite.tolist()
+        gnorm, nf = self.grad_norm.tolist(), self.nonfinite.tolist()
+        zf = self.zero_frac.tolist() if self.zeros_counted else None
         sumsq = self.grad[:, SUMSQ].tolist()
         wnorm = self.weight_sumsq.sqrt().tolist()
         ratio = self.update_ratio
@@ -98,7 +104,8 @@ class Measurement:
             out[f"weight_norm/{name}"] = wnorm[i]
             if self.has_grad[i]:
                 out[f"grad_norm/{name}"] = gnorm[i]
-                out[f"grad_zero_frac/{name}"] = zf[i]
+                if zf is not None:
+                    out[f"grad_zero_frac/{name}"] = zf[i]
                 out[f"grad_nonfinite/{name}"] = nf[i]
                 total += sumsq[i]
                 n_nonfinite += nf[i] > 0
@@ -121,9 +128,8 @@ class _Open:
     has_grad: list[bool]
     lr: list[float | None]
     grad: torch.Tensor
-    before: torch.Tensor | None
     snapshot: list[torch.Tensor] | None
-    histograms: bool
+    histograms: bool  # histograms due, and exact zero counts
     packer: Packer
     grad_pos: list[int]  # rows that had a gradient
     moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
@@ -179,7 +185,8 @@ class Meter:
         grad = torch.zeros(len(rows), 3, dtype=stat_dtype(device), device=device)
         inv = self.grad_scale() if self.grad_scale is not None else None
         if xs:
-            part = norm_partials(xs, device)
+            # Counting zeros is a pass of its own: only on histogram steps, which describe the distribution.
+            part = norm_partials(xs, device, zero_counts=histograms)
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
             if len(pos) == len(rows):
@@ -210,18 +217,15 @@ class Meter:
             else:
                 lr = self.optimizer.param_groups[r.group].get("lr")
                 lrs.append(float(lr) if lr is not None else None)
-        before = snap = None
+        snap = None
         # Only tensors the optimizer may move need a snapshot: a frozen backbone is never copied.
         moving = [i for i, r in enumerate(rows) if r.group is not None and r.param.requires_grad] if snapshot else []
         if snapshot:
             weights = [local_tensor(rows[i].param).detach() for i in moving]
-            before = torch.zeros(len(rows), dtype=grad.dtype, device=device)
-            if weights:
-                before[torch.tensor(moving, device=device)] = norm_partials(weights, device, counts=False)[:, SUMSQ]
             # Snapshot in the weights' own dtype: one copy, never more (finish() takes the norm of a
             # low-precision update in fp32, one tensor at a time).
             snap = [w.clone() for w in weights]
-        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, packer, pos, moving, dist)
+        self._open = _Open(index, rows, has_grad, lrs, grad, snap, histograms, packer, pos, moving, dist)
 
     def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
         """Sharded gradients: the step-index check and the global histogram range share one all_reduce."""
@@ -247,9 +251,8 @@ class Meter:
         hists: list[tuple[str, list[torch.Tensor], list[int] | None]] = []  # kind, tensors, their rows
         if op.histograms and "weight" in self.histogram_kinds and weights:
             hists.append(("weight", weights, None))
-        if op.snapshot is not None and op.before is not None:
-            sums["before"] = op.before
-            update = torch.zeros_like(op.before)
+        if op.snapshot is not None:
+            update = torch.zeros_like(sums["weight"])
             if op.snapshot:
                 after = [weights[i] for i in op.moving]
                 # fp16/bf16: the difference of two values of different sign rounds in their own dtype,
@@ -342,10 +345,10 @@ class Meter:
             numel=numel,
             grad=host["grad"].double(),
             weight_sumsq=host["weight"].double(),
-            before_sumsq=host["before"].double() if "before" in host else None,
             update_sumsq=host["update"].double() if "update" in host else None,
             lr=op.lr,
             skipped=skipped,
+            zeros_counted=op.histograms,
             histograms=hists,
             skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
         )

@@ -97,21 +97,61 @@ def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tens
     """NaN/Inf entries per tensor of one (device, dtype) group, given its stacked L2 norms.
 
     A tensor with any NaN/Inf has a non-finite norm, so on the CPU only those few are counted.
-    On accelerators: the non-zeros of `x * 0`, which is NaN exactly where x is not finite.
+    On accelerators: the non-zeros of `x * 0`, which is NaN exactly where x is not finite, built a
+    slice of the group at a time so the scratch stays small (never a copy of every gradient).
     """
     if not host_reads_free(l2.device):
-        return torch.stack(torch._foreach_norm(torch._foreach_mul(group, 0), 0, dtype=_count_dtype(group[0])))
-    out = torch.zeros(len(group), dtype=torch.float64, device=l2.device)
+        out: list[torch.Tensor] = []
+        for chunk in _chunks(group):
+            out += torch._foreach_norm(torch._foreach_mul(chunk, 0), 0, dtype=_count_dtype(group[0]))
+        return torch.stack(out)
+    out_host = torch.zeros(len(group), dtype=torch.float64, device=l2.device)
     for i, bad in enumerate((~torch.isfinite(l2)).tolist()):
         if bad:  # NaN/Inf inside, or a sum of squares that overflowed (then the count is 0)
-            out[i] = group[i].numel() - torch.isfinite(group[i]).sum()
+            out_host[i] = group[i].numel() - torch.isfinite(group[i]).sum()
+    return out_host
+
+
+_SCRATCH_BYTES = 32 << 20
+
+
+def _chunks(group: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive slices of `group` of at most ~32 MB each (a bigger tensor stands alone)."""
+    out: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for t in group:
+        nbytes = t.numel() * t.element_size()
+        if out[-1] and size + nbytes > _SCRATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += nbytes
     return out
 
 
-def norm_partials(xs: Sequence[torch.Tensor], device: torch.device, counts: bool = True) -> torch.Tensor:
+def _zero_flags(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
+    """0 for a tensor whose entries are all zero, else a positive number: the non-zero test without counting.
+
+    A non-zero norm settles it. On the CPU the tensors whose fp32 norm is 0 are counted exactly
+    (their squares may have underflowed); on accelerators, where reading the norms back is a sync,
+    a tensor whose every entry is below ~1e-23 in magnitude reads as zero.
+    """
+    flags = (l2 != 0).to(torch.float64)  # NaN is non-zero
+    if host_reads_free(l2.device):
+        for i, zero in enumerate((l2 == 0).tolist()):
+            if zero:
+                flags[i] = float(torch.count_nonzero(group[i]))
+    return flags
+
+
+def norm_partials(
+    xs: Sequence[torch.Tensor], device: torch.device, counts: bool = True, zero_counts: bool = True
+) -> torch.Tensor:
     """[n, 3]: sum of squares, count of non-zero entries (NaN/Inf included), count of NaN/Inf entries.
 
-    With `counts=False` only the sum of squares is computed (the count columns stay 0).
+    With `counts=False` only the sum of squares is computed (the count columns stay 0). With
+    `zero_counts=False` the non-zero column only says whether a tensor is all zero (0) or not
+    (> 0; see `_zero_flags`): counting is a full extra pass, dearer on the CPU than the norms.
 
     One fused `_foreach_norm` per (device, dtype) group for the sums of squares (fp16/bf16
     accumulated in fp32), one more for the non-zero counts; see `_nonfinite_counts`.
@@ -127,7 +167,7 @@ def norm_partials(xs: Sequence[torch.Tensor], device: torch.device, counts: bool
             l2s = torch.stack(l2)
             cols = [l2s.to(device, dt)]
             if counts:
-                cols.append(_nonzero_counts(group).to(device, dt))
+                cols.append((_nonzero_counts(group) if zero_counts else _zero_flags(group, l2s)).to(device, dt))
                 cols.append(_nonfinite_counts(group, l2s).to(device, dt))
         else:  # integer "parameters" cannot be NaN
             cols = [torch.stack([g.double().norm() for g in group]).to(device, dt)]

@@ -48,7 +48,7 @@ def _reference(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, mi
             torch.linalg.vector_norm(g).item(),
             (g == 0).sum().item() / g.numel(),
             (~torch.isfinite(g)).sum().item(),
-            (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])).item(),
+            (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(p.detach())).item(),
             torch.linalg.vector_norm(p.detach()).item(),
         )
     if not zero_first:
@@ -94,6 +94,26 @@ def test_metrics_equal_hand_reference(opt_name: str, zero_first: bool, micro: in
             assert mem.scalars[f"update_ratio/{name}"][i] == (step, pytest.approx(ratio, rel=1e-4))
             assert mem.scalars[f"weight_norm/{name}"][i] == (step, pytest.approx(wnorm, rel=1e-5))
         assert mem.scalars["gradlog/grad_norm_total"][i] == (step, pytest.approx(total, rel=1e-5))
+
+
+def test_zero_fractions_are_counted_on_histogram_steps_only() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=2, histogram_every=4, print_report=False)
+    zero_fracs = {}
+    for step in range(9):
+        model(torch.randn(4, 6)).sum().backward()
+        g = model.a.weight.grad
+        zero_fracs[step] = (g == 0).sum().item() / g.numel()
+        opt.step()
+        opt.zero_grad()
+        gl.log(step)
+    gl.close()
+    assert [s for s, _ in mem.scalars["grad_norm/a.weight"]] == [0, 2, 4, 6, 8]
+    assert mem.scalars["grad_zero_frac/a.weight"] == [(s, pytest.approx(zero_fracs[s])) for s in (0, 4, 8)]
+    assert [s for s, _ in mem.scalars["grad_nonfinite/a.weight"]] == [0, 2, 4, 6, 8]
 
 
 def test_default_x_axis_is_the_measured_optimizer_step_index() -> None:

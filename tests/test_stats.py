@@ -23,6 +23,7 @@ CPU = torch.device("cpu")
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "device":
         monkeypatch.setattr(stats, "host_reads_free", lambda device: False)
+        monkeypatch.setattr(stats, "_SCRATCH_BYTES", 256)  # several scratch slices even for these small tensors
     return str(request.param)
 
 
@@ -83,6 +84,18 @@ def test_norm_partials_without_counts_and_sparse_values() -> None:
     only = norm_partials([dense], CPU, counts=False)
     assert only[0, SUMSQ].item() == pytest.approx(torch.linalg.vector_norm(dense).item() ** 2)
     assert only[0, NONZERO].item() == 0 and only[0, NONFINITE].item() == 0
+
+
+def test_zero_flags_without_counting_tell_all_zero_tensors_apart(path: str) -> None:
+    xs = [*_mixed(), torch.full((4,), 1e-30), torch.zeros(3, dtype=torch.bfloat16)]
+    counted = norm_partials(xs, CPU)
+    flags = norm_partials(xs, CPU, zero_counts=False)
+    torch.testing.assert_close(flags[:, [SUMSQ, NONFINITE]], counted[:, [SUMSQ, NONFINITE]], equal_nan=True)
+    for i, x in enumerate(xs):
+        if path == "device" and i == len(xs) - 2:
+            assert flags[i, NONZERO].item() == 0  # documented: below ~1e-23 everywhere reads as zero there
+            continue
+        assert (flags[i, NONZERO].item() > 0) == bool(torch.count_nonzero(x) > 0), (i, x)
 
 
 def _near_edge(values: np.ndarray, lo: float, hi: float, bins: int) -> int:
