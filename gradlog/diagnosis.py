@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from gradlog.ledger import Evidence
 from gradlog.params import Tracked
 from gradlog.report import NeverUpdated, Reason
@@ -26,7 +28,10 @@ def _unchanged_reason(row: Tracked, ev: Evidence, has_optimizer: bool, skipped_s
     if ev.measured == 0:
         return Reason.UNKNOWN, "no measured step saw it (did the optimizer step, or log() run?)"
     if ev.grad_none == ev.measured:
-        return Reason.NO_GRAD, f"grad None at all {_steps(ev.measured)}: unused in forward, or detached"
+        return (
+            Reason.NO_GRAD,
+            f"grad None at all {_steps(ev.measured)}: unused in forward, detached, or run under torch.no_grad()",
+        )
     if ev.lr_zero == ev.measured:
         return Reason.ZERO_LR, f"lr 0 in param group {row.group} at all {_steps(ev.measured)}"
     none = f"; None at {ev.grad_none}" if ev.grad_none else ""
@@ -69,6 +74,30 @@ def _changed_reason(row: Tracked, ev: Evidence) -> tuple[Reason, str] | None:
     return None
 
 
+def _run_hints(rows: list[Tracked], out: list[NeverUpdated], has_optimizer: bool) -> list[NeverUpdated]:
+    """One bug often explains every record at once; say so in each record's detail."""
+    trainable = [r for r in rows if r.param.requires_grad and r.in_model]
+    by_name = {rec.name: rec for rec in out}
+    reasons = {by_name[r.name].reason if r.name in by_name else None for r in trainable}
+    hint = None
+    if len(trainable) > 1 and reasons == {Reason.NO_GRAD}:
+        hint = "every trainable tensor had grad None: is zero_grad() called between backward() and step()?"
+    elif len(trainable) > 1 and reasons == {Reason.ZERO_GRAD}:
+        hint = (
+            "every trainable tensor had an all-zero grad: is zero_grad(set_to_none=False) called between "
+            "backward() and step(), or is the loss constant?"
+        )
+    elif has_optimizer and trainable and reasons == {Reason.NOT_IN_OPTIMIZER}:
+        orphans = sum(not r.in_model for r in rows)
+        hint = "no model tensor is in the optimizer: was it built for another copy of the model (deepcopy, a model"
+        hint += " rebuilt or reloaded after the optimizer)?"
+        if orphans:
+            hint += f" The optimizer holds {orphans} tensors the model does not have."
+    if hint is None:
+        return out
+    return [dataclasses.replace(rec, detail=f"{rec.detail}; {hint}") if rec.reason in reasons else rec for rec in out]
+
+
 def diagnose(
     rows: list[Tracked],
     evidence: dict[int, Evidence],
@@ -91,4 +120,4 @@ def diagnose(
         if found is not None:
             reason, detail = found
             out.append(NeverUpdated(row.name, row.shape, row.numel, reason, detail, row.aliases))
-    return out
+    return _run_hints(rows, out, has_optimizer)

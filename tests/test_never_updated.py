@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -272,3 +273,60 @@ def test_a_routine_gradscaler_overflow_skip_keeps_the_run_healthy() -> None:
     assert report.never_updated == [] and report.skipped_steps == 1
     assert report.first_nonfinite is None and report.healthy
     assert "1 optimizer step skipped" in report.verdict
+
+
+# --- bugs that explain every record at once get a run-level hint ----------------------------------
+
+
+def _step_wrongly(order: str, steps: int = 4) -> gradlog.Report:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    for step in range(steps):
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        opt.zero_grad(set_to_none=order == "zero_grad_to_none")
+        opt.step()
+        gl.log(step)
+    return gl.close()
+
+
+def test_zero_grad_between_backward_and_step_is_named() -> None:
+    report = _step_wrongly("zero_grad_to_none")
+    assert set(reported(report).values()) == {Reason.NO_GRAD} and len(report.never_updated) == 4
+    assert all("zero_grad() called between backward() and step()" in r.detail for r in report.never_updated)
+
+
+def test_zero_grad_keeping_zeros_between_backward_and_step_is_named() -> None:
+    report = _step_wrongly("zero_grad_to_zeros")
+    assert set(reported(report).values()) == {Reason.ZERO_GRAD} and len(report.never_updated) == 4
+    assert all("zero_grad(set_to_none=False)" in r.detail for r in report.never_updated)
+
+
+def test_one_unused_head_gets_no_run_level_hint() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    model.head = nn.Linear(4, 2)
+    report = train(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert reported(report) == {"head.weight": Reason.NO_GRAD, "head.bias": Reason.NO_GRAD}
+    assert not any("zero_grad" in r.detail for r in report.never_updated)
+
+
+def test_optimizer_built_for_another_copy_of_the_model_is_named() -> None:
+    torch.manual_seed(0)
+    original = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 2))
+    opt = torch.optim.SGD(original.parameters(), lr=0.1)
+    model = copy.deepcopy(original)
+    with pytest.warns(UserWarning, match="optimizer holds a parameter the model does not have"):
+        gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    for step in range(3):
+        model(torch.randn(4, 6)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        gl.log(step)
+    report = gl.close()
+    mine = {r.name: r for r in report.never_updated if not r.name.startswith("optimizer.")}
+    assert set(mine) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    for rec in mine.values():
+        assert rec.reason == Reason.NOT_IN_OPTIMIZER
+        assert "another copy of the model" in rec.detail and "holds 4 tensors the model does not have" in rec.detail
