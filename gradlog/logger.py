@@ -55,6 +55,11 @@ class GradLogger:
     Where it goes: ``writer`` (default ``"tensorboard"``, into ``log_dir``, by default a new
     ``runs/<timestamp>-<host>`` folder per logger), a `Writer`, or a list of either.
 
+    What is measured: every measured step, per tensor, the gradient norm, NaN/Inf count, weight
+    norm and update ratio; histograms (``histograms``, every ``histogram_every``-th optimizer
+    step) and ``grad_zero_frac`` (counting exact zeros is a pass of its own) on histogram steps,
+    or on every measured step with ``count_zeros=True`` (never with ``False``).
+
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
     never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
 
@@ -73,6 +78,7 @@ class GradLogger:
         log_dir: str | None = None,
         histograms: bool = True,
         histogram_every: int | None = None,
+        count_zeros: bool | None = None,
         histogram_kinds: tuple[str, ...] = HISTOGRAM_KINDS,
         bins: int = 64,
         print_report: bool = True,
@@ -98,6 +104,11 @@ class GradLogger:
             raise ValueError(f"bins must be an integer in 1..{MAX_BINS}, got {bins!r}")
         if histogram_every is not None and (histogram_every < 1 or histogram_every % every):
             raise ValueError(f"histogram_every must be a positive multiple of every={every}, got {histogram_every!r}")
+        if count_zeros is not None and not isinstance(count_zeros, bool):
+            raise ValueError(
+                "count_zeros must be None (count on histogram steps), True (every measured step) or False, "
+                f"got {count_zeros!r}"
+            )
         bad = [k for k in histogram_kinds if k not in HISTOGRAM_KINDS]
         if bad:
             raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
@@ -109,6 +120,7 @@ class GradLogger:
         self.optimizer = optimizer
         self.every = every
         self.histogram_every = (histogram_every or every) if histograms else 0
+        self.count_zeros = count_zeros
         self.print_report = print_report
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
         watch = Alerts(ratio_band, ratio_patience, no_grad_patience)
@@ -185,7 +197,8 @@ class GradLogger:
         self.table.rescan()  # parameters materialised or added since the last measured step
         self.ledger.fingerprint_new(self.table.live)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
-        self.meter.start(index, histograms=hist, snapshot=snapshot)
+        zeros = hist if self.count_zeros is None else self.count_zeros
+        self.meter.start(index, histograms=hist, snapshot=snapshot, zeros=zeros)
 
     def _measure_now(self, call: int) -> None:
         """Without an optimizer there are no step hooks: measure inside log()."""
@@ -197,6 +210,7 @@ class GradLogger:
         return {
             "every": self.every,
             "histogram_every": self.histogram_every,
+            "count_zeros": -1 if self.count_zeros is None else int(self.count_zeros),
             "bins": bins,
             "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
             "optimizer": self.optimizer is not None,

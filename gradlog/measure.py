@@ -21,12 +21,14 @@ from gradlog.stats import (
     NONZERO,
     SUMSQ,
     Packer,
+    copy_with_sumsq,
     dense_values,
     histogram_bucket,
     histogram_partials,
     histogram_ranges,
     norm_partials,
     stat_dtype,
+    subtract_with_sumsq,
 )
 
 HISTOGRAM_KINDS = ("grad", "weight", "update")
@@ -52,6 +54,7 @@ class Measurement:
     numel: torch.Tensor
     grad: torch.Tensor  # [n, 3] sum of squares, non-zeros, non-finite (unscaled)
     weight_sumsq: torch.Tensor  # after the step
+    before_sumsq: torch.Tensor | None  # before the step, of the tensors the optimizer may move
     update_sumsq: torch.Tensor | None
     lr: list[float | None]
     skipped: bool
@@ -74,16 +77,11 @@ class Measurement:
 
     @property
     def update_ratio(self) -> torch.Tensor | None:
-        """‖Δw‖ / ‖w‖, w the weights the step produced (their norm is measured anyway; the norm
-        before the step would cost a pass of its own and differs by about the ratio itself).
-
-        An update that left the tensor all zero is measured against the weights before it, which
-        were then Δw itself: the ratio is 1.
-        """
-        if self.update_sumsq is None:
+        """‖Δw‖ / ‖w_before‖; a tensor that was all zero before is measured against ‖w_after‖."""
+        if self.update_sumsq is None or self.before_sumsq is None:
             return None
         u = self.update_sumsq.sqrt()
-        den = torch.where(self.weight_sumsq > 0, self.weight_sumsq, self.update_sumsq).sqrt()
+        den = torch.where(self.before_sumsq > 0, self.before_sumsq, self.weight_sumsq).sqrt()
         # NaN weights give a NaN ratio, not 0: "no update" would hide the blow-up
         return torch.where((den > 0) | den.isnan(), u / den.clamp(min=1e-300), torch.zeros_like(u))
 
@@ -128,8 +126,10 @@ class _Open:
     has_grad: list[bool]
     lr: list[float | None]
     grad: torch.Tensor
+    before: torch.Tensor | None
     snapshot: list[torch.Tensor] | None
-    histograms: bool  # histograms due, and exact zero counts
+    histograms: bool  # histograms due
+    zeros: bool  # exact zero counts (grad_zero_frac) due
     packer: Packer
     grad_pos: list[int]  # rows that had a gradient
     moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
@@ -172,7 +172,7 @@ class Meter:
         return torch.device("cpu")
 
     @torch.no_grad()
-    def start(self, index: int, histograms: bool, snapshot: bool) -> None:
+    def start(self, index: int, histograms: bool, snapshot: bool, zeros: bool = True) -> None:
         """Gradient statistics and (with an optimizer) the weight snapshot, before the step."""
         self.tensor_work += 1
         rows = [r for r in self.table.live if is_materialized(r.param)]
@@ -185,8 +185,8 @@ class Meter:
         grad = torch.zeros(len(rows), 3, dtype=stat_dtype(device), device=device)
         inv = self.grad_scale() if self.grad_scale is not None else None
         if xs:
-            # Counting zeros is a pass of its own: only on histogram steps, which describe the distribution.
-            part = norm_partials(xs, device, zero_counts=histograms)
+            # Counting zeros is a pass of its own; without it "all zero" still comes from the norm.
+            part = norm_partials(xs, device, zero_counts=zeros)
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
             if len(pos) == len(rows):
@@ -210,22 +210,26 @@ class Meter:
                 dist.add("hist/grad", h, keep=(self.bins, self.bins + 1))
             else:
                 packer.add("hist/grad", h)
-        lrs: list[float | None] = []
-        for r in rows:
-            if self.optimizer is None or r.group is None:
-                lrs.append(None)
-            else:
-                lr = self.optimizer.param_groups[r.group].get("lr")
-                lrs.append(float(lr) if lr is not None else None)
-        snap = None
+        group_lr: list[float | None] = []
+        for g in self.optimizer.param_groups if self.optimizer is not None else []:
+            lr = g.get("lr")
+            group_lr.append(float(lr) if lr is not None else None)
+        lrs = [group_lr[r.group] if r.group is not None and r.group < len(group_lr) else None for r in rows]
+        before = snap = None
         # Only tensors the optimizer may move need a snapshot: a frozen backbone is never copied.
         moving = [i for i, r in enumerate(rows) if r.group is not None and r.param.requires_grad] if snapshot else []
         if snapshot:
-            weights = [local_tensor(rows[i].param).detach() for i in moving]
+            weights = [local_tensor(rows[i].param) for i in moving]  # no_grad here: no detach needed
             # Snapshot in the weights' own dtype: one copy, never more (finish() takes the norm of a
             # low-precision update in fp32, one tensor at a time).
-            snap = [w.clone() for w in weights]
-        self._open = _Open(index, rows, has_grad, lrs, grad, snap, histograms, packer, pos, moving, dist)
+            snap, sumsq = copy_with_sumsq(weights, device)
+            if len(moving) == len(rows):
+                before = sumsq.to(grad.dtype)
+            else:
+                before = torch.zeros(len(rows), dtype=grad.dtype, device=device)
+                if snap:
+                    before[torch.tensor(moving).to(device, non_blocking=True)] = sumsq
+        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist)
 
     def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
         """Sharded gradients: the step-index check and the global histogram range share one all_reduce."""
@@ -245,29 +249,35 @@ class Meter:
             return
         self._open = None
         device, packer = op.packer.device, op.packer
-        weights = [local_tensor(r.param).detach() for r in op.rows]
+        weights = [local_tensor(r.param) for r in op.rows]  # no_grad here: no detach needed
         sums: dict[str, torch.Tensor] = {"grad": op.grad}
-        sums["weight"] = norm_partials(weights, device, counts=False)[:, SUMSQ]
+        weight: torch.Tensor | None = None  # sums of squares after the step, every row
         hists: list[tuple[str, list[torch.Tensor], list[int] | None]] = []  # kind, tensors, their rows
         if op.histograms and "weight" in self.histogram_kinds and weights:
             hists.append(("weight", weights, None))
-        if op.snapshot is not None:
-            update = torch.zeros_like(sums["weight"])
+        if op.snapshot is not None and op.before is not None:
+            sums["before"] = op.before
+            update = torch.zeros_like(op.before)
             if op.snapshot:
                 after = [weights[i] for i in op.moving]
                 # fp16/bf16: the difference of two values of different sign rounds in their own dtype,
                 # so its norm is taken from an fp32 difference, built and dropped per tensor.
                 low = [j for j, a in enumerate(after) if a.is_floating_point() and a.element_size() < 4]
                 exact = [_sumsq(after[j].float() - op.snapshot[j].float()) for j in low]
-                torch._foreach_sub_(op.snapshot, after)  # before - after, in place: no second copy
-                moved = norm_partials(op.snapshot, device, counts=False)[:, SUMSQ]
+                # before - after, in place (no second copy), with the norms of after and of the difference
+                moved_weight, moved = subtract_with_sumsq(op.snapshot, after, device)
+                weight = self._merge(moved_weight, op.moving, weights, device)
                 if low:
                     moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
-                update[torch.tensor(op.moving, device=device)] = moved
+                if len(op.moving) == len(op.rows):
+                    update = moved
+                else:
+                    update[torch.tensor(op.moving).to(device, non_blocking=True)] = moved
                 if op.histograms and "update" in self.histogram_kinds:
                     torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
                     hists.append(("update", op.snapshot, op.moving))
             sums["update"] = update
+        sums["weight"] = weight if weight is not None else norm_partials(weights, device, counts=False)[:, SUMSQ]
         flag = self.skipped() if self.skipped is not None else None
         if op.dist is None:
             for key, t in sums.items():
@@ -283,6 +293,23 @@ class Meter:
         if total is not None:
             packer.add("skipped_total", total.reshape(-1)[:1])
         self._done = (op, packer)
+
+    @staticmethod
+    def _merge(
+        moved: torch.Tensor, moving: list[int], weights: list[torch.Tensor], device: torch.device
+    ) -> torch.Tensor:
+        """Weight sums of squares for every row: the moving rows' came with the update, the rest
+        (frozen, not in the optimizer) get a norm of their own."""
+        if len(moving) == len(weights):
+            return moved
+        out = torch.zeros(len(weights), dtype=moved.dtype, device=device)
+        out[torch.tensor(moving).to(device, non_blocking=True)] = moved
+        taken = set(moving)
+        rest = [i for i in range(len(weights)) if i not in taken]
+        out[torch.tensor(rest).to(device, non_blocking=True)] = norm_partials(
+            [weights[i] for i in rest], device, counts=False
+        )[:, SUMSQ]
+        return out
 
     def _reduce(
         self,
@@ -345,10 +372,11 @@ class Meter:
             numel=numel,
             grad=host["grad"].double(),
             weight_sumsq=host["weight"].double(),
+            before_sumsq=host["before"].double() if "before" in host else None,
             update_sumsq=host["update"].double() if "update" in host else None,
             lr=op.lr,
             skipped=skipped,
-            zeros_counted=op.histograms,
+            zeros_counted=op.zeros,
             histograms=hists,
             skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
         )

@@ -18,14 +18,21 @@ def clean_name(name: str) -> str:
     return ".".join(parts) if parts else name
 
 
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The part of a (possibly DTensor-sharded) tensor that lives on this rank."""
+    if type(t) in _PLAIN:  # the common case, without an attribute lookup that fails
+        return t
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 
 
 def is_materialized(p: torch.Tensor) -> bool:
     """Lazy (uninitialised) and meta parameters hold no values yet: skip them until they do."""
+    if type(p) in _PLAIN:
+        return not p.is_meta
     if isinstance(p, nn.parameter.UninitializedParameter):
         return False
     return not local_tensor(p).is_meta
@@ -65,6 +72,7 @@ class ParamTable:
         self._by_id: dict[int, Tracked] = {}
         self._warned_foreign = False
         self._layout: tuple[object, ...] = ()
+        self._live: list[Tracked] | None = None
         self.rescan()
 
     def rescan(self) -> bool:
@@ -83,6 +91,7 @@ class ParamTable:
         if layout == self._layout:  # nothing added, replaced or regrouped: skip the rebuild (measured steps)
             return False
         self._layout = layout
+        self._live = None
         names: dict[int, list[str]] = {}
         params: dict[int, torch.Tensor] = {}
         for name, p in named:
@@ -126,8 +135,13 @@ class ParamTable:
 
     @property
     def live(self) -> list[Tracked]:
-        """Rows still held by the model or the optimizer (to_empty() replaces meta parameters)."""
-        return [r for r in self.rows if r.in_model or r.group is not None]
+        """Rows still held by the model or the optimizer (to_empty() replaces meta parameters).
+
+        Rows change only in `rescan`, so the list is kept until the next rebuild (a copy is returned).
+        """
+        if self._live is None:
+            self._live = [r for r in self.rows if r.in_model or r.group is not None]
+        return list(self._live)
 
     def get(self, p: torch.Tensor) -> Tracked | None:
         return self._by_id.get(id(p))

@@ -33,7 +33,7 @@ def dense_values(t: torch.Tensor) -> torch.Tensor:
 
     Implicit zeros of a sparse tensor are zeros, so counts still divide by the full numel.
     """
-    t = local_tensor(t.detach())
+    t = local_tensor(t if not t.requires_grad else t.detach())
     if t.layout != torch.strided:
         t = t.coalesce().values() if t.is_sparse else t.to_dense()
     return t
@@ -72,25 +72,31 @@ def _count_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def _nonzero_counts(group: list[torch.Tensor]) -> torch.Tensor:
-    """Non-zero entries per tensor (NaN/Inf count as non-zero).
+    """Non-zero entries per tensor (NaN/Inf count as non-zero, -0.0 as zero).
 
-    A fused `_foreach_norm(x, 0)` on accelerators. On the CPU that op is the slowest statistic
-    of a measured step (~1 ns per entry): large tensors go to torch's multi-threaded
-    `count_nonzero`, the many mid-sized and small ones to numpy's (no per-call thread start-up).
+    A fused `_foreach_norm(x, 0)` on accelerators. On the CPU both that op and `count_nonzero`
+    branch per entry and slow down ~10x on gradients with many zeros (ReLU), to ~2 ns per entry;
+    see `_host_nonzero` for the branch-free count used there.
     """
     if not host_reads_free(group[0].device):
         return torch.stack(torch._foreach_norm(group, 0, dtype=_count_dtype(group[0])))
-    counts = [
-        np.count_nonzero(g.resolve_conj().resolve_neg().numpy())
-        if np is not None and g.numel() < _TORCH_COUNT_FROM and g.dtype in _NUMPY_DTYPES
-        else int(torch.count_nonzero(g))
-        for g in group
-    ]
-    return torch.tensor(counts, dtype=torch.float64)
+    return torch.tensor([_host_nonzero(g) for g in group], dtype=torch.float64)
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.complex64, torch.complex128)
-_TORCH_COUNT_FROM = 1 << 17
+_COUNT_SLICE = 1 << 20  # entries compared at a time: the boolean scratch stays at 1 MB
+
+
+def _host_nonzero(g: torch.Tensor) -> int:
+    """`x != 0` into a small boolean scratch, then a count of the booleans: both passes are
+    branch-free, so the cost (~1.3 norm passes) does not depend on how many zeros there are."""
+    flat = g.resolve_conj().resolve_neg().reshape(-1)
+    if np is not None and flat.dtype in _NUMPY_DTYPES:
+        a = flat.numpy()
+        return sum(int(np.count_nonzero(a[i : i + _COUNT_SLICE] != 0)) for i in range(0, a.size, _COUNT_SLICE))
+    return sum(
+        int(torch.count_nonzero(torch.ne(flat[i : i + _COUNT_SLICE], 0))) for i in range(0, flat.numel(), _COUNT_SLICE)
+    )
 
 
 def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
@@ -102,7 +108,8 @@ def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tens
     """
     if not host_reads_free(l2.device):
         out: list[torch.Tensor] = []
-        for chunk in _chunks(group):
+        for part in _slices(group, _SCRATCH_BYTES):
+            chunk = [group[i] for i in part]
             out += torch._foreach_norm(torch._foreach_mul(chunk, 0), 0, dtype=_count_dtype(group[0]))
         return torch.stack(out)
     out_host = torch.zeros(len(group), dtype=torch.float64, device=l2.device)
@@ -112,21 +119,59 @@ def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tens
     return out_host
 
 
-_SCRATCH_BYTES = 32 << 20
+_SCRATCH_BYTES = 32 << 20  # accelerators: the most scratch a statistic may allocate at once
+_CACHE_BYTES = 1 << 20  # CPU: a slice of tensors small enough that a second pass over it hits the cache
 
 
-def _chunks(group: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Consecutive slices of `group` of at most ~32 MB each (a bigger tensor stands alone)."""
-    out: list[list[torch.Tensor]] = [[]]
+def _slices(group: Sequence[torch.Tensor], limit: float) -> list[list[int]]:
+    """Positions in `group`, cut into consecutive runs of at most `limit` bytes (a bigger tensor stands alone)."""
+    out: list[list[int]] = [[]]
     size = 0
-    for t in group:
+    for i, t in enumerate(group):
         nbytes = t.numel() * t.element_size()
-        if out[-1] and size + nbytes > _SCRATCH_BYTES:
+        if out[-1] and size + nbytes > limit:
             out.append([])
             size = 0
-        out[-1].append(t)
+        out[-1].append(i)
         size += nbytes
     return out
+
+
+def _l2(group: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms of one dtype's tensors, one fused call (fp16/bf16 accumulated in fp32)."""
+    dtype = group[0].dtype
+    if not (dtype.is_floating_point or dtype.is_complex):  # integer "parameters"
+        return [g.double().norm() for g in group]
+    if dtype in (torch.float16, torch.bfloat16):
+        return list(torch._foreach_norm(group, 2, dtype=torch.float32))
+    return list(torch._foreach_norm(group, 2))
+
+
+def copy_with_sumsq(xs: Sequence[torch.Tensor], device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Copies of `xs` (in their own dtype) and the sum of squares of each, [n].
+
+    On the CPU a cache-sized slice at a time: the norm reads the copy it just wrote from cache, so
+    it costs a fraction of a pass over the weights. Accelerators: one fused norm after the copies.
+    """
+    dt = stat_dtype(device)
+    copies: list[torch.Tensor] = [torch.empty(0)] * len(xs)
+    out = torch.zeros(len(xs), dtype=dt, device=device)
+    limit = _CACHE_BYTES if host_reads_free(device) else math.inf
+    groups = _groups(xs)
+    for (_, _dtype), idx in groups.items():
+        norms: list[torch.Tensor] = []
+        group = [xs[i] for i in idx]
+        for part in _slices(group, limit):
+            fresh = [group[j].clone() for j in part]
+            for j, c in zip(part, fresh):
+                copies[idx[j]] = c
+            norms += _l2(fresh)
+        l2 = torch.stack(norms).to(device, dt) if norms else out.new_zeros(0)
+        if len(groups) == 1:
+            out = l2 * l2
+        else:
+            out[torch.tensor(idx).to(device, non_blocking=True)] = l2 * l2
+    return copies, out
 
 
 def _zero_flags(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
@@ -142,6 +187,38 @@ def _zero_flags(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
             if zero:
                 flags[i] = float(torch.count_nonzero(group[i]))
     return flags
+
+
+def subtract_with_sumsq(
+    snapshot: list[torch.Tensor], after: list[torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`snapshot -= after` in place (the update, negated); returns the sums of squares of `after`
+    and of the difference, each [n].
+
+    On the CPU a cache-sized slice at a time: each weight is read once from memory for its norm
+    and the subtraction, and the difference's norm reads from cache. Accelerators: fused calls.
+    """
+    dt = stat_dtype(device)
+    weight = torch.zeros(len(after), dtype=dt, device=device)
+    update = torch.zeros(len(after), dtype=dt, device=device)
+    limit = _CACHE_BYTES if host_reads_free(device) else math.inf
+    groups = _groups(after)
+    for (_, _dtype), idx in groups.items():
+        w_l2: list[torch.Tensor] = []
+        u_l2: list[torch.Tensor] = []
+        for run in _slices([after[i] for i in idx], limit):
+            a = [after[idx[j]] for j in run]
+            s = [snapshot[idx[j]] for j in run]
+            w_l2 += _l2(a)
+            torch._foreach_sub_(s, a)
+            u_l2 += _l2(s)
+        w, u = torch.stack(w_l2).to(device, dt), torch.stack(u_l2).to(device, dt)
+        if len(groups) == 1:
+            weight, update = w * w, u * u
+        else:
+            at = torch.tensor(idx).to(device, non_blocking=True)
+            weight[at], update[at] = w * w, u * u
+    return weight, update
 
 
 def norm_partials(
@@ -162,23 +239,35 @@ def norm_partials(
     for (_, dtype), idx in groups.items():
         group = [xs[i] for i in idx]
         if dtype.is_floating_point or dtype.is_complex:
-            norm_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
-            l2 = torch._foreach_norm(group, 2, dtype=norm_dtype) if norm_dtype else torch._foreach_norm(group, 2)
-            l2s = torch.stack(l2)
+            nonzero = None
+            if counts and zero_counts and host_reads_free(group[0].device):
+                # a cache-sized slice at a time: the count reads what the norm just brought into cache
+                l2: list[torch.Tensor] = []
+                found: list[int] = []
+                for run in _slices(group, _CACHE_BYTES):
+                    chunk = [group[j] for j in run]
+                    l2 += _l2(chunk)
+                    found += [_host_nonzero(g) for g in chunk]
+                l2s = torch.stack(l2)
+                nonzero = torch.tensor(found, dtype=torch.float64)
+            else:
+                l2s = torch.stack(_l2(group))
             cols = [l2s.to(device, dt)]
             if counts:
-                cols.append((_nonzero_counts(group) if zero_counts else _zero_flags(group, l2s)).to(device, dt))
+                if nonzero is None:
+                    nonzero = _nonzero_counts(group) if zero_counts else _zero_flags(group, l2s)
+                cols.append(nonzero.to(device, dt))
                 cols.append(_nonfinite_counts(group, l2s).to(device, dt))
         else:  # integer "parameters" cannot be NaN
             cols = [torch.stack([g.double().norm() for g in group]).to(device, dt)]
             if counts:
                 cols.append(torch.stack([torch.count_nonzero(g) for g in group]).to(device, dt))
         cols[0] = cols[0] * cols[0]
-        part = torch.stack(cols, dim=1)
+        block = torch.stack(cols, dim=1)
         if len(groups) == 1:
-            out[:, : part.shape[1]] = part
+            out[:, : block.shape[1]] = block
         else:
-            out[torch.tensor(idx).to(device, non_blocking=True), : part.shape[1]] = part
+            out[torch.tensor(idx).to(device, non_blocking=True), : block.shape[1]] = block
     return out
 
 

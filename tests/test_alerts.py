@@ -53,7 +53,7 @@ def test_update_ratio_alert_fires_when_the_hand_computed_streak_reaches_patience
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         for n, p in model.named_parameters():
-            ratio = (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(p.detach())).item()
+            ratio = (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])).item()
             for kind, outside in ((RATIO_HIGH, ratio > band[1]), (RATIO_LOW, ratio < band[0])):
                 streak[n, kind] = streak.get((n, kind), 0) + 1 if outside else 0
                 if streak[n, kind] >= patience:

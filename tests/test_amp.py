@@ -166,8 +166,7 @@ def _train_dtype(dtype: torch.dtype, lr: float, steps: int = 3) -> tuple[gradlog
         ratios.append(
             {
                 n: (
-                    torch.linalg.vector_norm(p.detach().double() - before[n])
-                    / torch.linalg.vector_norm(p.detach().double())
+                    torch.linalg.vector_norm(p.detach().double() - before[n]) / torch.linalg.vector_norm(before[n])
                 ).item()
                 for n, p in model.named_parameters()
             }

@@ -25,12 +25,12 @@ def test_update_ratio_and_signed_update_histogram_match_sgd_by_hand() -> None:
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, bins=8, print_report=False)
     model(x).pow(2).sum().backward()
     w = model[0].weight
-    grad = w.grad.detach().clone()
+    before, grad = w.detach().clone(), w.grad.detach().clone()
     opt.step()
     gl.log(0)
     gl.close()
     update = -0.1 * grad  # SGD without momentum
-    expected_ratio = (torch.linalg.vector_norm(update) / torch.linalg.vector_norm(w.detach())).item()
+    expected_ratio = (torch.linalg.vector_norm(update) / torch.linalg.vector_norm(before)).item()
     assert mem.last("update_ratio/0.weight") == pytest.approx(expected_ratio, rel=1e-5)
     h: Histogram = mem.histograms["update/0.weight"][-1][1]
     assert h.min == pytest.approx(update.min().item(), rel=1e-5)

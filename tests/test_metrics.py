@@ -48,7 +48,7 @@ def _reference(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, mi
             torch.linalg.vector_norm(g).item(),
             (g == 0).sum().item() / g.numel(),
             (~torch.isfinite(g)).sum().item(),
-            (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(p.detach())).item(),
+            (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])).item(),
             torch.linalg.vector_norm(p.detach()).item(),
         )
     if not zero_first:
@@ -114,6 +114,56 @@ def test_zero_fractions_are_counted_on_histogram_steps_only() -> None:
     assert [s for s, _ in mem.scalars["grad_norm/a.weight"]] == [0, 2, 4, 6, 8]
     assert mem.scalars["grad_zero_frac/a.weight"] == [(s, pytest.approx(zero_fracs[s])) for s in (0, 4, 8)]
     assert [s for s, _ in mem.scalars["grad_nonfinite/a.weight"]] == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize(("histograms", "count_zeros", "counted"), [(False, True, [0, 2, 4]), (True, False, [])])
+def test_count_zeros_overrides_the_histogram_schedule(histograms: bool, count_zeros: bool, counted: list[int]) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(
+        model, opt, writer=mem, every=2, histograms=histograms, count_zeros=count_zeros, print_report=False
+    )
+    zero_fracs = {}
+    for step in range(5):
+        model(torch.randn(4, 6)).sum().backward()
+        g = model.b.weight.grad
+        zero_fracs[step] = (g == 0).sum().item() / g.numel()
+        opt.step()
+        opt.zero_grad()
+        gl.log(step)
+    gl.close()
+    assert mem.scalars.get("grad_zero_frac/b.weight", []) == [(s, pytest.approx(zero_fracs[s])) for s in counted]
+
+
+def test_count_zeros_must_be_a_bool_or_none() -> None:
+    with pytest.raises(ValueError, match=r"count_zeros must be None .* got 'yes'"):
+        gradlog.GradLogger(Net(), writer="memory", count_zeros="yes")  # type: ignore[arg-type]
+
+
+def test_weight_norms_of_frozen_and_unoptimised_tensors_beside_moving_ones() -> None:
+    """Moving tensors get their weight norm with the update; the others need one of their own."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 5), nn.Tanh(), nn.Linear(5, 3))
+    model[2].weight.requires_grad_(False)
+    opt = torch.optim.AdamW([model[0].weight, model[0].bias, model[2].bias, model[4].bias], lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    for step in range(3):
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        gl.log(step)
+        for n, p in model.named_parameters():
+            assert mem.last(f"weight_norm/{n}") == pytest.approx(torch.linalg.vector_norm(p).item(), rel=1e-6)
+            if p.requires_grad and any(p is q for q in opt.param_groups[0]["params"]):
+                want = torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])
+                assert mem.last(f"update_ratio/{n}") == pytest.approx(want.item(), rel=1e-4), n
+            else:
+                assert f"update_ratio/{n}" not in mem.scalars, n
+        opt.zero_grad()
+    gl.close()
 
 
 def test_default_x_axis_is_the_measured_optimizer_step_index() -> None:

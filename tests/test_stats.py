@@ -14,7 +14,16 @@ import torch
 
 from gradlog import stats
 from gradlog.histogram import Histogram
-from gradlog.stats import NONFINITE, NONZERO, SUMSQ, dense_values, histogram_partials, norm_partials
+from gradlog.stats import (
+    NONFINITE,
+    NONZERO,
+    SUMSQ,
+    copy_with_sumsq,
+    dense_values,
+    histogram_partials,
+    norm_partials,
+    subtract_with_sumsq,
+)
 
 CPU = torch.device("cpu")
 
@@ -98,6 +107,44 @@ def test_zero_flags_without_counting_tell_all_zero_tensors_apart(path: str) -> N
         assert (flags[i, NONZERO].item() > 0) == bool(torch.count_nonzero(x) > 0), (i, x)
 
 
+@pytest.mark.parametrize("cache_bytes", [1 << 20, 64])
+def test_copy_and_subtract_give_norms_of_copies_and_differences(
+    path: str, cache_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot and update helpers work a cache-sized slice at a time on the CPU; slicing must not show."""
+    monkeypatch.setattr(stats, "_CACHE_BYTES", cache_bytes)
+    torch.manual_seed(6)
+    xs = [
+        torch.randn(30, 7),
+        torch.randn(5, dtype=torch.float64),
+        torch.randn(40).to(torch.bfloat16),
+        torch.randn(3, 3, dtype=torch.complex64),
+        torch.randn(100),
+        torch.zeros(0),
+    ]
+    copies, before = copy_with_sumsq(xs, CPU)
+    assert len(copies) == len(xs) and before.shape == (len(xs),)
+    for i, (x, c) in enumerate(zip(xs, copies)):
+        assert c.dtype == x.dtype and torch.equal(c, x)
+        assert x.numel() == 0 or c.data_ptr() != x.data_ptr()  # a copy, not a view
+        assert before[i].item() == pytest.approx(
+            torch.linalg.vector_norm(x.double() if not x.is_complex() else x).item() ** 2, rel=1e-5
+        )
+    after = [x + 0.5 if not x.is_complex() else x * 2 for x in xs]
+    diffs = [c.double() - a.double() if not c.is_complex() else c - a for c, a in zip(copies, after)]
+    weight, update = subtract_with_sumsq(copies, after, CPU)
+    for i, a in enumerate(after):
+        assert weight[i].item() == pytest.approx(
+            torch.linalg.vector_norm(a.double() if not a.is_complex() else a).item() ** 2, rel=1e-5
+        )
+        assert update[i].item() == pytest.approx(
+            torch.linalg.vector_norm(diffs[i]).item() ** 2, rel=1e-2 if a.dtype == torch.bfloat16 else 1e-5
+        )
+        assert torch.allclose(
+            copies[i], (xs[i] - a).to(copies[i].dtype)
+        )  # in place: the copies now hold before - after
+
+
 def _near_edge(values: np.ndarray, lo: float, hi: float, bins: int) -> int:
     """Values so close to a bucket edge that fp32 rounding may put them on either side."""
     if values.size == 0 or hi <= lo:
@@ -178,16 +225,23 @@ def test_host_and_device_paths_agree() -> None:
     assert (host[:, :16].sum(1) == dev[:, :16].sum(1)).all()
 
 
-def test_counts_of_large_tensors_take_the_same_values(path: str) -> None:
-    """Large tensors are counted by a different routine on the CPU; the counts must not change."""
+@pytest.mark.parametrize("slice_entries", [1 << 20, 4096, 1000])
+def test_counts_of_large_tensors_take_the_same_values(
+    path: str, slice_entries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU counts large tensors a slice at a time; the counts must not depend on the slicing."""
+    monkeypatch.setattr(stats, "_COUNT_SLICE", slice_entries)
     torch.manual_seed(5)
     x = torch.randn(300_000)
     x[x.abs() < 0.1] = 0
+    x[7::13] = -0.0  # equal to zero, though its bits are not
     x[::4099] = math.nan
     x[1::5003] = -math.inf
     half = x[:200_000].to(torch.bfloat16)
-    out = norm_partials([x, half], CPU)
-    for i, t in enumerate([x, half]):
+    cplx = torch.complex(x[:50_000], torch.zeros(50_000))
+    strided = x[: 200 * 300].reshape(200, 300).t()  # not contiguous
+    out = norm_partials([x, half, cplx, strided], CPU)
+    for i, t in enumerate([x, half, cplx, strided]):
         assert out[i, NONZERO].item() == torch.count_nonzero(t).item()
         assert out[i, NONFINITE].item() == (~torch.isfinite(t)).sum().item()
         assert not math.isfinite(out[i, SUMSQ].item())
