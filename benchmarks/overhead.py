@@ -322,9 +322,24 @@ def _gl(**kw: Any) -> Callable[[nn.Module, torch.optim.Optimizer, str], Monitor]
 CONFIGS: list[ConfigSpec] = [
     ConfigSpec("baseline", "baseline (no monitoring)", lambda m, o, tmp: Baseline()),
     ConfigSpec("floor", "device-work floor (plain torch)", lambda m, o, tmp: Floor(m)),
-    ConfigSpec("scalars-1", "gradlog scalars (histograms=False)", _gl(every=1, histograms=False, writer="memory")),
-    ConfigSpec("scalars-10", "gradlog scalars (histograms=False)", _gl(every=10, histograms=False, writer="memory")),
-    ConfigSpec("scalars-100", "gradlog scalars (histograms=False)", _gl(every=100, histograms=False, writer="memory")),
+    ConfigSpec(
+        "scalars-1", "gradlog scalars, flags, ratio (histograms=False)", _gl(every=1, histograms=False, writer="memory")
+    ),
+    ConfigSpec(
+        "zeros-1",
+        "gradlog scalars + grad_zero_frac (histograms=False, count_zeros=True)",
+        _gl(every=1, histograms=False, count_zeros=True, writer="memory"),
+    ),
+    ConfigSpec(
+        "scalars-10",
+        "gradlog scalars, flags, ratio (histograms=False)",
+        _gl(every=10, histograms=False, writer="memory"),
+    ),
+    ConfigSpec(
+        "scalars-100",
+        "gradlog scalars, flags, ratio (histograms=False)",
+        _gl(every=100, histograms=False, writer="memory"),
+    ),
     ConfigSpec("hist-1", "gradlog + grad/weight/update histograms, MemoryWriter", _gl(every=1, writer="memory")),
     ConfigSpec("hist-10", "gradlog + grad/weight/update histograms, MemoryWriter", _gl(every=10, writer="memory")),
     ConfigSpec("default", "gradlog default: GradLogger(model, opt)", _gl()),
