@@ -85,7 +85,7 @@ def _run_hints(rows: list[Tracked], out: list[NeverUpdated], has_optimizer: bool
     elif len(trainable) > 1 and reasons == {Reason.ZERO_GRAD}:
         hint = (
             "every trainable tensor had an all-zero grad: is zero_grad(set_to_none=False) called between "
-            "backward() and step(), or is the loss constant?"
+            "backward() and step(), are gradients clipped to 0 (max_norm=0), or is the loss constant?"
         )
     elif has_optimizer and trainable and reasons == {Reason.NOT_IN_OPTIMIZER}:
         orphans = sum(not r.in_model for r in rows)
