@@ -44,6 +44,19 @@ def _sumsq(t: torch.Tensor) -> torch.Tensor:
     return torch.dot(flat, flat) if flat.numel() else flat.new_zeros(())
 
 
+def _every_row(values: torch.Tensor, positions: list[int], n: int) -> torch.Tensor:
+    """`values` of the rows at `positions` (sorted), zeros in the other rows of `n`.
+
+    The index is built on the host and sent without waiting (no sync on accelerators).
+    """
+    if len(positions) == n:
+        return values
+    out = values.new_zeros((n, *values.shape[1:]))
+    if positions:
+        out[torch.tensor(positions).to(values.device, non_blocking=True)] = values
+    return out
+
+
 @dataclass
 class Measurement:
     """Host-side statistics of one measured step, one row per tracked tensor (`rows`)."""
@@ -189,10 +202,7 @@ class Meter:
             part = norm_partials(xs, device, zero_counts=zeros)
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
-            if len(pos) == len(rows):
-                grad = part
-            else:  # an index built on the host and sent without waiting (no sync on accelerators)
-                grad[torch.tensor(pos).to(device, non_blocking=True)] = part
+            grad = _every_row(part, pos, len(rows))
         dist = self.reducer.open(index, rows, device) if self.reducer and self.reducer.active(rows) else None
         if dist is not None:
             pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
@@ -223,12 +233,7 @@ class Meter:
             # Snapshot in the weights' own dtype: one copy, never more (finish() takes the norm of a
             # low-precision update in fp32, one tensor at a time).
             snap, sumsq = copy_with_sumsq(weights, device)
-            if len(moving) == len(rows):
-                before = sumsq.to(grad.dtype)
-            else:
-                before = torch.zeros(len(rows), dtype=grad.dtype, device=device)
-                if snap:
-                    before[torch.tensor(moving).to(device, non_blocking=True)] = sumsq
+            before = _every_row(sumsq, moving, len(rows))
         self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist)
 
     def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
@@ -269,10 +274,7 @@ class Meter:
                 weight = self._merge(moved_weight, op.moving, weights, device)
                 if low:
                     moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
-                if len(op.moving) == len(op.rows):
-                    update = moved
-                else:
-                    update[torch.tensor(op.moving).to(device, non_blocking=True)] = moved
+                update = _every_row(moved, op.moving, len(op.rows))
                 if op.histograms and "update" in self.histogram_kinds:
                     torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
                     hists.append(("update", op.snapshot, op.moving))
@@ -300,15 +302,13 @@ class Meter:
     ) -> torch.Tensor:
         """Weight sums of squares for every row: the moving rows' came with the update, the rest
         (frozen, not in the optimizer) get a norm of their own."""
-        if len(moving) == len(weights):
-            return moved
-        out = torch.zeros(len(weights), dtype=moved.dtype, device=device)
-        out[torch.tensor(moving).to(device, non_blocking=True)] = moved
-        taken = set(moving)
-        rest = [i for i in range(len(weights)) if i not in taken]
-        out[torch.tensor(rest).to(device, non_blocking=True)] = norm_partials(
-            [weights[i] for i in rest], device, counts=False
-        )[:, SUMSQ]
+        out = _every_row(moved, moving, len(weights))
+        if len(moving) < len(weights):
+            taken = set(moving)
+            rest = [i for i in range(len(weights)) if i not in taken]
+            out += _every_row(
+                norm_partials([weights[i] for i in rest], device, counts=False)[:, SUMSQ], rest, len(weights)
+            )
         return out
 
     def _reduce(
