@@ -291,8 +291,7 @@ class GradLogger:
             h.remove()
         self._handles = []
         self.meter.abandon()
-        self.table.rescan()
-        report = self.report()
+        report = self._final_report()
         self._report = report
         if self.rank_zero:
             self._write_report(report)
@@ -303,6 +302,29 @@ class GradLogger:
             _active.remove(self)
         atexit.unregister(self._atexit)
         return report
+
+    def _final_report(self) -> Report:
+        """The diagnosis at close; if it fails, a warning and a Report that says so, never a traceback
+        at the end of a training run (strict mode and distributed mismatches still raise)."""
+        try:
+            self.table.rescan()
+            return self.report()
+        except DistributedMismatchError:
+            raise
+        except Exception as exc:
+            if self.strict:
+                raise
+            key = f"{type(exc).__name__}: {exc}"
+            msg = f"gradlog: the never-updated diagnosis failed at close() ({key}); the run's data is still written"
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            logger.warning(msg)
+            return Report(
+                optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
+                measured_steps=self.ledger.measured_steps,
+                skipped_steps=self.ledger.skipped_steps,
+                tracked_tensors=len(self.table.rows),
+                error=key,
+            )
 
     def _write_report(self, report: Report) -> None:
         step = max(self._last_index, 0)

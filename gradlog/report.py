@@ -65,10 +65,13 @@ class Report:
     measured_steps: int = 0
     skipped_steps: int = 0
     tracked_tensors: int = 0
+    error: str | None = None  # the diagnosis itself failed (close() warned); never_updated is then unknown
 
     @property
     def healthy(self) -> bool:
         """True when nothing is suspicious: only intentionally frozen tensors may be listed."""
+        if self.error is not None:
+            return False
         return self.first_nonfinite is None and all(r.reason in INTENTIONAL for r in self.never_updated)
 
     def counts(self) -> dict[str, int]:
@@ -82,7 +85,9 @@ class Report:
         """One line a user can act on."""
         n = len(self.never_updated)
         parts = []
-        if n == 0:
+        if self.error is not None:
+            parts.append(f"the diagnosis failed ({self.error}); which tensors never updated is unknown")
+        elif n == 0:
             parts.append(f"all {self.tracked_tensors} tracked tensors were updated")
         else:
             by = ", ".join(f"{k} {v}" for k, v in self.counts().items())
@@ -123,6 +128,7 @@ class Report:
             "measured_steps": self.measured_steps,
             "skipped_steps": self.skipped_steps,
             "tracked_tensors": self.tracked_tensors,
+            "error": self.error,
             "never_updated": [
                 {
                     "name": r.name,

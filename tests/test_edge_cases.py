@@ -265,6 +265,41 @@ def test_strict_mode_raises_writer_errors() -> None:
         gl.log(0)
 
 
+def test_a_failing_diagnosis_warns_and_close_still_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug inside the diagnosis must not turn the end of a training run into a traceback."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    _step(model, opt, torch.randn(2, 2))
+    gl.log(0)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("planted")
+
+    monkeypatch.setattr(gradlog.logger, "diagnose", broken)
+    with pytest.warns(RuntimeWarning, match="diagnosis failed at close.*KeyError"):
+        report = gl.close()
+    assert report.error is not None and "planted" in report.error
+    assert not report.healthy and "diagnosis failed" in report.verdict
+    assert (report.optimizer_steps, report.measured_steps, report.tracked_tensors) == (1, 1, 2)
+    assert mem.closed and not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    assert "diagnosis failed" in mem.tables["gradlog/summary"][1][0][1]
+    assert gl.close() is report  # idempotent
+
+
+def test_a_failing_diagnosis_raises_in_strict_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = nn.Linear(2, 2)
+    gl = gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), writer="memory", strict=True)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("planted")
+
+    monkeypatch.setattr(gradlog.logger, "diagnose", broken)
+    with pytest.raises(KeyError, match="planted"):
+        gl.close()
+
+
 def test_report_printed_at_interpreter_exit_when_close_is_forgotten(tmp_path) -> None:  # type: ignore[no-untyped-def]
     script = textwrap.dedent(
         """
