@@ -20,7 +20,7 @@ from gradlog.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Red
 from gradlog.histogram import MAX_BINS
 from gradlog.ledger import Ledger
 from gradlog.measure import HISTOGRAM_KINDS, Measurement, Meter
-from gradlog.params import ParamTable
+from gradlog.params import NameFilter, ParamTable, Selection
 from gradlog.report import COLUMNS, Report
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
@@ -52,6 +52,10 @@ class GradLogger:
     Without an optimizer (``optimizer=None``) gradients are measured inside ``log()`` itself, on
     every ``every``-th call, and no update can be measured.
 
+    Which tensors: every parameter of the model and of the optimizer, or those whose name matches
+    ``include`` (globs such as ``"encoder.*"``, a list of them, or a callable on the name) and not
+    ``exclude``. Unwatched tensors are not measured, written or diagnosed.
+
     Where it goes: ``writer`` (default ``"tensorboard"``, into ``log_dir``, by default a new
     ``runs/<timestamp>-<host>`` folder per logger), a `Writer`, or a list of either.
 
@@ -79,6 +83,8 @@ class GradLogger:
         histograms: bool = True,
         histogram_every: int | None = None,
         count_zeros: bool | None = None,
+        include: NameFilter = None,
+        exclude: NameFilter = None,
         histogram_kinds: tuple[str, ...] = HISTOGRAM_KINDS,
         bins: int = 64,
         print_report: bool = True,
@@ -127,7 +133,8 @@ class GradLogger:
         self.alerts: Alerts | None = watch if alerts else None
         self.strict = strict
         self._failures: set[str] = set()
-        self.table = ParamTable(model, optimizer)
+        self.table = ParamTable(model, optimizer, Selection(include, exclude))
+        self.table.check_selection()
         self.meter = Meter(
             self.table,
             optimizer,
@@ -322,7 +329,7 @@ class GradLogger:
                 optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
                 measured_steps=self.ledger.measured_steps,
                 skipped_steps=self.ledger.skipped_steps,
-                tracked_tensors=len(self.table.rows),
+                tracked_tensors=len(self.table.live),
                 error=key,
             )
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -59,15 +62,56 @@ class Tracked:
         return int(self.param.numel())
 
 
+#: `include=` / `exclude=`: a glob, a list of globs, or a predicate on the tensor's (clean) name.
+NameFilter = Optional[Union[str, Sequence[str], Callable[[str], bool]]]
+
+
+def _matcher(spec: NameFilter, arg: str) -> Callable[[str], bool] | None:
+    if spec is None:
+        return None
+    if callable(spec):
+        return spec
+    patterns = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (Sequence, set, frozenset)) else None
+    if not patterns or not all(isinstance(p, str) for p in patterns):
+        raise ValueError(
+            f"{arg} must be a glob like 'encoder.*', a non-empty list of globs, or a callable name -> bool; "
+            f"got {spec!r}"
+        )
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+class Selection:
+    """Which tensors gradlog watches: `include` (default all), minus `exclude`, matched on every name
+    a tensor has (tied weights: any alias)."""
+
+    def __init__(self, include: NameFilter = None, exclude: NameFilter = None) -> None:
+        self.include = _matcher(include, "include")
+        self.exclude = _matcher(exclude, "exclude")
+        self.specs = (include, exclude)
+
+    @property
+    def everything(self) -> bool:
+        return self.include is None and self.exclude is None
+
+    def __call__(self, row: Tracked) -> bool:
+        names = (row.name, *row.aliases)
+        if self.include is not None and not any(self.include(n) for n in names):
+            return False
+        return self.exclude is None or not any(self.exclude(n) for n in names)
+
+
 class ParamTable:
     """All parameters of the model plus any the optimizer holds that the model lacks.
 
     Rows are append-only: a tensor keeps its index for the whole run, so per-step arrays line up.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, select: Selection | None = None
+    ) -> None:
         self._model = model
         self._optimizer = optimizer
+        self._select = select or Selection()
         self.rows: list[Tracked] = []
         self._by_id: dict[int, Tracked] = {}
         self._warned_foreign = False
@@ -135,13 +179,27 @@ class ParamTable:
 
     @property
     def live(self) -> list[Tracked]:
-        """Rows still held by the model or the optimizer (to_empty() replaces meta parameters).
+        """Rows still held by the model or the optimizer (to_empty() replaces meta parameters), and
+        selected by `include` / `exclude`: every statistic, the ledger and the report use these.
 
         Rows change only in `rescan`, so the list is kept until the next rebuild (a copy is returned).
         """
         if self._live is None:
-            self._live = [r for r in self.rows if r.in_model or r.group is not None]
+            self._live = [r for r in self.rows if (r.in_model or r.group is not None) and self._select(r)]
         return list(self._live)
+
+    def check_selection(self) -> None:
+        """A filter that leaves nothing to watch is a typo, not a wish: say what the names look like."""
+        if self._select.everything or self.live or not self.rows:
+            return
+        include, exclude = self._select.specs
+        names = [r.name for r in self.rows if r.in_model or r.group is not None]
+        shown = ", ".join(repr(n) for n in names[:6]) + (", ..." if len(names) > 6 else "")
+        raise ValueError(
+            f"include={include!r}, exclude={exclude!r} leave none of the model's {len(names)} tensors to watch; "
+            f"names look like {shown} (glob patterns, matched on these names with wrapper prefixes "
+            "such as 'module.' and '_orig_mod.' removed)"
+        )
 
     def get(self, p: torch.Tensor) -> Tracked | None:
         return self._by_id.get(id(p))
