@@ -20,6 +20,7 @@ from gradlog.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Red
 from gradlog.histogram import MAX_BINS
 from gradlog.ledger import Ledger
 from gradlog.measure import HISTOGRAM_KINDS, Measurement, Meter
+from gradlog.optimizers import steppable
 from gradlog.params import NameFilter, ParamTable, Selection
 from gradlog.report import COLUMNS, Report
 from gradlog.writers import WriterSpec, make_writers
@@ -99,11 +100,8 @@ class GradLogger:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}; "
-                "with several optimizers, create one GradLogger per optimizer"
-            )
+        if optimizer is not None:
+            optimizer = steppable(optimizer)  # a wrapper's (accelerate, Lightning) inner optimizer
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be an integer >= 1 (measure every k-th optimizer step), got {every!r}")
         if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:

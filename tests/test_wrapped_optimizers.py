@@ -1,0 +1,120 @@
+"""Optimizers handed over inside a wrapper: accelerate's AcceleratedOptimizer, a Lightning-style holder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 3)
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x)))
+
+
+def test_accelerate_with_gradient_accumulation_counts_real_optimizer_steps() -> None:
+    accelerate = pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = Net()
+    model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert type(opt).__name__ == "AcceleratedOptimizer"
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    steps = []
+    for _ in range(8):
+        with accelerator.accumulate(model):
+            loss = model(torch.randn(4, 6)).pow(2).mean()
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:  # the step that really updates; its gradient, by hand
+                w = model.body.weight
+                steps.append((torch.linalg.vector_norm(w.grad).item(), w.detach().clone(), w.grad.detach().clone()))
+            opt.step()
+            opt.zero_grad()
+        gl.log()
+    report = gl.close()
+    assert len(steps) == 4 and gl.optimizer_steps == 4  # 8 micro-batches, 4 real optimizer steps
+    got = mem.scalars["grad_norm/body.weight"]
+    assert [s for s, _ in got] == [0, 1, 2, 3]
+    assert [v for _, v in got] == pytest.approx([n for n, _, _ in steps], rel=1e-6)
+    _, before, grad = steps[-1]
+    ratio = (torch.linalg.vector_norm(0.1 * grad) / torch.linalg.vector_norm(before)).item()
+    assert mem.last("update_ratio/body.weight") == pytest.approx(ratio, rel=1e-4)
+    assert {r.name: r.reason for r in report.never_updated} == {
+        "unused.weight": Reason.NO_GRAD,
+        "unused.bias": Reason.NO_GRAD,
+    }
+
+
+class Holder:
+    """Like Lightning's LightningOptimizer: not an Optimizer, keeps the real one and steps it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer = optimizer
+
+    def step(self) -> None:
+        self._optimizer.step()
+
+
+def test_a_holder_that_is_not_an_optimizer_is_unwrapped() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, Holder(inner), writer=mem, every=1, print_report=False)  # type: ignore[arg-type]
+    for step in range(3):
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        Holder(inner).step()
+        inner.zero_grad()
+        gl.log(step)
+    gl.close()
+    assert gl.optimizer is inner and not inner._optimizer_step_pre_hooks  # hooked there, and unhooked by close()
+    assert [s for s, _ in mem.scalars["update_ratio/head.weight"]] == [0, 1, 2]
+
+
+class Lookahead(torch.optim.Optimizer):
+    """A full Optimizer that wraps another and adds to its update: it must be measured itself."""
+
+    def __init__(self, base: torch.optim.Optimizer, alpha: float = 0.5) -> None:
+        self.optimizer = base
+        super().__init__(base.param_groups, {})
+        self.alpha = alpha
+        self.slow = [p.detach().clone() for g in base.param_groups for p in g["params"]]
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        self.optimizer.step()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for p, s in zip(params, self.slow):
+            s.add_(p - s, alpha=self.alpha)
+            p.copy_(s)
+
+
+def test_a_wrapper_that_is_a_full_optimizer_is_measured_itself() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opt = Lookahead(torch.optim.SGD(model.parameters(), lr=0.1))
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    before = model.head.weight.detach().clone()
+    opt.step()
+    gl.log(0)
+    gl.close()
+    assert gl.optimizer is opt
+    moved = torch.linalg.vector_norm(model.head.weight.detach() - before) / torch.linalg.vector_norm(before)
+    assert mem.last("update_ratio/head.weight") == pytest.approx(moved.item(), rel=1e-5)  # the half step, not SGD's
+
+
+def test_an_object_holding_no_optimizer_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer .*got Holder"):
+        gradlog.GradLogger(Net(), Holder(object()), writer="memory")  # type: ignore[arg-type]
