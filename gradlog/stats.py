@@ -181,7 +181,7 @@ def _zero_flags(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
     (their squares may have underflowed); on accelerators, where reading the norms back is a sync,
     a tensor whose every entry is below ~1e-23 in magnitude reads as zero.
     """
-    flags = (l2 != 0).to(torch.float64)  # NaN is non-zero
+    flags = (l2 != 0).to(stat_dtype(l2.device))  # NaN is non-zero
     if host_reads_free(l2.device):
         for i, zero in enumerate((l2 == 0).tolist()):
             if zero:
@@ -325,11 +325,12 @@ def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.T
     zf = torch.where(fin, x, 0)  # NaN/Inf stand at 0 for the range and the moments
     lo, hi = torch.aminmax(zf)
     z = torch.where(fin, x, lo)  # ... and are parked in bucket 0 for counting, then taken out of it
-    width = hi.double() - lo.double()
+    wide = stat_dtype(x.device)  # float64 where the device has it (not MPS)
+    width = hi.to(wide) - lo.to(wide)
     scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0).to(x.dtype)
     pos = torch.sub(z, lo).mul_(scale).clamp_(0, bins)  # clamp: x - lo may overflow near the dtype's max
     if pos.numel() > 2**24:  # float32 counts stop being exact
-        pos = pos.double()
+        pos = pos.to(wide)
     # bincount would read its maximum back to size its output; histc with fixed edges does not.
     counts = torch.histc(pos, bins + 1, 0, bins + 1).to(torch.int64)
     counts[0] -= nonfinite
