@@ -8,7 +8,7 @@ reducer can combine shards before the final norms and ratios are taken.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -147,31 +147,52 @@ def _l2(group: list[torch.Tensor]) -> list[torch.Tensor]:
     return list(torch._foreach_norm(group, 2))
 
 
+def _by_group(
+    xs: Sequence[torch.Tensor],
+    device: torch.device,
+    widths: tuple[int, ...],
+    work: Callable[[list[int]], tuple[torch.Tensor, ...]],
+) -> tuple[torch.Tensor, ...]:
+    """Runs `work` on the positions of each (device, dtype) group of `xs` (fused calls need one dtype)
+    and puts its per-tensor results back in `xs`' order: one [n] (width 1) or [n, width] tensor each."""
+    dt = stat_dtype(device)
+    groups = _groups(xs)
+    if len(groups) == 1:
+        return tuple(p.to(device, dt) for p in work(next(iter(groups.values()))))
+    outs = tuple(torch.zeros((len(xs),) if w == 1 else (len(xs), w), dtype=dt, device=device) for w in widths)
+    for idx in groups.values():
+        at = torch.tensor(idx).to(device, non_blocking=True)  # built on the host, sent without a wait
+        for out, part in zip(outs, work(idx)):
+            out[at] = part.to(device, dt)
+    return outs
+
+
+def _slice_limit(device: torch.device) -> float:
+    """CPU: work a cache-sized slice at a time so a second read of the same values hits the cache.
+    Accelerators: one fused call over everything."""
+    return _CACHE_BYTES if host_reads_free(device) else math.inf
+
+
 def copy_with_sumsq(xs: Sequence[torch.Tensor], device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Copies of `xs` (in their own dtype) and the sum of squares of each, [n].
 
     On the CPU a cache-sized slice at a time: the norm reads the copy it just wrote from cache, so
-    it costs a fraction of a pass over the weights. Accelerators: one fused norm after the copies.
+    it costs a fraction of a pass over the weights.
     """
-    dt = stat_dtype(device)
     copies: list[torch.Tensor] = [torch.empty(0)] * len(xs)
-    out = torch.zeros(len(xs), dtype=dt, device=device)
-    limit = _CACHE_BYTES if host_reads_free(device) else math.inf
-    groups = _groups(xs)
-    for (_, _dtype), idx in groups.items():
+
+    def work(idx: list[int]) -> tuple[torch.Tensor]:
         norms: list[torch.Tensor] = []
-        group = [xs[i] for i in idx]
-        for part in _slices(group, limit):
-            fresh = [group[j].clone() for j in part]
-            for j, c in zip(part, fresh):
+        for run in _slices([xs[i] for i in idx], _slice_limit(device)):
+            fresh = [xs[idx[j]].clone() for j in run]
+            for j, c in zip(run, fresh):
                 copies[idx[j]] = c
             norms += _l2(fresh)
-        l2 = torch.stack(norms).to(device, dt) if norms else out.new_zeros(0)
-        if len(groups) == 1:
-            out = l2 * l2
-        else:
-            out[torch.tensor(idx).to(device, non_blocking=True)] = l2 * l2
-    return copies, out
+        l2 = torch.stack(norms)
+        return (l2 * l2,)
+
+    (sumsq,) = _by_group(xs, device, (1,), work)
+    return copies, sumsq
 
 
 def _zero_flags(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
@@ -196,28 +217,22 @@ def subtract_with_sumsq(
     and of the difference, each [n].
 
     On the CPU a cache-sized slice at a time: each weight is read once from memory for its norm
-    and the subtraction, and the difference's norm reads from cache. Accelerators: fused calls.
+    and the subtraction, and the difference's norm reads from cache.
     """
-    dt = stat_dtype(device)
-    weight = torch.zeros(len(after), dtype=dt, device=device)
-    update = torch.zeros(len(after), dtype=dt, device=device)
-    limit = _CACHE_BYTES if host_reads_free(device) else math.inf
-    groups = _groups(after)
-    for (_, _dtype), idx in groups.items():
+
+    def work(idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         w_l2: list[torch.Tensor] = []
         u_l2: list[torch.Tensor] = []
-        for run in _slices([after[i] for i in idx], limit):
+        for run in _slices([after[i] for i in idx], _slice_limit(device)):
             a = [after[idx[j]] for j in run]
             s = [snapshot[idx[j]] for j in run]
             w_l2 += _l2(a)
             torch._foreach_sub_(s, a)
             u_l2 += _l2(s)
-        w, u = torch.stack(w_l2).to(device, dt), torch.stack(u_l2).to(device, dt)
-        if len(groups) == 1:
-            weight, update = w * w, u * u
-        else:
-            at = torch.tensor(idx).to(device, non_blocking=True)
-            weight[at], update[at] = w * w, u * u
+        w, u = torch.stack(w_l2), torch.stack(u_l2)
+        return w * w, u * u
+
+    weight, update = _by_group(after, device, (1, 1), work)
     return weight, update
 
 
@@ -233,41 +248,35 @@ def norm_partials(
     One fused `_foreach_norm` per (device, dtype) group for the sums of squares (fp16/bf16
     accumulated in fp32), one more for the non-zero counts; see `_nonfinite_counts`.
     """
-    dt = stat_dtype(device)
-    groups = _groups(xs)
-    out = torch.zeros(len(xs), 3, dtype=dt, device=device)
-    for (_, dtype), idx in groups.items():
+
+    def work(idx: list[int]) -> tuple[torch.Tensor]:
         group = [xs[i] for i in idx]
-        if dtype.is_floating_point or dtype.is_complex:
-            nonzero = None
-            if counts and zero_counts and host_reads_free(group[0].device):
-                # a cache-sized slice at a time: the count reads what the norm just brought into cache
-                l2: list[torch.Tensor] = []
-                found: list[int] = []
-                for run in _slices(group, _CACHE_BYTES):
-                    chunk = [group[j] for j in run]
-                    l2 += _l2(chunk)
-                    found += [_host_nonzero(g) for g in chunk]
-                l2s = torch.stack(l2)
-                nonzero = torch.tensor(found, dtype=torch.float64)
-            else:
-                l2s = torch.stack(_l2(group))
-            cols = [l2s.to(device, dt)]
-            if counts:
-                if nonzero is None:
-                    nonzero = _nonzero_counts(group) if zero_counts else _zero_flags(group, l2s)
-                cols.append(nonzero.to(device, dt))
-                cols.append(_nonfinite_counts(group, l2s).to(device, dt))
-        else:  # integer "parameters" cannot be NaN
-            cols = [torch.stack([g.double().norm() for g in group]).to(device, dt)]
-            if counts:
-                cols.append(torch.stack([torch.count_nonzero(g) for g in group]).to(device, dt))
-        cols[0] = cols[0] * cols[0]
-        block = torch.stack(cols, dim=1)
-        if len(groups) == 1:
-            out[:, : block.shape[1]] = block
+        numeric = group[0].is_floating_point() or group[0].is_complex()  # else integers: never NaN
+        nonzero: torch.Tensor | None = None
+        nonfinite: torch.Tensor | None = None
+        if counts and zero_counts and numeric and host_reads_free(group[0].device):
+            # a cache-sized slice at a time: the count reads what the norm just brought into cache
+            l2: list[torch.Tensor] = []
+            found: list[int] = []
+            for run in _slices(group, _CACHE_BYTES):
+                chunk = [group[j] for j in run]
+                l2 += _l2(chunk)
+                found += [_host_nonzero(g) for g in chunk]
+            l2s = torch.stack(l2)
+            nonzero = torch.tensor(found, dtype=torch.float64)
         else:
-            out[torch.tensor(idx).to(device, non_blocking=True), : block.shape[1]] = block
+            l2s = torch.stack(_l2(group))
+        if counts and not numeric:
+            nonzero = torch.stack([torch.count_nonzero(g) for g in group])
+        elif counts:
+            if nonzero is None:
+                nonzero = _nonzero_counts(group) if zero_counts else _zero_flags(group, l2s)
+            nonfinite = _nonfinite_counts(group, l2s)
+        zeros = torch.zeros(len(group), dtype=stat_dtype(device), device=device)
+        cols = [l2s * l2s, zeros if nonzero is None else nonzero, zeros if nonfinite is None else nonfinite]
+        return (torch.stack([c.to(device, stat_dtype(device)) for c in cols], dim=1),)
+
+    (out,) = _by_group(xs, device, (3,), work)
     return out
 
 
