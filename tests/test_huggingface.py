@@ -1,0 +1,97 @@
+"""GradlogCallback inside a real Hugging Face Trainer (CPU, gradient accumulation)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+
+transformers = pytest.importorskip("transformers")
+from gradlog.integrations.huggingface import GradlogCallback  # noqa: E402
+
+
+class Regressor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 1)
+        self.unused = nn.Linear(2, 2)  # a planted bug: never called
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = self.head(torch.tanh(self.body(x))).squeeze(-1)
+        return {"loss": ((out - labels) ** 2).mean(), "logits": out}
+
+
+class Data(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x = torch.randn(4, generator=torch.Generator().manual_seed(i))
+        return {"x": x, "labels": x.sum()}
+
+
+class HandReference(transformers.TrainerCallback):  # type: ignore[misc]
+    """The gradient norm the optimizer is about to use, read by hand right before each step."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+        self.norms.append(torch.linalg.vector_norm(model.body.weight.grad).item())
+
+
+def test_trainer_with_accumulation_logs_every_real_optimizer_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    mem = gradlog.MemoryWriter()
+    cb, ref = GradlogCallback(writer=mem, every=1, print_report=False), HandReference()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        num_train_epochs=1,
+        max_grad_norm=0.5,  # Trainer clips before the step: gradlog must see the clipped gradient
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    transformers.Trainer(model=Regressor(), args=args, train_dataset=Data(), callbacks=[cb, ref]).train()
+    got = mem.scalars["grad_norm/body.weight"]
+    assert [s for s, _ in got] == [1, 2, 3, 4]  # 64 samples / (8 x 2): 4 optimizer steps, at HF's global_step
+    assert [v for _, v in got] == pytest.approx(ref.norms, rel=1e-6)
+    assert max(v for _, v in mem.scalars["gradlog/grad_norm_total"]) <= 0.5 + 1e-6
+    assert cb.report is not None and mem.closed
+    assert {r.name: r.reason for r in cb.report.never_updated} == {
+        "unused.weight": Reason.NO_GRAD,
+        "unused.bias": Reason.NO_GRAD,
+    }
+
+
+def test_log_dir_defaults_to_the_trainer_output_dir(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("tensorboard")
+    cb = GradlogCallback(every=1, print_report=False)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=16,
+        max_steps=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    transformers.Trainer(model=Regressor(), args=args, train_dataset=Data(), callbacks=[cb]).train()
+    assert any((tmp_path / "gradlog").glob("events.out.tfevents.*"))
+
+
+def test_gradlog_alone_never_imports_transformers() -> None:
+    code = "import sys, gradlog; print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'accelerate'}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
