@@ -165,14 +165,40 @@ class GradLogger:
         atexit.register(self._atexit)
 
     # --- hooks (the hot path: unmeasured steps only count) ---------------------------------
-    def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _pre_step(
+        self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if self.amp.scaler is not None:
             self._guarded(self.amp.before_step)
         index = self.optimizer_steps
         self.optimizer_steps += 1
         if index % self.every:
-            return
-        self._guarded(lambda: self._begin(index, snapshot=True))
+            return None
+        # args as the hook sees them: (optimizer, *positional), so a positional closure is args[1]
+        closure = kwargs.get("closure") if "closure" in kwargs else args[1] if len(args) > 1 else None
+        if not callable(closure):
+            self._guarded(lambda: self._begin(index, snapshot=True))
+            return None
+        # step(closure): the gradients do not exist yet; they are made by the closure, inside step()
+        measured = self._measure_after_first_call(closure, index)
+        if "closure" in kwargs:
+            return tuple(args), {**kwargs, "closure": measured}
+        return (args[0], measured, *args[2:]), dict(kwargs)
+
+    def _measure_after_first_call(self, closure: Callable[[], Any], index: int) -> Callable[[], Any]:
+        """Optimizers call the closure before they move any weight (LBFGS calls it again after each
+        move): right after the first call the gradients are the ones the step uses, and the weights
+        are still the step's starting point."""
+        first = [True]
+
+        def measured_closure() -> Any:
+            result = closure()
+            if first[0]:
+                first[0] = False
+                self._guarded(lambda: self._begin(index, snapshot=True))
+            return result
+
+        return measured_closure
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.amp.fused:
