@@ -1,0 +1,61 @@
+"""`GradlogCallback` for Lightning's `Trainer`, which owns the loop and builds optimizers in `fit()`.
+
+Importing this module imports Lightning (the `lightning` package, else `pytorch_lightning`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pragma: no cover - the older package name
+    try:
+        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
+    except ImportError as exc:
+        raise ImportError(
+            "gradlog.integrations.lightning needs Lightning: pip install 'gradlog[lightning]' "
+            "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
+        ) from exc
+
+from gradlog.logger import GradLogger
+from gradlog.report import Report
+
+
+class GradlogCallback(Callback):
+    """Creates a `GradLogger` for the LightningModule and one of its optimizers when fitting starts,
+    publishes after each training batch at the Trainer's `global_step` (optimizer steps), and closes
+    when fitting ends.
+
+    Keyword arguments go to `GradLogger`; `log_dir` defaults to ``<trainer.log_dir>/gradlog``.
+    `optimizer_index` picks the optimizer when `configure_optimizers` returns several (a GAN: one
+    callback per optimizer). The run's report is kept in `report`.
+    """
+
+    def __init__(self, optimizer_index: int = 0, **gradlog_kwargs: Any) -> None:
+        self.optimizer_index = optimizer_index
+        self.kwargs = gradlog_kwargs
+        self.logger: GradLogger | None = None
+        self.report: Report | None = None
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        optimizers = trainer.optimizers
+        if not 0 <= self.optimizer_index < len(optimizers):
+            raise ValueError(
+                f"GradlogCallback(optimizer_index={self.optimizer_index}): configure_optimizers returned "
+                f"{len(optimizers)} optimizer(s); pass an index below {len(optimizers)}"
+            )
+        options = dict(self.kwargs)
+        options.setdefault("log_dir", os.path.join(trainer.log_dir or trainer.default_root_dir, "gradlog"))
+        if self.logger is not None:  # a second fit(): a new run
+            self.logger.close()
+        self.logger = GradLogger(pl_module, optimizers[self.optimizer_index], **options)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.logger is not None:
+            self.logger.log(trainer.global_step)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.logger is not None:
+            self.report = self.logger.close()

@@ -1,0 +1,79 @@
+"""GradlogCallback inside a real Lightning Trainer (CPU, automatic optimisation, accumulation)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+
+L = pytest.importorskip("lightning.pytorch")
+from gradlog.integrations.lightning import GradlogCallback  # noqa: E402
+
+
+class Regressor(L.LightningModule):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 1)
+        self.unused = nn.Linear(2, 2)  # a planted bug: never called
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return ((self.head(torch.tanh(self.body(x))).squeeze(-1) - y) ** 2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+class HandReference(L.Callback):  # type: ignore[misc]
+    """The accumulated gradient right before each optimizer step, read by hand."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # type: ignore[no-untyped-def]
+        self.norms.append(torch.linalg.vector_norm(pl_module.body.weight.grad).item())
+
+
+def _loader() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1)), batch_size=8)
+
+
+def _trainer(tmp_path, callbacks: list, **kw: object) -> object:  # type: ignore[no-untyped-def,type-arg]
+    return L.Trainer(
+        default_root_dir=str(tmp_path),
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        **kw,
+    )
+
+
+def test_lightning_fit_with_accumulation_measures_the_gradients_of_each_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    mem = gradlog.MemoryWriter()
+    cb, ref = GradlogCallback(writer=mem, every=1, print_report=False), HandReference()
+    _trainer(tmp_path, [cb, ref], accumulate_grad_batches=2).fit(Regressor(), _loader())
+    got = mem.scalars["grad_norm/body.weight"]
+    assert len(ref.norms) == 4  # 8 batches, 2 per optimizer step
+    assert [s for s, _ in got] == [1, 2, 3, 4]  # at Lightning's global_step after each step
+    assert [v for _, v in got] == pytest.approx(ref.norms, rel=1e-6)  # measured after the closure ran
+    assert cb.report is not None and mem.closed
+    assert {r.name: r.reason for r in cb.report.never_updated} == {
+        "unused.weight": Reason.NO_GRAD,
+        "unused.bias": Reason.NO_GRAD,
+    }
+
+
+def test_an_optimizer_index_out_of_range_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=r"optimizer_index=1.*returned 1 optimizer"):
+        _trainer(tmp_path, [GradlogCallback(optimizer_index=1, writer="memory")]).fit(Regressor(), _loader())
