@@ -5,7 +5,6 @@ Importing this module imports transformers; gradlog itself never does.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 try:
@@ -16,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
         "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
     ) from exc
 
+from gradlog.integrations._run import CallbackRun
 from gradlog.logger import GradLogger
 from gradlog.report import Report
 
@@ -29,24 +29,24 @@ class GradlogCallback(TrainerCallback):
     """
 
     def __init__(self, **gradlog_kwargs: Any) -> None:
-        self.kwargs = gradlog_kwargs
-        self.logger: GradLogger | None = None
-        self.report: Report | None = None
+        self.run = CallbackRun(gradlog_kwargs)
+
+    @property
+    def logger(self) -> GradLogger | None:
+        return self.run.logger
+
+    @property
+    def report(self) -> Report | None:
+        return self.run.report
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
+        model = kwargs.get("model")
         if model is None:
             raise RuntimeError("GradlogCallback: the Trainer passed no model to on_train_begin")
-        options = dict(self.kwargs)
-        options.setdefault("log_dir", os.path.join(args.output_dir, "gradlog"))
-        if self.logger is not None:  # a second train() call (resuming): a new run
-            self.logger.close()
-        self.logger = GradLogger(model, optimizer, **options)
+        self.run.start(model, kwargs.get("optimizer"), args.output_dir)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.logger is not None:
-            self.logger.log(state.global_step)
+        self.run.publish(state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.logger is not None:
-            self.report = self.logger.close()
+        self.run.finish()

@@ -5,7 +5,6 @@ Importing this module imports Lightning (the `lightning` package, else `pytorch_
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 try:
@@ -19,6 +18,7 @@ except ImportError:  # pragma: no cover - the older package name
             "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
         ) from exc
 
+from gradlog.integrations._run import CallbackRun
 from gradlog.logger import GradLogger
 from gradlog.report import Report
 
@@ -35,9 +35,15 @@ class GradlogCallback(Callback):
 
     def __init__(self, optimizer_index: int = 0, **gradlog_kwargs: Any) -> None:
         self.optimizer_index = optimizer_index
-        self.kwargs = gradlog_kwargs
-        self.logger: GradLogger | None = None
-        self.report: Report | None = None
+        self.run = CallbackRun(gradlog_kwargs)
+
+    @property
+    def logger(self) -> GradLogger | None:
+        return self.run.logger
+
+    @property
+    def report(self) -> Report | None:
+        return self.run.report
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = trainer.optimizers
@@ -46,16 +52,10 @@ class GradlogCallback(Callback):
                 f"GradlogCallback(optimizer_index={self.optimizer_index}): configure_optimizers returned "
                 f"{len(optimizers)} optimizer(s); pass an index below {len(optimizers)}"
             )
-        options = dict(self.kwargs)
-        options.setdefault("log_dir", os.path.join(trainer.log_dir or trainer.default_root_dir, "gradlog"))
-        if self.logger is not None:  # a second fit(): a new run
-            self.logger.close()
-        self.logger = GradLogger(pl_module, optimizers[self.optimizer_index], **options)
+        self.run.start(pl_module, optimizers[self.optimizer_index], trainer.log_dir or trainer.default_root_dir)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.logger is not None:
-            self.logger.log(trainer.global_step)
+        self.run.publish(trainer.global_step)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.logger is not None:
-            self.report = self.logger.close()
+        self.run.finish()
