@@ -32,3 +32,17 @@ class CallbackRun:
     def finish(self) -> None:
         if self.logger is not None:
             self.report = self.logger.close()
+
+
+class RunAccess:
+    """`logger` and `report` of a callback's run, for users who want them after training."""
+
+    run: CallbackRun
+
+    @property
+    def logger(self) -> GradLogger | None:
+        return self.run.logger
+
+    @property
+    def report(self) -> Report | None:
+        return self.run.report

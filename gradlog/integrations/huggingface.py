@@ -15,12 +15,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
         "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
     ) from exc
 
-from gradlog.integrations._run import CallbackRun
-from gradlog.logger import GradLogger
-from gradlog.report import Report
+from gradlog.integrations._run import CallbackRun, RunAccess
 
 
-class GradlogCallback(TrainerCallback):
+class GradlogCallback(RunAccess, TrainerCallback):
     """Creates a `GradLogger` when training begins (the Trainer builds its optimizer only then),
     publishes at each optimizer step with the Trainer's `global_step` as x-axis, and closes at the end.
 
@@ -30,14 +28,6 @@ class GradlogCallback(TrainerCallback):
 
     def __init__(self, **gradlog_kwargs: Any) -> None:
         self.run = CallbackRun(gradlog_kwargs)
-
-    @property
-    def logger(self) -> GradLogger | None:
-        return self.run.logger
-
-    @property
-    def report(self) -> Report | None:
-        return self.run.report
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")

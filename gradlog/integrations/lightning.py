@@ -18,12 +18,10 @@ except ImportError:  # pragma: no cover - the older package name
             "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
         ) from exc
 
-from gradlog.integrations._run import CallbackRun
-from gradlog.logger import GradLogger
-from gradlog.report import Report
+from gradlog.integrations._run import CallbackRun, RunAccess
 
 
-class GradlogCallback(Callback):
+class GradlogCallback(RunAccess, Callback):
     """Creates a `GradLogger` for the LightningModule and one of its optimizers when fitting starts,
     publishes after each training batch at the Trainer's `global_step` (optimizer steps), and closes
     when fitting ends.
@@ -36,14 +34,6 @@ class GradlogCallback(Callback):
     def __init__(self, optimizer_index: int = 0, **gradlog_kwargs: Any) -> None:
         self.optimizer_index = optimizer_index
         self.run = CallbackRun(gradlog_kwargs)
-
-    @property
-    def logger(self) -> GradLogger | None:
-        return self.run.logger
-
-    @property
-    def report(self) -> Report | None:
-        return self.run.report
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = trainer.optimizers
