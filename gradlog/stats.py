@@ -252,25 +252,21 @@ def norm_partials(
     def work(idx: list[int]) -> tuple[torch.Tensor]:
         group = [xs[i] for i in idx]
         numeric = group[0].is_floating_point() or group[0].is_complex()  # else integers: never NaN
+        counting = counts and zero_counts and numeric
+        l2: list[torch.Tensor] = []
+        found: list[torch.Tensor] = []
+        for run in _slices(group, _slice_limit(group[0].device)):
+            chunk = [group[j] for j in run]
+            l2 += _l2(chunk)
+            if counting:  # on the CPU the count reads what the norm just brought into cache
+                found.append(_nonzero_counts(chunk))
+        l2s = torch.stack(l2)
         nonzero: torch.Tensor | None = None
         nonfinite: torch.Tensor | None = None
-        if counts and zero_counts and numeric and host_reads_free(group[0].device):
-            # a cache-sized slice at a time: the count reads what the norm just brought into cache
-            l2: list[torch.Tensor] = []
-            found: list[int] = []
-            for run in _slices(group, _CACHE_BYTES):
-                chunk = [group[j] for j in run]
-                l2 += _l2(chunk)
-                found += [_host_nonzero(g) for g in chunk]
-            l2s = torch.stack(l2)
-            nonzero = torch.tensor(found, dtype=torch.float64)
-        else:
-            l2s = torch.stack(_l2(group))
         if counts and not numeric:
             nonzero = torch.stack([torch.count_nonzero(g) for g in group])
         elif counts:
-            if nonzero is None:
-                nonzero = _nonzero_counts(group) if zero_counts else _zero_flags(group, l2s)
+            nonzero = torch.cat(found) if counting else _zero_flags(group, l2s)
             nonfinite = _nonfinite_counts(group, l2s)
         zeros = torch.zeros(len(group), dtype=stat_dtype(device), device=device)
         cols = [l2s * l2s, zeros if nonzero is None else nonzero, zeros if nonfinite is None else nonfinite]
