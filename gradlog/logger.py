@@ -216,12 +216,10 @@ class GradLogger:
             self.meter.abandon()
             if self.strict:
                 raise
-            key = f"{type(exc).__name__}: {exc}"
+            key = _describe(exc)
             if key not in self._failures:
                 self._failures.add(key)
-                msg = f"gradlog: measuring step {self.optimizer_steps - 1} failed ({key}); training continues"
-                warnings.warn(msg, RuntimeWarning, stacklevel=3)
-                logger.warning(msg)
+                _warn(f"gradlog: measuring step {self.optimizer_steps - 1} failed ({key}); training continues")
 
     def _begin(self, index: int, snapshot: bool) -> None:
         self._collect()  # a measurement the user never published still feeds the ledger
@@ -345,10 +343,8 @@ class GradLogger:
         except Exception as exc:
             if self.strict:
                 raise
-            key = f"{type(exc).__name__}: {exc}"
-            msg = f"gradlog: the never-updated diagnosis failed at close() ({key}); the run's data is still written"
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-            logger.warning(msg)
+            key = _describe(exc)
+            _warn(f"gradlog: the never-updated diagnosis failed at close() ({key}); the run's data is still written")
             return Report(
                 optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
                 measured_steps=self.ledger.measured_steps,
@@ -388,6 +384,16 @@ class GradLogger:
 
 
 _active: list[GradLogger] = []
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _warn(msg: str) -> None:
+    """Trouble inside gradlog: a RuntimeWarning pointing at the user's code, and the gradlog logger."""
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    logger.warning(msg)
 
 
 def _close_ref(ref: weakref.ref[GradLogger]) -> None:
