@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 from gradlog.readers.wandb_offline import find_run_files, read_chunks, read_finished_run
 from gradlog.writers.wandb import StepPayload, WandbWriter, histogram_bytes, scalar_bytes
 

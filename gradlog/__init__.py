@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gradlog.distributed import DistributedMismatchError
-from gradlog.histogram import Histogram
 from gradlog.logger import GradLogger, close, log, watch
-from gradlog.report import NeverUpdated, NonFinite, Reason, Report
+from gradlog.measure.distributed import DistributedMismatchError
+from gradlog.measure.histogram import Histogram
+from gradlog.verdict.report import NeverUpdated, NonFinite, Reason, Report
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
 from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when constructed

@@ -1,5 +1,5 @@
 import sys
 
-from gradlog.cli import main
+from gradlog.cli.entry import main
 
 sys.exit(main())

@@ -13,16 +13,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradlog.alerts import ALERT_COLUMNS, DEFAULT_NO_GRAD_PATIENCE, DEFAULT_RATIO_BAND, DEFAULT_RATIO_PATIENCE, Alerts
-from gradlog.amp import AmpState
-from gradlog.diagnosis import diagnose
-from gradlog.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Reducer, check_supported
-from gradlog.histogram import MAX_BINS
-from gradlog.ledger import Ledger
-from gradlog.measure import HISTOGRAM_KINDS, Measurement, Meter
-from gradlog.optimizers import steppable
-from gradlog.params import NameFilter, ParamTable, Selection
-from gradlog.report import COLUMNS, Report
+from gradlog.measure.amp import AmpState
+from gradlog.measure.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Reducer, check_supported
+from gradlog.measure.histogram import MAX_BINS
+from gradlog.measure.meter import HISTOGRAM_KINDS, Measurement, Meter
+from gradlog.measure.optimizers import steppable
+from gradlog.measure.params import NameFilter, ParamTable, Selection
+from gradlog.verdict.alerts import (
+    ALERT_COLUMNS,
+    DEFAULT_NO_GRAD_PATIENCE,
+    DEFAULT_RATIO_BAND,
+    DEFAULT_RATIO_PATIENCE,
+    Alerts,
+)
+from gradlog.verdict.diagnosis import diagnose
+from gradlog.verdict.ledger import Ledger
+from gradlog.verdict.report import COLUMNS, Report
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
 

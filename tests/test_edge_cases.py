@@ -13,7 +13,7 @@ from torch import nn
 
 import gradlog
 from gradlog import Reason
-from gradlog.params import clean_name
+from gradlog.measure.params import clean_name
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:

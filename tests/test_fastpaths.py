@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import gradlog
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 
 
 def _setup(seed: int = 0) -> tuple[nn.Sequential, torch.optim.Optimizer, torch.Tensor]:

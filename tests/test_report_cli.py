@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 import gradlog
-from gradlog.cli import main
-from gradlog.health import analyze
-from gradlog.readback import RunData, load, parse_markdown_table
-from gradlog.report import COLUMNS
+from gradlog.cli.entry import main
+from gradlog.readers.run import RunData, load, parse_markdown_table
+from gradlog.verdict.report import COLUMNS
+from gradlog.views.health import analyze
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANTED = {
@@ -201,7 +201,7 @@ def _label_boxes(fig: Any, axis: Any) -> list[Any]:
 def test_plot_labels_never_overlap_with_few_or_many_tensors(tmp_path: Path, blocks: int) -> None:
     """blocks=1 -> 9 tensors, blocks=199 -> 405: every label box is disjoint, never-updated rows are named."""
     pytest.importorskip("matplotlib")
-    from gradlog import plot
+    from gradlog.views import plot
 
     mem, report = planted_run(None, steps=12, every=2, blocks=blocks)
     never = {r.name: r.reason.value for r in report.never_updated}
@@ -452,7 +452,7 @@ def test_wandb_damaged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 def test_c_crc_swap_gives_tensorboard_the_same_checksums_and_is_undone() -> None:
     from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
 
-    from gradlog.readback import c_crc_for_tensorboard
+    from gradlog.readers.run import c_crc_for_tensorboard
 
     original = stub.crc32c
     data = os.urandom(5000)

@@ -5,7 +5,7 @@ import gradlog
 
 
 def test_demo_names_exactly_the_three_planted_bugs() -> None:
-    from gradlog.demo import run
+    from gradlog.cli.demo import run
 
     report = run(steps=30, every=5, writer="memory")
     found = {(r.name, r.reason) for r in report.never_updated}

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from gradlog import stats
-from gradlog.histogram import Histogram
-from gradlog.stats import (
+from gradlog.measure import stats
+from gradlog.measure.histogram import Histogram
+from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
     SUMSQ,

@@ -510,7 +510,7 @@ def test_import_gradlog_does_not_import_tensorboard() -> None:
 def test_demo_writes_under_runs_and_prints_the_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gradlog.cli import main
+    from gradlog.cli.entry import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--steps", "20", "--every", "5"]) == 0

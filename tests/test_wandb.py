@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import gradlog
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 from gradlog.readers.wandb_offline import (
     OfflineRun,
     WandbFileError,

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from gradlog.logger import GradLogger
-from gradlog.report import Report
+from gradlog.verdict.report import Report
 
 
 class CallbackRun:

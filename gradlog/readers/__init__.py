@@ -1,3 +1,6 @@
-"""Readers for files gradlog's writers produce, used by the tests and `gradlog report`."""
+"""Reading runs back from disk: `run.load` (TensorBoard or W&B), `wandb_offline` (W&B's run file).
+
+Used by `gradlog report` and the tests; never by the training-loop path.
+"""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 
 
 class Writer(abc.ABC):

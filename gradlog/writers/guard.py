@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
 
 log = logging.getLogger("gradlog")

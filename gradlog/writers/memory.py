@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
 
 

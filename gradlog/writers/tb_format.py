@@ -14,7 +14,7 @@ from typing import Any
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 
 #: One multi-line chart per metric family, each showing every parameter (the custom-scalars tab).
 METRICS = ("grad_norm", "update_ratio", "grad_zero_frac", "grad_nonfinite", "weight_norm", "gradlog")

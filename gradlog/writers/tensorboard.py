@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
 
 log = logging.getLogger("gradlog")

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradlog.histogram import Histogram
+from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
 
 log = logging.getLogger("gradlog")

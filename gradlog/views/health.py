@@ -13,9 +13,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gradlog.alerts import DEFAULT_RATIO_BAND
-from gradlog.readback import RunData
-from gradlog.report import COLUMNS, format_table
+from gradlog.readers.run import RunData
+from gradlog.verdict.alerts import DEFAULT_RATIO_BAND
+from gradlog.verdict.report import COLUMNS, format_table
 
 DEFAULT_SPIKE_FACTOR = 10.0
 #: A running median needs some history before a spike against it means anything.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradlog.fingerprint import fingerprints
-from gradlog.measure import Measurement
-from gradlog.params import Tracked, is_materialized
-from gradlog.report import NonFinite
+from gradlog.measure.fingerprint import fingerprints
+from gradlog.measure.meter import Measurement
+from gradlog.measure.params import Tracked, is_materialized
+from gradlog.verdict.report import NonFinite
 
 
 @dataclass

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gradlog.measure import Measurement
+from gradlog.measure.meter import Measurement
 
 log = logging.getLogger("gradlog")
 

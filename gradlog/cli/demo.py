@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from gradlog.logger import GradLogger
-from gradlog.report import Report
+from gradlog.verdict.report import Report
 from gradlog.writers.tensorboard import TensorBoardWriter
 
 

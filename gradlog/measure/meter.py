@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.distributed import DistStep, Reducer, neutral_ranges
-from gradlog.histogram import Histogram
-from gradlog.params import ParamTable, Tracked, is_materialized, local_tensor
-from gradlog.stats import (
+from gradlog.measure.distributed import DistStep, Reducer, neutral_ranges
+from gradlog.measure.histogram import Histogram
+from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
+from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
     SUMSQ,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gradlog.demo import run
+    from gradlog.cli.demo import run
 
     report = run(steps=args.steps, every=args.every, writer=args.writer, log_dir=args.log_dir, seed=args.seed)
     del report  # the demo succeeded; finding the planted bugs is its point
@@ -16,7 +16,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from gradlog.report_cli import run_report
+    from gradlog.cli.report import run_report
 
     return run_report(args.path, as_json=args.json, plot=args.plot, band=args.band, spike=args.spike)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from gradlog.params import Tracked, local_tensor
+from gradlog.measure.params import Tracked, local_tensor
 
 log = logging.getLogger("gradlog")
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gradlog.params import local_tensor
+from gradlog.measure.params import local_tensor
 
 _CHUNK = 1 << 22
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from gradlog.params import local_tensor
+from gradlog.measure.params import local_tensor
 
 try:  # optional: torch runs without numpy, gradlog too (a little slower on the CPU)
     import numpy as np

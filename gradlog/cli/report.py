@@ -3,7 +3,7 @@
 A file that is only partly readable (torn or corrupt event file) still gets the report of what could be
 read, followed by exit 2; a run that never closed (no never-updated table) exits 1.
 
-Kept apart from `cli.py` so the argument parser stays importable without tensorboard or matplotlib.
+Kept apart from `cli.entry` so the argument parser stays importable without tensorboard or matplotlib.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import math
 import sys
 from collections.abc import Sequence
 
-from gradlog.alerts import DEFAULT_RATIO_BAND, check_band
-from gradlog.health import DEFAULT_SPIKE_FACTOR, analyze
-from gradlog.readback import BadInput, load
+from gradlog.readers.run import BadInput, load
+from gradlog.verdict.alerts import DEFAULT_RATIO_BAND, check_band
+from gradlog.views.health import DEFAULT_SPIKE_FACTOR, analyze
 
 OK, PROBLEMS, BAD_INPUT = 0, 1, 2
 
@@ -64,7 +64,7 @@ def run_report(
         print(health.text())
     if plot:
         try:
-            from gradlog import plot as plotting
+            from gradlog.views import plot as plotting
 
             first = health.first_nonfinite
             never = {r.name.split(" (= ", 1)[0]: r.reason for r in health.never_updated}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from gradlog.ledger import Evidence
-from gradlog.params import Tracked
-from gradlog.report import NeverUpdated, Reason
+from gradlog.measure.params import Tracked
+from gradlog.verdict.ledger import Evidence
+from gradlog.verdict.report import NeverUpdated, Reason
 
 
 def _steps(n: int) -> str:

@@ -1,0 +1,1 @@
+"""The command line: `gradlog demo`, `gradlog report`. `entry.main` is the console script."""
