@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gradlog.logger import GradLogger, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram
-from gradlog.verdict.report import NeverUpdated, NonFinite, Reason, Report
+from gradlog.verdict.report import NeverUpdated, NonFinite, PartlyUpdated, Reason, Report, Stalled
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
 from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when constructed
@@ -31,8 +31,10 @@ __all__ = [
     "MemoryWriter",
     "NeverUpdated",
     "NonFinite",
+    "PartlyUpdated",
     "Reason",
     "Report",
+    "Stalled",
     "TensorBoardWriter",
     "WandbWriter",
     "Writer",

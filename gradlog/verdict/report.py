@@ -18,14 +18,16 @@ class Reason(str, enum.Enum):
     ZERO_GRAD = "zero_grad"
     NONFINITE_GRAD = "nonfinite_grad"
     BELOW_PRECISION = "below_precision"
+    NOT_IN_BATCH = "not_in_batch"  # slices only: embedding rows absent from every measured batch
+    PADDING_IDX = "padding_idx"  # slices only: an embedding's padding row, never updated by design
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:
         return self.value
 
 
-#: Reasons that usually mean the user meant it (fine-tuning with a frozen backbone).
-INTENTIONAL = frozenset({Reason.FROZEN})
+#: Reasons that usually mean the user meant it (fine-tuning with a frozen backbone, padding rows).
+INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX})
 
 COLUMNS = ["name", "shape", "numel", "reason", "detail"]
 
@@ -47,6 +49,34 @@ class NeverUpdated:
 
 
 @dataclass(frozen=True)
+class PartlyUpdated:
+    """Slices of a tensor that never changed while the rest of it did: dead units, unseen embedding rows.
+
+    `dim` is 0 (rows: output units, filters, tokens), 1 (columns: input features or channels) or
+    None (elements of a 1-D tensor); `indices` are global, sorted, and `never == len(indices)`.
+    """
+
+    name: str
+    dim: int | None
+    never: int
+    total: int
+    indices: tuple[int, ...]
+    reason: Reason
+    detail: str
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """A tensor that learned, then stopped: no update at any measured step from `since_step` to the end."""
+
+    name: str
+    since_step: int  # first optimizer step of the final quiet stretch
+    last_update_step: int  # last measured step with a non-zero update
+    reason: Reason
+    detail: str
+
+
+@dataclass(frozen=True)
 class NonFinite:
     """Where a gradient first went NaN/Inf: the step to look at first."""
 
@@ -60,6 +90,8 @@ class Report:
     """What `GradLogger.close()` returns: the never-updated tensors and the run's headline numbers."""
 
     never_updated: list[NeverUpdated] = field(default_factory=list)
+    partly_updated: list[PartlyUpdated] = field(default_factory=list)
+    stalled: list[Stalled] = field(default_factory=list)
     first_nonfinite: NonFinite | None = None
     optimizer_steps: int = 0
     measured_steps: int = 0
