@@ -30,6 +30,8 @@ class Reason(str, enum.Enum):
 INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX})
 
 COLUMNS = ["name", "shape", "numel", "reason", "detail"]
+PARTLY_COLUMNS = ["name", "dim", "never", "total", "indices", "reason", "detail"]
+STALLED_COLUMNS = ["name", "since_step", "last_update_step", "reason", "detail"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,13 @@ class NeverUpdated:
     reason: Reason
     detail: str
     aliases: tuple[str, ...] = ()
+    #: a normally intentional reason that looks like a mistake here (frozen, yet in an optimizer
+    #: param group, or frozen after the logger started): a finding, not an intention
+    suspect: bool = False
+
+    @property
+    def intentional(self) -> bool:
+        return self.reason in INTENTIONAL and not self.suspect
 
     def row(self) -> list[str]:
         name = self.name if not self.aliases else f"{self.name} (= {', '.join(self.aliases)})"
@@ -104,7 +113,7 @@ class Report:
         """True when nothing is suspicious: only intentionally frozen tensors may be listed."""
         if self.error is not None:
             return False
-        return self.first_nonfinite is None and all(r.reason in INTENTIONAL for r in self.never_updated)
+        return self.first_nonfinite is None and all(r.intentional for r in self.never_updated)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
