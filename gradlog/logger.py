@@ -28,7 +28,8 @@ from gradlog.verdict.alerts import (
 )
 from gradlog.verdict.diagnosis import diagnose
 from gradlog.verdict.ledger import Ledger
-from gradlog.verdict.report import COLUMNS, Report
+from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
+from gradlog.verdict.stalled import stalled
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
 
@@ -307,10 +308,21 @@ class GradLogger:
         skipped = self.amp.final_count()
         if skipped is not None:
             self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
+        never = diagnose(
+            rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
+        )
+        ledger = self.ledger
+        stopped = stalled(
+            rows,
+            ledger.evidence,
+            ledger.steps,
+            ledger.measured_steps,
+            self.optimizer is not None,
+            exclude={r.name for r in never},
+        )
         return Report(
-            never_updated=diagnose(
-                rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
-            ),
+            never_updated=never,
+            stalled=stopped,
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
             measured_steps=self.ledger.measured_steps,
@@ -360,24 +372,42 @@ class GradLogger:
             )
 
     def _write_report(self, report: Report) -> None:
+        """The three tables (never updated, partly updated, stalled), their counts, and the summary whose
+        verdict is the judge's (`gradlog.verdict.judge`), the same line close() prints."""
         step = max(self._last_index, 0)
-        final = {"gradlog/never_updated": float(len(report.never_updated))}
+        final = {
+            "gradlog/never_updated": float(len(report.never_updated)),
+            "gradlog/partly_updated": float(len(report.partly_updated)),
+            "gradlog/stalled": float(len(report.stalled)),
+        }
         for reason, n in report.counts().items():
             final[f"gradlog/never_updated/{reason}"] = float(n)
+        for reason, n in report.partly_counts().items():
+            final[f"gradlog/partly_updated/{reason}"] = float(n)
+        for reason, n in report.stalled_counts().items():
+            final[f"gradlog/stalled/{reason}"] = float(n)
         self.writers.log_scalars(final, step)
-        self.writers.log_table("gradlog/never_updated", COLUMNS, report.rows())
+        self.writers.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
+        self.writers.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
+        self.writers.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
+        verdict = report.verdict
         summary = [
-            ["verdict", report.verdict],
+            ["verdict", verdict],
+            ["status", report.status],
             ["healthy", str(report.healthy)],
             ["optimizer_steps", str(report.optimizer_steps)],
             ["measured_steps", str(report.measured_steps)],
             ["skipped_steps", str(report.skipped_steps)],
+            ["tracked_tensors", str(report.tracked_tensors)],
         ]
         if report.first_nonfinite is not None:
             summary += [
                 ["first_nonfinite_step", str(report.first_nonfinite.step)],
                 ["first_nonfinite_tensor", report.first_nonfinite.name],
+                ["first_nonfinite_count", str(report.first_nonfinite.count)],
             ]
+        if report.error is not None:
+            summary.append(["error", report.error])
         self.writers.log_table("gradlog/summary", ["key", "value"], summary)
         if self.alerts is not None and self.alerts.fired:
             self.writers.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())

@@ -20,11 +20,31 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradlog.verdict.report import (
+    DIM_NAMES,
+    PARTLY_COLUMNS,
+    STALLED_COLUMNS,
+    TABLE_COLUMNS,
+    NeverUpdated,
+    NonFinite,
+    PartlyUpdated,
+    Reason,
+    Report,
+    Stalled,
+    parse_ranges,
+)
+
 Table = tuple[list[str], list[list[str]]]
 
 #: Tag prefixes gradlog writes; a run with none of them is not a gradlog run.
 GRADLOG_PREFIXES = ("grad_norm/", "update_ratio/", "weight_norm/", "grad_nonfinite/", "grad_zero_frac/", "gradlog/")
-TABLE_NAMES = ("gradlog/never_updated", "gradlog/summary", "gradlog/alerts")
+TABLE_NAMES = (
+    "gradlog/never_updated",
+    "gradlog/partly_updated",
+    "gradlog/stalled",
+    "gradlog/summary",
+    "gradlog/alerts",
+)
 
 
 class BadInput(Exception):
@@ -282,16 +302,25 @@ def parse_markdown_table(text: str) -> Table:
 
 # --- W&B ---------------------------------------------------------------------------------------------
 #: The W&B writer logs some tables under another key (the plain name already holds a scalar there).
-_WANDB_TABLES = {"gradlog/never_updated_table": "gradlog/never_updated", "gradlog/alerts_table": "gradlog/alerts"}
+_WANDB_TABLES = {
+    "gradlog/never_updated_table": "gradlog/never_updated",
+    "gradlog/partly_updated_table": "gradlog/partly_updated",
+    "gradlog/stalled_table": "gradlog/stalled",
+    "gradlog/alerts_table": "gradlog/alerts",
+}
 #: Keys of the `gradlog/summary` table, in the order the logger writes them; W&B keeps them in run.summary.
 _SUMMARY_KEYS = (
     "verdict",
+    "status",
     "healthy",
     "optimizer_steps",
     "measured_steps",
     "skipped_steps",
+    "tracked_tensors",
     "first_nonfinite_step",
     "first_nonfinite_tensor",
+    "first_nonfinite_count",
+    "error",
 )
 _STEP_KEY = "gradlog/step"
 
@@ -342,3 +371,98 @@ def _load_wandb(run_file: str) -> RunData:
         rows = [[k, _summary_text(summary[f"gradlog/{k}"])] for k in _SUMMARY_KEYS if f"gradlog/{k}" in summary]
         run.tables["gradlog/summary"] = (["key", "value"], rows)
     return run
+
+
+# --- the Report close() returned, rebuilt from its tables ---------------------------------------------
+def _cells(table: Table, wanted: list[str]) -> Iterator[dict[str, str]]:
+    """Each row of `table` as {column: cell} for the `wanted` columns (a missing cell reads as "")."""
+    columns, rows = table
+    index = {c: i for i, c in enumerate(columns)}
+    for r in rows:
+        yield {c: (r[index[c]] if c in index and index[c] < len(r) else "") for c in wanted}
+
+
+def _reason(text: str) -> Reason:
+    try:
+        return Reason(text)
+    except ValueError:
+        return Reason.UNKNOWN  # a reason this version does not know: still listed, judged a problem
+
+
+def _int(text: str, default: int = 0) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
+def closed_report(run: RunData) -> Report | None:
+    """The `Report` that close() returned, rebuilt from the tables it wrote (None when the run never
+    closed). `gradlog report` judges it with the same function close() used, so both say the same.
+    A row that cannot be read is skipped and named in `run.skipped`."""
+    if "gradlog/never_updated" not in run.tables:
+        return None
+    summary: dict[str, str] = {}
+    if "gradlog/summary" in run.tables:
+        summary = {r[0]: r[1] for r in run.tables["gradlog/summary"][1] if len(r) >= 2}
+    never: list[NeverUpdated] = []
+    for c in _cells(run.tables["gradlog/never_updated"], TABLE_COLUMNS):
+        name, _, aliases = c["name"].partition(" (= ")
+        shape = () if c["shape"] in ("scalar", "") else tuple(_int(d) for d in c["shape"].split("x"))
+        never.append(
+            NeverUpdated(
+                name=name,
+                shape=shape,
+                numel=_int(c["numel"]),
+                reason=_reason(c["reason"]),
+                detail=c["detail"],
+                aliases=tuple(a for a in aliases.rstrip(")").split(", ") if a) if aliases else (),
+                suspect=c["suspect"] == "True",
+            )
+        )
+    partly: list[PartlyUpdated] = []
+    dims = {v: k for k, v in DIM_NAMES.items()}
+    for c in _cells(run.tables.get("gradlog/partly_updated", ([], [])), PARTLY_COLUMNS):
+        try:
+            indices = parse_ranges(c["indices"])
+            partly.append(
+                PartlyUpdated(
+                    name=c["name"],
+                    dim=dims[c["dim"]],
+                    never=int(c["never"]),
+                    total=int(c["total"]),
+                    indices=indices,
+                    reason=_reason(c["reason"]),
+                    detail=c["detail"],
+                )
+            )
+        except (KeyError, ValueError) as exc:
+            run.skipped.append(f"table gradlog/partly_updated: row {c['name']!r} cannot be read ({exc})")
+    stalled: list[Stalled] = []
+    for c in _cells(run.tables.get("gradlog/stalled", ([], [])), STALLED_COLUMNS):
+        try:
+            since, last = int(c["since_step"]), int(c["last_update_step"])
+        except ValueError as exc:
+            run.skipped.append(f"table gradlog/stalled: row {c['name']!r} cannot be read ({exc})")
+            continue
+        stalled.append(Stalled(c["name"], since, last, _reason(c["reason"]), c["detail"]))
+    first = None
+    if "first_nonfinite_step" in summary and "first_nonfinite_tensor" in summary:
+        first = NonFinite(
+            step=_int(summary["first_nonfinite_step"], -1),
+            name=summary["first_nonfinite_tensor"],
+            count=_int(summary.get("first_nonfinite_count", "0")),
+        )
+    names = {t.split("/", 1)[1] for t in run.scalars if t.startswith(("weight_norm/", "grad_norm/", "update_ratio/"))}
+    tracked = _int(summary.get("tracked_tensors", ""), -1)
+    return Report(
+        never_updated=never,
+        partly_updated=partly,
+        stalled=stalled,
+        first_nonfinite=first,
+        optimizer_steps=_int(summary.get("optimizer_steps", "0")),
+        measured_steps=_int(summary.get("measured_steps", "0")),
+        skipped_steps=_int(summary.get("skipped_steps", "0")),
+        tracked_tensors=tracked if tracked >= 0 else len(names | {r.name for r in never}),
+        error=summary.get("error") or None,
+    )

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gradlog.measure.fingerprint import fingerprints
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized
 from gradlog.verdict.report import NonFinite
+
+
+@dataclass
+class Quiet:
+    """What the measured steps after a tensor's last update showed (reset by each update): the evidence
+    for why a tensor stopped learning. Counters and step numbers only."""
+
+    seen: int = 0  # measured steps since the last update at which this tensor was measured
+    grad_none: int = 0
+    grad_zero: int = 0
+    grad_nonfinite: int = 0
+    skipped: int = 0
+    grad_ok: int = 0  # finite non-zero grad, lr > 0, not skipped, yet no update
+    lr_zero: int = 0
+    frozen: int = 0  # requires_grad False
+    first_nonfinite: int = -1
+    lr_zero_since: int = -1  # first step of the current unbroken run of lr 0 (-1: lr not 0 now)
+    frozen_since: int = -1  # first step of the current unbroken run of requires_grad False
 
 
 @dataclass
@@ -25,6 +43,40 @@ class Evidence:
     updated: int = 0  # measured steps with a non-zero update
     first_fp: tuple[int, int] | None = None
     dtype: str = ""
+    last_update: int = -1  # optimizer step of the last measured step with a non-zero update
+    quiet: Quiet = field(default_factory=Quiet)  # the measured steps since then
+
+
+class StepIndex:
+    """The optimizer-step numbers of the measured steps, kept as arithmetic runs (start, stride, count):
+    a few integers for a whole run measured every k steps, whatever its length."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+
+    def add(self, step: int) -> None:
+        if self.runs:
+            start, stride, count = self.runs[-1]
+            last = start + stride * (count - 1)
+            if step > last and (count == 1 or step - last == stride):
+                self.runs[-1] = [start, step - last, count + 1] if count == 1 else [start, stride, count + 1]
+                return
+        self.runs.append([step, 1, 1])
+
+    def after(self, step: int) -> tuple[int, int, int]:
+        """(how many measured steps came after `step`, the first of them, the last), or (0, -1, -1)."""
+        n = 0
+        first = last = -1
+        for start, stride, count in self.runs:
+            end = start + stride * (count - 1)
+            if end <= step:
+                continue
+            skip = 0 if start > step else (step - start) // stride + 1
+            if first < 0:
+                first = start + stride * skip
+            n += count - skip
+            last = end
+        return n, first, last
 
 
 class Ledger:
@@ -35,6 +87,7 @@ class Ledger:
         self.measured_steps = 0
         self.skipped_steps = 0
         self.first_nonfinite: NonFinite | None = None
+        self.steps = StepIndex()
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -50,6 +103,7 @@ class Ledger:
 
     def observe(self, m: Measurement) -> None:
         self.measured_steps += 1
+        self.steps.add(m.index)
         # GradScaler skips that fired no hook are only known through the running total
         self.skipped_steps = m.skipped_total if m.skipped_total is not None else self.skipped_steps + m.skipped
         nonzero = m.grad[:, 1].tolist()
@@ -58,12 +112,30 @@ class Ledger:
         for i, row in enumerate(m.rows):
             ev = self._ev(row)
             ev.measured += 1
-            if upd is not None and upd[i] > 0 and not m.skipped:
+            moved = upd is not None and upd[i] > 0 and not m.skipped
+            if moved:
                 ev.updated += 1
-            if row.group is not None and m.lr[i] == 0:
+                ev.last_update = m.index
+                if ev.quiet.seen:  # every Quiet counter moves only with `seen`
+                    ev.quiet = Quiet()
+            q = None if moved or ev.last_update < 0 else ev.quiet
+            if q is not None:
+                q.seen += 1
+                if not row.param.requires_grad:
+                    q.frozen += 1
+                    q.frozen_since = m.index if q.frozen_since < 0 else q.frozen_since
+                else:
+                    q.frozen_since = -1
+            lr_zero = row.group is not None and m.lr[i] == 0
+            if lr_zero:
                 ev.lr_zero += 1
+            if q is not None:
+                q.lr_zero += lr_zero
+                q.lr_zero_since = (m.index if q.lr_zero_since < 0 else q.lr_zero_since) if lr_zero else -1
             if not m.has_grad[i]:
                 ev.grad_none += 1
+                if q is not None:
+                    q.grad_none += 1
                 continue
             if nonfinite[i] > 0:
                 ev.grad_nonfinite += 1
@@ -71,16 +143,25 @@ class Ledger:
                     self.first_nonfinite = NonFinite(step=m.index, name=row.name, count=int(nonfinite[i]))
             if m.skipped:
                 ev.skipped += 1
+                if q is not None:
+                    q.skipped += 1
                 continue
             if nonfinite[i] > 0:
+                if q is not None:
+                    q.grad_nonfinite += 1
+                    q.first_nonfinite = m.index if q.first_nonfinite < 0 else q.first_nonfinite
                 continue
             if nonzero[i] == 0:
                 ev.grad_zero += 1
+                if q is not None:
+                    q.grad_zero += 1
                 continue
             ev.grad_ok += 1
             lr = m.lr[i]
             if upd is not None and row.group is not None and lr is not None and lr > 0 and upd[i] == 0:
                 ev.stalled += 1
+                if q is not None:
+                    q.grad_ok += 1
 
     def changed(self, rows: list[Tracked]) -> dict[int, bool]:
         """Whether each tensor's value differs from its first fingerprint (one host copy)."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from gradlog.verdict.judge import judge
 
 
 class Reason(str, enum.Enum):
@@ -30,6 +33,9 @@ class Reason(str, enum.Enum):
 INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX})
 
 COLUMNS = ["name", "shape", "numel", "reason", "detail"]
+#: the never-updated table as written to TensorBoard and W&B: `suspect` travels with it, so that
+#: `gradlog report` can judge the run from disk exactly as close() judged it
+TABLE_COLUMNS = [*COLUMNS, "suspect"]
 PARTLY_COLUMNS = ["name", "dim", "never", "total", "indices", "reason", "detail"]
 STALLED_COLUMNS = ["name", "since_step", "last_update_step", "reason", "detail"]
 
@@ -56,6 +62,10 @@ class NeverUpdated:
         name = self.name if not self.aliases else f"{self.name} (= {', '.join(self.aliases)})"
         return [name, "x".join(map(str, self.shape)) or "scalar", str(self.numel), self.reason.value, self.detail]
 
+    def table_row(self) -> list[str]:
+        """The row of the written table (`TABLE_COLUMNS`)."""
+        return [*self.row(), str(self.suspect)]
+
 
 @dataclass(frozen=True)
 class PartlyUpdated:
@@ -73,6 +83,31 @@ class PartlyUpdated:
     reason: Reason
     detail: str
 
+    @property
+    def intentional(self) -> bool:
+        return self.reason in INTENTIONAL
+
+    @property
+    def slices(self) -> str:
+        """What kind of slice `indices` counts: rows (dim 0), columns (dim 1) or elements (1-D)."""
+        return DIM_NAMES.get(self.dim, f"dim {self.dim}")
+
+    def row(self, limit: int | None = None) -> list[str]:
+        """`PARTLY_COLUMNS` cells; `limit` cuts the index ranges for the console (the written table keeps all)."""
+        return [
+            self.name,
+            self.slices,
+            str(self.never),
+            str(self.total),
+            format_ranges(self.indices, limit),
+            self.reason.value,
+            self.detail,
+        ]
+
+
+#: how the `dim` of a `PartlyUpdated` reads in tables, and back
+DIM_NAMES: dict[int | None, str] = {0: "rows", 1: "columns", None: "elements"}
+
 
 @dataclass(frozen=True)
 class Stalled:
@@ -83,6 +118,9 @@ class Stalled:
     last_update_step: int  # last measured step with a non-zero update
     reason: Reason
     detail: str
+
+    def row(self) -> list[str]:
+        return [self.name, str(self.since_step), str(self.last_update_step), self.reason.value, self.detail]
 
 
 @dataclass(frozen=True)
@@ -110,60 +148,80 @@ class Report:
 
     @property
     def healthy(self) -> bool:
-        """True when nothing is suspicious: only intentionally frozen tensors may be listed."""
-        if self.error is not None:
-            return False
-        return self.first_nonfinite is None and all(r.intentional for r in self.never_updated)
+        """True when nothing needs a look (see `gradlog.verdict.judge`): only intentional records may be listed."""
+        return judge(self).healthy
+
+    @property
+    def status(self) -> str:
+        """ "OK" or "PROBLEM", as the verdict line begins."""
+        return judge(self).status
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for rec in self.never_updated:
-            out[rec.reason.value] = out.get(rec.reason.value, 0) + 1
-        return out
+        """Never-updated tensors per reason."""
+        return _count(r.reason for r in self.never_updated)
+
+    def partly_counts(self) -> dict[str, int]:
+        """Partly-updated records per reason."""
+        return _count(r.reason for r in self.partly_updated)
+
+    def stalled_counts(self) -> dict[str, int]:
+        """Stalled tensors per reason."""
+        return _count(r.reason for r in self.stalled)
 
     @property
     def verdict(self) -> str:
         """One line a user can act on."""
-        n = len(self.never_updated)
-        parts = []
-        if self.error is not None:
-            parts.append(f"the diagnosis failed ({self.error}); which tensors never updated is unknown")
-        elif n == 0:
-            parts.append(f"all {self.tracked_tensors} tracked tensors were updated")
-        else:
-            by = ", ".join(f"{k} {v}" for k, v in self.counts().items())
-            parts.append(f"{n} of {self.tracked_tensors} tensors never updated ({by})")
-        if self.first_nonfinite is not None:
-            f = self.first_nonfinite
-            parts.append(f"first non-finite gradient at step {f.step} in {f.name}")
-        if self.skipped_steps:
-            parts.append(f"{self.skipped_steps} optimizer step{'s' if self.skipped_steps != 1 else ''} skipped")
-        head = "OK" if self.healthy else "PROBLEM"
-        steps = f" ({self.optimizer_steps} optimizer steps, {self.measured_steps} measured)"
-        return f"gradlog {head}: " + "; ".join(parts) + steps
+        return judge(self).text
 
     def rows(self) -> list[list[str]]:
         return [r.row() for r in self.never_updated]
 
+    def table_rows(self) -> list[list[str]]:
+        """The never-updated table as written (`TABLE_COLUMNS`)."""
+        return [r.table_row() for r in self.never_updated]
+
+    def partly_rows(self, limit: int | None = None) -> list[list[str]]:
+        return [r.row(limit) for r in self.partly_updated]
+
+    def stalled_rows(self) -> list[list[str]]:
+        return [r.row() for r in self.stalled]
+
+    def sections(self) -> list[tuple[str, list[str], list[list[str]]]]:
+        """The non-empty tables a person reads: (heading, columns, rows), never-updated first."""
+        out = []
+        if self.never_updated:
+            n = len(self.never_updated)
+            out.append((f"Never updated ({n} of {self.tracked_tensors} tensors)", COLUMNS, self.rows()))
+        if self.partly_updated:
+            n = len(self.partly_updated)
+            head = f"Partly updated ({n} record{'s' * (n != 1)}: slices that never changed)"
+            out.append((head, PARTLY_COLUMNS, self.partly_rows(RANGES_SHOWN)))
+        if self.stalled:
+            n = len(self.stalled)
+            out.append((f"Stopped learning ({n} tensor{'s' * (n != 1)})", STALLED_COLUMNS, self.stalled_rows()))
+        return out
+
     def table(self) -> str:
-        """A plain-text table for the console."""
-        return format_table(COLUMNS, self.rows()) + "\n" + self.verdict if self.never_updated else self.verdict
+        """Plain-text tables for the console (never updated, partly updated, stopped learning), then the verdict."""
+        blocks = [f"{head}:\n{format_table(cols, rows)}" for head, cols, rows in self.sections()]
+        return "\n\n".join([*blocks, self.verdict])
 
     def markdown(self) -> str:
-        """A markdown table (TensorBoard's text plugin renders it)."""
+        """The same as markdown (TensorBoard's text plugin renders it)."""
         lines = []
-        if self.never_updated:
-            lines.append("| " + " | ".join(COLUMNS) + " |")
-            lines.append("|" + "---|" * len(COLUMNS))
-            for row in self.rows():
-                lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        for head, cols, rows in self.sections():
+            lines.append(f"**{head}**")
+            lines.append("")
+            lines.append(markdown_table(cols, rows))
             lines.append("")
         lines.append(f"**{self.verdict}**")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types: booleans, numbers, lists; reasons as their string values."""
         return {
             "healthy": self.healthy,
+            "status": self.status,
             "verdict": self.verdict,
             "optimizer_steps": self.optimizer_steps,
             "measured_steps": self.measured_steps,
@@ -178,14 +236,91 @@ class Report:
                     "numel": r.numel,
                     "reason": r.reason.value,
                     "detail": r.detail,
+                    "suspect": r.suspect,
+                    "intentional": r.intentional,
                 }
                 for r in self.never_updated
+            ],
+            "partly_updated": [
+                {
+                    "name": r.name,
+                    "dim": r.dim,
+                    "never": r.never,
+                    "total": r.total,
+                    "indices": list(r.indices),
+                    "reason": r.reason.value,
+                    "detail": r.detail,
+                    "intentional": r.intentional,
+                }
+                for r in self.partly_updated
+            ],
+            "stalled": [
+                {
+                    "name": r.name,
+                    "since_step": r.since_step,
+                    "last_update_step": r.last_update_step,
+                    "reason": r.reason.value,
+                    "detail": r.detail,
+                }
+                for r in self.stalled
             ],
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
         }
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _count(reasons: Iterable[Reason]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for reason in reasons:
+        out[reason.value] = out.get(reason.value, 0) + 1
+    return out
+
+
+#: index ranges a console line shows before it says how many more there are
+RANGES_SHOWN = 4
+
+
+def format_ranges(indices: Iterable[int], limit: int | None = None) -> str:
+    """Sorted indices as compressed ranges, "0-7, 12, 50-99"; with `limit`, only the first `limit` ranges
+    and "... (+N more ranges)". `parse_ranges` reads the uncut form back."""
+    runs: list[tuple[int, int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    shown = runs if limit is None else runs[:limit]
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
+    if len(shown) < len(runs):
+        n = len(runs) - len(shown)
+        text += f", ... (+{n} more range{'s' * (n != 1)})"
+    return text
+
+
+def parse_ranges(text: str) -> tuple[int, ...]:
+    """The inverse of `format_ranges` (uncut): "0-7, 12" -> (0, 1, ..., 7, 12). Raises ValueError on anything else."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        a = int(lo)
+        b = int(hi) if sep else a
+        if b < a:
+            raise ValueError(f"bad index range {part!r}")
+        out.extend(range(a, b + 1))
+    return tuple(out)
+
+
+def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+    """A markdown table; `|` in a cell is escaped."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    return "\n".join(lines)
 
 
 def format_table(columns: list[str], rows: list[list[str]]) -> str:

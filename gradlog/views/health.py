@@ -13,9 +13,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gradlog.readers.run import RunData
+from gradlog.readers.run import RunData, closed_report
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND
-from gradlog.verdict.report import COLUMNS, format_table
+from gradlog.verdict.judge import Verdict, judge
+from gradlog.verdict.report import COLUMNS, PARTLY_COLUMNS, RANGES_SHOWN, STALLED_COLUMNS, format_ranges, format_table
 
 DEFAULT_SPIKE_FACTOR = 10.0
 #: A running median needs some history before a spike against it means anything.
@@ -69,6 +70,11 @@ class Health:
     tensors: int
     never_updated: list[NeverUpdatedRow] = field(default_factory=list)
     never_updated_known: bool = False  # False when the run never wrote its table (it did not close)
+    #: the other two close-time tables, as `Report.to_dict()` writes them (numbers, lists of indices)
+    partly_updated: list[dict[str, Any]] = field(default_factory=list)
+    stalled: list[dict[str, Any]] = field(default_factory=list)
+    #: the judge's verdict on the Report rebuilt from the tables: what close() said (None: did not close)
+    closed: Verdict | None = None
     summary: dict[str, str] = field(default_factory=dict)
     first_nonfinite: FirstNonFinite | None = None
     out_of_band: list[OutOfBand] = field(default_factory=list)
@@ -77,34 +83,20 @@ class Health:
 
     @property
     def problems(self) -> bool:
-        """Anything a user should look at: a non-frozen never-updated tensor, NaN/Inf, out of band, spikes."""
-        intentional = all(r.reason == "frozen" for r in self.never_updated)
-        recorded = self.summary.get("healthy", "True") == "True"
-        return (
-            not (intentional and recorded) or self.first_nonfinite is not None or bool(self.out_of_band or self.spikes)
-        )
+        """Anything a user should look at: what close() judged a problem (`gradlog.verdict.judge`, the same
+        function on the same tables), NaN/Inf in a run that never closed, out-of-band ratios, spikes."""
+        if self.closed is not None and not self.closed.healthy:
+            return True
+        return self.first_nonfinite is not None or bool(self.out_of_band or self.spikes)
 
     @property
     def healthy(self) -> bool:
         """No problems, and the run closed (so its never-updated table is known) and was read in full."""
         return not self.problems and self.never_updated_known and not self.skipped
 
-    @property
-    def verdict(self) -> str:
+    def _series_parts(self) -> list[str]:
+        """What only the per-step series show (not judged at close)."""
         parts = []
-        if not self.never_updated_known:
-            parts.append("no never-updated table (the run did not close: crashed or still running)")
-        elif self.never_updated:
-            by: dict[str, int] = {}
-            for r in self.never_updated:
-                by[r.reason] = by.get(r.reason, 0) + 1
-            counts = ", ".join(f"{k} {v}" for k, v in by.items())
-            parts.append(f"{len(self.never_updated)} of {self.tensors} tensors never updated ({counts})")
-        else:
-            parts.append(f"all {self.tensors} tensors were updated")
-        if self.first_nonfinite is not None:
-            f = self.first_nonfinite
-            parts.append(f"first non-finite gradient at step {f.step} in {f.tensor}")
         lo, hi = self.band
         if self.out_of_band:
             n = len(self.out_of_band)
@@ -114,8 +106,20 @@ class Health:
             parts.append(f"{n} tensor{'s' * (n != 1)} with gradient-norm spikes > {self.spike_factor:g}x median")
         if self.skipped:
             parts.append(f"{len(self.skipped)} unreadable part{'s' * (len(self.skipped) != 1)} skipped")
+        return parts
+
+    @property
+    def verdict(self) -> str:
+        """For a run that closed: close()'s own line (the judge's), with what the series add appended."""
         head = "PROBLEM" if self.problems else "OK" if self.healthy else "INCOMPLETE"
-        return f"gradlog {head}: " + "; ".join(parts) + f" ({self.measured_steps} measured steps)"
+        if self.closed is not None:
+            return f"gradlog {head}: " + "; ".join([*self.closed.parts, *self._series_parts()]) + self.closed.suffix
+        parts = ["no never-updated table (the run did not close: crashed or still running)"]
+        if self.first_nonfinite is not None:
+            f = self.first_nonfinite
+            parts.append(f"first non-finite gradient at step {f.step} in {f.tensor}")
+        steps = f" ({self.measured_steps} measured steps)"
+        return f"gradlog {head}: " + "; ".join(parts + self._series_parts()) + steps
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -138,6 +142,35 @@ class Health:
             lines.append(_indent(format_table(COLUMNS, rows)))
         else:
             lines.append("Never updated: none")
+        if self.never_updated_known:
+            lines.append("")
+            if self.partly_updated:
+                lines.append(f"Partly updated ({len(self.partly_updated)}):")
+                rows = [
+                    [
+                        p["name"],
+                        {0: "rows", 1: "columns"}.get(p["dim"], "elements"),
+                        str(p["never"]),
+                        str(p["total"]),
+                        format_ranges(p["indices"], RANGES_SHOWN),
+                        p["reason"],
+                        p["detail"],
+                    ]
+                    for p in self.partly_updated
+                ]
+                lines.append(_indent(format_table(PARTLY_COLUMNS, rows)))
+            else:
+                lines.append("Partly updated: none")
+            lines.append("")
+            if self.stalled:
+                lines.append(f"Stopped learning ({len(self.stalled)}):")
+                rows = [
+                    [r["name"], str(r["since_step"]), str(r["last_update_step"]), r["reason"], r["detail"]]
+                    for r in self.stalled
+                ]
+                lines.append(_indent(format_table(STALLED_COLUMNS, rows)))
+            else:
+                lines.append("Stopped learning: none")
         lines.append("")
         if self.first_nonfinite is not None:
             f = self.first_nonfinite
@@ -229,13 +262,16 @@ def _median(values: list[float]) -> float:
     return _median_sorted(sorted(values))
 
 
-def _first_nonfinite(run: RunData, summary: dict[str, str]) -> FirstNonFinite | None:
-    """From the summary gradlog wrote at close; for a run that never closed, from the per-tensor series."""
+def _first_nonfinite(run: RunData, summary: dict[str, str], closed: bool) -> FirstNonFinite | None:
+    """From the summary gradlog wrote at close; for a run that never closed, from the per-tensor series
+    (a closed run's summary is the answer: the series also count the NaN of steps a GradScaler skipped)."""
     if "first_nonfinite_step" in summary and "first_nonfinite_tensor" in summary:
         try:
             return FirstNonFinite(int(summary["first_nonfinite_step"]), summary["first_nonfinite_tensor"])
         except ValueError:
             pass
+    if closed:
+        return None
     best: tuple[int, str] | None = None
     for name in _names(run, "grad_nonfinite/"):
         for step, v in run.scalars[f"grad_nonfinite/{name}"]:
@@ -266,6 +302,9 @@ def analyze(
     steps = {s for t, pts in run.scalars.items() if t.startswith(("grad_norm/", "weight_norm/")) for s, _ in pts}
     measured = int(summary["measured_steps"]) if summary.get("measured_steps", "").isdigit() else len(steps)
     never_names = {r.name.split(" (= ", 1)[0] for r in never}
+    report = closed_report(run)
+    closed = judge(report) if report is not None else None
+    as_dict = report.to_dict() if report is not None else {}
     return Health(
         path=run.path,
         backend=run.backend,
@@ -275,8 +314,11 @@ def analyze(
         tensors=len(names | never_names),
         never_updated=never,
         never_updated_known=known,
+        partly_updated=as_dict.get("partly_updated", []),
+        stalled=as_dict.get("stalled", []),
+        closed=closed,
         summary=summary,
-        first_nonfinite=_first_nonfinite(run, summary),
+        first_nonfinite=_first_nonfinite(run, summary, closed=report is not None),
         out_of_band=out_of_band(run, band, exclude=never_names),
         spikes=spikes(run, spike_factor),
         skipped=list(run.skipped),

@@ -47,7 +47,14 @@ PREFIXES = (
 #: W&B rejects a `run.log` call above ~10 MB (wandb#3701); stay well under it.
 DEFAULT_MAX_PAYLOAD_BYTES = 4_000_000
 #: tables logged under another key, because the plain name already holds a scalar (the count) in W&B.
-TABLE_KEYS = {"gradlog/never_updated": "gradlog/never_updated_table", "gradlog/alerts": "gradlog/alerts_table"}
+TABLE_KEYS = {
+    "gradlog/never_updated": "gradlog/never_updated_table",
+    "gradlog/partly_updated": "gradlog/partly_updated_table",
+    "gradlog/stalled": "gradlog/stalled_table",
+    "gradlog/alerts": "gradlog/alerts_table",
+}
+#: close-time counts that also go into the run summary (the table of each is in the history row)
+SUMMARY_COUNTS = ("gradlog/never_updated", "gradlog/partly_updated", "gradlog/stalled")
 SUMMARY_TABLE = "gradlog/summary"
 
 
@@ -228,7 +235,7 @@ class WandbWriter(Writer):
                 self._warn_once("value", f"gradlog: W&B cannot log {key}={value!r} (not a number); it is left out")
                 continue
             payload.scalars[key] = v
-            if key.startswith("gradlog/never_updated"):
+            if key.startswith(SUMMARY_COUNTS):
                 self._summary[key] = round(v) if v.is_integer() else v
 
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
