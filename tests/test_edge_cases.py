@@ -14,6 +14,7 @@ from torch import nn
 import gradlog
 from gradlog import Reason
 from gradlog.measure.params import clean_name
+from gradlog.verdict.report import PARTLY_COLUMNS
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
@@ -182,8 +183,10 @@ def test_report_table_reaches_the_writer() -> None:
     gl.log(0)
     report = gl.close()
     cols, rows = mem.tables["gradlog/never_updated"]
-    assert cols == ["name", "shape", "numel", "reason", "detail"]
+    assert cols == ["name", "shape", "numel", "reason", "detail", "suspect"]
     assert [r[:4] for r in rows] == [["1.weight", "2x2", "4", "frozen"], ["1.bias", "2", "2", "frozen"]]
+    assert [r[5] for r in rows] == ["False", "False"]  # intentionally frozen: not a suspect freeze
+    assert mem.tables["gradlog/partly_updated"] == (PARTLY_COLUMNS, []) and mem.tables["gradlog/stalled"][1] == []
     summary = dict(mem.tables["gradlog/summary"][1])
     assert summary["verdict"] == report.verdict
     assert mem.last("gradlog/never_updated/frozen") == 2

@@ -4,7 +4,7 @@ from torch import nn
 import gradlog
 
 
-def test_demo_names_exactly_the_three_planted_bugs() -> None:
+def test_demo_names_exactly_the_planted_bugs() -> None:
     from gradlog.cli.demo import run
 
     report = run(steps=30, every=5, writer="memory")
@@ -14,6 +14,18 @@ def test_demo_names_exactly_the_three_planted_bugs() -> None:
         ("late.weight", gradlog.Reason.NOT_IN_OPTIMIZER),
         ("aux_head.weight", gradlog.Reason.NO_GRAD),
     }
+    # the layer whose lr the scheduler cuts to 0 at step 15 (half of 30): last measured update at 10
+    stalled = {(r.name, r.since_step, r.last_update_step, r.reason) for r in report.stalled}
+    assert stalled == {
+        ("fade.weight", 15, 10, gradlog.Reason.ZERO_LR),
+        ("fade.bias", 15, 10, gradlog.Reason.ZERO_LR),
+    }
+    # the embedding's rows 16..31 are never looked up (the per-slice diagnosis names them)
+    from gradlog.cli.demo import TOKENS, token_ids
+
+    seen = token_ids(torch.randn(10_000, 16, generator=torch.Generator().manual_seed(0))).unique().tolist()
+    assert seen == list(range(16)) and TOKENS == 32
+    assert not report.healthy
 
 
 def test_grad_norm_matches_vector_norm() -> None:

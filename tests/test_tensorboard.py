@@ -187,6 +187,8 @@ def test_tables_and_layout(run: Run) -> None:
     # gradlog/alerts/table: the alerts the planted bugs raised during training (gradlog/alerts.py)
     assert set(acc.Tags()["tensors"]) == {
         "gradlog/never_updated/table",
+        "gradlog/partly_updated/table",
+        "gradlog/stalled/table",
         "gradlog/summary",
         "gradlog/alerts/table",
         "custom_scalars__config__",
@@ -318,6 +320,8 @@ def test_tensorboard_server_serves_scalars_histograms_text_and_layout(run: Run, 
     assert sorted(get(server, "/data/plugin/text/tags")["run"]) == [
         "gradlog/alerts/table",
         "gradlog/never_updated/table",
+        "gradlog/partly_updated/table",
+        "gradlog/stalled/table",
         "gradlog/summary",
     ]
     text = get(server, "/data/plugin/text/text", run="run", tag="gradlog/never_updated/table")

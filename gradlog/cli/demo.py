@@ -1,4 +1,9 @@
-"""`gradlog demo`: a small training run with three planted bugs, to show what gradlog finds."""
+"""`gradlog demo`: a small training run with five planted bugs, to show what gradlog finds.
+
+Three tensors never learn (a frozen layer, an unused head, a layer left out of the optimizer), one
+embedding learns only in part (half of its ids never occur in a batch), and one layer stops learning
+halfway (its param group's lr is scheduled to 0): the printed report has all three tables.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +19,19 @@ from gradlog.logger import GradLogger
 from gradlog.verdict.report import Report
 from gradlog.writers.tensorboard import TensorBoardWriter
 
+#: the demo's token ids come from 8 sign bits of the input, but the "tokenizer" keeps 4 of them:
+#: ids 16..31 of the 32-row table never occur in a batch
+TOKENS = 32
+
 
 class DemoNet(nn.Module):
-    """A small MLP classifier with three planted bugs (see `build`)."""
+    """A small MLP classifier with five planted bugs (see `build`)."""
 
     def __init__(self, width: int = 64) -> None:
         super().__init__()
         self.embed = nn.Linear(16, width)
+        self.tokens = nn.Embedding(TOKENS, width)  # bug 4: rows 16..31 are never looked up
+        self.fade = nn.Linear(width, width)  # bug 5: its lr is scheduled to 0 halfway
         self.frozen = nn.Linear(width, width, bias=False)  # bug 1: frozen by accident
         self.block = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
         self.late = nn.Linear(width, width, bias=False)  # bug 3: created after the optimizer
@@ -28,12 +39,19 @@ class DemoNet(nn.Module):
         self.aux_head = nn.Linear(width, 4, bias=False)  # bug 2: never used in forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.embed(x))
+        h = torch.relu(self.embed(x)) + self.tokens(token_ids(x))
         h = h + torch.relu(self.frozen(h))
+        h = h + torch.tanh(self.fade(h))
         h = h + self.block(h)
         h = h + 0.1 * self.late(h)
         out: torch.Tensor = self.head(h)
         return out
+
+
+def token_ids(x: torch.Tensor) -> torch.Tensor:
+    """One id per sample from the signs of its first features; the bug: only 4 bits, so ids < 16."""
+    bits = (x[:, :4] > 0).long()
+    return (bits * (2 ** torch.arange(4))).sum(dim=1)
 
 
 def build(seed: int = 0) -> tuple[DemoNet, torch.optim.Optimizer]:
@@ -41,8 +59,16 @@ def build(seed: int = 0) -> tuple[DemoNet, torch.optim.Optimizer]:
     model = DemoNet()
     model.frozen.requires_grad_(False)
     late = set(map(id, model.late.parameters()))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if id(p) not in late], lr=3e-3)
+    fade = set(map(id, model.fade.parameters()))
+    main = [p for p in model.parameters() if id(p) not in late | fade]
+    optimizer = torch.optim.AdamW([{"params": main}, {"params": list(model.fade.parameters())}], lr=3e-3)
     return model, optimizer
+
+
+def scheduler(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Constant lr, except that param group 1 (`fade`) is cut to 0 halfway: the scheduler bug of bug 5."""
+    half = steps // 2
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda s: 1.0, lambda s: 1.0 if s < half else 0.0])
 
 
 def _progress(i: int, n: int, loss: float, start: float) -> None:
@@ -74,6 +100,7 @@ def run(
     By default it writes TensorBoard files to a new folder under `runs/` and prints where.
     """
     model, optimizer = build(seed)
+    schedule = scheduler(optimizer, steps)
     gen = torch.Generator().manual_seed(seed)
     teacher = torch.randn(16, 4, generator=gen)
     gl = GradLogger(model, optimizer, writer=writer, every=every, log_dir=log_dir)
@@ -85,6 +112,7 @@ def run(
         loss = loss_fn(model(x), y)
         loss.backward()  # gradlog needs no call here: it measures inside optimizer.step()
         optimizer.step()
+        schedule.step()
         gl.log(step)
         optimizer.zero_grad()
         _progress(step, steps, loss.item(), start)
