@@ -108,6 +108,14 @@ def _reasons(payload: dict[str, Any]) -> dict[str, str]:
     return {r["name"]: r["reason"] for r in payload["report"]["never_updated"]}
 
 
+def _stalled(payload: dict[str, Any]) -> set[tuple[str, int, int, str]]:
+    return {(r["name"], r["since_step"], r["last_update_step"], r["reason"]) for r in payload["report"]["stalled"]}
+
+
+#: the group whose lr `dist_worker.stop` cuts to 0 after step 0
+HEAD_STALLED = {("head.weight", 1, 0, "zero_lr"), ("head.bias", 1, 0, "zero_lr")}
+
+
 def test_ddp_with_no_sync_accumulation_equals_one_process(main_run: Any, reference_accumulated: Any) -> None:
     _, runs = main_run
     rank0, rank1 = runs["ddp"]
@@ -123,6 +131,7 @@ def test_ddp_with_no_sync_accumulation_equals_one_process(main_run: Any, referen
         "unused.weight": "no_grad",
         "unused.bias": "no_grad",
     }
+    assert _stalled(rank0) == _stalled(rank1) == _stalled(reference_accumulated) == HEAD_STALLED
 
 
 def test_fsdp2_global_numbers_equal_one_process(main_run: Any, reference: Any) -> None:
@@ -135,6 +144,7 @@ def test_fsdp2_global_numbers_equal_one_process(main_run: Any, reference: Any) -
     assert_same_metrics(rank0, reference)
     assert rank0["report"] == reference["report"]
     assert rank1["report"] == reference["report"]  # every rank's report is the global one
+    assert _stalled(rank0) == _stalled(reference) == HEAD_STALLED  # head is sharded (dim 0) across the ranks
 
 
 def test_fsdp2_collectives_per_measured_step(main_run: Any) -> None:
@@ -159,6 +169,8 @@ def test_tensor_parallel_dtensors_count_replicas_once(main_run: Any) -> None:
     assert_same_metrics(rank0, want)
     assert rank0["report"] == want["report"]
     assert _reasons(rank0) == {"unused.weight": "no_grad", "unused.bias": "no_grad"}
+    # down.weight is Shard(1), down.bias Replicate: both stalled once, as in one process
+    assert _stalled(rank0) == _stalled(want) == {("down.weight", 1, 0, "zero_lr"), ("down.bias", 1, 0, "zero_lr")}
 
 
 def test_only_rank_zero_writes(main_run: Any) -> None:
