@@ -304,6 +304,7 @@ def analyze(
     never_names = {r.name.split(" (= ", 1)[0] for r in never}
     report = closed_report(run)
     closed = judge(report) if report is not None else None
+    stalled_names = {r.name for r in report.stalled} if report is not None else set()  # said once, not twice
     as_dict = report.to_dict() if report is not None else {}
     return Health(
         path=run.path,
@@ -319,7 +320,7 @@ def analyze(
         closed=closed,
         summary=summary,
         first_nonfinite=_first_nonfinite(run, summary, closed=report is not None),
-        out_of_band=out_of_band(run, band, exclude=never_names),
+        out_of_band=out_of_band(run, band, exclude=never_names | stalled_names),
         spikes=spikes(run, spike_factor),
         skipped=list(run.skipped),
     )
