@@ -271,7 +271,7 @@ def server(run: Run) -> Iterator[str]:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "tensorboard exited"
             try:  # up, and every scalar and text tag loaded
                 tags = get(url, "/data/plugin/scalars/tags").get("run", {})
-                if set(tags) >= set(run.mem.scalars) and len(get(url, "/data/plugin/text/tags").get("run", [])) == 3:
+                if set(tags) >= set(run.mem.scalars) and len(get(url, "/data/plugin/text/tags").get("run", [])) == 5:
                     break
             except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
                 pass

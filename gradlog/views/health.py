@@ -16,7 +16,15 @@ from typing import Any
 from gradlog.readers.run import RunData, closed_report
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND
 from gradlog.verdict.judge import Verdict, judge
-from gradlog.verdict.report import COLUMNS, PARTLY_COLUMNS, RANGES_SHOWN, STALLED_COLUMNS, format_ranges, format_table
+from gradlog.verdict.report import (
+    COLUMNS,
+    DIM_NAMES,
+    PARTLY_COLUMNS,
+    RANGES_SHOWN,
+    STALLED_COLUMNS,
+    format_ranges,
+    format_table,
+)
 
 DEFAULT_SPIKE_FACTOR = 10.0
 #: A running median needs some history before a spike against it means anything.
@@ -149,7 +157,7 @@ class Health:
                 rows = [
                     [
                         p["name"],
-                        {0: "rows", 1: "columns"}.get(p["dim"], "elements"),
+                        DIM_NAMES.get(p["dim"], f"dim {p['dim']}"),
                         str(p["never"]),
                         str(p["total"]),
                         format_ranges(p["indices"], RANGES_SHOWN),
