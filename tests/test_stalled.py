@@ -162,6 +162,36 @@ def test_nan_gradients_from_step_k_stop_every_tensor_from_there() -> None:
     assert "NaN/Inf grad at 19 of 19 measured steps since, first at step 42" in stalled["c.weight"].detail
 
 
+def test_every_step_skipped_by_gradscaler_from_step_k() -> None:
+    """Fused AdamW under GradScaler, the loss Inf from step 12 on: every later step is skipped, the
+    weights really stop changing, and the run's first non-finite gradient is not set (skips are routine),
+    yet the stall is a finding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=2, print_report=False)
+    last_change: dict[str, int] = {}
+    for step in range(40):
+        loss = model(torch.randn(4, 6)).pow(2).mean() * (float("inf") if step >= 12 else 1.0)
+        scaler.scale(loss).backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        scaler.step(opt)
+        scaler.update()
+        for n, p in model.named_parameters():
+            if bool((p.detach() != before[n]).any()):
+                last_change[n] = step
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert set(last_change.values()) == {11} and report.skipped_steps == 28
+    assert report.first_nonfinite is None and not report.healthy
+    assert {(r.name, r.since_step, r.last_update_step, r.reason) for r in report.stalled} == {
+        (n, 12, 10, Reason.NONFINITE_GRAD) for n, _ in model.named_parameters()
+    }
+    assert "the optimizer skipped 14 measured steps with a gradient (GradScaler)" in report.stalled[0].detail
+
+
 def test_gradient_zero_from_step_k_is_zero_grad() -> None:
     def mute(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
         model.scale_b = 0.0 if step >= 20 else 1.0  # b's output multiplied by 0: its gradient is exactly 0

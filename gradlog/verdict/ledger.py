@@ -141,15 +141,15 @@ class Ledger:
                 ev.grad_nonfinite += 1
                 if self.first_nonfinite is None and not m.skipped:  # a GradScaler overflow skip is routine
                     self.first_nonfinite = NonFinite(step=m.index, name=row.name, count=int(nonfinite[i]))
+                if q is not None:
+                    q.grad_nonfinite += 1
+                    q.first_nonfinite = m.index if q.first_nonfinite < 0 else q.first_nonfinite
             if m.skipped:
                 ev.skipped += 1
                 if q is not None:
                     q.skipped += 1
                 continue
             if nonfinite[i] > 0:
-                if q is not None:
-                    q.grad_nonfinite += 1
-                    q.first_nonfinite = m.index if q.first_nonfinite < 0 else q.first_nonfinite
                 continue
             if nonzero[i] == 0:
                 ev.grad_zero += 1
