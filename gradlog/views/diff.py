@@ -188,45 +188,33 @@ def _first_pass(t: torch.Tensor) -> tuple[float, int]:
 
 
 def _compare(a: torch.Tensor, b: torch.Tensor, need: dict[int | None, torch.Tensor]) -> tuple[bool, float, float, int]:
-    """One chunked pass over two values: (any bit differs, ‖b − a‖², ‖b‖², NaN/Inf count in b).
+    """One chunked pass over two values: (changed, ‖b − a‖², ‖b‖², NaN/Inf count in b).
+
+    Equal bytes are found first with one `torch.equal` on integer views (a memcmp that stops at the
+    first difference). Otherwise each cache-sized chunk is read once: its difference, the norms of
+    its rows (they add up to ‖b − a‖² too), the max and min of its columns, the norm of b. A slice
+    changed when its difference is non-zero, so +0.0 and -0.0 count as the same value; where a
+    difference is NaN/Inf the chunk is compared bitwise instead (NaN in the same place is no change).
 
     `need` holds, per slice kind, the mask of slices seen changing so far; it is updated in place
     (only while some slice has not changed yet: later intervals skip the per-slice work).
     """
-    if a.numel() == 0:
-        return False, 0.0, 0.0, 0
+    if a.numel() == 0 or torch.equal(bits(a), bits(b)):
+        return False, 0.0, (_sumsq(b) if a.numel() else 0.0), 0
     rows_needed = 0 in need and not bool(need[0].all())
     cols_needed = 1 in need and not bool(need[1].all())
     elem_needed = None in need and not bool(need[None].all())
     flat = a.dim() < 2
     av = a.reshape(-1) if flat else a.reshape(a.shape[0], -1)
     bv = b.reshape(-1) if flat else b.reshape(b.shape[0], -1)
-    ab, bb = bits(av), bits(bv)
-    half = a.element_size() < 4 and a.is_floating_point()
-    if flat:
-        step = CHUNK
-        total = av.shape[0]
-    else:
-        step = max(1, CHUNK // max(1, av.shape[1]))
-        total = av.shape[0]
-    any_diff = False
+    half = a.element_size() < 4
+    step = CHUNK if flat else max(1, CHUNK // max(1, av.shape[1]))
+    c3 = b.reshape(b.shape[0], b.shape[1], -1).shape[2] if cols_needed else 1
+    changed = False
     d_ss = b_ss = 0.0
     bad = 0
-    if cols_needed:
-        c3 = b.reshape(b.shape[0], b.shape[1], -1).shape[2]
-    for lo in range(0, total, step):
-        hi = min(total, lo + step)
-        ne = ab[lo:hi] != bb[lo:hi]
-        if ne.dim() > (1 if flat else 2):  # byte view of an odd dtype
-            ne = ne.any(dim=-1)
-        if not bool(ne.any()):
-            bc = bv[lo:hi]
-            ss = _sumsq(bc)
-            b_ss += ss
-            if not math.isfinite(ss):
-                bad += _count_nonfinite(bc)
-            continue
-        any_diff = True
+    for lo in range(0, av.shape[0], step):
+        hi = min(av.shape[0], lo + step)
         ac, bc = av[lo:hi], bv[lo:hi]
         if half:
             ac, bc = ac.float(), bc.float()
@@ -234,14 +222,40 @@ def _compare(a: torch.Tensor, b: torch.Tensor, need: dict[int | None, torch.Tens
         b_ss += ss
         if not math.isfinite(ss):
             bad += _count_nonfinite(bc)
-        d_ss += _sumsq(bc - ac)
+        d = bc - ac
+        if flat or not rows_needed:
+            dss = _sumsq(d)
+            row_norms = None
+        else:
+            row_norms = torch.linalg.vector_norm(d, dim=1)
+            dss = float(row_norms.double().square().sum())
+        if not math.isfinite(dss):  # NaN/Inf in the difference: compare this chunk's bits
+            ne = bits(av[lo:hi]) != bits(bv[lo:hi])
+            if ne.dim() > (1 if flat else 2):
+                ne = ne.any(dim=-1)
+            changed = changed or bool(ne.any())
+            if elem_needed:
+                need[None][lo:hi] |= ne
+            if rows_needed:
+                need[0][lo:hi] |= ne.any(dim=1)
+            if cols_needed:
+                need[1] |= ne.reshape(hi - lo, -1, c3).any(dim=2).any(dim=0)
+            d = torch.where(ne, d, 0.0)  # the norm of what really changed (NaN stays NaN)
+            dss = _sumsq(d)
+            d_ss += dss
+            continue
+        d_ss += dss
+        if dss == 0:
+            continue
+        changed = True
         if elem_needed:
-            need[None][lo:hi] |= ne
-        if rows_needed:
-            need[0][lo:hi] |= ne.any(dim=1)
+            need[None][lo:hi] |= d != 0
+        if row_norms is not None:
+            need[0][lo:hi] |= row_norms != 0
         if cols_needed:
-            need[1] |= ne.reshape(hi - lo, -1, c3).any(dim=2).any(dim=0)
-    return any_diff, d_ss, b_ss, bad
+            d2 = d if c3 == 1 else d.reshape(hi - lo, -1, c3).transpose(1, 2).reshape(-1, d.shape[1] // c3)
+            need[1] |= (d2.amax(dim=0) != 0) | (d2.amin(dim=0) != 0)
+    return changed, d_ss, b_ss, bad
 
 
 @dataclass
