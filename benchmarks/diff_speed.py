@@ -80,8 +80,10 @@ def main() -> None:
         a = state_dict(args.mb, 0)
         b = step(a)
         nbytes = 2 * sum(t.numel() * t.element_size() for t in a.values())
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {len(a)} tensors, "
-              f"{nbytes / 1e9:.2f} GB of tensors in the pair")
+        print(
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, {len(a)} tensors, "
+            f"{nbytes / 1e9:.2f} GB of tensors in the pair"
+        )
         for fmt in args.formats.split(","):
             paths = [save(a, os.path.join(tmp, "a"), fmt), save(b, os.path.join(tmp, "b"), fmt)]
             best = float("inf")

@@ -1,9 +1,10 @@
 """Which slices of a tensor stayed bitwise equal: the per-slice definition shared by `gradlog diff` and
 `gradlog.check`, when both values of a tensor are at hand (no fingerprints needed).
 
-Slices: rows (dim 0) and columns (dim 1) of tensors with >= 2 dims, elements of 1-D tensors. A slice
-"never changed" when every one of its entries is bitwise equal, so NaN == NaN and -0.0 != 0.0: the
-question is whether the optimizer wrote a different value, not whether the numbers compare equal.
+Slices: rows (dim 0) and columns (dim 1) of tensors with >= 2 dims, elements of 1-D tensors. A
+slice "never changed" when every one of its entries holds the same value: bitwise equal, except
+that +0.0 and -0.0 count as the same value (as they compare), and a NaN that stays bitwise the same
+NaN is no change (NaN != NaN would call every NaN a change).
 """
 
 from __future__ import annotations
@@ -46,11 +47,20 @@ def reduce_to_slices(mask: torch.Tensor, dim: int | None) -> torch.Tensor:
     return m.any(dim=2).any(dim=0)
 
 
+def differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Element mask of entries whose value changed, by the definition above."""
+    if not (a.is_floating_point() or a.is_complex()):
+        diff = bits(a) != bits(b)
+        return diff.any(dim=-1) if diff.dim() > a.dim() else diff
+    same = bits(a) == bits(b)
+    if same.dim() > a.dim():  # byte view of an odd dtype: one trailing dim of bytes
+        same = same.all(dim=-1)
+    return (a != b) & ~(torch.isnan(a) & torch.isnan(b) & same)
+
+
 def changed_slices(a: torch.Tensor, b: torch.Tensor) -> dict[int | None, torch.Tensor]:
     """For two same-shape values of one tensor: per slice kind, a bool mask of the slices that differ."""
-    diff = bits(a) != bits(b)
-    if diff.dim() > a.dim():  # byte view of an odd dtype: one trailing dim of bytes
-        diff = diff.any(dim=-1)
+    diff = differs(a, b)
     return {d: reduce_to_slices(diff, d) for d in slice_dims(tuple(a.shape))}
 
 

@@ -38,7 +38,7 @@ from gradlog.verdict.report import (
     Stalled,
     format_table,
 )
-from gradlog.verdict.unchanged import bits, describe, slice_dims, slice_word
+from gradlog.verdict.unchanged import bits, describe, differs, slice_dims, slice_word
 
 #: elements per chunk: 1 MB of fp32, so the chunk's second and third reads come from cache
 CHUNK = 1 << 18
@@ -230,9 +230,7 @@ def _compare(a: torch.Tensor, b: torch.Tensor, need: dict[int | None, torch.Tens
             row_norms = torch.linalg.vector_norm(d, dim=1)
             dss = float(row_norms.double().square().sum())
         if not math.isfinite(dss):  # NaN/Inf in the difference: compare this chunk's bits
-            ne = bits(av[lo:hi]) != bits(bv[lo:hi])
-            if ne.dim() > (1 if flat else 2):
-                ne = ne.any(dim=-1)
+            ne = differs(av[lo:hi], bv[lo:hi])
             changed = changed or bool(ne.any())
             if elem_needed:
                 need[None][lo:hi] |= ne
@@ -679,7 +677,7 @@ def plot(result: DiffResult, out: str) -> None:
     cmap = ListedColormap(
         [(0.1 + 0.8 * t, 0.2 + 0.6 * (1 - abs(2 * t - 1)), 0.9 - 0.8 * t) for t in [i / 255 for i in range(256)]]
     )
-    cmap.set_bad((0.15, 0.15, 0.15))  # no change at all
+    cmap = cmap.with_extremes(bad=(0.15, 0.15, 0.15))  # no change at all
     finite = data[torch.isfinite(data)]
     lo = float(finite.min()) if finite.numel() else -6.0
     hi = float(finite.max()) if finite.numel() else 0.0
