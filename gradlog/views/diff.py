@@ -674,10 +674,10 @@ def plot(result: DiffResult, out: str) -> None:
     fig = Figure(figsize=(min(16.0, 4 + 0.6 * k), height))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    cmap = ListedColormap(
+    base = ListedColormap(
         [(0.1 + 0.8 * t, 0.2 + 0.6 * (1 - abs(2 * t - 1)), 0.9 - 0.8 * t) for t in [i / 255 for i in range(256)]]
     )
-    cmap = cmap.with_extremes(bad=(0.15, 0.15, 0.15))  # no change at all
+    cmap = base.with_extremes(bad=(0.15, 0.15, 0.15))  # no change at all
     finite = data[torch.isfinite(data)]
     lo = float(finite.min()) if finite.numel() else -6.0
     hi = float(finite.max()) if finite.numel() else 0.0
