@@ -62,6 +62,32 @@ def _scalar(out: Any, what: str) -> torch.Tensor:
     )
 
 
+class RngState:
+    """The random number generators a training step may draw from: torch's CPU and CUDA generators,
+    Python's `random`, NumPy's global one (if NumPy is imported), and any extra `torch.Generator`s
+    given (a sampler's own)."""
+
+    def __init__(self, *generators: torch.Generator) -> None:
+        self.cpu = torch.random.get_rng_state()
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        self.cuda = torch.cuda.get_rng_state_all() if cuda else None
+        self.python = random.getstate()
+        np = sys.modules.get("numpy")
+        self.numpy = np.random.get_state() if np is not None else None
+        self.generators = [(g, g.get_state()) for g in generators]
+
+    def restore(self) -> None:
+        torch.random.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        random.setstate(self.python)
+        np = sys.modules.get("numpy")
+        if np is not None and self.numpy is not None:
+            np.random.set_state(self.numpy)
+        for g, state in self.generators:
+            g.set_state(state)
+
+
 class _Saved:
     """Everything one training step can change, copied so it can be put back bit for bit."""
 
@@ -85,12 +111,7 @@ class _Saved:
         self.state = {id(p): (state[p], {k: _clone(v) for k, v in state[p].items()}) for p in self.params if p in state}
         self.groups = [{k: _clone(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         self.opt_called = vars(optimizer).get("_opt_called", _MISSING)  # set by an LR scheduler's step wrapper
-        self.rng_cpu = torch.random.get_rng_state()
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        self.rng_cuda = torch.cuda.get_rng_state_all() if cuda else None
-        self.rng_python = random.getstate()
-        np = sys.modules.get("numpy")
-        self.rng_numpy = np.random.get_state() if np is not None else None
+        self.rng = RngState()
 
     def restore(self) -> None:
         with torch.no_grad():
@@ -130,13 +151,7 @@ class _Saved:
             vars(opt).pop("_opt_called", None)
         else:
             vars(opt)["_opt_called"] = self.opt_called
-        torch.random.set_rng_state(self.rng_cpu)
-        if self.rng_cuda is not None:
-            torch.cuda.set_rng_state_all(self.rng_cuda)
-        random.setstate(self.rng_python)
-        np = sys.modules.get("numpy")
-        if np is not None and self.rng_numpy is not None:
-            np.random.set_state(self.rng_numpy)
+        self.rng.restore()
 
 
 def _clone(v: Any) -> Any:
