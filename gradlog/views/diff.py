@@ -253,6 +253,7 @@ def _compare(a: torch.Tensor, b: torch.Tensor, need: dict[int | None, torch.Tens
         if cols_needed:
             d2 = d if c3 == 1 else d.reshape(hi - lo, -1, c3).transpose(1, 2).reshape(-1, d.shape[1] // c3)
             need[1] |= (d2.amax(dim=0) != 0) | (d2.amin(dim=0) != 0)
+            cols_needed = not bool(need[1].all())  # usually the first chunk already shows every column moving
     return changed, d_ss, b_ss, bad
 
 
