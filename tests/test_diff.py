@@ -17,7 +17,7 @@ from torch import nn
 from gradlog.cli.entry import main
 from gradlog.readers.checkpoints import BadCheckpoint, Checkpoint
 from gradlog.verdict.report import Reason
-from gradlog.views.diff import diff, open_all
+from gradlog.views.diff import Progress, diff, open_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -308,7 +308,7 @@ def test_checkpoint_reader_reads_lazily(tmp_path):
 
 MEMORY_CHILD = r"""
 import os, sys, threading, time
-from gradlog.views.diff import diff, open_all
+from gradlog.views.diff import Progress, diff, open_all
 
 def anon_kb():
     with open("/proc/self/status") as f:
@@ -367,3 +367,31 @@ def test_memory_stays_near_two_tensors(fmt, tmp_path):
     grown_mb = (peak - base) / 1024
     print(f"anonymous memory grew by {grown_mb:.0f} MB")
     assert grown_mb < 160, f"anonymous memory grew by {grown_mb:.0f} MB while diffing 2 x 384 MB"
+
+
+def test_progress_line():
+    """Redrawn in place on a terminal above 64 MB; on a pipe only for inputs above 2 GB, every 10%."""
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    bar = Progress(200 << 20, stream=tty)
+    bar.add(100 << 20)
+    bar.add(100 << 20)
+    bar.close()
+    assert tty.getvalue() == "\rgradlog diff:  50% of 0.21 GB\rgradlog diff: 100% of 0.21 GB\n"
+    small = io.StringIO()
+    bar = Progress(200 << 20, stream=small)
+    bar.add(200 << 20)
+    bar.close()
+    assert small.getvalue() == ""
+    pipe = io.StringIO()
+    bar = Progress(4 << 30, stream=pipe)
+    for _ in range(40):
+        bar.add(100 << 20)
+    lines = pipe.getvalue().splitlines()
+    assert lines[0] == "gradlog diff: 2% of 4.29 GB" and lines[-1] == "gradlog diff: 90% of 4.29 GB"
+    assert len(lines) == 10
