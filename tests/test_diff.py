@@ -395,3 +395,13 @@ def test_progress_line():
     lines = pipe.getvalue().splitlines()
     assert lines[0] == "gradlog diff: 2% of 4.29 GB" and lines[-1] == "gradlog diff: 90% of 4.29 GB"
     assert len(lines) == 10
+
+
+def test_progress_counts_what_is_compared(run, tmp_path, capsys):
+    from gradlog.cli.diff import run_diff
+
+    paths = [save_torch(ck, str(tmp_path / f"s{i}.pt")) for i, ck in enumerate(run)]
+    assert run_diff(paths, include=["mid.*"], progress=True) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == "gradlog diff: 100% of 0.00 GB"  # only the selected tensors' bytes, all of them
+    assert run_diff(paths) == 1 and capsys.readouterr().err == ""  # small input on a pipe: no progress

@@ -35,10 +35,7 @@ def run_diff(
     bar: Progress | None = None
     try:
         checkpoints = open_all(paths)
-        total = 0
-        for ck in checkpoints:
-            total += sum(ck.info(n).nbytes for n in ck.names)
-        bar = Progress(total, force=progress)
+        bar = Progress(0, force=progress)  # diff() tells it the size of what it compares
         result = diff(
             checkpoints,
             include=list(include) if include else None,

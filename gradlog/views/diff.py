@@ -44,7 +44,7 @@ from gradlog.verdict.unchanged import bits, describe, differs, slice_dims, slice
 CHUNK = 1 << 18
 #: the last name part of buffers every model has that are not parameters (never in an optimizer)
 BUFFER_LEAVES = frozenset({"running_mean", "running_var", "num_batches_tracked"})
-_EMBEDDING = re.compile(r"(^|[._])(embed\w*|wte|wpe|tok\w*|word_embeddings|position_embeddings|lm_head)([._]|$)")
+_EMBEDDING = re.compile(r"(^|[._])(embed\w*|wte|wpe|tok\w*|word_embeddings|position_embeddings)([._]|$)")
 _REL_TABLE_MAX = 60  # the console shows this many tensors' relative changes; --json has them all
 
 
@@ -413,10 +413,18 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.tty = tty
+        self.forced = force
         self.on = force if force is not None else (total > 0 and ((tty and total >= (64 << 20)) or total >= min_bytes))
+        self.min_bytes = min_bytes
         self.total = max(total, 1)
         self.done = 0
         self._shown = -1
+
+    def begin(self, total: int) -> None:
+        """The real amount of work, once the selected tensors are known (`on` is decided again)."""
+        if self.forced is None:
+            self.on = total > 0 and ((self.tty and total >= (64 << 20)) or total >= self.min_bytes)
+        self.total = max(total, 1)
 
     def add(self, nbytes: int) -> None:
         if not self.on:
@@ -539,6 +547,8 @@ def diff(
                 opt_note = f"checkpoint {i} ({checkpoints[i].label}), matched to tensors {opt.how}"
             break
     missing = [Missing(n, tuple(i for i in range(c) if n in checkpoints[i])) for n in names if n not in common]
+    if progress is not None:
+        progress.begin(sum(inf[n].nbytes for inf in infos for n in common))
     meta: list[MetaChange] = []
     skipped: list[str] = []
     report = Report(measured_steps=c)
@@ -550,10 +560,14 @@ def diff(
         bad_meta = [i for i in range(1, c) if metas[i] != metas[i - 1]]
         if bad_meta:
             meta += [MetaChange(name, i, metas[i - 1].text(), metas[i].text()) for i in bad_meta]
+            if progress is not None:
+                progress.add(sum(m.nbytes for m in metas))
             continue
         info = metas[0]
         if not info.dtype.is_floating_point:
             skipped.append(name)
+            if progress is not None:
+                progress.add(info.nbytes * c)
             continue
         track = _stream(name, info, checkpoints, progress)
         compared += info.nbytes * c
