@@ -405,3 +405,34 @@ def test_progress_counts_what_is_compared(run, tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[-1] == "gradlog diff: 100% of 0.00 GB"  # only the selected tensors' bytes, all of them
     assert run_diff(paths) == 1 and capsys.readouterr().err == ""  # small input on a pipe: no progress
+
+
+def test_real_hugging_face_save_pretrained_shards(tmp_path):
+    """A tiny GPT-2 saved by transformers itself (sharded safetensors + index), before and after 3 steps."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16)
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.save_pretrained(tmp_path / "step0", max_shard_size="8KB")
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        ids = torch.randint(0, 32, (4, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(tmp_path / "step3", max_shard_size="8KB")
+    after = model.state_dict()
+    assert (tmp_path / "step3" / "model.safetensors.index.json").exists()
+    result = diff(open_all([str(tmp_path / "step0"), str(tmp_path / "step3")]))
+    expected = {}
+    for name in result.relative_change:
+        a, b = before[name], after[name]
+        if a.dim() >= 2:
+            rows = tuple(r for r in range(a.shape[0]) if _same(a[r], b[r]))
+            cols = tuple(c for c in range(a.shape[1]) if _same(a[:, c], b[:, c]))
+            expected.update({(name, 0): rows} if 0 < len(rows) < a.shape[0] else {})
+            expected.update({(name, 1): cols} if 0 < len(cols) < a.shape[1] else {})
+    # positions 8..15 are never used and position 7 has no next token to predict: their rows never move
+    assert _partly(result) == expected == {("transformer.wpe.weight", 0): tuple(range(7, 16))}
+    assert result.report.never_updated == [] and not result.missing
