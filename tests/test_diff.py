@@ -238,6 +238,7 @@ def test_bitwise_definition(tmp_path):
     assert result.nonfinite[0].checkpoint == 0 and result.nonfinite[0].count == 2
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch's, about the malicious file
 @pytest.mark.parametrize(
     "case",
     ["missing", "fifo", "empty", "garbage", "dir", "no_common", "shapes", "filter", "one", "pickle", "bad_index"],
