@@ -179,7 +179,8 @@ def check(
     a Hugging Face output, gives that); by default ``model(batch)``, ``model(*batch)`` for a tuple
     or list, ``model(**batch)`` for a dict. The batch must already be on the model's device.
     Gradients are cleared before each step (and put back afterwards). Needs memory for one copy of
-    the weights, gradients and optimizer state. The report is printed unless ``print=False``.
+    the weights, gradients and optimizer state. The report is printed unless ``print=False``;
+    ``include`` / ``exclude`` choose tensors as in `GradLogger`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"gradlog.check: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -188,6 +189,12 @@ def check(
         raise ValueError(f"gradlog.check: steps must be an integer >= 1 (optimizer steps to try), got {steps!r}")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"gradlog.check: loss_fn must be a callable (model, batch) -> loss, got {loss_fn!r}")
+    lazy = [n for n, p in model.named_parameters() if isinstance(p, nn.parameter.UninitializedParameter)]
+    if lazy:
+        raise ValueError(
+            f"gradlog.check: {lazy[0]!r} is not materialised yet (a lazy module), so it cannot be put back as it "
+            "was; run one forward pass (model(batch)) before gradlog.check"
+        )
     saved = _Saved(model, opt)
     gl = GradLogger(
         model,

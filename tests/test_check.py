@@ -216,6 +216,9 @@ def test_batch_forms_and_loss_fn():
         gradlog.check(lin, opt, torch.randn(3, 4), loss_fn=lambda m, b: "x", print=False)
     with pytest.raises(ValueError, match="steps must be an integer >= 1"):
         gradlog.check(lin, opt, torch.randn(3, 4), steps=0)
+    lazy = nn.LazyLinear(2)
+    with pytest.raises(ValueError, match=r"'weight' is not materialised yet .* run one forward pass"):
+        gradlog.check(lazy, torch.optim.SGD(lazy.parameters(), lr=0.1), torch.randn(3, 4))
     with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
         gradlog.check(lambda x: x, opt, torch.randn(3, 4))  # type: ignore[arg-type]
 
