@@ -210,6 +210,12 @@ def test_plot(run, tmp_path, capsys):
     out = tmp_path / "diff.png"
     assert main(["diff", *paths, "--plot", str(out)]) == 1
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    from matplotlib.image import imread
+
+    px = torch.from_numpy(imread(str(out))[..., :3].copy())
+    red = ((px - torch.tensor([0.85, 0.1, 0.1])).abs().amax(dim=-1) < 0.02).sum()  # the NaN/Inf cell (out.weight, 1->2)
+    grey = ((px - 0.88).abs().amax(dim=-1) < 0.01).sum()  # cells that never changed (frozen, head, mid 1->2)
+    assert red > 500 and grey > 5 * red
 
 
 def test_missing_shape_and_dtype_changes(tmp_path):
