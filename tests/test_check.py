@@ -243,3 +243,18 @@ def test_failure_inside_the_step_restores_and_raises():
         gradlog.check(model, opt, torch.randn(5, 4), loss_fn=bad_loss, steps=2, print=False)
     _assert_same(before, _state(model, opt), "state")
     assert not opt._optimizer_step_pre_hooks and not gradlog.logger._active  # the check's logger is gone
+
+
+def test_hugging_face_model_output_loss():
+    """A real (tiny) GPT-2 from a config: the default loss is the output's .loss; nothing is a finding."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16)
+    model = transformers.GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (2, 6))
+    report = gradlog.check(model, opt, {"input_ids": ids, "labels": ids}, print=False)
+    assert report.never_updated == [] and report.healthy
+    pos = {(p.name, p.dim): p for p in report.partly_updated}[("transformer.wpe.weight", 0)]
+    assert pos.indices == tuple(range(5, 16)) and pos.reason == Reason.NOT_IN_BATCH  # position 5 predicts nothing
+    assert all(p.reason == Reason.NOT_IN_BATCH for p in report.partly_updated)
