@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gradlog.check import check
+from gradlog.check import CheckReport, check
 from gradlog.logger import GradLogger, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram
@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WRITERS",
+    "CheckReport",
     "DistributedMismatchError",
     "GradLogger",
     "Histogram",

@@ -11,7 +11,8 @@ exactly what it would have been without the check.
 What one batch cannot tell apart from a bug is labelled "in this batch" and does not make the verdict
 a problem: rows, columns or elements whose gradient was exactly zero in every checked step
 (embedding rows of tokens the batch does not hold, units inactive on this batch) are listed in
-`Report.partly_updated` with reason `not_in_batch` (or `padding_idx` for an embedding's padding row).
+`CheckReport.in_batch` with reason `not_in_batch` (or `padding_idx` for an embedding's padding row),
+apart from `Report.partly_updated`, which the verdict judges (it stays empty in a check).
 A whole tensor that only a rare path uses (an expert the batch never routes to) looks the same as
 an unused one in one batch; it is listed, and its detail says so: check with another batch.
 """
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import builtins
 import copy
+import dataclasses
 import random
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,6 +63,51 @@ def _scalar(out: Any, what: str) -> torch.Tensor:
         f"gradlog.check: {what} returned {type(out).__name__}, not a tensor or an output with a .loss tensor; "
         "pass loss_fn=lambda model, batch: <a scalar loss tensor>"
     )
+
+
+@dataclass
+class CheckReport(Report):
+    """The `Report` of `gradlog.check`, plus `in_batch`: slices whose gradient was exactly zero on the
+    checked batch. They depend on the data (tokens the batch lacks, units it leaves inactive), so they
+    are shown apart and never make the verdict a problem."""
+
+    in_batch: list[PartlyUpdated] = field(default_factory=list)
+
+    def table(self) -> str:
+        """The usual tables and verdict, then the data-dependent 'in this batch' table."""
+        text = super().table()
+        if self.in_batch:
+            rows = [
+                [
+                    p.name,
+                    slice_word(p.dim),
+                    str(p.never),
+                    str(p.total),
+                    describe(p.dim, p.indices, p.total),
+                    p.reason.value,
+                    p.detail,
+                ]
+                for p in self.in_batch
+            ]
+            text += "\n\nIn this batch only (data-dependent, not counted as problems):\n"
+            text += format_table(PARTLY_COLUMNS, rows)
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["in_batch"] = [
+            {
+                "name": p.name,
+                "dim": p.dim,
+                "never": p.never,
+                "total": p.total,
+                "indices": list(p.indices),
+                "reason": p.reason.value,
+                "detail": p.detail,
+            }
+            for p in self.in_batch
+        ]
+        return out
 
 
 class RngState:
@@ -172,8 +220,8 @@ def check(
     print: bool = True,
     include: NameFilter = None,
     exclude: NameFilter = None,
-) -> Report:
-    """Run `steps` real forward/backward/optimizer steps on `batch`, restore everything, return the `Report`.
+) -> CheckReport:
+    """Run `steps` real forward/backward/optimizer steps on `batch`, restore everything, return the report.
 
     `loss_fn(model, batch)` returns the loss (a tensor is summed; an object with ``.loss``, such as
     a Hugging Face output, gives that); by default ``model(batch)``, ``model(*batch)`` for a tuple
@@ -223,11 +271,15 @@ def check(
             gl.print_report = False
             gl.close()
         saved.restore()
-    report.partly_updated = _in_batch(model, gl, report, seen)
-    report.never_updated = [_label_rare_path(rec, steps) for rec in report.never_updated]
+    fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(Report)}
+    fields["never_updated"] = [_label_rare_path(rec, steps) for rec in report.never_updated]
+    # one batch's unchanged slices are data-dependent: shown apart, from the gradients (which weight
+    # decay cannot blur), and never judged as problems
+    fields["partly_updated"] = []
+    result = CheckReport(**fields, in_batch=_in_batch(model, gl, report, seen))
     if print:
-        builtins.print(table(report), flush=True)
-    return report
+        builtins.print(result.table(), flush=True)
+    return result
 
 
 def _record_slices(params: list[torch.Tensor], seen: dict[int, dict[int | None, torch.Tensor]]) -> None:
@@ -308,32 +360,8 @@ def _in_batch(
 def _label_rare_path(rec: Any, steps: int) -> Any:
     """One batch cannot tell an unused tensor from one only a rare path uses: say so where it matters."""
     if rec.reason in (Reason.NO_GRAD, Reason.ZERO_GRAD):
-        import dataclasses
-
         batch = "this batch" if steps == 1 else f"these {steps} steps on this batch"
         return dataclasses.replace(
             rec, detail=f"{rec.detail} (in {batch}: a path only some batches take looks the same; try another batch)"
         )
     return rec
-
-
-def table(report: Report) -> str:
-    """The never-updated table and verdict, then the data-dependent 'in this batch' table."""
-    text = report.table()
-    if report.partly_updated:
-        rows = [
-            [
-                p.name,
-                slice_word(p.dim),
-                str(p.never),
-                str(p.total),
-                describe(p.dim, p.indices, p.total),
-                p.reason.value,
-                p.detail,
-            ]
-            for p in report.partly_updated
-        ]
-        text += "\n\nIn this batch only (data-dependent, not counted as problems):\n" + format_table(
-            PARTLY_COLUMNS, rows
-        )
-    return text

@@ -111,17 +111,19 @@ def test_healthy_transformer_gives_no_finding(capsys):
     report = gradlog.check(model, opt, batch)  # dict batch: model(**batch) returns the loss tensor
     assert report.never_updated == [] and report.healthy
     assert report.verdict.startswith("gradlog OK")
-    by = {(p.name, p.dim): p for p in report.partly_updated}
+    assert isinstance(report, gradlog.CheckReport) and report.partly_updated == []  # kept apart from the verdict
+    assert report.to_dict()["in_batch"][0]["detail"].startswith("in this batch")
+    by = {(p.name, p.dim): p for p in report.in_batch}
     seen = set(batch["ids"].unique().tolist())
     tok = by[("tok.weight", 0)]
     assert set(tok.indices) == set(range(1, 50)) - seen and tok.reason == Reason.NOT_IN_BATCH
     assert tok.detail.startswith("in this batch")
     if 0 in seen:
         assert by.get(("tok.weight", 0)) and ("tok.weight", 0) in by
-    pad = [p for p in report.partly_updated if p.reason == Reason.PADDING_IDX]
+    pad = [p for p in report.in_batch if p.reason == Reason.PADDING_IDX]
     assert [(p.name, p.indices) for p in pad] == [("tok.weight", (0,))]
     assert by[("pos.weight", 0)].indices == tuple(range(8, 32))
-    assert {p.reason for p in report.partly_updated} <= {Reason.NOT_IN_BATCH, Reason.PADDING_IDX}
+    assert {p.reason for p in report.in_batch} <= {Reason.NOT_IN_BATCH, Reason.PADDING_IDX}
     assert "In this batch only" in capsys.readouterr().out
 
 
@@ -255,6 +257,6 @@ def test_hugging_face_model_output_loss():
     ids = torch.randint(0, 64, (2, 6))
     report = gradlog.check(model, opt, {"input_ids": ids, "labels": ids}, print=False)
     assert report.never_updated == [] and report.healthy
-    pos = {(p.name, p.dim): p for p in report.partly_updated}[("transformer.wpe.weight", 0)]
+    pos = {(p.name, p.dim): p for p in report.in_batch}[("transformer.wpe.weight", 0)]
     assert pos.indices == tuple(range(5, 16)) and pos.reason == Reason.NOT_IN_BATCH  # position 5 predicts nothing
-    assert all(p.reason == Reason.NOT_IN_BATCH for p in report.partly_updated)
+    assert all(p.reason == Reason.NOT_IN_BATCH for p in report.in_batch)
