@@ -337,11 +337,11 @@ def _in_batch(
                 if not never:
                     continue
             if id(row.param) in embeddings and dim == 0:
-                why = "tokens not in this batch"
+                why = "ids (tokens, positions) this batch does not hold"
             elif dim == 1 and id(row.param) in embeddings:
-                why = "embedding dimensions no token of this batch used"
+                why = "embedding dimensions no id of this batch used"
             else:
-                why = f"{slice_word(dim)} with no gradient on this batch (inactive units, masked or unused inputs)"
+                why = "inactive units, masked or unused inputs, or a gradient that cancels exactly"
             out.append(
                 PartlyUpdated(
                     row.name,
@@ -350,7 +350,7 @@ def _in_batch(
                     total,
                     tuple(never),
                     Reason.NOT_IN_BATCH,
-                    f"in this batch: gradient exactly zero in {describe(dim, never, total)}: {why}; "
+                    f"in this batch: gradient exactly zero in these {slice_word(dim)}: {why}; "
                     "data-dependent, not a problem by itself",
                 )
             )
