@@ -3,6 +3,8 @@
 gl = gradlog.GradLogger(model, optimizer)        # or gradlog.watch(model, optimizer)
 ... optimizer.step(); gl.log(step) ...
 report = gl.close()                               # the never-updated table
+
+gradlog.check(model, optimizer, batch)            # one dry step before training, everything restored
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gradlog.check import CheckReport, check
 from gradlog.logger import GradLogger, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram
@@ -25,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WRITERS",
+    "CheckReport",
     "DistributedMismatchError",
     "GradLogger",
     "Histogram",
@@ -39,6 +43,7 @@ __all__ = [
     "WandbWriter",
     "Writer",
     "__version__",
+    "check",
     "close",
     "log",
     "watch",

@@ -95,3 +95,49 @@ def test_gradlog_alone_never_imports_transformers() -> None:
     code = "import sys, gradlog; print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'accelerate'}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+class Dropped(Regressor):
+    """Regressor with dropout, so the check must also leave the RNG as it found it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = self.head(self.drop(torch.tanh(self.body(x)))).squeeze(-1)
+        return {"loss": ((out - labels) ** 2).mean(), "logits": out}
+
+
+def _train(tmp_path, check_first: bool) -> tuple[GradlogCallback, dict[str, torch.Tensor], gradlog.MemoryWriter]:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    mem = gradlog.MemoryWriter()
+    cb = GradlogCallback(check_first=check_first, writer=mem, every=1, print_report=False)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / str(check_first)),
+        per_device_train_batch_size=8,
+        max_steps=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    model = Dropped()
+    transformers.Trainer(model=model, args=args, train_dataset=Data(), callbacks=[cb]).train()
+    return cb, {k: v.detach().clone() for k, v in model.state_dict().items()}, mem
+
+
+def test_check_first_runs_on_the_first_batch_and_changes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    plain_cb, plain, plain_mem = _train(tmp_path, check_first=False)
+    cb, checked, mem = _train(tmp_path, check_first=True)
+    assert plain_cb.check_report is None and cb.check_report is not None
+    assert {r.name: r.reason for r in cb.check_report.never_updated} == {
+        "unused.weight": Reason.NO_GRAD,
+        "unused.bias": Reason.NO_GRAD,
+    }
+    assert cb.check_report.optimizer_steps == 1
+    assert plain.keys() == checked.keys()
+    for k in plain:
+        assert torch.equal(plain[k], checked[k]), k  # same data order, dropout masks and updates
+    assert mem.scalars["grad_norm/body.weight"] == plain_mem.scalars["grad_norm/body.weight"]  # check not counted

@@ -77,3 +77,32 @@ def test_lightning_fit_with_accumulation_measures_the_gradients_of_each_step(tmp
 def test_an_optimizer_index_out_of_range_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"optimizer_index=1.*returned 1 optimizer"):
         _trainer(tmp_path, [GradlogCallback(optimizer_index=1, writer="memory")]).fit(Regressor(), _loader())
+
+
+class Logged(Regressor):
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss)
+        return loss
+
+
+def test_check_first_on_the_first_batch_changes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    results = []
+    for check_first in (False, True):
+        torch.manual_seed(0)
+        mem = gradlog.MemoryWriter()
+        cb = GradlogCallback(check_first=check_first, writer=mem, every=1, print_report=False)
+        module = Logged()
+        trainer = _trainer(tmp_path / str(check_first), [cb], max_steps=3)
+        trainer.fit(module, _loader())
+        results.append((cb, {k: v.detach().clone() for k, v in module.state_dict().items()}, mem, trainer))
+    (plain_cb, plain, plain_mem, _), (cb, checked, mem, trainer) = results
+    assert plain_cb.check_report is None and cb.check_report is not None
+    assert {r.name: r.reason for r in cb.check_report.never_updated} == {
+        "unused.weight": Reason.NO_GRAD,
+        "unused.bias": Reason.NO_GRAD,
+    }
+    for k in plain:
+        assert torch.equal(plain[k], checked[k]), k
+    assert mem.scalars["grad_norm/body.weight"] == plain_mem.scalars["grad_norm/body.weight"]
+    assert trainer.global_step == 3

@@ -1,4 +1,4 @@
-"""Command line: `gradlog demo` and `gradlog report`."""
+"""Command line: `gradlog demo`, `gradlog report` and `gradlog diff`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,19 @@ def _report(args: argparse.Namespace) -> int:
     from gradlog.cli.report import run_report
 
     return run_report(args.path, as_json=args.json, plot=args.plot, band=args.band, spike=args.spike)
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from gradlog.cli.diff import run_diff
+
+    return run_diff(
+        args.checkpoints,
+        as_json=args.json,
+        plot_to=args.plot,
+        include=args.include,
+        exclude=args.exclude,
+        progress=False if args.no_progress else None,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--spike", type=float, metavar="FACTOR", default=None, help="spike: x running median (10)")
     report.set_defaults(func=_report)
+    diff = sub.add_parser(
+        "diff",
+        help="compare checkpoints of one model (torch.save, .safetensors, Hugging Face folders) for weights that "
+        "never changed",
+        description="Exit status: 0 every tensor changed, 1 findings, 2 bad input (unreadable file, different models).",
+    )
+    diff.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="two or more, in training order")
+    diff.add_argument("--json", action="store_true", help="print the findings as JSON")
+    diff.add_argument("--plot", metavar="OUT.png", default=None, help="draw relative change per tensor and interval")
+    diff.add_argument("--include", action="append", metavar="GLOB", help="compare only tensors matching (repeatable)")
+    diff.add_argument("--exclude", action="append", metavar="GLOB", help="skip tensors matching (repeatable)")
+    diff.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    diff.set_defaults(func=_diff)
     return parser
 
 

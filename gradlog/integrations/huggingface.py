@@ -15,7 +15,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
         "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
     ) from exc
 
-from gradlog.integrations._run import CallbackRun, RunAccess
+from gradlog.check import default_loss
+from gradlog.integrations._run import CallbackRun, RunAccess, first_batch, to_device
 
 
 class GradlogCallback(RunAccess, TrainerCallback):
@@ -24,15 +25,27 @@ class GradlogCallback(RunAccess, TrainerCallback):
 
     Keyword arguments go to `GradLogger`; `log_dir` defaults to ``<output_dir>/gradlog``. The
     report of the run is kept in `report` after training.
+
+    ``check_first=True`` runs `gradlog.check` once when training begins, before the first step:
+    on the first batch of the Trainer's train dataloader (drawn from the DataLoader under
+    accelerate's wrapper with every random generator put back, so the training order is
+    unchanged), with the model in train mode and the loss the model returns (``.loss``, so the
+    batch must hold the labels). Its report is printed and kept in `check_report`.
     """
 
-    def __init__(self, **gradlog_kwargs: Any) -> None:
-        self.run = CallbackRun(gradlog_kwargs)
+    def __init__(self, check_first: bool = False, **gradlog_kwargs: Any) -> None:
+        self.run = CallbackRun(gradlog_kwargs, check_first)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
         if model is None:
             raise RuntimeError("GradlogCallback: the Trainer passed no model to on_train_begin")
+        if self.run.check_first:
+            loader = kwargs.get("train_dataloader")
+            if loader is None:
+                raise RuntimeError("GradlogCallback(check_first=True): the Trainer passed no train_dataloader")
+            device = next(model.parameters()).device
+            self.run.preflight(model, kwargs.get("optimizer"), to_device(first_batch(loader), device), _train_loss)
         self.run.start(model, kwargs.get("optimizer"), args.output_dir)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -40,3 +53,9 @@ class GradlogCallback(RunAccess, TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.finish()
+
+
+def _train_loss(model: Any, batch: Any) -> Any:
+    """The Trainer trains in train mode (the check puts the mode back afterwards)."""
+    model.train()
+    return default_loss(model, batch)

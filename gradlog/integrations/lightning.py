@@ -18,6 +18,8 @@ except ImportError:  # pragma: no cover - the older package name
             "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
         ) from exc
 
+import warnings
+
 from gradlog.integrations._run import CallbackRun, RunAccess
 
 
@@ -29,11 +31,18 @@ class GradlogCallback(RunAccess, Callback):
     Keyword arguments go to `GradLogger`; `log_dir` defaults to ``<trainer.log_dir>/gradlog``.
     `optimizer_index` picks the optimizer when `configure_optimizers` returns several (a GAN: one
     callback per optimizer). The run's report is kept in `report`.
+
+    ``check_first=True`` runs `gradlog.check` on the first training batch, in
+    `on_train_batch_start` (the batch is already on the device), with the module's own
+    `training_step` as the loss (its `self.log` calls are muted during the check), before the run's
+    logger hooks the optimizer. Skipped, with a warning, under manual optimisation, where
+    `training_step` steps the optimizers itself. The report is printed and kept in `check_report`.
     """
 
-    def __init__(self, optimizer_index: int = 0, **gradlog_kwargs: Any) -> None:
+    def __init__(self, optimizer_index: int = 0, check_first: bool = False, **gradlog_kwargs: Any) -> None:
         self.optimizer_index = optimizer_index
-        self.run = CallbackRun(gradlog_kwargs)
+        self.run = CallbackRun(gradlog_kwargs, check_first)
+        self._deferred: tuple[Any, Any, str] | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = trainer.optimizers
@@ -42,10 +51,46 @@ class GradlogCallback(RunAccess, Callback):
                 f"GradlogCallback(optimizer_index={self.optimizer_index}): configure_optimizers returned "
                 f"{len(optimizers)} optimizer(s); pass an index below {len(optimizers)}"
             )
-        self.run.start(pl_module, optimizers[self.optimizer_index], trainer.log_dir or trainer.default_root_dir)
+        start = (pl_module, optimizers[self.optimizer_index], trainer.log_dir or trainer.default_root_dir)
+        if self.run.check_first and self.run.check_report is None:
+            self._deferred = start  # the logger starts after the check, on the first batch
+        else:
+            self.run.start(*start)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._deferred is None:
+            return
+        start, self._deferred = self._deferred, None
+        if getattr(pl_module, "automatic_optimization", True):
+            self.run.preflight(pl_module, start[1], batch, _training_step(batch_idx))
+        else:
+            warnings.warn(
+                "GradlogCallback(check_first=True): skipped under manual optimisation (training_step steps the "
+                "optimizers itself); call gradlog.check(model, optimizer, batch, loss_fn=...) yourself",
+                stacklevel=2,
+            )
+        self.run.start(*start)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.run.publish(trainer.global_step)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self.run.finish()
+
+
+def _training_step(batch_idx: int) -> Any:
+    """The module's own loss, with `self.log` muted so the check leaves no logged values behind."""
+
+    def loss(module: Any, batch: Any) -> Any:
+        muted = {name: vars(module).get(name) for name in ("log", "log_dict")}
+        module.log = module.log_dict = lambda *args, **kwargs: None
+        try:
+            return module.training_step(batch, batch_idx)
+        finally:
+            for name, value in muted.items():
+                if value is None:
+                    vars(module).pop(name, None)
+                else:
+                    setattr(module, name, value)
+
+    return loss

@@ -1,0 +1,720 @@
+"""`gradlog diff`: what changed between checkpoints of one model, tensor by tensor, without a run.
+
+Each tensor is streamed through all checkpoints in training order, holding two values at a time
+(the previous checkpoint's and the current one's), in cache-sized chunks that are read once: one
+pass gives the bitwise comparison per row/column/element, the norm of the change and the norm of the
+new value. Peak memory is about two tensors (memory-mapped formats: the pages of two tensors, which
+the kernel can drop again), not the model.
+
+Findings use the records and reasons of a run's `Report`: tensors that never changed
+(`NeverUpdated`), rows/columns/elements that never changed (`PartlyUpdated`), tensors that changed
+and then stopped (`Stalled`, with checkpoint interval indices as steps: interval i is checkpoint i ->
+i + 1), plus NaN/Inf that appeared, tensors missing from a checkpoint, and shape or dtype changes.
+With optimizer state in a checkpoint the reasons get sharper (see `OptimizerView`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import torch
+
+from gradlog.measure.params import NameFilter, Selection, _matcher
+from gradlog.readers.checkpoints import BadCheckpoint, Checkpoint, TensorInfo
+from gradlog.verdict.report import (
+    COLUMNS,
+    PARTLY_COLUMNS,
+    STALLED_COLUMNS,
+    NeverUpdated,
+    NonFinite,
+    PartlyUpdated,
+    Reason,
+    Report,
+    Stalled,
+    format_table,
+)
+from gradlog.verdict.unchanged import bits, describe, differs, slice_dims, slice_word
+
+#: elements per chunk: 1 MB of fp32, so the chunk's second and third reads come from cache
+CHUNK = 1 << 18
+#: the last name part of buffers every model has that are not parameters (never in an optimizer)
+BUFFER_LEAVES = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+_EMBEDDING = re.compile(r"(^|[._])(embed\w*|wte|wpe|tok\w*|word_embeddings|position_embeddings)([._]|$)")
+_REL_TABLE_MAX = 60  # the console shows this many tensors' relative changes; --json has them all
+
+
+class BadInput(Exception):
+    """The checkpoints cannot be compared (different models, nothing selected): exit status 2."""
+
+
+@dataclass(frozen=True)
+class Appeared:
+    """NaN/Inf in a tensor, first at checkpoint `checkpoint` (0 = already in the first)."""
+
+    name: str
+    checkpoint: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Missing:
+    name: str
+    present_in: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MetaChange:
+    """A tensor whose shape or dtype differs between checkpoint `checkpoint - 1` and `checkpoint`."""
+
+    name: str
+    checkpoint: int
+    before: str
+    after: str
+
+
+@dataclass
+class OptimizerView:
+    """Optimizer state of one checkpoint, matched to tensor names.
+
+    Matching: when the optimizer was built from ``model.named_parameters()`` (torch >= 2.6) its
+    state dict carries ``param_names`` and the match is exact. Otherwise torch numbers parameters
+    0, 1, ... in param-group order, and gradlog assumes that order is the checkpoint's order of
+    floating-point tensors minus BatchNorm's running statistics (true for
+    ``optimizer(model.parameters())`` with one group). The match is used only when the counts agree
+    and every parameter with state has moments of its tensor's shape; otherwise the reasons say
+    that no optimizer state could be used.
+    """
+
+    checkpoint: int
+    how: str
+    by_name: dict[str, tuple[int, dict[str, Any]]]
+    lrs: list[float]
+
+    def lr(self, name: str) -> float | None:
+        hit = self.by_name.get(name)
+        return None if hit is None else self.lrs[hit[0]]
+
+    def moment(self, name: str) -> torch.Tensor | None:
+        """The first moment (Adam's exp_avg, SGD's momentum_buffer) of a mapped tensor, if any."""
+        hit = self.by_name.get(name)
+        if hit is None:
+            return None
+        state = hit[1]
+        for key in ("exp_avg", "momentum_buffer", "square_avg", "sum", "exp_inf"):
+            t = state.get(key)
+            if isinstance(t, torch.Tensor) and t.dim() > 0:
+                return t
+        return None
+
+
+def _state_shape(state: dict[str, Any]) -> tuple[int, ...] | None:
+    for v in state.values():
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            return tuple(v.shape)
+    return None
+
+
+def map_optimizer(
+    opt: dict[str, Any], index: int, names: list[str], infos: dict[str, TensorInfo]
+) -> tuple[OptimizerView | None, str]:
+    """Match an optimizer state dict's parameter ids to tensor names (see `OptimizerView`)."""
+    from gradlog.measure.params import clean_name
+
+    groups = [g for g in opt.get("param_groups", []) if isinstance(g, dict)]
+    state = opt.get("state", {})
+    ids: list[tuple[int, Any]] = [(gi, pid) for gi, g in enumerate(groups) for pid in g.get("params", [])]
+    lrs = []
+    for g in groups:
+        lr = g.get("lr", None)
+        lrs.append(float(lr.item() if isinstance(lr, torch.Tensor) else lr) if lr is not None else math.nan)
+    named = all(isinstance(g.get("param_names"), list) and len(g["param_names"]) == len(g["params"]) for g in groups)
+    by_name: dict[str, tuple[int, dict[str, Any]]] = {}
+    if named and groups:
+        for gi, g in enumerate(groups):
+            for pid, pname in zip(g["params"], g["param_names"]):
+                by_name[clean_name(str(pname))] = (gi, dict(state.get(pid, {})))
+        return OptimizerView(index, "by the parameter names in its state dict", by_name, lrs), ""
+    candidates = [n for n in names if infos[n].dtype.is_floating_point and n.rsplit(".", 1)[-1] not in BUFFER_LEAVES]
+    if len(ids) != len(candidates):
+        return None, (
+            f"the optimizer state in checkpoint {index} holds {len(ids)} parameters and the checkpoint "
+            f"{len(candidates)} trainable-looking tensors, so gradlog cannot tell which is which (build the "
+            "optimizer from model.named_parameters() to save the names)"
+        )
+    for (gi, pid), name in zip(ids, candidates):
+        st = dict(state.get(pid, {}))
+        shape = _state_shape(st)
+        if shape is not None and shape != infos[name].shape:
+            return None, (
+                f"the optimizer state in checkpoint {index} does not line up with the tensors in order "
+                f"(parameter {pid} has state of shape {shape}, {name!r} is {infos[name].shape})"
+            )
+        by_name[name] = (gi, st)
+    return OptimizerView(index, "by position (the order of the checkpoint's tensors)", by_name, lrs), ""
+
+
+@dataclass
+class _Track:
+    """What streaming one tensor through the checkpoints found."""
+
+    name: str
+    info: TensorInfo
+    rel: list[float] = field(default_factory=list)  # per interval
+    changed: list[bool] = field(default_factory=list)  # per interval, bitwise
+    slices: dict[int | None, torch.Tensor] = field(default_factory=dict)  # slice kind -> ever changed
+    nonfinite: Appeared | None = None
+
+
+def _sumsq(x: torch.Tensor) -> float:
+    if x.numel() == 0:
+        return 0.0
+    n = float(torch.linalg.vector_norm(x, dtype=torch.float32 if x.element_size() < 4 else None))
+    return n * n
+
+
+def _count_nonfinite(t: torch.Tensor) -> int:
+    return int(t.numel() - int(torch.isfinite(t).sum()))
+
+
+def _first_pass(t: torch.Tensor) -> tuple[float, int]:
+    """Norm squared and NaN/Inf count of one value (the first checkpoint's)."""
+    ss = _sumsq(t)
+    return ss, (_count_nonfinite(t) if not math.isfinite(ss) else 0)
+
+
+def _compare(a: torch.Tensor, b: torch.Tensor, need: dict[int | None, torch.Tensor]) -> tuple[bool, float, float, int]:
+    """One chunked pass over two values: (changed, ‖b − a‖², ‖b‖², NaN/Inf count in b).
+
+    Equal bytes are found first with one `torch.equal` on integer views (a memcmp that stops at the
+    first difference). Otherwise each cache-sized chunk is read once: its difference, the norms of
+    its rows (they add up to ‖b − a‖² too), the max and min of its columns, the norm of b. A slice
+    changed when its difference is non-zero, so +0.0 and -0.0 count as the same value; where a
+    difference is NaN/Inf the chunk is compared bitwise instead (NaN in the same place is no change).
+
+    `need` holds, per slice kind, the mask of slices seen changing so far; it is updated in place
+    (only while some slice has not changed yet: later intervals skip the per-slice work).
+    """
+    if a.numel() == 0 or torch.equal(bits(a), bits(b)):
+        return False, 0.0, (_sumsq(b) if a.numel() else 0.0), 0
+    rows_needed = 0 in need and not bool(need[0].all())
+    cols_needed = 1 in need and not bool(need[1].all())
+    elem_needed = None in need and not bool(need[None].all())
+    flat = a.dim() < 2
+    av = a.reshape(-1) if flat else a.reshape(a.shape[0], -1)
+    bv = b.reshape(-1) if flat else b.reshape(b.shape[0], -1)
+    half = a.element_size() < 4
+    step = CHUNK if flat else max(1, CHUNK // max(1, av.shape[1]))
+    c3 = b.reshape(b.shape[0], b.shape[1], -1).shape[2] if cols_needed else 1
+    changed = False
+    d_ss = b_ss = 0.0
+    bad = 0
+    for lo in range(0, av.shape[0], step):
+        hi = min(av.shape[0], lo + step)
+        ac, bc = av[lo:hi], bv[lo:hi]
+        if half:
+            ac, bc = ac.float(), bc.float()
+        ss = _sumsq(bc)
+        b_ss += ss
+        if not math.isfinite(ss):
+            bad += _count_nonfinite(bc)
+        d = bc - ac
+        if flat or not rows_needed:
+            dss = _sumsq(d)
+            row_norms = None
+        else:
+            row_norms = torch.linalg.vector_norm(d, dim=1)
+            dss = float(row_norms.double().square().sum())
+        if not math.isfinite(dss):  # NaN/Inf in the difference: compare this chunk's bits
+            ne = differs(av[lo:hi], bv[lo:hi])
+            changed = changed or bool(ne.any())
+            if elem_needed:
+                need[None][lo:hi] |= ne
+            if rows_needed:
+                need[0][lo:hi] |= ne.any(dim=1)
+            if cols_needed:
+                need[1] |= ne.reshape(hi - lo, -1, c3).any(dim=2).any(dim=0)
+            d = torch.where(ne, d, 0.0)  # the norm of what really changed (NaN stays NaN)
+            dss = _sumsq(d)
+            d_ss += dss
+            continue
+        d_ss += dss
+        if dss == 0:
+            continue
+        changed = True
+        if elem_needed:
+            need[None][lo:hi] |= d != 0
+        if row_norms is not None:
+            need[0][lo:hi] |= row_norms != 0
+        if cols_needed:
+            d2 = d if c3 == 1 else d.reshape(hi - lo, -1, c3).transpose(1, 2).reshape(-1, d.shape[1] // c3)
+            need[1] |= (d2.amax(dim=0) != 0) | (d2.amin(dim=0) != 0)
+            cols_needed = not bool(need[1].all())  # usually the first chunk already shows every column moving
+    return changed, d_ss, b_ss, bad
+
+
+@dataclass
+class DiffResult:
+    """Everything `gradlog diff` found; `text()` for people, `to_dict()` for scripts."""
+
+    checkpoints: list[str]
+    report: Report
+    relative_change: dict[str, list[float]]
+    nonfinite: list[Appeared]
+    missing: list[Missing]
+    meta_changes: list[MetaChange]
+    optimizer_note: str
+    skipped_non_float: list[str]
+    compared_bytes: int = 0
+
+    @property
+    def intervals(self) -> int:
+        return len(self.checkpoints) - 1
+
+    @property
+    def healthy(self) -> bool:
+        r = self.report
+        return not (
+            r.never_updated or r.partly_updated or r.stalled or self.nonfinite or self.missing or self.meta_changes
+        )
+
+    @property
+    def verdict(self) -> str:
+        r = self.report
+        n = r.tracked_tensors
+        c = len(self.checkpoints)
+        if self.healthy:
+            return f"gradlog diff OK: all {n} compared tensors changed across {c} checkpoints"
+        parts = []
+        if r.never_updated:
+            by: dict[str, int] = {}
+            for rec in r.never_updated:
+                by[rec.reason.value] = by.get(rec.reason.value, 0) + 1
+            parts.append(
+                f"{len(r.never_updated)} of {n} tensors never changed ({', '.join(f'{k} {v}' for k, v in by.items())})"
+            )
+        if r.partly_updated:
+            parts.append(f"{len(r.partly_updated)} tensors with slices that never changed")
+        if r.stalled:
+            parts.append(f"{len(r.stalled)} stopped changing")
+        if self.nonfinite:
+            parts.append(f"NaN/Inf in {len(self.nonfinite)} (first: {self.nonfinite[0].name})")
+        if self.missing:
+            parts.append(f"{len(self.missing)} missing from some checkpoints")
+        if self.meta_changes:
+            parts.append(f"{len(self.meta_changes)} changed shape or dtype")
+        return f"gradlog diff PROBLEM: {'; '.join(parts)} ({c} checkpoints)"
+
+    def text(self) -> str:
+        out = ["Checkpoints (in training order; interval i is checkpoint i -> i+1):"]
+        out += [f"  {i}: {label}" for i, label in enumerate(self.checkpoints)]
+        r = self.report
+        if r.never_updated:
+            out += ["", "Never changed:", format_table(COLUMNS, r.rows())]
+        if r.partly_updated:
+            rows = [
+                [
+                    p.name,
+                    slice_word(p.dim),
+                    str(p.never),
+                    str(p.total),
+                    describe(p.dim, p.indices, p.total),
+                    p.reason.value,
+                    p.detail,
+                ]
+                for p in r.partly_updated
+            ]
+            out += ["", "Rows/columns/elements that never changed:", format_table(PARTLY_COLUMNS, rows)]
+        if r.stalled:
+            rows = [[s.name, str(s.since_step), str(s.last_update_step), s.reason.value, s.detail] for s in r.stalled]
+            out += ["", "Changed, then stopped (steps are checkpoint intervals):", format_table(STALLED_COLUMNS, rows)]
+        if self.nonfinite:
+            rows = [
+                [a.name, f"{a.checkpoint} ({self.checkpoints[a.checkpoint]})", str(a.count)] for a in self.nonfinite
+            ]
+            out += ["", "NaN/Inf appeared:", format_table(["name", "first checkpoint", "count"], rows)]
+        if self.missing:
+            rows = [[m.name, ", ".join(map(str, m.present_in))] for m in self.missing]
+            out += ["", "Not in every checkpoint:", format_table(["name", "present in checkpoints"], rows)]
+        if self.meta_changes:
+            rows = [[m.name, str(m.checkpoint), m.before, m.after] for m in self.meta_changes]
+            out += ["", "Shape or dtype changed:", format_table(["name", "at checkpoint", "before", "after"], rows)]
+        if self.relative_change:
+            names = list(self.relative_change)
+            shown = names[:_REL_TABLE_MAX]
+            cols = ["name"] + [f"{i}->{i + 1}" for i in range(self.intervals)]
+            rows = [[n] + [_fmt(v) for v in self.relative_change[n]] for n in shown]
+            out += ["", "Relative change ‖B−A‖/‖A‖ per interval:", format_table(cols, rows)]
+            if len(names) > len(shown):
+                out.append(f"... {len(names) - len(shown)} more tensors (--json lists them all)")
+        if self.optimizer_note:
+            out += ["", f"Optimizer state: {self.optimizer_note}"]
+        if self.skipped_non_float:
+            out += ["", f"Not compared (integer or bool tensors, not learned): {len(self.skipped_non_float)}"]
+        out += ["", self.verdict]
+        return "\n".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.report
+        return {
+            "healthy": self.healthy,
+            "verdict": self.verdict,
+            "checkpoints": list(self.checkpoints),
+            "never_updated": r.to_dict()["never_updated"],
+            "partly_updated": [
+                {
+                    "name": p.name,
+                    "dim": p.dim,
+                    "never": p.never,
+                    "total": p.total,
+                    "indices": list(p.indices),
+                    "reason": p.reason.value,
+                    "detail": p.detail,
+                }
+                for p in r.partly_updated
+            ],
+            "stalled": [
+                {
+                    "name": s.name,
+                    "since_step": s.since_step,
+                    "last_update_step": s.last_update_step,
+                    "reason": s.reason.value,
+                    "detail": s.detail,
+                }
+                for s in r.stalled
+            ],
+            "relative_change": {k: list(v) for k, v in self.relative_change.items()},
+            "nonfinite": [{"name": a.name, "checkpoint": a.checkpoint, "count": a.count} for a in self.nonfinite],
+            "missing": [{"name": m.name, "present_in": list(m.present_in)} for m in self.missing],
+            "shape_or_dtype_changed": [
+                {"name": m.name, "checkpoint": m.checkpoint, "before": m.before, "after": m.after}
+                for m in self.meta_changes
+            ],
+            "optimizer": self.optimizer_note,
+            "not_compared": list(self.skipped_non_float),
+            "compared_bytes": self.compared_bytes,
+        }
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "nan"
+    return "0" if v == 0 else f"{v:.3g}"
+
+
+class Progress:
+    """A plain-text progress line on stderr: redrawn in place on a terminal, every 10% otherwise."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, force: bool | None = None, min_bytes: int = 2 << 30):
+        self.stream = stream if stream is not None else sys.stderr
+        tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.tty = tty
+        self.forced = force
+        self.on = force if force is not None else (total > 0 and ((tty and total >= (64 << 20)) or total >= min_bytes))
+        self.min_bytes = min_bytes
+        self.total = max(total, 1)
+        self.done = 0
+        self._shown = -1
+
+    def begin(self, total: int) -> None:
+        """The real amount of work, once the selected tensors are known (`on` is decided again)."""
+        if self.forced is None:
+            self.on = total > 0 and ((self.tty and total >= (64 << 20)) or total >= self.min_bytes)
+        self.total = max(total, 1)
+
+    def add(self, nbytes: int) -> None:
+        if not self.on:
+            return
+        self.done += nbytes
+        pct = min(100, self.done * 100 // self.total)
+        if self.tty:
+            if pct != self._shown:
+                self._shown = pct
+                gb = self.total / 1e9
+                self.stream.write(f"\rgradlog diff: {pct:3d}% of {gb:.2f} GB")
+                self.stream.flush()
+        elif pct // 10 != self._shown // 10 or self._shown < 0:
+            self._shown = pct
+            self.stream.write(f"gradlog diff: {pct}% of {self.total / 1e9:.2f} GB\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.on and self.tty and self._shown >= 0:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _select(include: NameFilter, exclude: NameFilter) -> Callable[[str], bool]:
+    inc = _matcher(include, "include")
+    exc = _matcher(exclude, "exclude")
+    return lambda n: (inc is None or inc(n)) and (exc is None or not exc(n))
+
+
+def _never_reason(name: str, info: TensorInfo, opt: OptimizerView | None, opt_note: str, c: int) -> tuple[Reason, str]:
+    base = f"bitwise equal in all {c} checkpoints"
+    if opt is None:
+        why = opt_note or "no checkpoint holds optimizer state to say why"
+        return Reason.UNKNOWN, f"{base}; {why}"
+    at = f"(optimizer state of checkpoint {opt.checkpoint})"
+    if name not in opt.by_name:
+        return Reason.NOT_IN_OPTIMIZER, f"{base}; not among the optimizer's parameters {at}: left out, or a buffer"
+    lr = opt.lr(name)
+    if lr == 0:
+        return Reason.ZERO_LR, f"{base}; lr 0 in param group {opt.by_name[name][0]} {at}"
+    state = opt.by_name[name][1]
+    if not state:
+        return Reason.NO_GRAD, (
+            f"{base}; the optimizer holds no state for it {at}: it never stepped it (grad None at every step: "
+            "unused in forward, detached, or run under torch.no_grad())"
+        )
+    m = opt.moment(name)
+    if m is not None and not bool(m.any()):
+        return Reason.ZERO_GRAD, f"{base}; zero moments {at}: every gradient it got was exactly zero"
+    if m is not None and not bool(torch.isfinite(m).all()):
+        return Reason.NONFINITE_GRAD, f"{base}; NaN/Inf in its optimizer moments {at}"
+    if info.dtype in (torch.bfloat16, torch.float16) and m is not None:
+        return Reason.BELOW_PRECISION, (
+            f"{base}; non-zero moments {at}, yet the {str(info.dtype).replace('torch.', '')} value never changed: "
+            "the update is below the dtype's precision (keep fp32 master weights, or raise lr)"
+        )
+    return Reason.UNKNOWN, f"{base}; the optimizer has state for it {at}, so it stepped it; nothing explains it"
+
+
+def _slice_reason(name: str, dim: int | None, never: torch.Tensor, opt: OptimizerView | None) -> tuple[Reason, str]:
+    m = opt.moment(name) if opt is not None else None
+    zero_moments = False
+    if m is not None and dim is not None and m.dim() >= 2 and m.shape[dim] == never.shape[0]:
+        sl = m.index_select(dim, never.nonzero().reshape(-1))
+        zero_moments = not bool(sl.any())
+    elif m is not None and dim is None and m.dim() == 1 and m.shape[0] == never.shape[0]:
+        zero_moments = not bool(m[never].any())
+    moments = f"; zero moments there (optimizer state of checkpoint {opt.checkpoint})" if zero_moments and opt else ""
+    if dim == 0 and _EMBEDDING.search(name):
+        return Reason.NOT_IN_BATCH, (
+            f"never changed in any checkpoint; the name looks like an embedding: tokens never in a batch{moments}"
+        )
+    if zero_moments:
+        return Reason.ZERO_GRAD, f"never changed in any checkpoint{moments}: their gradient was always exactly zero"
+    return Reason.UNKNOWN, "never changed in any checkpoint (bitwise) while the rest of the tensor did"
+
+
+def diff(
+    checkpoints: Sequence[Checkpoint],
+    include: NameFilter = None,
+    exclude: NameFilter = None,
+    progress: Progress | None = None,
+) -> DiffResult:
+    """Compare two or more checkpoints of one model, in training order (see the module docstring)."""
+    if len(checkpoints) < 2:
+        raise BadInput(f"gradlog diff needs two or more checkpoints, got {len(checkpoints)}")
+    Selection(include, exclude)  # validates the filters with the same messages as GradLogger
+    keep = _select(include, exclude)
+    c = len(checkpoints)
+    order: dict[str, None] = {}
+    for ck in checkpoints:
+        order.update(dict.fromkeys(ck.names))
+    every = [n for n in order if all(n in ck for ck in checkpoints)]
+    if not every:
+        samples = [ck.names[:3] for ck in checkpoints[:2]]
+        raise BadInput(
+            f"the checkpoints have no tensor name in common (e.g. {samples[0]} vs {samples[1]}): "
+            "are they checkpoints of the same model?"
+        )
+    names = [n for n in order if keep(n)]
+    if not names:
+        shown = ", ".join(repr(n) for n in list(order)[:6])
+        raise BadInput(f"include={include!r}, exclude={exclude!r} leave no tensor to compare; names look like {shown}")
+    infos = [{n: ck.info(n) for n in ck.names} for ck in checkpoints]
+    common = [n for n in every if keep(n)]
+    same = [n for n in every if all(inf[n].shape == infos[0][n].shape for inf in infos)]
+    if not same:
+        raise BadInput(
+            f"every one of the {len(every)} tensors the checkpoints share changes shape between them "
+            f"(e.g. {every[0]!r}: {infos[0][every[0]].text()} vs {infos[-1][every[0]].text()}): different models?"
+        )
+    # optimizer state: the last checkpoint that holds one says the most (the end of training)
+    opt: OptimizerView | None = None
+    opt_note = ""
+    for i in range(c - 1, -1, -1):
+        state = checkpoints[i].optimizer
+        if state is not None:
+            opt, opt_note = map_optimizer(state, i, checkpoints[i].names, infos[i])
+            if opt is not None:
+                opt_note = f"checkpoint {i} ({checkpoints[i].label}), matched to tensors {opt.how}"
+            break
+    missing = [Missing(n, tuple(i for i in range(c) if n in checkpoints[i])) for n in names if n not in common]
+    if progress is not None:
+        progress.begin(sum(inf[n].nbytes for inf in infos for n in common))
+    meta: list[MetaChange] = []
+    skipped: list[str] = []
+    report = Report(measured_steps=c)
+    rel: dict[str, list[float]] = {}
+    appeared: list[Appeared] = []
+    compared = 0
+    for name in common:
+        metas = [inf[name] for inf in infos]
+        bad_meta = [i for i in range(1, c) if metas[i] != metas[i - 1]]
+        if bad_meta:
+            meta += [MetaChange(name, i, metas[i - 1].text(), metas[i].text()) for i in bad_meta]
+            if progress is not None:
+                progress.add(sum(m.nbytes for m in metas))
+            continue
+        info = metas[0]
+        if not info.dtype.is_floating_point:
+            skipped.append(name)
+            if progress is not None:
+                progress.add(info.nbytes * c)
+            continue
+        track = _stream(name, info, checkpoints, progress)
+        compared += info.nbytes * c
+        report.tracked_tensors += 1
+        rel[name] = track.rel
+        if track.nonfinite is not None:
+            appeared.append(track.nonfinite)
+        if not any(track.changed):
+            reason, detail = _never_reason(name, info, opt, opt_note, c)
+            numel = math.prod(info.shape)
+            report.never_updated.append(NeverUpdated(name, info.shape, numel, reason, detail))
+            continue
+        last = max(i for i, ch in enumerate(track.changed) if ch)
+        if last < c - 2:
+            quiet = c - 2 - last
+            lr = opt.lr(name) if opt is not None else None
+            reason = Reason.ZERO_LR if lr == 0 else Reason.UNKNOWN
+            why = (
+                f"; lr 0 in its param group (optimizer state of checkpoint {opt.checkpoint})" if lr == 0 and opt else ""
+            )
+            report.stalled.append(
+                Stalled(
+                    name,
+                    since_step=last + 1,
+                    last_update_step=last,
+                    reason=reason,
+                    detail=(
+                        f"steps are checkpoint intervals: last changed between checkpoint {last} "
+                        f"({checkpoints[last].label}) and {last + 1} ({checkpoints[last + 1].label}), then bitwise "
+                        f"equal over the last {quiet} interval{'s' if quiet != 1 else ''}{why}"
+                    ),
+                )
+            )
+        for dim, ever in track.slices.items():
+            never = ~ever
+            count = int(never.sum())
+            if 0 < count < never.shape[0]:
+                idx = tuple(int(i) for i in never.nonzero().reshape(-1).tolist())
+                reason, detail = _slice_reason(name, dim, never, opt)
+                report.partly_updated.append(PartlyUpdated(name, dim, count, never.shape[0], idx, reason, detail))
+    appeared.sort(key=lambda a: (a.checkpoint, names.index(a.name)))
+    if appeared:
+        report.first_nonfinite = NonFinite(step=appeared[0].checkpoint, name=appeared[0].name, count=appeared[0].count)
+    return DiffResult(
+        checkpoints=[ck.label for ck in checkpoints],
+        report=report,
+        relative_change=rel,
+        nonfinite=appeared,
+        missing=missing,
+        meta_changes=meta,
+        optimizer_note=opt_note,
+        skipped_non_float=skipped,
+        compared_bytes=compared,
+    )
+
+
+def _stream(name: str, info: TensorInfo, checkpoints: Sequence[Checkpoint], progress: Progress | None) -> _Track:
+    """One tensor through every checkpoint, two values held at a time."""
+    track = _Track(name, info)
+    track.slices = {
+        d: torch.zeros(info.shape[d] if d is not None else info.shape[0], dtype=torch.bool)
+        for d in slice_dims(info.shape)
+    }
+    prev = checkpoints[0].get(name)
+    if tuple(prev.shape) != info.shape:
+        raise BadCheckpoint(f"{checkpoints[0].path!r}: tensor {name!r} does not have the shape its header says")
+    prev_ss, bad = _first_pass(prev)
+    if bad:
+        track.nonfinite = Appeared(name, 0, bad)
+    if progress is not None:
+        progress.add(info.nbytes)
+    for i in range(1, len(checkpoints)):
+        cur = checkpoints[i].get(name)
+        if tuple(cur.shape) != info.shape:
+            raise BadCheckpoint(f"{checkpoints[i].path!r}: tensor {name!r} does not have the shape its header says")
+        changed, d_ss, cur_ss, bad = _compare(prev, cur, track.slices)
+        track.changed.append(changed)
+        if not changed:
+            track.rel.append(0.0)
+        else:
+            ref = prev_ss if prev_ss > 0 else cur_ss
+            track.rel.append(math.sqrt(d_ss / ref) if ref > 0 else (0.0 if d_ss == 0 else math.inf))
+        if bad and track.nonfinite is None:
+            track.nonfinite = Appeared(name, i, bad)
+        prev, prev_ss = cur, cur_ss
+        if progress is not None:
+            progress.add(info.nbytes)
+    del prev
+    return track
+
+
+def open_all(paths: Sequence[str]) -> list[Checkpoint]:
+    """Open every checkpoint (headers only); labels are the shortest distinct path tails."""
+    cks = [Checkpoint(p) for p in paths]
+    labels = [ck.label for ck in cks]
+    if len(set(labels)) < len(labels):
+        for ck in cks:
+            ck.label = ck.path
+    return cks
+
+
+def plot(result: DiffResult, out: str) -> None:
+    """A heatmap of log10 relative change, tensor x checkpoint interval: light grey where nothing changed,
+    red cells where the change is NaN/Inf, never-changed tensors' names in red."""
+    from gradlog.views.plot import _require_matplotlib
+
+    _require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    names = list(result.relative_change)
+    n, k = len(names), max(result.intervals, 1)
+    data = torch.full((max(n, 1), k), math.nan, dtype=torch.float64)
+    bad: list[tuple[int, int]] = []
+    for i, name in enumerate(names):
+        for j, v in enumerate(result.relative_change[name]):
+            if not math.isfinite(v):
+                bad.append((i, j))
+            elif v > 0:
+                data[i, j] = math.log10(v)
+    never = {r.name for r in result.report.never_updated}
+    fig = Figure(figsize=(min(16.0, 5 + 0.6 * k), min(60.0, 1.8 + 0.18 * max(n, 1))))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    import matplotlib
+
+    base = matplotlib.colormaps["viridis"]
+    cmap = base.with_extremes(bad=(0.88, 0.88, 0.88))  # no change at all: light grey, apart from viridis
+    finite = data[torch.isfinite(data)]
+    lo = float(finite.min()) if finite.numel() else -6.0
+    hi = float(finite.max()) if finite.numel() else 0.0
+    im = ax.imshow(data.numpy(), aspect="auto", cmap=cmap, vmin=lo, vmax=max(hi, lo + 1e-9), interpolation="nearest")
+    for i, j in bad:
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color=(0.85, 0.1, 0.1)))
+        ax.text(j, i, "NaN/Inf", color="white", fontsize=6, ha="center", va="center")
+    fig.colorbar(im, ax=ax, label="log10 ‖B−A‖/‖A‖ (light grey: unchanged)")
+    ax.set_xticks(range(k))
+    ax.set_xticklabels([f"{j}->{j + 1}" for j in range(k)], fontsize=7)
+    step = max(1, n // 80)
+    shown = sorted(set(range(0, n, step)) | {i for i, name in enumerate(names) if name in never})
+    ax.set_yticks(shown)
+    ax.set_yticklabels([names[i] for i in shown], fontsize=6)
+    for label, i in zip(ax.get_yticklabels(), shown):
+        if names[i] in never:
+            label.set_color("red")
+    ax.set_xlabel("checkpoint interval")
+    ax.set_title("gradlog diff: relative change per tensor (red names: never changed)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
