@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import warnings
 import weakref
@@ -24,9 +25,10 @@ from gradlog.verdict.alerts import (
     DEFAULT_NO_GRAD_PATIENCE,
     DEFAULT_RATIO_BAND,
     DEFAULT_RATIO_PATIENCE,
+    DEFAULT_SPIKE_FACTOR,
     Alerts,
 )
-from gradlog.verdict.diagnosis import diagnose
+from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import COLUMNS, Report
 from gradlog.writers import WriterSpec, make_writers
@@ -103,6 +105,7 @@ class GradLogger:
         ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND,
         ratio_patience: int = DEFAULT_RATIO_PATIENCE,
         no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
+        spike_factor: float = DEFAULT_SPIKE_FACTOR,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -133,7 +136,7 @@ class GradLogger:
         self.count_zeros = count_zeros
         self.print_report = print_report
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
-        watch = Alerts(ratio_band, ratio_patience, no_grad_patience)
+        watch = Alerts(ratio_band, ratio_patience, no_grad_patience, spike_factor)
         self.alerts: Alerts | None = watch if alerts else None
         self.strict = strict
         self._failures: set[str] = set()
@@ -307,10 +310,13 @@ class GradLogger:
         skipped = self.amp.final_count()
         if skipped is not None:
             self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
+        never = diagnose(
+            rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
+        )
         return Report(
-            never_updated=diagnose(
-                rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
-            ),
+            never_updated=never,
+            hint=run_hint(rows, never, self.optimizer is not None),
+            alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
             measured_steps=self.ledger.measured_steps,
@@ -332,11 +338,31 @@ class GradLogger:
             self._write_report(report)
             if self.print_report:
                 print(report.table(), file=sys.stdout, flush=True)
+                where = self.where()
+                if where:
+                    print(where, file=sys.stdout, flush=True)
         self.writers.close()
         if self in _active:
             _active.remove(self)
         atexit.unregister(self._atexit)
         return report
+
+    def where(self) -> str | None:
+        """Where this run's files went, and the commands that read them (None for memory-only writers)."""
+        lines = []
+        for w in self.writers.writers:
+            log_dir = getattr(w, "log_dir", None)
+            run = getattr(w, "run", None)
+            if isinstance(log_dir, str) and type(w).__name__ == "TensorBoardWriter":
+                root = os.path.dirname(os.path.normpath(log_dir)) or "."
+                lines.append(
+                    f"gradlog: TensorBoard event files in {log_dir} "
+                    f"(view: tensorboard --logdir {root}; check: gradlog report {log_dir})"
+                )
+            elif run is not None and isinstance(getattr(run, "dir", None), str):
+                run_dir = os.path.dirname(os.path.normpath(run.dir))
+                lines.append(f"gradlog: W&B run files in {run_dir} (check after the process ends: gradlog report {run_dir})")
+        return "\n".join(lines) or None
 
     def _final_report(self) -> Report:
         """The diagnosis at close; if it fails, a warning and a Report that says so, never a traceback
@@ -372,7 +398,10 @@ class GradLogger:
             ["optimizer_steps", str(report.optimizer_steps)],
             ["measured_steps", str(report.measured_steps)],
             ["skipped_steps", str(report.skipped_steps)],
+            ["warnings", str(sum(report.warnings().values()))],
         ]
+        if report.hint:
+            summary.append(["hint", report.hint])
         if report.first_nonfinite is not None:
             summary += [
                 ["first_nonfinite_step", str(report.first_nonfinite.step)],

@@ -188,7 +188,9 @@ class Meter:
     def start(self, index: int, histograms: bool, snapshot: bool, zeros: bool = True) -> None:
         """Gradient statistics and (with an optimizer) the weight snapshot, before the step."""
         self.tensor_work += 1
-        rows = [r for r in self.table.live if is_materialized(r.param)]
+        # Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured
+        # step they are not read at all (no norms, no histograms), however many a fine-tuning run holds.
+        rows = [r for r in self.table.live if r.param.requires_grad and is_materialized(r.param)]
         device = self._device(rows)
         packer = Packer(device)
         grads = [r.param.grad for r in rows]

@@ -13,6 +13,7 @@ class Reason(str, enum.Enum):
 
     FROZEN = "frozen"
     NOT_IN_OPTIMIZER = "not_in_optimizer"
+    NOT_IN_MODEL = "not_in_model"  # in the optimizer, no longer (or never) in the model: a replaced module
     NO_GRAD = "no_grad"
     ZERO_LR = "zero_lr"
     ZERO_GRAD = "zero_grad"
@@ -86,6 +87,25 @@ class Stalled:
 
 
 @dataclass(frozen=True)
+class Alert:
+    """A warning raised during training: `step` is the optimizer step it was measured at.
+
+    `value` is the number that crossed the line (an update ratio, a gradient norm, a NaN count) and
+    `reference` what it was judged against (the band's edge, the tensor's running median), when any.
+    """
+
+    step: int
+    kind: str
+    name: str
+    detail: str
+    value: float | None = None
+    reference: float | None = None
+
+    def row(self) -> list[str]:
+        return [str(self.step), self.kind, self.name, self.detail]
+
+
+@dataclass(frozen=True)
 class NonFinite:
     """Where a gradient first went NaN/Inf: the step to look at first."""
 
@@ -107,6 +127,12 @@ class Report:
     skipped_steps: int = 0
     tracked_tensors: int = 0
     error: str | None = None  # the diagnosis itself failed (close() warned); never_updated is then unknown
+    #: what training warned about (update ratio out of the tensor's band, gradient-norm spikes, no gradient):
+    #: listed, never a PROBLEM by themselves; NaN/Inf gradients are the problem `first_nonfinite`
+    alerts: list[Alert] = field(default_factory=list)
+    #: one mistake that explains every record at once (zero_grad() in the wrong place, an optimizer built
+    #: for another model or before the adapters): said once, not on every row
+    hint: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -114,6 +140,14 @@ class Report:
         if self.error is not None:
             return False
         return self.first_nonfinite is None and all(r.intentional for r in self.never_updated)
+
+    def warnings(self) -> dict[str, int]:
+        """Alert kinds that are warnings, with their counts (the NaN alert is `first_nonfinite`)."""
+        out: dict[str, int] = {}
+        for a in self.alerts:
+            if a.kind != "nonfinite_grad":
+                out[a.kind] = out.get(a.kind, 0) + 1
+        return out
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -126,6 +160,9 @@ class Report:
         """One line a user can act on."""
         n = len(self.never_updated)
         parts = []
+        if self.first_nonfinite is not None:  # first: the one thing to look at before anything else
+            f = self.first_nonfinite
+            parts.append(f"first non-finite gradient at step {f.step} in {f.name}")
         if self.error is not None:
             parts.append(f"the diagnosis failed ({self.error}); which tensors never updated is unknown")
         elif n == 0:
@@ -133,11 +170,13 @@ class Report:
         else:
             by = ", ".join(f"{k} {v}" for k, v in self.counts().items())
             parts.append(f"{n} of {self.tracked_tensors} tensors never updated ({by})")
-        if self.first_nonfinite is not None:
-            f = self.first_nonfinite
-            parts.append(f"first non-finite gradient at step {f.step} in {f.name}")
         if self.skipped_steps:
             parts.append(f"{self.skipped_steps} optimizer step{'s' if self.skipped_steps != 1 else ''} skipped")
+        warned = self.warnings()
+        if warned:
+            k = sum(warned.values())
+            by = ", ".join(f"{kind} {v}" for kind, v in warned.items())
+            parts.append(f"{k} warning{'s' * (k != 1)} ({by})")
         head = "OK" if self.healthy else "PROBLEM"
         steps = f" ({self.optimizer_steps} optimizer steps, {self.measured_steps} measured)"
         return f"gradlog {head}: " + "; ".join(parts) + steps
@@ -145,9 +184,26 @@ class Report:
     def rows(self) -> list[list[str]]:
         return [r.row() for r in self.never_updated]
 
+    def warning_lines(self) -> list[str]:
+        """One line per warning kind, naming the first few tensors."""
+        out = []
+        for kind in self.warnings():
+            names = [a.name for a in self.alerts if a.kind == kind]
+            shown = ", ".join(names[:4]) + (f", and {len(names) - 4} more" if len(names) > 4 else "")
+            out.append(f"warning: {kind} in {len(names)} tensor{'s' * (len(names) != 1)}: {shown}")
+        return out
+
     def table(self) -> str:
-        """A plain-text table for the console."""
-        return format_table(COLUMNS, self.rows()) + "\n" + self.verdict if self.never_updated else self.verdict
+        """The console text: the never-updated table (intentionally frozen tensors one line per module
+        subtree), the run-level hint once, the warnings, and the verdict."""
+        lines = []
+        if self.never_updated:
+            lines.append(format_table(COLUMNS, console_rows(self.never_updated)))
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        lines += self.warning_lines()
+        lines.append(self.verdict)
+        return "\n".join(lines)
 
     def markdown(self) -> str:
         """A markdown table (TensorBoard's text plugin renders it)."""
@@ -157,6 +213,9 @@ class Report:
             lines.append("|" + "---|" * len(COLUMNS))
             for row in self.rows():
                 lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+            lines.append("")
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
             lines.append("")
         lines.append(f"**{self.verdict}**")
         return "\n".join(lines)
@@ -178,10 +237,14 @@ class Report:
                     "numel": r.numel,
                     "reason": r.reason.value,
                     "detail": r.detail,
+                    "suspect": r.suspect,
+                    "intentional": r.intentional,
                 }
                 for r in self.never_updated
             ],
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
+            "hint": self.hint,
+            "alerts": [dataclasses.asdict(a) for a in self.alerts],
         }
 
     def __str__(self) -> str:
@@ -197,3 +260,58 @@ def format_table(columns: list[str], rows: list[list[str]]) -> str:
     out.append(sep.join("-" * w for w in widths))
     out += [sep.join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(out)
+
+
+#: The console shows intentionally frozen tensors in at most this many lines (module subtrees).
+MAX_FROZEN_LINES = 8
+
+
+def _count(n: int) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def _subtree(name: str) -> str:
+    """The module subtree a tensor belongs to, with layer indices folded: transformer.h.3.attn.w -> transformer.h.*"""
+    parts = name.split(" (= ", 1)[0].split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p.isdigit() and i > 0:
+            return ".".join(parts[:i]) + ".*"
+    return ".".join(parts[:-1]) + ".*" if len(parts) > 1 else parts[0]
+
+
+def _parent(key: str) -> str:
+    parts = key.removesuffix(".*").split(".")
+    return ".".join(parts[:-1]) + ".*" if len(parts) > 1 else key
+
+
+def console_rows(records: list[NeverUpdated]) -> list[list[str]]:
+    """Findings first, one row each; then the intentionally frozen tensors, one line per module subtree
+    (a fine-tuning run freezes thousands: they would bury the rows that matter). `Report.never_updated`
+    and the writers' table keep every row."""
+    findings = [r.row() for r in records if not r.intentional]
+    frozen = [r for r in records if r.intentional]
+    groups: dict[str, list[NeverUpdated]] = {}
+    for r in frozen:
+        groups.setdefault(_subtree(r.name), []).append(r)
+    while len(groups) > MAX_FROZEN_LINES:  # coarsen the deepest keys one level at a time
+        depth = max(k.count(".") for k in groups)
+        merged: dict[str, list[NeverUpdated]] = {}
+        for k, rs in groups.items():
+            merged.setdefault(_parent(k) if k.count(".") == depth else k, []).extend(rs)
+        if len(merged) == len(groups) and merged.keys() == groups.keys():
+            break
+        groups = merged
+    out = findings
+    for key, rs in groups.items():
+        if len(rs) == 1:
+            out.append(rs[0].row())
+            continue
+        reasons = sorted({r.reason.value for r in rs})
+        numel = sum(r.numel for r in rs)
+        out.append(
+            [key, "-", str(numel), "/".join(reasons), f"{len(rs)} tensors, {_count(numel)} params: {'/'.join(reasons)}"]
+        )
+    return out
