@@ -361,7 +361,7 @@ class GradLogger:
                 )
             elif run is not None and isinstance(getattr(run, "dir", None), str):
                 run_dir = os.path.dirname(os.path.normpath(run.dir))
-                lines.append(f"gradlog: W&B run files in {run_dir} (check after the process ends: gradlog report {run_dir})")
+                lines.append(f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {run_dir})")
         return "\n".join(lines) or None
 
     def _final_report(self) -> Report:

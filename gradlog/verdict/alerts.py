@@ -36,7 +36,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from gradlog.measure.meter import Measurement
-from gradlog.verdict.report import Alert
+from gradlog.verdict.report import WARNING_KINDS, Alert
 
 log = logging.getLogger("gradlog")
 
@@ -47,8 +47,7 @@ RATIO_HIGH = "update_ratio_high"
 RATIO_LOW = "update_ratio_low"
 NO_GRAD = "no_grad"
 KINDS = (NONFINITE, SPIKE, RATIO_HIGH, RATIO_LOW, NO_GRAD)
-#: Kinds that are warnings (the report lists them; the verdict stays OK). A NaN/Inf gradient is a problem.
-WARNING_KINDS = frozenset({SPIKE, RATIO_HIGH, RATIO_LOW, NO_GRAD})
+assert {SPIKE, RATIO_HIGH, RATIO_LOW} == WARNING_KINDS  # the verdict's warnings (report.py) are these kinds
 
 #: Columns of the `gradlog/alerts` table written at close.
 ALERT_COLUMNS = ["step", "kind", "name", "detail"]
@@ -65,7 +64,7 @@ SPIKE_WINDOW = 64
 VECTOR_BAND_SLACK = 10.0
 _NAMES_SHOWN = 5
 
-__all__ = ["ALERT_COLUMNS", "KINDS", "Alert", "Alerts", "Entry", "check_band"]
+__all__ = ["ALERT_COLUMNS", "KINDS", "WARNING_KINDS", "Alert", "Alerts", "Entry", "check_band"]
 
 
 def check_band(band: Sequence[float]) -> tuple[float, float]:

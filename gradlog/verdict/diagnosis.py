@@ -21,7 +21,8 @@ def _frozen(row: Tracked, ev: Evidence, has_optimizer: bool) -> tuple[Reason, st
             "parameters only)"
         ), True
     if ev.trainable_at_start:
-        return Reason.FROZEN, "requires_grad was True when gradlog started and is False now: frozen during the run", True
+        detail = "requires_grad was True when gradlog started and is False now: frozen during the run"
+        return Reason.FROZEN, detail, True
     return Reason.FROZEN, "requires_grad is False", False
 
 

@@ -31,6 +31,9 @@ class Reason(str, enum.Enum):
 INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX})
 
 COLUMNS = ["name", "shape", "numel", "reason", "detail"]
+#: Alert kinds that are warnings in the verdict: listed, never a PROBLEM (the alert kinds are in verdict/alerts.py;
+#: a NaN/Inf gradient is the problem `first_nonfinite`, a missing gradient ends in the never-updated table).
+WARNING_KINDS = frozenset({"grad_norm_spike", "update_ratio_high", "update_ratio_low"})
 PARTLY_COLUMNS = ["name", "dim", "never", "total", "indices", "reason", "detail"]
 STALLED_COLUMNS = ["name", "since_step", "last_update_step", "reason", "detail"]
 
@@ -145,7 +148,7 @@ class Report:
         """Alert kinds that are warnings, with their counts (the NaN alert is `first_nonfinite`)."""
         out: dict[str, int] = {}
         for a in self.alerts:
-            if a.kind != "nonfinite_grad":
+            if a.kind in WARNING_KINDS:
                 out[a.kind] = out.get(a.kind, 0) + 1
         return out
 
