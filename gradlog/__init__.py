@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gradlog.logger import GradLogger, close, log, watch
+from gradlog.logger import GradLogger, clip_grad_norm_, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram
 from gradlog.verdict.report import NeverUpdated, NonFinite, PartlyUpdated, Reason, Report, Stalled
@@ -39,6 +39,7 @@ __all__ = [
     "WandbWriter",
     "Writer",
     "__version__",
+    "clip_grad_norm_",
     "close",
     "log",
     "watch",

@@ -8,7 +8,7 @@ import os
 import sys
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from torch import nn
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Reducer, check_supported
 from gradlog.measure.histogram import MAX_BINS
-from gradlog.measure.meter import HISTOGRAM_KINDS, Measurement, Meter
+from gradlog.measure.meter import HISTOGRAM_KINDS, Clip, Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
 from gradlog.verdict.alerts import (
@@ -165,6 +165,8 @@ class GradLogger:
         self._last_index = -1
         self._report: Report | None = None
         self._handles: list[Any] = []
+        self._clips: list[Clip] = []  # this step's gradient clipping, recorded only when the step is measured
+        self._closure_pending = False  # a step(closure) is running and will be measured after its first call
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._pre_step))
             self._handles.append(optimizer.register_step_post_hook(self._post_step))
@@ -199,17 +201,21 @@ class GradLogger:
         move): right after the first call the gradients are the ones the step uses, and the weights
         are still the step's starting point."""
         first = [True]
+        self._closure_pending = True
 
         def measured_closure() -> Any:
             result = closure()
             if first[0]:
                 first[0] = False
+                self._closure_pending = False
                 self._guarded(lambda: self._begin(index, snapshot=True))
             return result
 
         return measured_closure
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._clips = []
+        self._closure_pending = False
         if self.amp.fused:
             self._guarded(self.amp.after_step)
         if self.meter.busy:
@@ -236,7 +242,24 @@ class GradLogger:
         self.ledger.fingerprint_new(self.table.live)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         zeros = hist if self.count_zeros is None else self.count_zeros
-        self.meter.start(index, histograms=hist, snapshot=snapshot, zeros=zeros)
+        clips, self._clips = self._clips, []
+        self.meter.start(index, histograms=hist, snapshot=snapshot, zeros=zeros, clips=clips)
+
+    def clip_due(self) -> bool:
+        """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""
+        if self._report is not None:
+            return False
+        if self._closure_pending:  # inside step(closure): clipping runs in the closure, before gradlog measures
+            return True
+        if self.optimizer is None:
+            return self._calls % self.every == 0
+        return self.optimizer_steps % self.every == 0
+
+    def note_clip(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: float) -> None:
+        """Gradients of `params` were clipped with total norm `total` (before clipping) to `max_norm`: the
+        next measurement reports their norms before clipping and the clip coefficient. Cheap: no device work."""
+        if self.clip_due() and isinstance(total, torch.Tensor):
+            self._clips.append(Clip(frozenset(map(id, params)), total.detach(), float(max_norm)))
 
     def _measure_now(self, call: int) -> None:
         """Without an optimizer there are no step hooks: measure inside log()."""
@@ -443,6 +466,29 @@ def _close_ref(ref: weakref.ref[GradLogger]) -> None:
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> GradLogger:
     """Create a GradLogger that the module-level `gradlog.log()` and `gradlog.close()` drive."""
     return GradLogger(model, optimizer, **kwargs)
+
+
+def clip_grad_norm_(
+    parameters: torch.Tensor | Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_`, same arguments and result, that also tells every open GradLogger.
+
+    Clipping changes the gradients before the optimizer step, where gradlog reads them: without this,
+    `grad_norm/...` would read the clipped norms (pinned at max_norm), and a spike would go unseen. With
+    it, the measured step reports the norms before clipping (per tensor and `gradlog/grad_norm_total`)
+    and `gradlog/clip_coef`, computed from the clipped gradients and this total: no extra pass.
+    """
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    total = torch.nn.utils.clip_grad_norm_(
+        params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
+    )
+    for gl in list(_active):
+        gl.note_clip(params, total, max_norm)
+    return total
 
 
 def log(step: int | None = None) -> None:
