@@ -77,3 +77,25 @@ def test_lightning_fit_with_accumulation_measures_the_gradients_of_each_step(tmp
 def test_an_optimizer_index_out_of_range_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"optimizer_index=1.*returned 1 optimizer"):
         _trainer(tmp_path, [GradlogCallback(optimizer_index=1, writer="memory")]).fit(Regressor(), _loader())
+
+
+def test_gradient_clip_val_norms_are_reported_before_clipping(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Lightning clips after on_before_optimizer_step: gradlog reports the norms from before, and the coefficient."""
+    torch.manual_seed(0)
+    mem = gradlog.MemoryWriter()
+    cb, ref = GradlogCallback(writer=mem, every=1, print_report=False), HandReference()
+
+    class Totals(L.Callback):  # type: ignore[misc]
+        totals: list[float] = []
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # type: ignore[no-untyped-def]
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            self.totals.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+    totals = Totals()
+    _trainer(tmp_path, [cb, ref, totals], gradient_clip_val=0.05).fit(Regressor(), _loader())
+    assert max(totals.totals) > 0.05  # clipping really happened
+    assert [v for _, v in mem.scalars["gradlog/grad_norm_total"]] == pytest.approx(totals.totals, rel=1e-5)
+    assert [v for _, v in mem.scalars["grad_norm/body.weight"]] == pytest.approx(ref.norms, rel=1e-5)
+    coef = [v for _, v in mem.scalars["gradlog/clip_coef"]]
+    assert coef == pytest.approx([min(1.0, 0.05 / (t + 1e-6)) for t in totals.totals], rel=1e-5)
