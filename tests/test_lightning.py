@@ -99,3 +99,34 @@ def test_gradient_clip_val_norms_are_reported_before_clipping(tmp_path) -> None:
     assert [v for _, v in mem.scalars["grad_norm/body.weight"]] == pytest.approx(ref.norms, rel=1e-5)
     coef = [v for _, v in mem.scalars["gradlog/clip_coef"]]
     assert coef == pytest.approx([min(1.0, 0.05 / (t + 1e-6)) for t in totals.totals], rel=1e-5)
+
+
+def test_report_finds_the_callbacks_run_beside_lightnings_own_event_files(  # type: ignore[no-untyped-def]
+    tmp_path, capsys
+) -> None:
+    """lightning_logs/version_0 holds Lightning's own event file and the callback's run in gradlog/."""
+    pytest.importorskip("tensorboard")
+    from gradlog.cli.entry import main
+
+    torch.manual_seed(0)
+    model = Regressor()
+    model.unused = nn.Identity()  # a healthy run
+    trainer = L.Trainer(
+        default_root_dir=str(tmp_path),
+        accelerator="cpu",
+        max_epochs=1,
+        logger=L.loggers.TensorBoardLogger(str(tmp_path), name="lightning_logs"),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[GradlogCallback(every=1, print_report=False)],
+    )
+    trainer.fit(model, _loader())
+    version = tmp_path / "lightning_logs" / "version_0"
+    assert any("tfevents" in p.name for p in version.iterdir())  # Lightning's own
+    assert (version / "gradlog").is_dir()
+    for where in (version, tmp_path):
+        assert main(["report", str(where)]) == 0, capsys.readouterr()
+        out = capsys.readouterr().out
+        assert f"gradlog report: {version / 'gradlog'}" in out and "gradlog OK" in out
