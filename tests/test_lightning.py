@@ -86,7 +86,8 @@ def test_gradient_clip_val_norms_are_reported_before_clipping(tmp_path) -> None:
     cb, ref = GradlogCallback(writer=mem, every=1, print_report=False), HandReference()
 
     class Totals(L.Callback):  # type: ignore[misc]
-        totals: list[float] = []
+        def __init__(self) -> None:
+            self.totals: list[float] = []
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # type: ignore[no-untyped-def]
             grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
