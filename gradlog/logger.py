@@ -282,7 +282,8 @@ class GradLogger:
         m = self.meter.fetch()
         if m is not None:
             self.ledger.observe(m)
-            if self.alerts is not None and self.rank_zero:  # every rank sees the same reduced numbers: warn once
+            if self.alerts is not None:  # every rank judges the same reduced numbers; only rank 0 says so
+                self.alerts.emit = self.rank_zero
                 self.alerts.observe(m)
             self._pending = m
         return m

@@ -362,3 +362,81 @@ def test_optimizer_built_for_another_copy_of_the_model_is_named() -> None:
     theirs = [r for r in report.never_updated if r.name.startswith("optimizer.")]
     assert len(theirs) == 4 and {r.reason for r in theirs} == {Reason.NOT_IN_MODEL}
     assert all("not in the model passed to gradlog" in r.detail for r in theirs)
+
+
+class _CountReads(torch.overrides.TorchFunctionMode):
+    """Counts torch operations that take one of `watched` (by identity) as an argument; property reads
+    such as `.requires_grad` or `.grad` are not reads of the values and are not counted."""
+
+    def __init__(self, watched: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.ids = {id(t) for t in watched}
+        self.reads = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") != "__get__":
+            flat = [*args, *kwargs.values()]
+            flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]
+            self.reads += sum(id(a) in self.ids for a in flat)
+        return func(*args, **kwargs)
+
+
+def test_frozen_tensors_are_not_read_on_measured_steps_only_fingerprinted_at_start_and_close() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    model[0].requires_grad_(False)
+    frozen = [model[0].weight, model[0].bias]
+    opt = torch.optim.AdamW(model[2].parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)  # histograms on every step
+    counter = _CountReads(frozen)
+    for step in range(3):
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        with counter:
+            opt.step()  # a measured step: gradlog's hooks run here
+            gl.log(step)
+        opt.zero_grad()
+    assert counter.reads == 0
+    assert not any(t.endswith(("/0.weight", "/0.bias")) for t in [*mem.scalars, *mem.histograms])
+    with counter:  # the counter does see reads: close() fingerprints every tensor once more
+        report = gl.close()
+    assert counter.reads > 0
+    assert {r.name: r.reason for r in report.never_updated} == {"0.weight": Reason.FROZEN, "0.bias": Reason.FROZEN}
+    assert report.healthy
+
+
+def test_a_replaced_head_still_in_the_optimizer_is_named_so() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    model[2] = nn.Linear(8, 3)  # a new head after the optimizer was built
+    report = train(model, opt, gl=gl, steps=3)
+    by = {(r.name, r.reason) for r in report.never_updated}
+    assert by == {
+        ("2.weight", Reason.NOT_IN_MODEL),
+        ("2.bias", Reason.NOT_IN_MODEL),
+        ("2.weight", Reason.NOT_IN_OPTIMIZER),
+        ("2.bias", Reason.NOT_IN_OPTIMIZER),
+    }
+    old = [r for r in report.never_updated if r.reason == Reason.NOT_IN_MODEL]
+    assert all("no longer in the model" in r.detail and "unused in forward" not in r.detail for r in old)
+
+
+def test_console_groups_thousands_of_frozen_tensors_into_a_few_lines() -> None:
+    from gradlog.verdict.report import NeverUpdated
+
+    recs = [
+        NeverUpdated(f"transformer.h.{i}.{part}", (64, 64), 4096, Reason.FROZEN, "requires_grad is False")
+        for i in range(100)
+        for part in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "ln_1.weight")
+    ]
+    recs += [NeverUpdated("transformer.wte.weight", (50, 64), 3200, Reason.FROZEN, "requires_grad is False")]
+    recs += [NeverUpdated("head.weight", (2, 64), 128, Reason.NO_GRAD, "grad None")]
+    report = gradlog.Report(never_updated=recs, tracked_tensors=403)
+    lines = report.table().splitlines()
+    assert len(lines) <= 6  # header, rule, the finding, two frozen lines, the verdict
+    assert lines[2].startswith("head.weight")  # the row that matters comes first
+    assert any(ln.startswith("transformer.h.*") and "400 tensors, 1.6M params: frozen" in ln for ln in lines)
+    assert len(report.rows()) == 402  # the writers' table keeps every row

@@ -232,7 +232,9 @@ class Meter:
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
             grad = _every_row(part, pos, len(rows))
-        dist = self.reducer.open(index, rows, device) if self.reducer and self.reducer.active(rows) else None
+        live = self.table.live
+        active = self.reducer is not None and self.reducer.active(rows)
+        dist = self.reducer.open(index, rows, device, tracked=len(live)) if self.reducer and active else None
         if clips and dist is None:
             self._unclip(grad, rows, clips, packer)
         if dist is not None:
