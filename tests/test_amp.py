@@ -336,3 +336,26 @@ def test_an_object_with_gradscalers_interface_is_accepted_and_followed() -> None
     report = gl.close()
     assert direct.skipped_steps == 2
     assert report.skipped_steps == 2, report.verdict
+
+
+@pytest.mark.parametrize("histograms", [False, True])
+def test_compiled_optimizer_step_breaks_the_graph_only_where_torch_itself_does(histograms: bool) -> None:
+    """torch.compile(opt.step) traces gradlog's hooks. gradlog must add no graph break of its own (it read
+    values on the host there before: 8-10 breaks); the only breaks are torch's own `graph_break()` calls
+    around the step body (torch/optim/optimizer.py), which split gradlog's hook work into graphs of their own."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, histograms=histograms)
+    model(batch(0)).pow(2).mean().backward()
+    expected = torch.linalg.vector_norm(model.a.weight.grad).item()
+    explained = torch._dynamo.explain(opt.step)()
+    gl.log(0)
+    gl.close()
+    frames = [f.filename for reason in explained.break_reasons for f in reason.user_stack]
+    assert frames and not [f for f in frames if "/gradlog/" in f.replace("\\", "/")], frames
+    assert all(f.replace("\\", "/").endswith("torch/optim/optimizer.py") for f in frames)
+    assert mem.last("grad_norm/a.weight") == pytest.approx(expected, rel=1e-5)
+    torch._dynamo.reset()
