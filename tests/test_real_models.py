@@ -213,3 +213,49 @@ def test_planted_spike_hidden_by_clipping_is_found(tmp_path: Path, capsys: pytes
         gpt2(), gpt2_loss, tmp_path / "hidden", steps=10, clip=1.0, spike_at=8, clip_fn=torch.nn.utils.clip_grad_norm_
     )
     assert not [a for a in hidden.alerts if a.kind == "grad_norm_spike"]
+
+
+class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+def test_planted_block_frozen_by_mistake_in_an_hf_trainer_run(tmp_path: Path) -> None:
+    """The Trainer builds its optimizer from the trainable tensors only, so the frozen block is neither in
+    the optimizer nor trainable at start: it is found because a lower block trains the same tensors."""
+    from gradlog.integrations.huggingface import GradlogCallback
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=3, n_embd=32, n_head=2, vocab_size=64, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.transformer.h[1].requires_grad_(False)  # meant model.transformer.h[:1], say
+    cb = GradlogCallback(writer="memory", every=1, print_report=False)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[cb]).train()
+    assert cb.report is not None
+    suspects = [r for r in cb.report.never_updated if r.suspect]
+    assert len(suspects) == 12 and all(r.name.startswith("transformer.h.1.") for r in suspects)
+    assert "transformer.h.0." in suspects[0].detail and not cb.report.healthy
+    # freezing a prefix of the layers is intentional
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.transformer.h[:2].requires_grad_(False)
+    cb = GradlogCallback(writer="memory", every=1, print_report=False)
+    transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[cb]).train()
+    assert cb.report is not None and cb.report.healthy, cb.report.table()
+    assert len(cb.report.never_updated) == 24 and not any(r.suspect for r in cb.report.never_updated)

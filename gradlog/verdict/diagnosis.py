@@ -11,9 +11,38 @@ def _steps(n: int) -> str:
     return f"{n} measured step{'s' if n != 1 else ''}"
 
 
-def _frozen(row: Tracked, ev: Evidence, has_optimizer: bool) -> tuple[Reason, str, bool]:
-    """Frozen on purpose, or by mistake? A frozen tensor the optimizer was given, or one that was trainable
-    when gradlog started, was meant to learn: a finding (suspect), usually the bug."""
+def _layer_key(name: str) -> tuple[str, int] | None:
+    """transformer.h.3.attn.c_attn.weight -> ("transformer.h.*.attn.c_attn.weight", 3); None without a layer index."""
+    parts = name.split(".")
+    for i, p in enumerate(parts):
+        if p.isdigit() and 0 < i < len(parts) - 1:
+            return ".".join([*parts[:i], "*", *parts[i + 1 :]]), int(p)
+    return None
+
+
+def _frozen_between(rows: list[Tracked]) -> dict[int, str]:
+    """Frozen tensors of a layer stack whose same tensor trains in a layer below them.
+
+    Freezing on purpose takes a prefix of the layers (embeddings and the first k blocks), or all of them
+    (LoRA, BitFit); a block frozen above a trainable one is a freeze by mistake far more often."""
+    trainable: dict[str, int] = {}  # family -> lowest trainable layer
+    for r in rows:
+        key = _layer_key(r.name)
+        if key is not None and r.in_model and r.param.requires_grad:
+            trainable[key[0]] = min(trainable.get(key[0], key[1]), key[1])
+    out = {}
+    for r in rows:
+        key = _layer_key(r.name)
+        if key is not None and not r.param.requires_grad and trainable.get(key[0], key[1]) < key[1]:
+            below = key[0].replace("*", str(trainable[key[0]]), 1)
+            out[r.index] = below
+    return out
+
+
+def _frozen(row: Tracked, ev: Evidence, has_optimizer: bool, trains_below: str | None) -> tuple[Reason, str, bool]:
+    """Frozen on purpose, or by mistake? A frozen tensor the optimizer was given, one that was trainable
+    when gradlog started, or one frozen above the same tensor training in a lower layer, was meant to
+    learn: a finding (suspect), usually the bug."""
     if has_optimizer and row.group is not None:
         return Reason.FROZEN, (
             f"requires_grad is False, yet it is in optimizer param group {row.group}: frozen by mistake, or "
@@ -23,6 +52,11 @@ def _frozen(row: Tracked, ev: Evidence, has_optimizer: bool) -> tuple[Reason, st
     if ev.trainable_at_start:
         detail = "requires_grad was True when gradlog started and is False now: frozen during the run"
         return Reason.FROZEN, detail, True
+    if trains_below is not None:
+        return Reason.FROZEN, (
+            f"requires_grad is False, yet {trains_below} in a lower layer trains: a block frozen by mistake? "
+            "(freezing on purpose usually takes the first layers, or all of them)"
+        ), True
     return Reason.FROZEN, "requires_grad is False", False
 
 
@@ -132,6 +166,7 @@ def diagnose(
 ) -> list[NeverUpdated]:
     """One record per tensor that never learned, in model order."""
     out = []
+    between = _frozen_between(rows)
     for row in rows:
         ev = evidence.get(row.index, Evidence())
         moved = changed.get(row.index)
@@ -146,6 +181,6 @@ def diagnose(
             reason, detail = found
             suspect = False
             if reason == Reason.FROZEN:
-                reason, detail, suspect = _frozen(row, ev, has_optimizer)
+                reason, detail, suspect = _frozen(row, ev, has_optimizer, between.get(row.index))
             out.append(NeverUpdated(row.name, row.shape, row.numel, reason, detail, row.aliases, suspect=suspect))
     return out
