@@ -33,6 +33,7 @@ from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import COLUMNS, Report
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
+from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when one is constructed
 
 logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
@@ -375,9 +376,9 @@ class GradLogger:
         """Where this run's files went, and the commands that read them (None for memory-only writers)."""
         lines = []
         for w in self.writers.writers:
-            log_dir = getattr(w, "log_dir", None)
             run = getattr(w, "run", None)
-            if isinstance(log_dir, str) and type(w).__name__ == "TensorBoardWriter":
+            if isinstance(w, TensorBoardWriter):
+                log_dir = w.log_dir
                 root = os.path.dirname(os.path.normpath(log_dir)) or "."
                 lines.append(
                     f"gradlog: TensorBoard event files in {log_dir} "

@@ -217,7 +217,8 @@ class Meter:
         self.tensor_work += 1
         # Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured
         # step they are not read at all (no norms, no histograms), however many a fine-tuning run holds.
-        rows = [r for r in self.table.live if r.param.requires_grad and is_materialized(r.param)]
+        live = self.table.live
+        rows = [r for r in live if r.param.requires_grad and is_materialized(r.param)]
         device = self._device(rows)
         packer = Packer(device)
         grads = [r.param.grad for r in rows]
@@ -232,7 +233,6 @@ class Meter:
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
             grad = _every_row(part, pos, len(rows))
-        live = self.table.live
         active = self.reducer is not None and self.reducer.active(rows)
         dist = self.reducer.open(index, rows, device, tracked=len(live)) if self.reducer and active else None
         if clips and dist is None:
