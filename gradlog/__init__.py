@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from gradlog.check import CheckReport, check
-from gradlog.logger import GradLogger, close, log, watch
+from gradlog.logger import GradLogger, clip_grad_norm_, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram
 from gradlog.verdict.report import NeverUpdated, NonFinite, PartlyUpdated, Reason, Report, Stalled
@@ -44,6 +44,7 @@ __all__ = [
     "Writer",
     "__version__",
     "check",
+    "clip_grad_norm_",
     "close",
     "log",
     "watch",

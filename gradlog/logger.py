@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from torch import nn
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Reducer, check_supported
 from gradlog.measure.histogram import MAX_BINS
-from gradlog.measure.meter import HISTOGRAM_KINDS, Measurement, Meter
+from gradlog.measure.meter import HISTOGRAM_KINDS, Clip, Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
 from gradlog.verdict.alerts import (
@@ -24,14 +25,16 @@ from gradlog.verdict.alerts import (
     DEFAULT_NO_GRAD_PATIENCE,
     DEFAULT_RATIO_BAND,
     DEFAULT_RATIO_PATIENCE,
+    DEFAULT_SPIKE_FACTOR,
     Alerts,
 )
-from gradlog.verdict.diagnosis import diagnose
+from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
 from gradlog.verdict.stalled import stalled
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
+from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when one is constructed
 
 logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
@@ -104,6 +107,7 @@ class GradLogger:
         ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND,
         ratio_patience: int = DEFAULT_RATIO_PATIENCE,
         no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
+        spike_factor: float = DEFAULT_SPIKE_FACTOR,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -134,7 +138,7 @@ class GradLogger:
         self.count_zeros = count_zeros
         self.print_report = print_report
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
-        watch = Alerts(ratio_band, ratio_patience, no_grad_patience)
+        watch = Alerts(ratio_band, ratio_patience, no_grad_patience, spike_factor)
         self.alerts: Alerts | None = watch if alerts else None
         self.strict = strict
         self._failures: set[str] = set()
@@ -163,6 +167,8 @@ class GradLogger:
         self._last_index = -1
         self._report: Report | None = None
         self._handles: list[Any] = []
+        self._clips: list[Clip] = []  # this step's gradient clipping, recorded only when the step is measured
+        self._closure_pending = False  # a step(closure) is running and will be measured after its first call
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._pre_step))
             self._handles.append(optimizer.register_step_post_hook(self._post_step))
@@ -197,17 +203,21 @@ class GradLogger:
         move): right after the first call the gradients are the ones the step uses, and the weights
         are still the step's starting point."""
         first = [True]
+        self._closure_pending = True
 
         def measured_closure() -> Any:
             result = closure()
             if first[0]:
                 first[0] = False
+                self._closure_pending = False
                 self._guarded(lambda: self._begin(index, snapshot=True))
             return result
 
         return measured_closure
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._clips = []
+        self._closure_pending = False
         if self.amp.fused:
             self._guarded(self.amp.after_step)
         if self.meter.busy:
@@ -234,7 +244,24 @@ class GradLogger:
         self.ledger.fingerprint_new(self.table.live)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         zeros = hist if self.count_zeros is None else self.count_zeros
-        self.meter.start(index, histograms=hist, snapshot=snapshot, zeros=zeros)
+        clips, self._clips = self._clips, []
+        self.meter.start(index, histograms=hist, snapshot=snapshot, zeros=zeros, clips=clips)
+
+    def clip_due(self) -> bool:
+        """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""
+        if self._report is not None:
+            return False
+        if self._closure_pending:  # inside step(closure): clipping runs in the closure, before gradlog measures
+            return True
+        if self.optimizer is None:
+            return self._calls % self.every == 0
+        return self.optimizer_steps % self.every == 0
+
+    def note_clip(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: float) -> None:
+        """Gradients of `params` were clipped with total norm `total` (before clipping) to `max_norm`: the
+        next measurement reports their norms before clipping and the clip coefficient. Cheap: no device work."""
+        if self.clip_due() and isinstance(total, torch.Tensor):
+            self._clips.append(Clip(frozenset(map(id, params)), total.detach(), float(max_norm)))
 
     def _measure_now(self, call: int) -> None:
         """Without an optimizer there are no step hooks: measure inside log()."""
@@ -257,7 +284,8 @@ class GradLogger:
         m = self.meter.fetch()
         if m is not None:
             self.ledger.observe(m)
-            if self.alerts is not None and self.rank_zero:  # every rank sees the same reduced numbers: warn once
+            if self.alerts is not None:  # every rank judges the same reduced numbers; only rank 0 says so
+                self.alerts.emit = self.rank_zero
                 self.alerts.observe(m)
             self._pending = m
         return m
@@ -323,6 +351,8 @@ class GradLogger:
         return Report(
             never_updated=never,
             stalled=stopped,
+            hint=run_hint(rows, never, self.optimizer is not None),
+            alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
             measured_steps=self.ledger.measured_steps,
@@ -342,13 +372,33 @@ class GradLogger:
         self._report = report
         if self.rank_zero:
             self._write_report(report)
-            if self.print_report:
+            if self.print_report:  # where the files went first: the verdict stays the last line
+                where = self.where()
+                if where:
+                    print(where, file=sys.stdout, flush=True)
                 print(report.table(), file=sys.stdout, flush=True)
         self.writers.close()
         if self in _active:
             _active.remove(self)
         atexit.unregister(self._atexit)
         return report
+
+    def where(self) -> str | None:
+        """Where this run's files went, and the commands that read them (None for memory-only writers)."""
+        lines = []
+        for w in self.writers.writers:
+            run = getattr(w, "run", None)
+            if isinstance(w, TensorBoardWriter):
+                log_dir = w.log_dir
+                root = os.path.dirname(os.path.normpath(log_dir)) or "."
+                lines.append(
+                    f"gradlog: TensorBoard event files in {log_dir} "
+                    f"(view: tensorboard --logdir {root}; check: gradlog report {log_dir})"
+                )
+            elif run is not None and isinstance(getattr(run, "dir", None), str):
+                run_dir = os.path.dirname(os.path.normpath(run.dir))
+                lines.append(f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {run_dir})")
+        return "\n".join(lines) or None
 
     def _final_report(self) -> Report:
         """The diagnosis at close; if it fails, a warning and a Report that says so, never a traceback
@@ -399,7 +449,10 @@ class GradLogger:
             ["measured_steps", str(report.measured_steps)],
             ["skipped_steps", str(report.skipped_steps)],
             ["tracked_tensors", str(report.tracked_tensors)],
+            ["warnings", str(sum(report.warnings().values()))],
         ]
+        if report.hint:
+            summary.append(["hint", report.hint])
         if report.first_nonfinite is not None:
             summary += [
                 ["first_nonfinite_step", str(report.first_nonfinite.step)],
@@ -444,6 +497,29 @@ def _close_ref(ref: weakref.ref[GradLogger]) -> None:
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> GradLogger:
     """Create a GradLogger that the module-level `gradlog.log()` and `gradlog.close()` drive."""
     return GradLogger(model, optimizer, **kwargs)
+
+
+def clip_grad_norm_(
+    parameters: torch.Tensor | Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_`, same arguments and result, that also tells every open GradLogger.
+
+    Clipping changes the gradients before the optimizer step, where gradlog reads them: without this,
+    `grad_norm/...` would read the clipped norms (pinned at max_norm), and a spike would go unseen. With
+    it, the measured step reports the norms before clipping (per tensor and `gradlog/grad_norm_total`)
+    and `gradlog/clip_coef`, computed from the clipped gradients and this total: no extra pass.
+    """
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    total = torch.nn.utils.clip_grad_norm_(
+        params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
+    )
+    for gl in list(_active):
+        gl.note_clip(params, total, max_norm)
+    return total
 
 
 def log(step: int | None = None) -> None:

@@ -215,3 +215,48 @@ def test_overflow_that_gradscaler_skipped_raises_no_nonfinite_alert(caplog: pyte
     assert report.skipped_steps == 1 and report.measured_steps == 4  # the step was measured, and skipped
     assert gl.alerts is not None and not [a for a in gl.alerts.fired if a.kind == NONFINITE]
     assert not [m for m in _records(caplog) if "non-finite" in m]
+
+
+_STDERR_SCRIPT = """
+import logging, sys, torch, gradlog
+from torch import nn
+
+def run(mode):
+    print(f"== {mode}", file=sys.stderr, flush=True)
+    print(f"== {mode}", flush=True)
+    if mode == "logging":
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, alerts=mode != "off")
+    for step in range(4):
+        loss = model(torch.randn(8, 4)).sum() * (float("nan") if step >= 2 else 1.0)
+        loss.backward(); opt.step(); gl.log(step); opt.zero_grad()
+    gl.close()
+
+for mode in ("plain", "off", "logging"):  # logging last: once configured, it stays configured
+    run(mode)
+"""
+
+
+def test_alerts_reach_stderr_without_logging_once_per_kind() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _STDERR_SCRIPT], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
+
+    def part(text: str, mode: str) -> str:
+        return text.split(f"== {mode}\n", 1)[1].split("== ", 1)[0]
+
+    # nothing configured: the first alert of each kind on stderr
+    assert part(out.stderr, "plain").count("non-finite gradient") == 1 and "weight" in part(out.stderr, "plain")
+    # alerts=False: nothing anywhere
+    assert "alert" not in part(out.stderr, "off") + part(out.stdout, "off")
+    # configured: through logging only
+    assert "non-finite gradient" not in part(out.stderr, "logging")
+    assert "non-finite gradient" in part(out.stdout, "logging")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -145,8 +148,10 @@ def test_optimizer_stepped_directly_with_scaled_grads_is_unscaled() -> None:
 
 def test_scaler_argument_is_checked() -> None:
     model = Small()
-    with pytest.raises(TypeError, match=r"scaler must be a torch\.amp\.GradScaler"):
+    with pytest.raises(TypeError, match=r"scaler must be a GradScaler .* got float: 65536\.0"):
         gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), scaler=2.0**16)
+    with pytest.raises(TypeError, match=r"got collections\.OrderedDict"):
+        gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), scaler=collections.OrderedDict())
 
 
 # --- low-precision weights -------------------------------------------------------------------
@@ -252,3 +257,105 @@ def test_logger_attached_mid_run_counts_only_later_skips() -> None:
         opt.zero_grad()
     assert gl is not None
     assert gl.close().skipped_steps == 1
+
+
+def _nanogpt_scaler(dtype: str) -> torch.amp.GradScaler:
+    """nanoGPT's exact line; on a machine without CUDA the scaler disables itself (with a warning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))  # type: ignore[attr-defined]
+    return scaler
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _nanogpt_scaler("float32"),
+        lambda: _nanogpt_scaler("float16"),  # enabled=True, but no CUDA: disabled by torch itself
+        lambda: torch.amp.GradScaler("cuda", enabled=False),
+        lambda: torch.amp.GradScaler("cpu", enabled=False),
+    ],
+    ids=["nanogpt-float32", "nanogpt-float16-no-cuda", "amp-cuda-disabled", "amp-cpu-disabled"],
+)
+def test_a_disabled_scaler_is_the_same_as_no_scaler(make: object) -> None:
+    """The scaler's step/update pass straight through when disabled: numbers must equal a run without it."""
+    results = []
+    for pass_scaler in (True, False):
+        torch.manual_seed(0)
+        model = Small()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        scaler = make()  # type: ignore[operator]
+        assert not scaler.is_enabled()
+        mem = gradlog.MemoryWriter()
+        gl = gradlog.GradLogger(
+            model, opt, writer=mem, every=1, print_report=False, scaler=scaler if pass_scaler else None
+        )
+        for step in range(4):
+            scaler.scale(model(batch(step)).pow(2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+            gl.log(step)
+            opt.zero_grad()
+        report = gl.close()
+        assert report.healthy and report.skipped_steps == 0, report.verdict
+        results.append({t: [v for _, v in pts] for t, pts in mem.scalars.items()})
+    assert results[0] == results[1]
+
+
+class ScalerLike:
+    """Not a GradScaler subclass, only its interface: a wrapper such as a framework's own scaler."""
+
+    def __init__(self, inner: torch.amp.GradScaler) -> None:
+        self.inner = inner
+
+    def is_enabled(self) -> bool:
+        return self.inner.is_enabled()
+
+    def get_scale(self) -> float:
+        return self.inner.get_scale()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_an_object_with_gradscalers_interface_is_accepted_and_followed() -> None:
+    """Duck typing: skipped steps are counted through the wrapper exactly as through the scaler itself."""
+    _, direct, _, _ = run_scaled(NON_FUSED["adamw"], {2, 3}, 6, pass_scaler=True)
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, scaler=ScalerLike(scaler))
+    for step in range(6):
+        loss = model(batch(step)).pow(2).mean() * (float("inf") if step in (2, 3) else 1.0)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert direct.skipped_steps == 2
+    assert report.skipped_steps == 2, report.verdict
+
+
+@pytest.mark.parametrize("histograms", [False, True])
+def test_compiled_optimizer_step_breaks_the_graph_only_where_torch_itself_does(histograms: bool) -> None:
+    """torch.compile(opt.step) traces gradlog's hooks. gradlog must add no graph break of its own (it read
+    values on the host there before: 8-10 breaks); the only breaks are torch's own `graph_break()` calls
+    around the step body (torch/optim/optimizer.py), which split gradlog's hook work into graphs of their own."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, histograms=histograms)
+    model(batch(0)).pow(2).mean().backward()
+    expected = torch.linalg.vector_norm(model.a.weight.grad).item()
+    explained = torch._dynamo.explain(opt.step)()
+    gl.log(0)
+    gl.close()
+    frames = [f.filename for reason in explained.break_reasons for f in reason.user_stack]
+    assert frames and not [f for f in frames if "/gradlog/" in f.replace("\\", "/")], frames
+    assert all(f.replace("\\", "/").endswith("torch/optim/optimizer.py") for f in frames)
+    assert mem.last("grad_norm/a.weight") == pytest.approx(expected, rel=1e-5)
+    torch._dynamo.reset()

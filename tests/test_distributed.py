@@ -27,6 +27,18 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parent.parent
 
 
+
+def same_report(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Reports equal, alert values up to float rounding (reduced sums differ in the last bits across ranks)."""
+
+    def plain(r: dict[str, Any]) -> dict[str, Any]:
+        alerts = [{k: v for k, v in al.items() if k not in ("value", "reference")} for al in r.get("alerts", [])]
+        return {**r, "alerts": alerts}
+
+    values = [(x.get("value"), y.get("value")) for x, y in zip(a.get("alerts", []), b.get("alerts", []))]
+    close = all(x == y or (x is not None and y is not None and abs(x - y) <= 1e-6 * abs(y)) for x, y in values)
+    return plain(a) == plain(b) and close
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,8 +134,8 @@ def test_ddp_with_no_sync_accumulation_equals_one_process(main_run: Any, referen
     assert all(n.startswith("module.") for n in rank0["raw_names"])  # DDP's prefix, cleaned by gradlog
     assert_same_metrics(rank0, reference_accumulated)
     assert rank0["scalars"]["grad_norm/gate"][0][1] > 0  # not a vacuous comparison
-    assert rank0["report"] == reference_accumulated["report"]
-    assert rank1["report"] == reference_accumulated["report"]
+    assert same_report(rank0["report"], reference_accumulated["report"])
+    assert same_report(rank1["report"], reference_accumulated["report"])
     assert _reasons(rank0) == {
         "frozen.weight": "frozen",
         "frozen.bias": "frozen",
@@ -142,8 +154,8 @@ def test_fsdp2_global_numbers_equal_one_process(main_run: Any, reference: Any) -
     assert rank0["local_rows"]["inp.weight"] == 8 and rank1["local_rows"]["inp.weight"] == 8
     assert any("_checkpoint_wrapped_module" in n for n in rank0["raw_names"])
     assert_same_metrics(rank0, reference)
-    assert rank0["report"] == reference["report"]
-    assert rank1["report"] == reference["report"]  # every rank's report is the global one
+    assert same_report(rank0["report"], reference["report"])
+    assert same_report(rank1["report"], reference["report"])  # every rank's report is the global one
     assert _stalled(rank0) == _stalled(reference) == HEAD_STALLED  # head is sharded (dim 0) across the ranks
 
 
@@ -167,7 +179,7 @@ def test_tensor_parallel_dtensors_count_replicas_once(main_run: Any) -> None:
     torch.manual_seed(0)
     want, _ = W.train_tp(W.TPNet())
     assert_same_metrics(rank0, want)
-    assert rank0["report"] == want["report"]
+    assert same_report(rank0["report"], want["report"])
     assert _reasons(rank0) == {"unused.weight": "no_grad", "unused.bias": "no_grad"}
     # down.weight is Shard(1), down.bias Replicate: both stalled once, as in one process
     assert _stalled(rank0) == _stalled(want) == {("down.weight", 1, 0, "zero_lr"), ("down.bias", 1, 0, "zero_lr")}

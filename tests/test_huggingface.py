@@ -56,18 +56,27 @@ def test_trainer_with_accumulation_logs_every_real_optimizer_step(tmp_path) -> N
         per_device_train_batch_size=8,
         gradient_accumulation_steps=2,
         num_train_epochs=1,
-        max_grad_norm=0.5,  # Trainer clips before the step: gradlog must see the clipped gradient
+        max_grad_norm=0.5,  # the Trainer clips before the step: gradlog must report the norms before clipping
+        logging_steps=1,
         report_to=[],
         use_cpu=True,
         save_strategy="no",
         disable_tqdm=True,
         seed=0,
     )
-    transformers.Trainer(model=Regressor(), args=args, train_dataset=Data(), callbacks=[cb, ref]).train()
+    trainer = transformers.Trainer(model=Regressor(), args=args, train_dataset=Data(), callbacks=[cb, ref])
+    trainer.train()
     got = mem.scalars["grad_norm/body.weight"]
     assert [s for s, _ in got] == [1, 2, 3, 4]  # 64 samples / (8 x 2): 4 optimizer steps, at HF's global_step
-    assert [v for _, v in got] == pytest.approx(ref.norms, rel=1e-6)
-    assert max(v for _, v in mem.scalars["gradlog/grad_norm_total"]) <= 0.5 + 1e-6
+    # The Trainer's own logged grad_norm is the norm before clipping: gradlog's total equals it.
+    theirs = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    total = [v for _, v in mem.scalars["gradlog/grad_norm_total"]]
+    assert len(theirs) == 4 and total == pytest.approx(theirs, rel=1e-5)
+    assert max(theirs) > 0.5  # clipping really happened: the clipped norm would read 0.5
+    coef = [v for _, v in mem.scalars["gradlog/clip_coef"]]
+    assert coef == pytest.approx([min(1.0, 0.5 / (t + 1e-6)) for t in theirs], rel=1e-5)
+    # Per tensor: the clipped gradient the optimizer used (read by hand) divided by the clip coefficient.
+    assert [v for _, v in got] == pytest.approx([n / c for n, c in zip(ref.norms, coef)], rel=1e-5)
     assert cb.report is not None and mem.closed
     assert {r.name: r.reason for r in cb.report.never_updated} == {
         "unused.weight": Reason.NO_GRAD,

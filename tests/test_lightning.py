@@ -106,3 +106,55 @@ def test_check_first_on_the_first_batch_changes_nothing(tmp_path) -> None:  # ty
         assert torch.equal(plain[k], checked[k]), k
     assert mem.scalars["grad_norm/body.weight"] == plain_mem.scalars["grad_norm/body.weight"]
     assert trainer.global_step == 3
+def test_gradient_clip_val_norms_are_reported_before_clipping(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Lightning clips after on_before_optimizer_step: gradlog reports the norms from before, and the coefficient."""
+    torch.manual_seed(0)
+    mem = gradlog.MemoryWriter()
+    cb, ref = GradlogCallback(writer=mem, every=1, print_report=False), HandReference()
+
+    class Totals(L.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.totals: list[float] = []
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # type: ignore[no-untyped-def]
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            self.totals.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+    totals = Totals()
+    _trainer(tmp_path, [cb, ref, totals], gradient_clip_val=0.05).fit(Regressor(), _loader())
+    assert max(totals.totals) > 0.05  # clipping really happened
+    assert [v for _, v in mem.scalars["gradlog/grad_norm_total"]] == pytest.approx(totals.totals, rel=1e-5)
+    assert [v for _, v in mem.scalars["grad_norm/body.weight"]] == pytest.approx(ref.norms, rel=1e-5)
+    coef = [v for _, v in mem.scalars["gradlog/clip_coef"]]
+    assert coef == pytest.approx([min(1.0, 0.05 / (t + 1e-6)) for t in totals.totals], rel=1e-5)
+
+
+def test_report_finds_the_callbacks_run_beside_lightnings_own_event_files(  # type: ignore[no-untyped-def]
+    tmp_path, capsys
+) -> None:
+    """lightning_logs/version_0 holds Lightning's own event file and the callback's run in gradlog/."""
+    pytest.importorskip("tensorboard")
+    from gradlog.cli.entry import main
+
+    torch.manual_seed(0)
+    model = Regressor()
+    model.unused = nn.Identity()  # a healthy run
+    trainer = L.Trainer(
+        default_root_dir=str(tmp_path),
+        accelerator="cpu",
+        max_epochs=1,
+        logger=L.loggers.TensorBoardLogger(str(tmp_path), name="lightning_logs"),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[GradlogCallback(every=1, print_report=False)],
+    )
+    trainer.fit(model, _loader())
+    version = tmp_path / "lightning_logs" / "version_0"
+    assert any("tfevents" in p.name for p in version.iterdir())  # Lightning's own
+    assert (version / "gradlog").is_dir()
+    for where in (version, tmp_path):
+        assert main(["report", str(where)]) == 0, capsys.readouterr()
+        out = capsys.readouterr().out
+        assert f"gradlog report: {version / 'gradlog'}" in out and "gradlog OK" in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -156,6 +157,9 @@ def test_weight_norms_of_frozen_and_unoptimised_tensors_beside_moving_ones() -> 
         opt.step()
         gl.log(step)
         for n, p in model.named_parameters():
+            if not p.requires_grad:  # frozen: not read on measured steps (fingerprinted at start and close only)
+                assert f"weight_norm/{n}" not in mem.scalars and f"update_ratio/{n}" not in mem.scalars
+                continue
             assert mem.last(f"weight_norm/{n}") == pytest.approx(torch.linalg.vector_norm(p).item(), rel=1e-6)
             if p.requires_grad and any(p is q for q in opt.param_groups[0]["params"]):
                 want = torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])
@@ -264,3 +268,35 @@ def test_optimizer_none_measures_gradients_at_log_time() -> None:
     assert mem.scalars["grad_norm/a.weight"] == [(0, pytest.approx(norms[0])), (2, pytest.approx(norms[2]))]
     assert not any(t.startswith("update_ratio/") for t in mem.scalars)
     assert report.never_updated == []
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_clip_grad_norm_is_torchs_and_reports_norms_from_before_clipping(norm_type: float) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=2, print_report=False)
+    for step in range(4):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+        for m in (model, twin):
+            (m(x).pow(2).sum() * 50).backward()
+        before = {n: torch.linalg.vector_norm(p.grad).item() for n, p in model.named_parameters()}
+        total = gradlog.clip_grad_norm_(model.parameters(), 0.5, norm_type=norm_type)
+        want = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5, norm_type=norm_type)
+        assert torch.equal(total, want)  # torch's result, and the same clipped gradients
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))
+        opt.step()
+        twin_opt.step()
+        gl.log(step)
+        if step % 2 == 0:  # a measured step: norms from before clipping, and the coefficient
+            coef = min(1.0, 0.5 / (want.item() + 1e-6))
+            assert coef < 1 and mem.last("gradlog/clip_coef") == pytest.approx(coef, rel=1e-6)
+            for n, v in before.items():
+                assert mem.last(f"grad_norm/{n}") == pytest.approx(v, rel=1e-5), n
+        opt.zero_grad()
+        twin_opt.zero_grad()
+    gl.close()
+    assert [s for s, _ in mem.scalars["gradlog/clip_coef"]] == [0, 2]

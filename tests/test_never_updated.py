@@ -66,9 +66,34 @@ def test_frozen_layer() -> None:
     torch.manual_seed(0)
     model = TwoPath()
     model.branch.requires_grad_(False)
+    report = train(model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2))
+    assert reported(report) == {"branch.weight": Reason.FROZEN, "branch.bias": Reason.FROZEN}
+    assert report.healthy  # frozen before the optimizer was built from the trainable tensors: intentional
+    assert all(r.intentional and not r.suspect for r in report.never_updated)
+
+
+def test_frozen_layer_inside_the_optimizer_is_a_suspect_finding() -> None:
+    """Frozen, yet handed to the optimizer: meant to learn. Usually the bug (frozen by mistake, or too late)."""
+    torch.manual_seed(0)
+    model = TwoPath()
+    model.branch.requires_grad_(False)
     report = train(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     assert reported(report) == {"branch.weight": Reason.FROZEN, "branch.bias": Reason.FROZEN}
-    assert report.healthy  # frozen is intentional
+    assert all(r.suspect and not r.intentional for r in report.never_updated)
+    assert "in optimizer param group 0" in report.never_updated[0].detail
+    assert not report.healthy and report.verdict.startswith("gradlog PROBLEM")
+
+
+def test_frozen_after_the_logger_started_is_a_suspect_finding() -> None:
+    torch.manual_seed(0)
+    model = TwoPath()
+    opt = torch.optim.AdamW([model.main.weight, model.main.bias], lr=1e-2)  # branch: not in the optimizer
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    model.branch.requires_grad_(False)  # trainable when gradlog started, frozen before any step
+    report = train(model, opt, gl=gl)
+    assert reported(report) == {"branch.weight": Reason.FROZEN, "branch.bias": Reason.FROZEN}
+    assert all(r.suspect for r in report.never_updated)
+    assert "frozen during the run" in report.never_updated[0].detail and not report.healthy
 
 
 def test_layer_added_after_the_optimizer_was_built() -> None:
@@ -294,13 +319,16 @@ def _step_wrongly(order: str, steps: int = 4) -> gradlog.Report:
 def test_zero_grad_between_backward_and_step_is_named() -> None:
     report = _step_wrongly("zero_grad_to_none")
     assert set(reported(report).values()) == {Reason.NO_GRAD} and len(report.never_updated) == 4
-    assert all("zero_grad() called between backward() and step()" in r.detail for r in report.never_updated)
+    assert report.hint is not None and "zero_grad() called between backward() and step()" in report.hint
+    # said once, in the report, not repeated on every row
+    assert not any("zero_grad()" in r.detail for r in report.never_updated)
+    assert report.table().count("zero_grad() called between") == 1
 
 
 def test_zero_grad_keeping_zeros_between_backward_and_step_is_named() -> None:
     report = _step_wrongly("zero_grad_to_zeros")
     assert set(reported(report).values()) == {Reason.ZERO_GRAD} and len(report.never_updated) == 4
-    assert all("zero_grad(set_to_none=False)" in r.detail for r in report.never_updated)
+    assert report.hint is not None and "zero_grad(set_to_none=False)" in report.hint
 
 
 def test_one_unused_head_gets_no_run_level_hint() -> None:
@@ -309,7 +337,7 @@ def test_one_unused_head_gets_no_run_level_hint() -> None:
     model.head = nn.Linear(4, 2)
     report = train(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert reported(report) == {"head.weight": Reason.NO_GRAD, "head.bias": Reason.NO_GRAD}
-    assert not any("zero_grad" in r.detail for r in report.never_updated)
+    assert not any("zero_grad" in r.detail for r in report.never_updated) and report.hint is None
 
 
 def test_optimizer_built_for_another_copy_of_the_model_is_named() -> None:
@@ -329,4 +357,87 @@ def test_optimizer_built_for_another_copy_of_the_model_is_named() -> None:
     assert set(mine) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     for rec in mine.values():
         assert rec.reason == Reason.NOT_IN_OPTIMIZER
-        assert "another copy of the model" in rec.detail and "holds 4 tensors the model does not have" in rec.detail
+    assert report.hint is not None
+    assert "another copy of the model" in report.hint and "holds 4 tensors the model does not have" in report.hint
+    theirs = [r for r in report.never_updated if r.name.startswith("optimizer.")]
+    assert len(theirs) == 4 and {r.reason for r in theirs} == {Reason.NOT_IN_MODEL}
+    assert all("not in the model passed to gradlog" in r.detail for r in theirs)
+
+
+class _CountReads(torch.overrides.TorchFunctionMode):
+    """Counts torch operations that take one of `watched` (by identity) as an argument; property reads
+    such as `.requires_grad` or `.grad` are not reads of the values and are not counted."""
+
+    def __init__(self, watched: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.ids = {id(t) for t in watched}
+        self.reads = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") != "__get__":
+            flat = [*args, *kwargs.values()]
+            flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]
+            self.reads += sum(id(a) in self.ids for a in flat)
+        return func(*args, **kwargs)
+
+
+def test_frozen_tensors_are_not_read_on_measured_steps_only_fingerprinted_at_start_and_close() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    model[0].requires_grad_(False)
+    frozen = [model[0].weight, model[0].bias]
+    opt = torch.optim.AdamW(model[2].parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)  # histograms on every step
+    counter = _CountReads(frozen)
+    for step in range(3):
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        with counter:
+            opt.step()  # a measured step: gradlog's hooks run here
+            gl.log(step)
+        opt.zero_grad()
+    assert counter.reads == 0
+    assert not any(t.endswith(("/0.weight", "/0.bias")) for t in [*mem.scalars, *mem.histograms])
+    with counter:  # the counter does see reads: close() fingerprints every tensor once more
+        report = gl.close()
+    assert counter.reads > 0
+    assert {r.name: r.reason for r in report.never_updated} == {"0.weight": Reason.FROZEN, "0.bias": Reason.FROZEN}
+    assert report.healthy
+
+
+def test_a_replaced_head_still_in_the_optimizer_is_named_so() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    model[2] = nn.Linear(8, 3)  # a new head after the optimizer was built
+    report = train(model, opt, gl=gl, steps=3)
+    by = {(r.name, r.reason) for r in report.never_updated}
+    assert by == {
+        ("2.weight", Reason.NOT_IN_MODEL),
+        ("2.bias", Reason.NOT_IN_MODEL),
+        ("2.weight", Reason.NOT_IN_OPTIMIZER),
+        ("2.bias", Reason.NOT_IN_OPTIMIZER),
+    }
+    old = [r for r in report.never_updated if r.reason == Reason.NOT_IN_MODEL]
+    assert all("no longer in the model" in r.detail and "unused in forward" not in r.detail for r in old)
+
+
+def test_console_groups_thousands_of_frozen_tensors_into_a_few_lines() -> None:
+    from gradlog.verdict.report import NeverUpdated
+
+    recs = [
+        NeverUpdated(f"transformer.h.{i}.{part}", (64, 64), 4096, Reason.FROZEN, "requires_grad is False")
+        for i in range(100)
+        for part in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "ln_1.weight")
+    ]
+    recs += [NeverUpdated("transformer.wte.weight", (50, 64), 3200, Reason.FROZEN, "requires_grad is False")]
+    recs += [NeverUpdated("head.weight", (2, 64), 128, Reason.NO_GRAD, "grad None")]
+    report = gradlog.Report(never_updated=recs, tracked_tensors=403)
+    lines = report.table().splitlines()
+    # heading, header, rule, the finding, two frozen lines, a blank line, the verdict
+    assert len(lines) <= 8
+    assert lines[0].startswith("Never updated") and lines[3].startswith("head.weight")  # the row that matters first
+    assert any(ln.startswith("transformer.h.*") and "400 tensors, 1.6M params: frozen" in ln for ln in lines)
+    assert len(report.rows()) == 402  # the writers' table keeps every row

@@ -7,7 +7,6 @@ halfway (its param group's lr is scheduled to 0): the printed report has all thr
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
@@ -17,7 +16,6 @@ from torch import nn
 
 from gradlog.logger import GradLogger
 from gradlog.verdict.report import Report
-from gradlog.writers.tensorboard import TensorBoardWriter
 
 #: the demo's token ids come from 8 sign bits of the input, but the "tokenizer" keeps 4 of them:
 #: ids 16..31 of the 32-row table never occur in a batch
@@ -83,15 +81,6 @@ def _progress(i: int, n: int, loss: float, start: float) -> None:
     sys.stderr.flush()
 
 
-def _where(gl: GradLogger, log_dir: str | None) -> str | None:
-    """Where the demo's TensorBoard files went, and the command that shows them."""
-    dirs = [w.log_dir for w in gl.writers.writers if isinstance(w, TensorBoardWriter)]
-    if not dirs:
-        return None
-    root = log_dir if log_dir is not None else os.path.dirname(dirs[0]) or "."
-    return f"TensorBoard event files: {dirs[0]}\nView them with:       tensorboard --logdir {root}"
-
-
 def run(
     steps: int = 300, every: int = 10, writer: Any = "tensorboard", log_dir: str | None = None, seed: int = 0
 ) -> Report:
@@ -118,8 +107,4 @@ def run(
         _progress(step, steps, loss.item(), start)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
-    report = gl.close()
-    where = _where(gl, log_dir)
-    if where:
-        print(where, flush=True)
-    return report
+    return gl.close()  # prints the table, and where the TensorBoard files went

@@ -53,7 +53,8 @@ def run_report(
         return _fail(f"--spike must be a factor > 1 (a gradient norm this many times its running median), got {spike}")
     try:
         run = load(path)
-        health = analyze(run, lo_hi, factor)
+        # Without --band/--spike: the warnings the run recorded at close (what close() said)
+        health = analyze(run, None if band is None else lo_hi, None if spike is None else factor)
     except BadInput as exc:
         return _fail(str(exc))
     except Exception as exc:  # a file we could not make sense of: a message, never a traceback

@@ -5,6 +5,8 @@ Importing this module imports transformers; gradlog itself never does.
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import Any
 
 try:
@@ -47,6 +49,45 @@ class GradlogCallback(RunAccess, TrainerCallback):
             device = next(model.parameters()).device
             self.run.preflight(model, kwargs.get("optimizer"), to_device(first_batch(loader), device), _train_loss)
         self.run.start(model, kwargs.get("optimizer"), args.output_dir)
+        self._watch_clipping()
+
+    def _watch_clipping(self) -> None:
+        """The Trainer clips (`max_grad_norm`) before any callback that precedes the optimizer step, so
+        gradlog wraps its accelerator's `clip_grad_norm_` (which returns the norm before clipping) to
+        report norms before clipping. The Trainer does not hand itself to callbacks: it is the caller."""
+        trainer = None
+        frame = inspect.currentframe()
+        for _ in range(12):
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                break
+            owner = frame.f_locals.get("self")
+            handler = getattr(owner, "callback_handler", None)
+            if hasattr(owner, "accelerator") and self in getattr(handler, "callbacks", []):
+                trainer = owner
+                break
+        del frame
+        accelerator = getattr(trainer, "accelerator", None)
+        clip = getattr(accelerator, "clip_grad_norm_", None)
+        if accelerator is None or clip is None:
+            warnings.warn(
+                "gradlog: the Trainer was not found; gradient norms are read after its clipping (max_grad_norm)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        original = getattr(clip, "__gradlog_original__", clip)
+        run = self.run
+
+        def clip_grad_norm_(parameters: Any, max_norm: float, *a: Any, **kw: Any) -> Any:
+            params = list(parameters)
+            total = original(params, max_norm, *a, **kw)
+            if run.logger is not None and total is not None:
+                run.logger.note_clip(params, total, max_norm)
+            return total
+
+        clip_grad_norm_.__gradlog_original__ = original  # type: ignore[attr-defined]
+        accelerator.clip_grad_norm_ = clip_grad_norm_
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.publish(state.global_step)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # pragma: no cover - the older package name
@@ -70,6 +72,20 @@ class GradlogCallback(RunAccess, Callback):
                 stacklevel=2,
             )
         self.run.start(*start)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        """Lightning clips (`gradient_clip_val`) right after this hook, inside the step's closure and before
+        gradlog measures: on measured steps, note the total norm before clipping (one fused norm) so the
+        measurement reports norms before clipping and the clip coefficient."""
+        gl = self.run.logger
+        clip_val = getattr(trainer, "gradient_clip_val", None)
+        algorithm = str(getattr(trainer, "gradient_clip_algorithm", "norm") or "norm")
+        if gl is None or not clip_val or not algorithm.endswith("norm") or not gl.clip_due():
+            return
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if params:
+            total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+            gl.note_clip(params, total, float(clip_val))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.run.publish(trainer.global_step)

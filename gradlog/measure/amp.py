@@ -19,28 +19,44 @@ from typing import Any
 import torch
 
 
-def _check_scaler(scaler: Any) -> None:
-    need = ("step", "update", "is_enabled", "_per_optimizer_states")
-    if not all(hasattr(scaler, a) for a in need):
+def _describe(obj: Any) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
+
+
+def active_scaler(scaler: Any) -> Any:
+    """The scaler gradlog must follow, or None.
+
+    A disabled scaler (``GradScaler(enabled=False)``, or any CUDA GradScaler built without CUDA, which
+    disables itself) scales nothing and skips nothing: it is the same as no scaler. Anything with
+    GradScaler's interface is accepted (duck typing: wrappers and look-alikes work); the loss scale and
+    the skip history are read through ``get_scale`` / ``_scale`` where present.
+    """
+    if scaler is None:
+        return None
+    is_enabled = getattr(scaler, "is_enabled", None)
+    if not callable(is_enabled) or not callable(getattr(scaler, "get_scale", None)):
         raise TypeError(
-            f"scaler must be a torch.amp.GradScaler (or torch.cuda.amp.GradScaler), got {type(scaler).__name__}; "
-            "pass the scaler whose scaler.step(optimizer) you call"
+            f"scaler must be a GradScaler (torch.amp.GradScaler, torch.cuda.amp.GradScaler, or an object with "
+            f"their is_enabled() and get_scale()), got {_describe(scaler)}: {scaler!r:.80}; "
+            "pass the scaler whose scaler.step(optimizer) you call, or None"
         )
+    return scaler if is_enabled() else None
 
 
 class AmpState:
     """Scale and skip state of one optimizer, read from the optimizer and (optionally) its GradScaler."""
 
     def __init__(self, optimizer: torch.optim.Optimizer | None, scaler: Any = None) -> None:
-        if scaler is not None:
-            _check_scaler(scaler)
+        scaler = active_scaler(scaler)
         self.optimizer = optimizer
         self.scaler = scaler
         self.fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
         self._count: torch.Tensor | None = None  # skipped optimizer steps so far, on the device
         self._prev: tuple[torch.Tensor, torch.Tensor] | None = None  # scale, growth tracker at the last step
         self._stepped = False  # a step ran after _prev was taken: its scaler.update() may have grown the scale
-        if self._watching_scaler() and getattr(scaler, "_scale", None) is not None:  # attached mid-run
+        started = getattr(scaler, "_scale", None) is not None and getattr(scaler, "_growth_tracker", None) is not None
+        if self._watching_scaler() and started:  # attached mid-run
             self._prev = (scaler._scale.detach().clone(), scaler._growth_tracker.detach().clone())
 
     def _watching_scaler(self) -> bool:
@@ -57,7 +73,7 @@ class AmpState:
         sc = self.scaler
         if sc is None or not sc.is_enabled() or getattr(sc, "_scale", None) is None:
             return None
-        state = sc._per_optimizer_states.get(id(opt))
+        state = getattr(sc, "_per_optimizer_states", {}).get(id(opt))
         if state is not None and getattr(state.get("stage"), "name", "") == "UNSCALED":
             return None  # scaler.step() (or the user) already called unscale_
         # optimizer.step() called directly, bypassing scaler.step(): the gradients carry the scale

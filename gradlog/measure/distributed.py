@@ -152,8 +152,9 @@ class Reducer:
         """Sharded parameters and an initialised process group with more than one rank."""
         return _dist_ready() and any(is_dtensor(r.param) for r in rows)
 
-    def open(self, index: int, rows: Sequence[Tracked], device: torch.device) -> DistStep:
-        self._check_layout(len(rows), device)
+    def open(self, index: int, rows: Sequence[Tracked], device: torch.device, tracked: int | None = None) -> DistStep:
+        """`tracked`: every watched tensor, frozen ones too (not measured, but compared at close)."""
+        self._check_layout(len(rows) if tracked is None else tracked, device)
         rank = torch.distributed.get_rank()
         owner = torch.tensor([1.0 if _owner(r.param, rank) else 0.0 for r in rows], dtype=torch.float64)
         for r in rows:

@@ -8,7 +8,7 @@ is read back until `fetch`, which makes the step's single device-to-host copy.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +32,19 @@ from gradlog.measure.stats import (
 )
 
 HISTOGRAM_KINDS = ("grad", "weight", "update")
+
+
+@dataclass(frozen=True)
+class Clip:
+    """One gradient clipping before a step: which tensors (by id), their total norm before it, and max_norm."""
+
+    ids: frozenset[int]
+    total: torch.Tensor
+    max_norm: float
+
+    def coef(self) -> torch.Tensor:
+        """The factor the gradients were multiplied by, as torch.nn.utils.clip_grads_with_norm_ computes it."""
+        return torch.clamp(self.max_norm / (self.total.detach().double() + 1e-6), max=1.0)
 
 #: Returns 1/scale (a device tensor) when the gradients the optimizer sees are scaled, else None.
 ScaleFn = Callable[[], "torch.Tensor | None"]
@@ -74,6 +87,7 @@ class Measurement:
     zeros_counted: bool = True  # False: grad[:, NONZERO] only tells all-zero (0) from not (> 0)
     histograms: dict[str, dict[int, Histogram]] = field(default_factory=dict)
     skipped_total: int | None = None  # optimizer steps skipped so far (GradScaler), when known
+    clip_coef: float | None = None  # the clip coefficient of this step (gradlog.clip_grad_norm_), when clipped
 
     @property
     def grad_norm(self) -> torch.Tensor:
@@ -127,6 +141,8 @@ class Measurement:
         out["gradlog/grad_norm_total"] = math.sqrt(total) if math.isfinite(total) else total
         out["gradlog/nonfinite_tensors"] = float(n_nonfinite)
         out["gradlog/no_grad_tensors"] = float(n_nograd)
+        if self.clip_coef is not None:
+            out["gradlog/clip_coef"] = self.clip_coef
         return out
 
 
@@ -185,10 +201,24 @@ class Meter:
         return torch.device("cpu")
 
     @torch.no_grad()
-    def start(self, index: int, histograms: bool, snapshot: bool, zeros: bool = True) -> None:
-        """Gradient statistics and (with an optimizer) the weight snapshot, before the step."""
+    def start(
+        self,
+        index: int,
+        histograms: bool,
+        snapshot: bool,
+        zeros: bool = True,
+        clips: Sequence[Clip] = (),
+    ) -> None:
+        """Gradient statistics and (with an optimizer) the weight snapshot, before the step.
+
+        `clips`: the step's gradient clipping (`gradlog.clip_grad_norm_`); the gradients seen here are
+        already clipped, so their norms are divided by the clip coefficient: the norms before clipping,
+        with no second pass over the gradients."""
         self.tensor_work += 1
-        rows = [r for r in self.table.live if is_materialized(r.param)]
+        # Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured
+        # step they are not read at all (no norms, no histograms), however many a fine-tuning run holds.
+        live = self.table.live
+        rows = [r for r in live if r.param.requires_grad and is_materialized(r.param)]
         device = self._device(rows)
         packer = Packer(device)
         grads = [r.param.grad for r in rows]
@@ -203,7 +233,10 @@ class Meter:
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
             grad = _every_row(part, pos, len(rows))
-        dist = self.reducer.open(index, rows, device) if self.reducer and self.reducer.active(rows) else None
+        active = self.reducer is not None and self.reducer.active(rows)
+        dist = self.reducer.open(index, rows, device, tracked=len(live)) if self.reducer and active else None
+        if clips and dist is None:
+            self._unclip(grad, rows, clips, packer)
         if dist is not None:
             pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
             xs = [dense_values(g) if g is not None else grad.new_zeros(0) for g in grads]
@@ -235,6 +268,21 @@ class Meter:
             snap, sumsq = copy_with_sumsq(weights, device)
             before = _every_row(sumsq, moving, len(rows))
         self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist)
+
+    @staticmethod
+    def _unclip(grad: torch.Tensor, rows: list[Tracked], clips: Sequence[Clip], packer: Packer) -> None:
+        smallest: torch.Tensor | None = None
+        for clip in clips:
+            at = [i for i, r in enumerate(rows) if id(r.param) in clip.ids]
+            if not at:
+                continue
+            coef = clip.coef().to(grad.device, grad.dtype)
+            idx = torch.tensor(at).to(grad.device, non_blocking=True)
+            sumsq = grad[idx, SUMSQ]
+            grad[idx, SUMSQ] = torch.where(coef > 0, sumsq / coef.square(), torch.full_like(sumsq, math.inf))
+            smallest = coef if smallest is None else torch.minimum(smallest, coef)
+        if smallest is not None:
+            packer.add("clip_coef", smallest.reshape(1))
 
     def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
         """Sharded gradients: the step-index check and the global histogram range share one all_reduce."""
@@ -379,4 +427,5 @@ class Meter:
             zeros_counted=op.zeros,
             histograms=hists,
             skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
+            clip_coef=float(host["clip_coef"].item()) if "clip_coef" in host else None,
         )

@@ -58,9 +58,15 @@ def _groups(xs: Sequence[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype]
 def host_reads_free(device: torch.device) -> bool:
     """On the CPU a value can be read back for free, so work can be skipped after a look.
 
-    Elsewhere a read is a host sync, so those paths stay branch-free on the device.
+    Elsewhere a read is a host sync, so those paths stay branch-free on the device. So does a compiled
+    ``optimizer.step()`` (``torch.compile(opt.step)`` traces gradlog's hooks): a read there is a graph break.
     """
-    return device.type == "cpu"
+    return device.type == "cpu" and not _compiling()
+
+
+def _compiling() -> bool:
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling()) if callable(is_compiling) else False
 
 
 def _count_dtype(t: torch.Tensor) -> torch.dtype:

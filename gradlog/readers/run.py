@@ -99,6 +99,25 @@ def _wandb_files(root: str) -> list[str]:
     return sorted(found)
 
 
+_PROBE_BYTES = 1 << 16
+
+
+def _looks_like_gradlog(run_dir: str) -> bool:
+    """Whether a folder's own event files hold gradlog tags, from their first 64 KB (tags are plain bytes)."""
+    for name in sorted(os.listdir(run_dir)):
+        full = os.path.join(run_dir, name)
+        if not _is_event_file(name) or not os.path.isfile(full):
+            continue
+        try:
+            with open(full, "rb") as f:
+                head = f.read(_PROBE_BYTES)
+        except OSError:
+            continue
+        if any(p.encode() in head for p in GRADLOG_PREFIXES):
+            return True
+    return False
+
+
 def _detect(path: str) -> tuple[str, str]:
     """('tensorboard', log dir or event file) or ('wandb', the run's .wandb file)."""
     if os.path.isfile(path):
@@ -110,9 +129,13 @@ def _detect(path: str) -> tuple[str, str]:
             f"{path!r} is neither a TensorBoard event file (events.out.tfevents.*) nor a W&B run file (*.wandb)"
         )
     entries = sorted(os.listdir(path))
-    if any(_is_event_file(e) for e in entries):
-        return "tensorboard", path
     tb_runs = sorted({os.path.dirname(f) for f in glob.glob(os.path.join(path, "**", "*tfevents*"), recursive=True)})
+    if any(_is_event_file(e) for e in entries) and (len(tb_runs) == 1 or _looks_like_gradlog(path)):
+        return "tensorboard", path
+    # Lightning writes its own event files in lightning_logs/version_N/ and the callback's run in its
+    # gradlog/ subfolder: other programs' runs do not count when gradlog's are there.
+    ours = [r for r in tb_runs if _looks_like_gradlog(r)]
+    tb_runs = ours or tb_runs
     runs = [("tensorboard", r) for r in tb_runs] + [("wandb", f) for f in _wandb_files(path)]
     if len(runs) == 1:
         return runs[0]

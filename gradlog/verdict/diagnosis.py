@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import NeverUpdated, Reason
@@ -13,9 +11,65 @@ def _steps(n: int) -> str:
     return f"{n} measured step{'s' if n != 1 else ''}"
 
 
+def _layer_key(name: str) -> tuple[str, int] | None:
+    """transformer.h.3.attn.c_attn.weight -> ("transformer.h.*.attn.c_attn.weight", 3); None without a layer index."""
+    parts = name.split(".")
+    for i, p in enumerate(parts):
+        if p.isdigit() and 0 < i < len(parts) - 1:
+            return ".".join([*parts[:i], "*", *parts[i + 1 :]]), int(p)
+    return None
+
+
+def _frozen_between(rows: list[Tracked]) -> dict[int, str]:
+    """Frozen tensors of a layer stack whose same tensor trains in a layer below them.
+
+    Freezing on purpose takes a prefix of the layers (embeddings and the first k blocks), or all of them
+    (LoRA, BitFit); a block frozen above a trainable one is a freeze by mistake far more often."""
+    trainable: dict[str, int] = {}  # family -> lowest trainable layer
+    for r in rows:
+        key = _layer_key(r.name)
+        if key is not None and r.in_model and r.param.requires_grad:
+            trainable[key[0]] = min(trainable.get(key[0], key[1]), key[1])
+    out = {}
+    for r in rows:
+        key = _layer_key(r.name)
+        if key is not None and not r.param.requires_grad and trainable.get(key[0], key[1]) < key[1]:
+            below = key[0].replace("*", str(trainable[key[0]]), 1)
+            out[r.index] = below
+    return out
+
+
+def _frozen(row: Tracked, ev: Evidence, has_optimizer: bool, trains_below: str | None) -> tuple[Reason, str, bool]:
+    """Frozen on purpose, or by mistake? A frozen tensor the optimizer was given, one that was trainable
+    when gradlog started, or one frozen above the same tensor training in a lower layer, was meant to
+    learn: a finding (suspect), usually the bug."""
+    if has_optimizer and row.group is not None:
+        return Reason.FROZEN, (
+            f"requires_grad is False, yet it is in optimizer param group {row.group}: frozen by mistake, or "
+            "frozen after the optimizer was built? (a frozen backbone: build the optimizer from the trainable "
+            "parameters only)"
+        ), True
+    if ev.trainable_at_start:
+        detail = "requires_grad was True when gradlog started and is False now: frozen during the run"
+        return Reason.FROZEN, detail, True
+    if trains_below is not None:
+        return Reason.FROZEN, (
+            f"requires_grad is False, yet {trains_below} in a lower layer trains: a block frozen by mistake? "
+            "(freezing on purpose usually takes the first layers, or all of them)"
+        ), True
+    return Reason.FROZEN, "requires_grad is False", False
+
+
 def _unchanged_reason(row: Tracked, ev: Evidence, has_optimizer: bool, skipped_steps: int = 0) -> tuple[Reason, str]:
     if not row.param.requires_grad:
         return Reason.FROZEN, "requires_grad is False"
+    if not row.in_model and row.group is not None:
+        if row.name.startswith("optimizer."):  # never seen in the model
+            return Reason.NOT_IN_MODEL, f"in optimizer param group {row.group}, but not in the model passed to gradlog"
+        return Reason.NOT_IN_MODEL, (
+            f"in optimizer param group {row.group}, but no longer in the model: its module was replaced or deleted "
+            "after the optimizer was built (rebuild the optimizer, or add the new module's parameters to it)"
+        )
     if has_optimizer and row.group is None:
         detail = "in no optimizer param group (added after the optimizer was built?)"
         if ev.measured and ev.grad_none < ev.measured:
@@ -74,12 +128,13 @@ def _changed_reason(row: Tracked, ev: Evidence) -> tuple[Reason, str] | None:
     return None
 
 
-def _run_hints(rows: list[Tracked], out: list[NeverUpdated], has_optimizer: bool) -> list[NeverUpdated]:
-    """One bug often explains every record at once; say so in each record's detail."""
+def run_hint(rows: list[Tracked], out: list[NeverUpdated], has_optimizer: bool) -> str | None:
+    """One bug often explains every record at once; the Report says so once."""
     trainable = [r for r in rows if r.param.requires_grad and r.in_model]
     by_name = {rec.name: rec for rec in out}
     reasons = {by_name[r.name].reason if r.name in by_name else None for r in trainable}
     hint = None
+    frozen_in_opt = [r for r in rows if r.in_model and r.group is not None and not r.param.requires_grad]
     if len(trainable) > 1 and reasons == {Reason.NO_GRAD}:
         hint = "every trainable tensor had grad None: is zero_grad() called between backward() and step()?"
     elif len(trainable) > 1 and reasons == {Reason.ZERO_GRAD}:
@@ -87,15 +142,19 @@ def _run_hints(rows: list[Tracked], out: list[NeverUpdated], has_optimizer: bool
             "every trainable tensor had an all-zero grad: is zero_grad(set_to_none=False) called between "
             "backward() and step(), are gradients clipped to 0 (max_norm=0), or is the loss constant?"
         )
+    elif has_optimizer and trainable and reasons == {Reason.NOT_IN_OPTIMIZER} and frozen_in_opt:
+        hint = (
+            f"no trainable tensor is in the optimizer, only {len(frozen_in_opt)} frozen ones: was it built before "
+            "the adapters were added (get_peft_model) or before the layers were unfrozen? Build it afterwards, from "
+            "[p for p in model.parameters() if p.requires_grad]"
+        )
     elif has_optimizer and trainable and reasons == {Reason.NOT_IN_OPTIMIZER}:
         orphans = sum(not r.in_model for r in rows)
         hint = "no model tensor is in the optimizer: was it built for another copy of the model (deepcopy, a model"
         hint += " rebuilt or reloaded after the optimizer)?"
         if orphans:
             hint += f" The optimizer holds {orphans} tensors the model does not have."
-    if hint is None:
-        return out
-    return [dataclasses.replace(rec, detail=f"{rec.detail}; {hint}") if rec.reason in reasons else rec for rec in out]
+    return hint
 
 
 def diagnose(
@@ -107,6 +166,7 @@ def diagnose(
 ) -> list[NeverUpdated]:
     """One record per tensor that never learned, in model order."""
     out = []
+    between = _frozen_between(rows)
     for row in rows:
         ev = evidence.get(row.index, Evidence())
         moved = changed.get(row.index)
@@ -119,5 +179,8 @@ def diagnose(
             found = _unchanged_reason(row, ev, has_optimizer, skipped_steps)
         if found is not None:
             reason, detail = found
-            out.append(NeverUpdated(row.name, row.shape, row.numel, reason, detail, row.aliases))
-    return _run_hints(rows, out, has_optimizer)
+            suspect = False
+            if reason == Reason.FROZEN:
+                reason, detail, suspect = _frozen(row, ev, has_optimizer, between.get(row.index))
+            out.append(NeverUpdated(row.name, row.shape, row.numel, reason, detail, row.aliases, suspect=suspect))
+    return out

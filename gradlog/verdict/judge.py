@@ -12,7 +12,8 @@ A run is a PROBLEM when any of these holds:
 - slices of a tensor never updated for a reason that is not intentional (`padding_idx` rows are);
 - a tensor stopped learning (`Report.stalled`);
 - a gradient went NaN/Inf on a step the optimizer did not skip (`Report.first_nonfinite`).
-Steps a GradScaler skipped are routine: they are mentioned, never a problem.
+Steps a GradScaler skipped are routine, and out-of-band update ratios and gradient-norm spikes
+(`Report.warnings()`) are warnings: both are mentioned, never a problem.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def judge(report: Report) -> Verdict:
         if problem:
             problems.append(text)
 
+    if report.first_nonfinite is not None:  # first: the one thing to look at before anything else
+        f = report.first_nonfinite
+        add(f"first non-finite gradient at step {f.step} in {f.name}", True)
     never = report.never_updated
     if report.error is not None:
         add(f"the diagnosis failed ({report.error}); which tensors never updated is unknown", True)
@@ -84,11 +88,12 @@ def judge(report: Report) -> Verdict:
         first = min(r.since_step for r in stalled)
         text = f"{_plural(len(stalled), 'tensor')} stopped learning ({_by_reason(r.reason for r in stalled)})"
         add(text + f", the first from step {first}", True)
-    if report.first_nonfinite is not None:
-        f = report.first_nonfinite
-        add(f"first non-finite gradient at step {f.step} in {f.name}", True)
     if report.skipped_steps:
         add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", False)
+    warned = report.warnings()
+    if warned:  # out-of-band ratios and spikes: listed, never a PROBLEM
+        by = ", ".join(f"{kind} {v}" for kind, v in warned.items())
+        add(f"{_plural(sum(warned.values()), 'warning')} ({by})", False)
     suffix = f" ({report.optimizer_steps} optimizer steps, {report.measured_steps} measured)"
     status = PROBLEM if problems else OK
     return Verdict(not problems, status, tuple(parts), suffix, tuple(problems))

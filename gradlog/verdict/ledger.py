@@ -42,6 +42,7 @@ class Evidence:
     stalled: int = 0  # finite non-zero grad, lr > 0, not skipped, yet a zero update
     updated: int = 0  # measured steps with a non-zero update
     first_fp: tuple[int, int] | None = None
+    trainable_at_start: bool | None = None  # requires_grad when first fingerprinted
     dtype: str = ""
     last_update: int = -1  # optimizer step of the last measured step with a non-zero update
     quiet: Quiet = field(default_factory=Quiet)  # the measured steps since then
@@ -99,7 +100,9 @@ class Ledger:
         """Remember the starting values of tensors seen materialised for the first time."""
         new = [r for r in rows if self._ev(r).first_fp is None and is_materialized(r.param)]
         for r, fp in zip(new, fingerprints([r.param for r in new])):
-            self._ev(r).first_fp = fp
+            ev = self._ev(r)
+            ev.first_fp = fp
+            ev.trainable_at_start = bool(r.param.requires_grad)
 
     def observe(self, m: Measurement) -> None:
         self.measured_steps += 1

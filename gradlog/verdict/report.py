@@ -16,6 +16,7 @@ class Reason(str, enum.Enum):
 
     FROZEN = "frozen"
     NOT_IN_OPTIMIZER = "not_in_optimizer"
+    NOT_IN_MODEL = "not_in_model"  # in the optimizer, no longer (or never) in the model: a replaced module
     NO_GRAD = "no_grad"
     ZERO_LR = "zero_lr"
     ZERO_GRAD = "zero_grad"
@@ -36,6 +37,10 @@ COLUMNS = ["name", "shape", "numel", "reason", "detail"]
 #: the never-updated table as written to TensorBoard and W&B: `suspect` travels with it, so that
 #: `gradlog report` can judge the run from disk exactly as close() judged it
 TABLE_COLUMNS = [*COLUMNS, "suspect"]
+#: Alert kinds that are warnings in the verdict: listed, never a PROBLEM (the alert kinds are in verdict/alerts.py;
+#: a NaN/Inf gradient is the problem `first_nonfinite`, a missing gradient ends in the never-updated table).
+WARNING_KINDS = frozenset({"grad_norm_spike", "update_ratio_high", "update_ratio_low"})
+RATIO_KINDS = frozenset({"update_ratio_high", "update_ratio_low"})
 PARTLY_COLUMNS = ["name", "dim", "never", "total", "indices", "reason", "detail"]
 STALLED_COLUMNS = ["name", "since_step", "last_update_step", "reason", "detail"]
 
@@ -124,6 +129,25 @@ class Stalled:
 
 
 @dataclass(frozen=True)
+class Alert:
+    """A warning raised during training: `step` is the optimizer step it was measured at.
+
+    `value` is the number that crossed the line (an update ratio, a gradient norm, a NaN count) and
+    `reference` what it was judged against (the band's edge, the tensor's running median), when any.
+    """
+
+    step: int
+    kind: str
+    name: str
+    detail: str
+    value: float | None = None
+    reference: float | None = None
+
+    def row(self) -> list[str]:
+        return [str(self.step), self.kind, self.name, self.detail]
+
+
+@dataclass(frozen=True)
 class NonFinite:
     """Where a gradient first went NaN/Inf: the step to look at first."""
 
@@ -145,6 +169,12 @@ class Report:
     skipped_steps: int = 0
     tracked_tensors: int = 0
     error: str | None = None  # the diagnosis itself failed (close() warned); never_updated is then unknown
+    #: what training warned about (update ratio out of the tensor's band, gradient-norm spikes, no gradient):
+    #: listed, never a PROBLEM by themselves; NaN/Inf gradients are the problem `first_nonfinite`
+    alerts: list[Alert] = field(default_factory=list)
+    #: one mistake that explains every record at once (zero_grad() in the wrong place, an optimizer built
+    #: for another model or before the adapters): said once, not on every row
+    hint: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -155,6 +185,23 @@ class Report:
     def status(self) -> str:
         """ "OK" or "PROBLEM", as the verdict line begins."""
         return judge(self).status
+
+    def warning_alerts(self) -> list[Alert]:
+        """The alerts that are warnings. An update-ratio alert on a tensor that never updated or stopped
+        learning is left out: the table already names that tensor, with its reason."""
+        found = {r.name for r in self.never_updated} | {r.name for r in self.stalled}
+        return [
+            a
+            for a in self.alerts
+            if a.kind in WARNING_KINDS and not (a.kind in RATIO_KINDS and a.name in found)
+        ]
+
+    def warnings(self) -> dict[str, int]:
+        """Alert kinds that are warnings, with their counts (the NaN alert is `first_nonfinite`)."""
+        out: dict[str, int] = {}
+        for a in self.warning_alerts():
+            out[a.kind] = out.get(a.kind, 0) + 1
+        return out
 
     def counts(self) -> dict[str, int]:
         """Never-updated tensors per reason."""
@@ -186,12 +233,15 @@ class Report:
     def stalled_rows(self) -> list[list[str]]:
         return [r.row() for r in self.stalled]
 
-    def sections(self) -> list[tuple[str, list[str], list[list[str]]]]:
-        """The non-empty tables a person reads: (heading, columns, rows), never-updated first."""
+    def sections(self, console: bool = False) -> list[tuple[str, list[str], list[list[str]]]]:
+        """The non-empty tables a person reads: (heading, columns, rows), never-updated first.
+
+        On the console, intentionally frozen tensors fold into one line per module subtree."""
         out = []
         if self.never_updated:
             n = len(self.never_updated)
-            out.append((f"Never updated ({n} of {self.tracked_tensors} tensors)", COLUMNS, self.rows()))
+            rows = console_rows(self.never_updated) if console else self.rows()
+            out.append((f"Never updated ({n} of {self.tracked_tensors} tensors)", COLUMNS, rows))
         if self.partly_updated:
             n = len(self.partly_updated)
             head = f"Partly updated ({n} record{'s' * (n != 1)}: slices that never changed)"
@@ -201,10 +251,22 @@ class Report:
             out.append((f"Stopped learning ({n} tensor{'s' * (n != 1)})", STALLED_COLUMNS, self.stalled_rows()))
         return out
 
+    def warning_lines(self) -> list[str]:
+        """One line per warning kind, naming the first few tensors."""
+        out = []
+        shown_alerts = self.warning_alerts()
+        for kind in self.warnings():
+            names = [a.name for a in shown_alerts if a.kind == kind]
+            shown = ", ".join(names[:4]) + (f", and {len(names) - 4} more" if len(names) > 4 else "")
+            out.append(f"warning: {kind} in {len(names)} tensor{'s' * (len(names) != 1)}: {shown}")
+        return out
+
     def table(self) -> str:
-        """Plain-text tables for the console (never updated, partly updated, stopped learning), then the verdict."""
-        blocks = [f"{head}:\n{format_table(cols, rows)}" for head, cols, rows in self.sections()]
-        return "\n\n".join([*blocks, self.verdict])
+        """The console text: the tables (never updated, with intentionally frozen tensors one line per
+        module subtree; partly updated; stopped learning), the run-level hint once, the warnings, the verdict."""
+        blocks = [f"{head}:\n{format_table(cols, rows)}" for head, cols, rows in self.sections(console=True)]
+        tail = ([f"hint: {self.hint}"] if self.hint else []) + self.warning_lines() + [self.verdict]
+        return "\n\n".join([*blocks, "\n".join(tail)])
 
     def markdown(self) -> str:
         """The same as markdown (TensorBoard's text plugin renders it)."""
@@ -213,6 +275,9 @@ class Report:
             lines.append(f"**{head}**")
             lines.append("")
             lines.append(markdown_table(cols, rows))
+            lines.append("")
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
             lines.append("")
         lines.append(f"**{self.verdict}**")
         return "\n".join(lines)
@@ -265,6 +330,8 @@ class Report:
                 for r in self.stalled
             ],
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
+            "hint": self.hint,
+            "alerts": [dataclasses.asdict(a) for a in self.alerts],
         }
 
     def __str__(self) -> str:
@@ -332,3 +399,58 @@ def format_table(columns: list[str], rows: list[list[str]]) -> str:
     out.append(sep.join("-" * w for w in widths))
     out += [sep.join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(out)
+
+
+#: The console shows intentionally frozen tensors in at most this many lines (module subtrees).
+MAX_FROZEN_LINES = 8
+
+
+def _human(n: int) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def _subtree(name: str) -> str:
+    """The module subtree a tensor belongs to, with layer indices folded: transformer.h.3.attn.w -> transformer.h.*"""
+    parts = name.split(" (= ", 1)[0].split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p.isdigit() and i > 0:
+            return ".".join(parts[:i]) + ".*"
+    return ".".join(parts[:-1]) + ".*" if len(parts) > 1 else parts[0]
+
+
+def _parent(key: str) -> str:
+    parts = key.removesuffix(".*").split(".")
+    return ".".join(parts[:-1]) + ".*" if len(parts) > 1 else key
+
+
+def console_rows(records: list[NeverUpdated]) -> list[list[str]]:
+    """Findings first, one row each; then the intentionally frozen tensors, one line per module subtree
+    (a fine-tuning run freezes thousands: they would bury the rows that matter). `Report.never_updated`
+    and the writers' table keep every row."""
+    findings = [r.row() for r in records if not r.intentional]
+    frozen = [r for r in records if r.intentional]
+    groups: dict[str, list[NeverUpdated]] = {}
+    for r in frozen:
+        groups.setdefault(_subtree(r.name), []).append(r)
+    while len(groups) > MAX_FROZEN_LINES:  # coarsen the deepest keys one level at a time
+        depth = max(k.count(".") for k in groups)
+        merged: dict[str, list[NeverUpdated]] = {}
+        for k, rs in groups.items():
+            merged.setdefault(_parent(k) if k.count(".") == depth else k, []).extend(rs)
+        if len(merged) == len(groups) and merged.keys() == groups.keys():
+            break
+        groups = merged
+    out = findings
+    for key, rs in groups.items():
+        if len(rs) == 1:
+            out.append(rs[0].row())
+            continue
+        reasons = sorted({r.reason.value for r in rs})
+        numel = sum(r.numel for r in rs)
+        out.append(
+            [key, "-", str(numel), "/".join(reasons), f"{len(rs)} tensors, {_human(numel)} params: {'/'.join(reasons)}"]
+        )
+    return out

@@ -7,14 +7,22 @@ and tensors whose gradient norm spiked far above its own running median.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gradlog.readers.run import RunData, closed_report
-from gradlog.verdict.alerts import DEFAULT_RATIO_BAND
+from gradlog.verdict.alerts import (
+    DEFAULT_RATIO_BAND,
+    DEFAULT_SPIKE_FACTOR,
+    RATIO_HIGH,
+    RATIO_LOW,
+    SPIKE,
+    WARNING_KINDS,
+    Alerts,
+    Entry,
+)
 from gradlog.verdict.judge import Verdict, judge
 from gradlog.verdict.report import (
     COLUMNS,
@@ -22,13 +30,12 @@ from gradlog.verdict.report import (
     PARTLY_COLUMNS,
     RANGES_SHOWN,
     STALLED_COLUMNS,
+    Alert,
     format_ranges,
     format_table,
 )
 
-DEFAULT_SPIKE_FACTOR = 10.0
-#: A running median needs some history before a spike against it means anything.
-SPIKE_MIN_HISTORY = 5
+__all__ = ["DEFAULT_SPIKE_FACTOR", "Finding", "Health", "analyze", "replay"]
 
 
 @dataclass(frozen=True)
@@ -47,25 +54,13 @@ class FirstNonFinite:
 
 
 @dataclass(frozen=True)
-class OutOfBand:
-    """A tensor whose update ratio was outside the band on `outside` of its `measured` steps."""
+class Finding:
+    """A warning about one tensor (an alert kind from `gradlog.verdict.alerts`), at the step it was first seen."""
 
     name: str
-    outside: int
-    measured: int
-    median_ratio: float
-    side: str  # "high", "low" or "both"
-
-
-@dataclass(frozen=True)
-class Spike:
-    """A tensor's worst gradient-norm spike: `value` at `step` against the running `median` before it."""
-
-    name: str
+    kind: str
     step: int
-    value: float
-    median: float
-    count: int  # how many measured steps spiked
+    detail: str
 
 
 @dataclass
@@ -81,56 +76,59 @@ class Health:
     #: the other two close-time tables, as `Report.to_dict()` writes them (numbers, lists of indices)
     partly_updated: list[dict[str, Any]] = field(default_factory=list)
     stalled: list[dict[str, Any]] = field(default_factory=list)
-    #: the judge's verdict on the Report rebuilt from the tables: what close() said (None: did not close)
+    #: the judge's verdict on the Report rebuilt from the tables (and the warnings below): what close()
+    #: said (None: the run did not close)
     closed: Verdict | None = None
     summary: dict[str, str] = field(default_factory=dict)
     first_nonfinite: FirstNonFinite | None = None
-    out_of_band: list[OutOfBand] = field(default_factory=list)
-    spikes: list[Spike] = field(default_factory=list)
+    out_of_band: list[Finding] = field(default_factory=list)
+    spikes: list[Finding] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    #: where the warnings come from: "close" (the alerts table the run wrote) or "series" (re-judged here)
+    warnings_from: str = "series"
 
     @property
     def problems(self) -> bool:
-        """Anything a user should look at: what close() judged a problem (`gradlog.verdict.judge`, the same
-        function on the same tables), NaN/Inf in a run that never closed, out-of-band ratios, spikes."""
-        if self.closed is not None and not self.closed.healthy:
-            return True
-        return self.first_nonfinite is not None or bool(self.out_of_band or self.spikes)
+        """What close() judged a problem (`gradlog.verdict.judge`, the same function on the same tables),
+        or NaN/Inf in a run that never closed. Out-of-band update ratios and spikes are warnings."""
+        if self.closed is not None:
+            return not self.closed.healthy
+        return self.first_nonfinite is not None
 
     @property
     def healthy(self) -> bool:
         """No problems, and the run closed (so its never-updated table is known) and was read in full."""
         return not self.problems and self.never_updated_known and not self.skipped
 
-    def _series_parts(self) -> list[str]:
-        """What only the per-step series show (not judged at close)."""
-        parts = []
-        lo, hi = self.band
-        if self.out_of_band:
-            n = len(self.out_of_band)
-            parts.append(f"{n} tensor{'s' * (n != 1)} with update ratio outside {lo:g}..{hi:g} most of the run")
-        if self.spikes:
-            n = len(self.spikes)
-            parts.append(f"{n} tensor{'s' * (n != 1)} with gradient-norm spikes > {self.spike_factor:g}x median")
-        if self.skipped:
-            parts.append(f"{len(self.skipped)} unreadable part{'s' * (len(self.skipped) != 1)} skipped")
-        return parts
+    def _warning_part(self) -> list[str]:
+        warned: dict[str, int] = {}
+        for w in [*self.spikes, *self.out_of_band]:
+            warned[w.kind] = warned.get(w.kind, 0) + 1
+        if not warned:
+            return []
+        k = sum(warned.values())
+        return [f"{k} warning{'s' * (k != 1)} ({', '.join(f'{kind} {v}' for kind, v in warned.items())})"]
 
     @property
     def verdict(self) -> str:
-        """For a run that closed: close()'s own line (the judge's), with what the series add appended."""
+        """For a run that closed: close()'s own line (the judge's); else what the series show."""
         head = "PROBLEM" if self.problems else "OK" if self.healthy else "INCOMPLETE"
+        n = len(self.skipped)
+        skipped = [f"{n} unreadable part{'s' * (n != 1)} skipped"] if n else []
         if self.closed is not None:
-            return f"gradlog {head}: " + "; ".join([*self.closed.parts, *self._series_parts()]) + self.closed.suffix
-        parts = ["no never-updated table (the run did not close: crashed or still running)"]
-        if self.first_nonfinite is not None:
+            return f"gradlog {head}: " + "; ".join([*self.closed.parts, *skipped]) + self.closed.suffix
+        parts = []
+        if self.first_nonfinite is not None:  # first: the one thing to look at before anything else
             f = self.first_nonfinite
             parts.append(f"first non-finite gradient at step {f.step} in {f.tensor}")
+        parts.append("no never-updated table (the run did not close: crashed or still running)")
         steps = f" ({self.measured_steps} measured steps)"
-        return f"gradlog {head}: " + "; ".join(parts + self._series_parts()) + steps
+        return f"gradlog {head}: " + "; ".join(parts + self._warning_part() + skipped) + steps
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out["summary"] = {k: _typed(v) for k, v in self.summary.items()}
+        out["never_updated"] = [{**asdict(r), "numel": _typed(r.numel)} for r in self.never_updated]
         out["healthy"] = self.healthy
         out["problems"] = self.problems
         out["verdict"] = self.verdict
@@ -186,20 +184,18 @@ class Health:
         else:
             lines.append("First non-finite gradient: none")
         lo, hi = self.band
-        lines.append("")
-        if self.out_of_band:
-            lines.append(f"Update ratio outside {lo:g}..{hi:g} for most of the run ({len(self.out_of_band)}):")
-            rows = [[o.name, o.side, f"{o.outside}/{o.measured}", f"{o.median_ratio:.3g}"] for o in self.out_of_band]
-            lines.append(_indent(format_table(["name", "side", "steps outside", "median ratio"], rows)))
-        else:
-            lines.append(f"Update ratio outside {lo:g}..{hi:g} for most of the run: none")
-        lines.append("")
-        if self.spikes:
-            lines.append(f"Gradient-norm spikes (> {self.spike_factor:g}x running median) ({len(self.spikes)}):")
-            rows = [[s.name, str(s.step), f"{s.value:.4g}", f"{s.median:.4g}", str(s.count)] for s in self.spikes]
-            lines.append(_indent(format_table(["name", "worst step", "grad norm", "median before", "spikes"], rows)))
-        else:
-            lines.append(f"Gradient-norm spikes (> {self.spike_factor:g}x running median): none")
+        source = "as judged during training" if self.warnings_from == "close" else "re-judged from the series"
+        for title, found in (
+            (f"Gradient-norm spikes (> {self.spike_factor:g}x the tensor's running median)", self.spikes),
+            (f"Update ratio outside its band (base {lo:g}..{hi:g})", self.out_of_band),
+        ):
+            lines.append("")
+            if found:
+                lines.append(f"Warning: {title}, {source} ({len(found)}):")
+                rows = [[w.name, w.kind, str(w.step), w.detail] for w in found]
+                lines.append(_indent(format_table(["name", "kind", "first step", "detail"], rows)))
+            else:
+                lines.append(f"{title}: none")
         if self.skipped:
             lines.append("")
             lines.append("Skipped (unreadable):")
@@ -217,57 +213,67 @@ def _names(run: RunData, prefix: str) -> list[str]:
     return [t[len(prefix) :] for t in run.scalars if t.startswith(prefix)]
 
 
-def out_of_band(
-    run: RunData,
-    band: Sequence[float],
-    exclude: Collection[str] = (),
-) -> list[OutOfBand]:
-    """Tensors whose finite update ratio was outside `band` on more than half of their measured steps."""
-    lo, hi = float(band[0]), float(band[1])
-    found = []
-    for name in _names(run, "update_ratio/"):
-        if name in exclude:
-            continue
-        values = [v for _, v in run.scalars[f"update_ratio/{name}"] if math.isfinite(v)]
-        if not values:
-            continue
-        high = sum(v > hi for v in values)
-        low = sum(v < lo for v in values)
-        if 2 * (high + low) > len(values):
-            side = "high" if high and not low else "low" if low and not high else "both"
-            found.append(OutOfBand(name, high + low, len(values), _median(values), side))
-    return found
+def _truth(v: str) -> bool:
+    return v.strip().lower() in ("true", "1", "yes")
 
 
-def spikes(run: RunData, factor: float, min_history: int = SPIKE_MIN_HISTORY) -> list[Spike]:
-    """Tensors whose gradient norm exceeded `factor` times the median of its own earlier finite values."""
-    found = []
-    for name in _names(run, "grad_norm/"):
-        history: list[float] = []
-        worst: tuple[float, int, float, float] | None = None  # (ratio, step, value, median)
-        count = 0
-        for step, v in run.scalars[f"grad_norm/{name}"]:
-            if not math.isfinite(v):
-                continue  # NaN/Inf are the non-finite finding, not a spike
-            if len(history) >= min_history:
-                med = _median_sorted(history)
-                if med > 0 and v > factor * med:
-                    count += 1
-                    if worst is None or v / med > worst[0]:
-                        worst = (v / med, step, v, med)
-            bisect.insort(history, v)
-        if worst is not None:
-            found.append(Spike(name, worst[1], worst[2], worst[3], count))
-    return found
+def _typed(v: str) -> object:
+    """Table cells are text on disk; JSON gets real booleans and numbers back."""
+    if v in ("True", "False"):
+        return v == "True"
+    try:
+        return int(v)
+    except ValueError:
+        pass
+    try:
+        f = float(v)
+    except ValueError:
+        return v
+    return f if math.isfinite(f) else v
 
 
-def _median_sorted(xs: list[float]) -> float:
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+def replay(run: RunData, band: Sequence[float], spike_factor: float, exclude: Collection[str] = ()) -> list[Alert]:
+    """Judge the run's series with the same per-tensor rules as the alerts during training
+    (`gradlog.verdict.alerts.Alerts`). From disk a zero-initialised tensor is known by its first update
+    ratio of 1 (‖Δw‖/‖w_after‖ with w_before = 0); whether a tensor is 1-D is not on disk, so every
+    tensor gets the base band here."""
+    judge = Alerts(band, spike_factor=spike_factor, emit=False)
+    series: dict[int, dict[str, Entry]] = {}
+    first_ratio: set[str] = set()
+    for prefix in ("grad_norm/", "update_ratio/", "grad_nonfinite/"):
+        for name in _names(run, prefix):
+            if name in exclude:
+                continue
+            for step, v in run.scalars[prefix + name]:
+                e = series.setdefault(step, {}).setdefault(name, Entry(key=name, name=name))
+                if prefix == "grad_norm/":
+                    e.grad_norm = v
+                elif prefix == "update_ratio/":
+                    e.ratio = v
+                else:
+                    e.nonfinite = v
+    for step in sorted(series):
+        entries = list(series[step].values())
+        for e in entries:
+            if e.ratio is not None and e.name not in first_ratio and math.isfinite(e.ratio):
+                first_ratio.add(e.name)
+                e.zero_start = abs(e.ratio - 1.0) < 1e-3
+        judge.step(step, entries)
+    return judge.fired
 
 
-def _median(values: list[float]) -> float:
-    return _median_sorted(sorted(values))
+def _from_table(run: RunData) -> list[Alert] | None:
+    if "gradlog/alerts" not in run.tables:
+        return None
+    cols, rows = run.tables["gradlog/alerts"]
+    index = {c: i for i, c in enumerate(cols)}
+    out = []
+    for r in rows:
+        try:
+            out.append(Alert(int(r[index["step"]]), r[index["kind"]], r[index["name"]], r[index["detail"]]))
+        except (KeyError, IndexError, ValueError):
+            continue  # a damaged row: the others still count
+    return out
 
 
 def _first_nonfinite(run: RunData, summary: dict[str, str], closed: bool) -> FirstNonFinite | None:
@@ -291,9 +297,17 @@ def _first_nonfinite(run: RunData, summary: dict[str, str], closed: bool) -> Fir
 
 
 def analyze(
-    run: RunData, band: Sequence[float] = DEFAULT_RATIO_BAND, spike_factor: float = DEFAULT_SPIKE_FACTOR
+    run: RunData, band: Sequence[float] | None = None, spike_factor: float | None = None
 ) -> Health:
-    """The health report of one run read back from disk (or from a MemoryWriter)."""
+    """The health report of one run read back from disk (or from a MemoryWriter).
+
+    Warnings: for a run that closed with alerts on, the alerts table it wrote (so the report says what
+    close() said); with `band` or `spike_factor` given, or without that table, the series re-judged
+    with the same per-tensor rules (`replay`).
+    """
+    rejudge = band is not None or spike_factor is not None
+    band = DEFAULT_RATIO_BAND if band is None else band
+    spike_factor = DEFAULT_SPIKE_FACTOR if spike_factor is None else spike_factor
     summary: dict[str, str] = {}
     if "gradlog/summary" in run.tables:
         cols, rows = run.tables["gradlog/summary"]
@@ -310,9 +324,15 @@ def analyze(
     steps = {s for t, pts in run.scalars.items() if t.startswith(("grad_norm/", "weight_norm/")) for s, _ in pts}
     measured = int(summary["measured_steps"]) if summary.get("measured_steps", "").isdigit() else len(steps)
     never_names = {r.name.split(" (= ", 1)[0] for r in never}
+    recorded = None if rejudge or "gradlog/summary" not in run.tables else _from_table(run)
+    if recorded is None and not rejudge and "gradlog/summary" in run.tables and summary.get("warnings") == "0":
+        recorded = []  # closed with no warning (or with alerts off): nothing to re-judge against
     report = closed_report(run)
-    closed = judge(report) if report is not None else None
-    stalled_names = {r.name for r in report.stalled} if report is not None else set()  # said once, not twice
+    alerts = recorded if recorded is not None else replay(run, band, spike_factor, exclude=never_names)
+    if report is not None:
+        report.alerts = alerts  # the judge then counts exactly the warnings listed here
+        alerts = report.warning_alerts()
+    warns = [Finding(a.name, a.kind, a.step, a.detail) for a in alerts if a.kind in WARNING_KINDS]
     as_dict = report.to_dict() if report is not None else {}
     return Health(
         path=run.path,
@@ -325,10 +345,11 @@ def analyze(
         never_updated_known=known,
         partly_updated=as_dict.get("partly_updated", []),
         stalled=as_dict.get("stalled", []),
-        closed=closed,
+        closed=judge(report) if report is not None else None,
         summary=summary,
         first_nonfinite=_first_nonfinite(run, summary, closed=report is not None),
-        out_of_band=out_of_band(run, band, exclude=never_names | stalled_names),
-        spikes=spikes(run, spike_factor),
+        out_of_band=[w for w in warns if w.kind in (RATIO_HIGH, RATIO_LOW)],
+        spikes=[w for w in warns if w.kind == SPIKE],
         skipped=list(run.skipped),
+        warnings_from="series" if recorded is None else "close",
     )

@@ -1,0 +1,261 @@
+"""Real third-party models built from configs (no downloads): healthy runs say OK, planted bugs are found.
+
+timm is not used: every timm release imports torchvision at import time, and PyPI's torchvision wheel cannot
+load beside the CPU torch pin; the ViT here is transformers' own (ViTConfig).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+from gradlog.cli.entry import main
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tensorboard")
+
+
+def gpt2() -> nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def gpt2_loss(model: nn.Module, step: int) -> torch.Tensor:
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(step))
+    return model(input_ids=ids, labels=ids).loss  # type: ignore[no-any-return]
+
+
+def vit() -> nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+    )
+    return transformers.ViTForImageClassification(cfg)
+
+
+def vit_loss(model: nn.Module, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(step)
+    return model(
+        pixel_values=torch.randn(4, 3, 16, 16, generator=g), labels=torch.randint(0, 3, (4,), generator=g)
+    ).loss  # type: ignore[no-any-return]
+
+
+class ConvNet(nn.Module):
+    """A small ResNet-like net, built by hand (torchvision cannot be installed beside the CPU torch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.layer1 = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()) for _ in range(3)
+        )
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.layer1:
+            h = h + block(h)
+        out: torch.Tensor = self.fc(h.mean((2, 3)))
+        return out
+
+
+def conv_loss(model: nn.Module, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(step)
+    x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def train(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, int], torch.Tensor],
+    log_dir: Path,
+    steps: int = 8,
+    lr: float = 1e-3,
+    optimizer: torch.optim.Optimizer | None = None,
+    clip: float | None = None,
+    spike_at: int | None = None,
+    between: Callable[[int], None] | None = None,
+    clip_fn: Callable[..., torch.Tensor] = gradlog.clip_grad_norm_,
+    **kw: Any,
+) -> gradlog.Report:
+    opt = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    gl = gradlog.GradLogger(model, opt, every=1, log_dir=str(log_dir), print_report=False, **kw)
+    for step in range(steps):
+        loss = loss_fn(model, step) * (1000.0 if step == spike_at else 1.0)
+        loss.backward()
+        if clip is not None:
+            clip_fn(model.parameters(), clip)
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        if between is not None:
+            between(step)
+    return gl.close()
+
+
+def report_exit(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["report", str(log_dir)])
+    return code, capsys.readouterr().out
+
+
+def assert_healthy(report: gradlog.Report, log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.healthy and report.verdict.startswith("gradlog OK"), report.table()
+    code, out = report_exit(log_dir, capsys)
+    assert code == 0, out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("gradlog OK")
+    # the same warnings as close(), by kind and count
+    for kind, n in report.warnings().items():
+        assert f"{kind} {n}" in verdict
+
+
+def test_gpt2_healthy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = gpt2()
+    report = train(model, gpt2_loss, tmp_path / "run")
+    assert_healthy(report, tmp_path / "run", capsys)
+    zero_init_or_1d = [n for n, p in model.named_parameters() if p.dim() == 1 or not p.detach().any()]
+    assert len(zero_init_or_1d) >= 16  # biases and LayerNorms: the tensors a fixed band used to flag
+    flagged = {a.name for a in report.alerts}
+    assert not flagged & set(zero_init_or_1d), flagged
+
+
+def test_vit_healthy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = train(vit(), vit_loss, tmp_path / "run")
+    assert_healthy(report, tmp_path / "run", capsys)
+
+
+def test_frozen_backbone_conv_net_healthy_and_grouped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = ConvNet()
+    model.stem.requires_grad_(False)
+    model.layer1.requires_grad_(False)
+    report = train(model, conv_loss, tmp_path / "run")
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert {r.name for r in report.never_updated} == set(frozen) and len(frozen) == 12
+    assert all(r.intentional for r in report.never_updated)
+    assert_healthy(report, tmp_path / "run", capsys)
+    table = report.table().splitlines()
+    assert len(table) < 2 + len(frozen)  # grouped: one line per module subtree
+    assert any(line.startswith("layer1.*") and "9 tensors" in line for line in table)
+
+
+@pytest.mark.parametrize("include", [None, "*lora_*"])
+def test_lora_healthy_with_and_without_include(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], include: str | None
+) -> None:
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(gpt2(), peft.LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True))
+    report = train(model, gpt2_loss, tmp_path / "run", include=include)
+    assert_healthy(report, tmp_path / "run", capsys)
+    lora_b = [a for a in report.alerts if "lora_B" in a.name and a.kind.startswith("update_ratio")]
+    assert lora_b == []  # zero-initialised: its ratio falls like 1/t, no finding
+    if include is None:
+        assert len(report.never_updated) == 28 and all(r.intentional for r in report.never_updated)
+        assert len(report.table().splitlines()) <= 10  # 28 frozen base tensors in a few lines
+    else:
+        assert report.tracked_tensors == 4 and report.never_updated == []
+
+
+def test_planted_accidental_freeze_is_a_finding(tmp_path: Path) -> None:
+    model = gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.transformer.h[1].requires_grad_(False)  # by mistake, after the optimizer was built
+    report = train(model, gpt2_loss, tmp_path / "run", optimizer=opt)
+    suspects = [r for r in report.never_updated if r.suspect]
+    assert len(suspects) == 12 and all(r.name.startswith("transformer.h.1.") for r in suspects)
+    assert not report.healthy and report.verdict.startswith("gradlog PROBLEM")
+
+
+def test_planted_optimizer_built_before_the_adapters(tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    base = gpt2()
+    opt = torch.optim.AdamW(base.parameters(), lr=1e-3)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True))
+    report = train(model, gpt2_loss, tmp_path / "run", optimizer=opt)
+    lora = {r.name: r.reason for r in report.never_updated if "lora_" in r.name}
+    assert len(lora) == 4 and set(lora.values()) == {Reason.NOT_IN_OPTIMIZER}
+    assert report.hint is not None and "before the adapters were added" in report.hint
+    assert "another copy" not in report.hint and not report.healthy
+
+
+def test_planted_disabled_scaler_is_no_scaler(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scaler = torch.cuda.amp.GradScaler(enabled=False)  # type: ignore[attr-defined]  # nanoGPT's line
+    report = train(gpt2(), gpt2_loss, tmp_path / "run", scaler=scaler)
+    assert_healthy(report, tmp_path / "run", capsys)
+
+
+def test_planted_spike_hidden_by_clipping_is_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = train(gpt2(), gpt2_loss, tmp_path / "run", steps=10, clip=1.0, spike_at=8)
+    spikes = [a for a in report.alerts if a.kind == "grad_norm_spike"]
+    assert spikes and all(a.step == 8 for a in spikes), report.alerts
+    assert report.healthy  # a warning, not a problem
+    code, out = report_exit(tmp_path / "run", capsys)
+    assert code == 0 and "grad_norm_spike" in out
+    # with torch's own clip_grad_norm_ the norms gradlog reads are the clipped ones: the spike is hidden
+    hidden = train(
+        gpt2(), gpt2_loss, tmp_path / "hidden", steps=10, clip=1.0, spike_at=8, clip_fn=torch.nn.utils.clip_grad_norm_
+    )
+    assert not [a for a in hidden.alerts if a.kind == "grad_norm_spike"]
+
+
+class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+def test_planted_block_frozen_by_mistake_in_an_hf_trainer_run(tmp_path: Path) -> None:
+    """The Trainer builds its optimizer from the trainable tensors only, so the frozen block is neither in
+    the optimizer nor trainable at start: it is found because a lower block trains the same tensors."""
+    from gradlog.integrations.huggingface import GradlogCallback
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=3, n_embd=32, n_head=2, vocab_size=64, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.transformer.h[1].requires_grad_(False)  # meant model.transformer.h[:1], say
+    cb = GradlogCallback(writer="memory", every=1, print_report=False)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[cb]).train()
+    assert cb.report is not None
+    suspects = [r for r in cb.report.never_updated if r.suspect]
+    assert len(suspects) == 12 and all(r.name.startswith("transformer.h.1.") for r in suspects)
+    assert "transformer.h.0." in suspects[0].detail and not cb.report.healthy
+    # freezing a prefix of the layers is intentional
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.transformer.h[:2].requires_grad_(False)
+    cb = GradlogCallback(writer="memory", every=1, print_report=False)
+    transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[cb]).train()
+    assert cb.report is not None and cb.report.healthy, cb.report.table()
+    assert len(cb.report.never_updated) == 24 and not any(r.suspect for r in cb.report.never_updated)
