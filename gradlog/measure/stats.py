@@ -290,9 +290,28 @@ def _positions(z: torch.Tensor, lo: float | torch.Tensor, scale: float | torch.T
     return pos.to(torch.uint8 if bins < 255 else torch.int16)
 
 
+def _host_chunks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A flat tensor in cache-sized pieces (views): the passes over one piece then read it from cache,
+    and bucketing's temporaries stay piece-sized instead of the size of a huge tensor (a 200M-element
+    tensor's positions were an 800 MB float temporary). Measured on 50M floats: 0.8 s -> 0.3 s."""
+    step = max(1, _CACHE_BYTES // x.element_size())
+    n = x.numel()
+    return (x,) if n <= step else tuple(x[i : i + step] for i in range(0, n, step))
+
+
+def _moments(x: torch.Tensor) -> torch.Tensor:
+    """[min, max, sum, sum of squares] of a flat tensor, a cache-sized piece at a time."""
+    parts = [torch.stack([*torch.aminmax(c), c.sum(), torch.dot(c, c)]) for c in _host_chunks(x)]
+    if len(parts) == 1:
+        return parts[0]
+    p = torch.stack(parts).double()
+    return torch.stack([p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()])
+
+
 def _host_histograms(xs: list[torch.Tensor], bins: int) -> tuple[list[torch.Tensor], list[list[float]]]:
-    """CPU: one pass each for min/max, sum, sum of squares; the rare tensor with NaN/Inf is masked first."""
-    stats = [torch.stack([*torch.aminmax(x), x.sum(), torch.dot(x, x)]) for x in xs if x.numel()]
+    """CPU: min/max, sum and sum of squares, then the buckets, a cache-sized piece at a time (see
+    `_host_chunks`); the rare tensor with NaN/Inf is masked first."""
+    stats = [_moments(x) for x in xs if x.numel()]
     host = iter(torch.stack(stats).double().tolist() if stats else [])  # stack promotes fp32 + fp64
     counts: list[torch.Tensor] = []
     moments: list[list[float]] = []
@@ -316,7 +335,11 @@ def _host_histograms(xs: list[torch.Tensor], bins: int) -> tuple[list[torch.Tens
         if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
             x = x.double()
         scale = bins / (hi - lo) if hi > lo else 0.0
-        counts.append(torch.bincount(_positions(x, lo, scale, bins), minlength=bins + 1))
+        pieces = _host_chunks(x)
+        count = torch.bincount(_positions(pieces[0], lo, scale, bins), minlength=bins + 1)
+        for piece in pieces[1:]:
+            count += torch.bincount(_positions(piece, lo, scale, bins), minlength=bins + 1)
+        counts.append(count)
         moments.append([lo, hi, s, s2, float(nonfinite)])
     return counts, moments
 
