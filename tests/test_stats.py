@@ -303,3 +303,30 @@ def test_tiny_cache_slices_and_histograms_in_pieces_give_the_same_numbers(monkey
         assert hist_cut[i, :64].sum().item() == v.size
         if v.size:
             assert hist_cut[i, 64 + 2].item() == pytest.approx(v.sum(), rel=1e-4, abs=1e-3)
+
+
+@pytest.mark.parametrize("bins", [1, 64, 300])
+def test_small_tensors_bucketed_in_batches_match_one_by_one_and_numpy(
+    bins: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many small tensors of one size are bucketed as one stacked block; each must get exactly the buckets
+    it gets alone, and numpy's (up to values on a bucket edge). NaN/Inf rows leave the block."""
+    torch.manual_seed(11)
+    xs = [torch.randn(8, 4) * 10.0**k for k in range(-3, 4)]  # one size, very different ranges
+    xs += [torch.full((8, 4), 2.5), torch.zeros(32), torch.randn(32, dtype=torch.float64)]
+    xs += [torch.randn(32).abs() + 1, _poisoned((8, 4), torch.float32, 5), torch.randn(7), torch.randn(7)]
+    batched = histogram_partials(xs, bins, CPU)
+    monkeypatch.setattr(stats, "_BATCH_NUMEL", 0)  # every tensor one by one
+    alone = histogram_partials(xs, bins, CPU)
+    assert torch.equal(batched[:, :bins], alone[:, :bins])
+    torch.testing.assert_close(batched[:, bins:], alone[:, bins:], rtol=1e-5, atol=1e-9)
+    for i, x in enumerate(xs):
+        v = x.double().reshape(-1).numpy()
+        v = v[np.isfinite(v)]
+        lo, hi = batched[i, bins].item(), batched[i, bins + 1].item()
+        assert lo == v.min() and hi == v.max()
+        if hi > lo:
+            ref, _ = np.histogram(v, bins=bins, range=(lo, hi))
+            assert np.abs(batched[i, :bins].numpy() - ref).sum() <= 2 * _near_edge(v, lo, hi, bins), i
+        else:
+            assert batched[i, 0].item() == v.size
