@@ -1,8 +1,13 @@
 """What does monitoring cost? gradlog against the baseline, the device-work floor and other tools.
 
-    PYTHONPATH=$PWD python benchmarks/overhead.py            # full run (< 15 min on 2 CPU cores)
-    PYTHONPATH=$PWD python benchmarks/overhead.py --quick    # about 2-3 minutes
+    PYTHONPATH=$PWD python benchmarks/overhead.py            # full run (< 20 min on 2 idle CPU cores)
+    PYTHONPATH=$PWD python benchmarks/overhead.py --quick    # < 4 minutes on 2 idle cores
     PYTHONPATH=$PWD python benchmarks/overhead.py --device cuda   # on a GPU, with a ~350M-parameter GPT
+
+Models: gpt, mlp (every configuration), frozen (a frozen backbone under a small trainable head),
+big (one huge tensor), deep (5,000 small tensors); the last three run the configurations their
+targets need. After the model tables: fingerprint cost against sum(), the targets checked from this
+run, and the growth of a logged step's cost with trainable parameters and with tensor count.
 
 Everything runs in ONE process. Every configuration trains its own copy of the model (same seed,
 same batch) and they take turns in rounds, in a rotating order, so machine drift (other jobs,
