@@ -97,8 +97,7 @@ def histogram_payload(hist: Histogram) -> tuple[list[int], list[float]] | None:
     edges = list(hist.edges)
     if not all(map(math.isfinite, edges)):
         return None
-    # counts are whole numbers (bucket counts) already clamped at 0; int() keeps W&B's integer bins
-    return list(map(int, counts)), edges
+    return list(map(round, counts)), edges  # whole numbers: W&B's integer bins
 
 
 def scalar_value(value: object) -> float | None:
