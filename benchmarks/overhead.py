@@ -968,10 +968,14 @@ def targets_table(benches: list[Bench], fps: list[FingerprintRow]) -> str:
     )
     add("measured step (scalars every 1) / floor", "big", over(by.get("big"), "scalars-1", "floor"), 2.0)
     for name, b in by.items():
-        d = _row(b, "default")
-        if d is not None:
+        d, base = _row(b, "default"), _row(b, "baseline")
+        if d is not None and base is not None:
             limit = 1.03 if name.startswith("gpt") else 1.02 if name == "frozen" else 1.10
             add("default GradLogger(model, opt) / no monitoring", name, d.ratio, limit, "{:.3f}")
+            if d.logged_ms is not None and d.every.isdigit():
+                # the steadier estimate: one logged step's cost spread over `every` baseline steps
+                spread = 1 + d.logged_ms / int(d.every) / base.median_ms
+                add("default, from its logged-step cost: 1 + ms / every / baseline ms", name, spread, limit, "{:.3f}")
     deep, mlp = by.get("deep"), by.get("mlp")
     for key in ("scalars-1", "hist-1"):
         a, m = logged(deep, key), logged(mlp, key)
