@@ -1,8 +1,13 @@
 """What does monitoring cost? gradlog against the baseline, the device-work floor and other tools.
 
-    PYTHONPATH=$PWD python benchmarks/overhead.py            # full run (< 15 min on 2 CPU cores)
-    PYTHONPATH=$PWD python benchmarks/overhead.py --quick    # about 2-3 minutes
+    PYTHONPATH=$PWD python benchmarks/overhead.py            # full run (< 20 min on 2 idle CPU cores)
+    PYTHONPATH=$PWD python benchmarks/overhead.py --quick    # < 4 minutes on 2 idle cores
     PYTHONPATH=$PWD python benchmarks/overhead.py --device cuda   # on a GPU, with a ~350M-parameter GPT
+
+Models: gpt, mlp (every configuration), frozen (a frozen backbone under a small trainable head),
+big (one huge tensor), deep (5,000 small tensors); the last three run the configurations their
+targets need. After the model tables: fingerprint cost against sum(), the targets checked from this
+run, and the growth of a logged step's cost with trainable parameters and with tensor count.
 
 Everything runs in ONE process. Every configuration trains its own copy of the model (same seed,
 same batch) and they take turns in rounds, in a rotating order, so machine drift (other jobs,
@@ -107,16 +112,62 @@ class GPT(nn.Module):
         return out
 
 
+class FrozenBackbone(nn.Module):
+    """Fine-tuning: a frozen stack of Linear(d, d) layers (the backbone) under a small trainable head."""
+
+    def __init__(self, layers: int, d: int, head_out: int) -> None:
+        super().__init__()
+        self.backbone = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.backbone.requires_grad_(False)
+        self.head = nn.Linear(d, head_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.backbone:
+            x = F.relu(layer(x))
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+class BigTable(nn.Module):
+    """One huge tensor: an embedding table (its dense gradient is as big as it is) and a tiny head."""
+
+    def __init__(self, rows: int, d: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(rows, d)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.table(idx).mean(1))
+        return out
+
+
+Built = tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]
+
+
+def adamw(model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW over the trainable tensors (what fine-tuning code passes), torch's default implementation."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+
 @dataclass
 class ModelSpec:
-    """A model, its batch and its loss; `build` returns a fresh (model, loss_fn) with a fixed seed."""
+    """A model, its batch and its loss; `build` returns a fresh (model, loss_fn) with a fixed seed.
+
+    `configs`: the configurations this model runs by default (None: all); `shared`: every configuration
+    trains the one model (each with its own optimizer), for models too big to copy per configuration;
+    `steps`: timed steps per round instead of --steps (slow models); `growth`: only in the growth table.
+    """
 
     name: str
     describe: str
-    build: Callable[[torch.device], tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]]
+    build: Callable[[torch.device], Built]
+    optimizer: Callable[[nn.Module], torch.optim.Optimizer] = adamw
+    configs: tuple[str, ...] | None = None
+    shared: bool = False
+    steps: int | None = None
 
 
-def _mlp(device: torch.device, blocks: int = 200, width: int = 256, batch: int = 64) -> Any:
+def _mlp(device: torch.device, blocks: int = 200, width: int = 256, batch: int = 64) -> Built:
     torch.manual_seed(0)
     model = ResidualMLP(blocks, width).to(device)
     gen = torch.Generator().manual_seed(1)
@@ -125,7 +176,7 @@ def _mlp(device: torch.device, blocks: int = 200, width: int = 256, batch: int =
     return model, lambda m: F.mse_loss(m(x), y)
 
 
-def _gpt(device: torch.device, layers: int, d: int, heads: int, vocab: int, seq: int, batch: int) -> Any:
+def _gpt(device: torch.device, layers: int, d: int, heads: int, vocab: int, seq: int, batch: int) -> Built:
     torch.manual_seed(0)
     model = GPT(layers, d, heads, vocab, seq).to(device)
     gen = torch.Generator().manual_seed(1)
@@ -134,23 +185,90 @@ def _gpt(device: torch.device, layers: int, d: int, heads: int, vocab: int, seq:
     return model, lambda m: F.cross_entropy(m(inp).reshape(-1, vocab), tgt.reshape(-1))
 
 
-MODELS: dict[str, ModelSpec] = {
-    "gpt": ModelSpec(
-        "gpt",
-        "GPT-like: 6 layers, d 256, vocab 4096, seq 128, batch 8, AdamW",
-        lambda dev: _gpt(dev, layers=6, d=256, heads=4, vocab=4096, seq=128, batch=8),
-    ),
-    "mlp": ModelSpec(
-        "mlp",
-        "residual pre-norm MLP: 200 blocks x + 0.1*gelu(Linear(256,256)(layer_norm(x))), batch 64, AdamW",
-        lambda dev: _mlp(dev),
-    ),
-    "gpt350m": ModelSpec(
-        "gpt350m",
-        "GPT: 24 layers, d 1024, vocab 50304, seq 1024, batch 8, AdamW (for --device cuda)",
-        lambda dev: _gpt(dev, layers=24, d=1024, heads=16, vocab=50304, seq=1024, batch=8),
-    ),
-}
+def _frozen(device: torch.device, backbone_params: float, d: int = 1024, batch: int = 16) -> Built:
+    torch.manual_seed(0)
+    layers = max(1, round(backbone_params / (d * d + d)))
+    model = FrozenBackbone(layers, d, head_out=d).to(device)  # head: d*d + d ~ 1M parameters at d 1024
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, d, generator=gen).to(device)
+    y = torch.randn(batch, d, generator=gen).to(device)
+    return model, lambda m: F.mse_loss(m(x), y)
+
+
+def _big(device: torch.device, numel: float, d: int = 256, batch: int = 64) -> Built:
+    torch.manual_seed(0)
+    rows = max(1, round(numel / d))
+    model = BigTable(rows, d).to(device)
+    gen = torch.Generator().manual_seed(1)
+    idx = torch.randint(rows, (batch, 8), generator=gen).to(device)
+    y = torch.randn(batch, 1, generator=gen).to(device)
+    return model, lambda m: F.mse_loss(m(idx), y)
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    """Plain SGD: no optimizer state, so the huge table costs its weights and its gradient only."""
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+
+
+def adamw_foreach(model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW(foreach=True): torch's CPU default steps 5,000 tensors one by one, which would dwarf everything."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+
+
+#: configurations of the models added for issue 17: what their targets need.
+FOCUSED = ("baseline", "floor", "scalars-1", "hist-1", "default")
+
+
+def model_specs(args: argparse.Namespace | None = None) -> dict[str, ModelSpec]:
+    """Every model, sized by the command line (--frozen-params, --big-numel, --deep-tensors)."""
+    frozen = float(getattr(args, "frozen_params", 50e6))
+    big = float(getattr(args, "big_numel", 200e6))
+    deep = int(getattr(args, "deep_tensors", 5000))
+    return {
+        "gpt": ModelSpec(
+            "gpt",
+            "GPT-like: 6 layers, d 256, vocab 4096, seq 128, batch 8, AdamW",
+            lambda dev: _gpt(dev, layers=6, d=256, heads=4, vocab=4096, seq=128, batch=8),
+        ),
+        "mlp": ModelSpec(
+            "mlp",
+            "residual pre-norm MLP: 200 blocks x + 0.1*gelu(Linear(256,256)(layer_norm(x))), batch 64, AdamW",
+            lambda dev: _mlp(dev),
+        ),
+        "frozen": ModelSpec(
+            "frozen",
+            f"frozen backbone: {frozen / 1e6:.0f}M frozen parameters in Linear(1024,1024)+ReLU layers, "
+            "a trainable Linear(1024,1024) head (1M), batch 16, AdamW over the head",
+            lambda dev: _frozen(dev, frozen),
+            configs=FOCUSED,
+        ),
+        "big": ModelSpec(
+            "big",
+            f"one huge tensor: Embedding({max(1, round(big / 256))}, 256) ({big / 1e6:.0f}M elements) + "
+            "Linear(256,1), batch 64 x 8 indices, SGD; one model shared by all configurations",
+            lambda dev: _big(dev, big),
+            optimizer=sgd,
+            configs=FOCUSED,
+            shared=True,
+            steps=3,
+        ),
+        "deep": ModelSpec(
+            "deep",
+            f"deep residual MLP of {deep // 2} blocks Linear(32,32) ({deep} small tensors), batch 16, "
+            "AdamW(foreach=True)",
+            lambda dev: _mlp(dev, blocks=deep // 2, width=32, batch=16),
+            optimizer=adamw_foreach,
+            configs=FOCUSED,
+        ),
+        "gpt350m": ModelSpec(
+            "gpt350m",
+            "GPT: 24 layers, d 1024, vocab 50304, seq 1024, batch 8, AdamW (for --device cuda)",
+            lambda dev: _gpt(dev, layers=24, d=1024, heads=16, vocab=50304, seq=1024, batch=8),
+        ),
+    }
+
+
+MODELS: dict[str, ModelSpec] = model_specs()
 
 # --------------------------------------------------------------------------- monitors
 
@@ -190,14 +308,15 @@ class Baseline(Monitor):
 class Floor(Monitor):
     """The unavoidable tensor math of scalars + update ratio, as plain torch: no bookkeeping, no writing.
 
-    One copy of the parameters before the step; after it, fused norms of the gradients, the
-    weights and the update (computed in place in the copy), and one device-to-host copy.
+    One copy of the trainable parameters before the step; after it, fused norms of the gradients,
+    the weights and the update (computed in place in the copy), and one device-to-host copy. Frozen
+    tensors are left out: nothing about them changes, so the floor owes them no work.
     """
 
     every = 1
 
     def __init__(self, model: nn.Module) -> None:
-        self.raw = list(model.parameters())
+        self.raw = [p for p in model.parameters() if p.requires_grad]
         self.params = [p.detach() for p in self.raw]
         self.snap: list[torch.Tensor] = []
         self.host: torch.Tensor | None = None
@@ -365,6 +484,8 @@ class Run:
     step: int = 0
     times: list[tuple[int, int, float, float]] = field(default_factory=list)  # (round, step, step s, window s)
     peak_mb: float | None = None
+    make_s: float = 0.0  # constructing the monitor (gradlog: its fingerprint pass)
+    close_s: float = 0.0  # closing it (gradlog: fingerprints again, the diagnosis, the writers)
 
 
 def _sync(device: torch.device) -> None:
@@ -501,7 +622,7 @@ def check_sync(model: ModelSpec, device: torch.device, steps: int = 20) -> str:
     import gradlog
 
     net, loss_fn = model.build(device)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    opt = model.optimizer(net)
     gl = gradlog.GradLogger(net, opt, every=10, print_report=False)
     run = Run(CONFIGS[0], net, opt, loss_fn, Baseline())
     measured: list[int] = []
@@ -531,6 +652,7 @@ def check_sync(model: ModelSpec, device: torch.device, steps: int = 20) -> str:
 
 @dataclass
 class Row:
+    key: str
     label: str
     every: str
     median_ms: float
@@ -564,6 +686,7 @@ def summarise(runs: list[Run], base: Run) -> list[Row]:
                 logged = statistics.median(windows) * 1e3 - base_window_ms if windows else math.nan
         rows.append(
             Row(
+                run.spec.key,
                 run.spec.label,
                 "-" if every is None else str(every),
                 statistics.median(t for _, _, t, _ in run.times) * 1e3,
@@ -575,12 +698,15 @@ def summarise(runs: list[Run], base: Run) -> list[Row]:
     return rows
 
 
-def table(model: ModelSpec, n_params: int, n_tensors: int, rows: list[Row], skipped: list[str]) -> str:
+def table(bench: Bench, rows: list[Row]) -> str:
+    model = bench.model
+    frozen = bench.n_params - bench.n_trainable
     out = [
         f"### {model.name}: {model.describe}",
         "",
-        f"{n_params / 1e6:.1f}M parameters in {n_tensors} tensors; one fp32 copy of them is "
-        f"{n_params * 4 / 2**20:.0f} MB.",
+        f"{bench.n_params / 1e6:.1f}M parameters in {bench.n_tensors} tensors"
+        + (f" ({frozen / 1e6:.1f}M frozen)" if frozen else "")
+        + f"; one fp32 copy of the trainable ones is {bench.trainable_bytes / 2**20:.0f} MB.",
         "",
         "| configuration | every | median step ms | ratio | ms per logged step | peak MB over baseline |",
         "|---|---:|---:|---:|---:|---:|",
@@ -589,7 +715,7 @@ def table(model: ModelSpec, n_params: int, n_tensors: int, rows: list[Row], skip
         logged = "-" if r.logged_ms is None else f"{r.logged_ms:.1f}"
         peak = "-" if r.peak_mb is None else f"{r.peak_mb:.0f}"
         out.append(f"| {r.label} | {r.every} | {r.median_ms:.1f} | {r.ratio:.3f}x | {logged} | {peak} |")
-    for s in skipped:
+    for s in bench.skipped:
         out.append(f"\nskipped: {s}")
     return "\n".join(out)
 
@@ -605,19 +731,61 @@ class Bench:
     skipped: list[str]
     n_params: int
     n_tensors: int
+    n_trainable: int = 0
+    trainable_bytes: int = 0
+    n_slices: int = 0  # rows + columns of every trainable tensor with 2+ dims, elements of 1-D ones
+    rows: list[Row] = field(default_factory=list)
 
 
-def bench_model(model: ModelSpec, args: argparse.Namespace, device: torch.device, tmp: str) -> Bench:
+def count_slices(params: list[torch.Tensor]) -> int:
+    """Slices the per-slice evidence keeps (issue 12): dim-0 rows and dim-1 columns, or the elements of 1-D tensors."""
+    return sum(p.shape[0] + p.shape[1] if p.dim() >= 2 else p.numel() for p in params)
+
+
+def model_configs(model: ModelSpec, args: argparse.Namespace) -> list[str]:
+    """--configs when given, else the model's own set (trimmed by --quick)."""
+    if args.configs_given:
+        return list(args.configs)
+    keys = list(model.configs) if model.configs is not None else [c.key for c in CONFIGS]
+    if args.quick:
+        keys = [k for k in keys if k in QUICK_CONFIGS]
+    return keys
+
+
+#: --quick keeps the configurations behind the targets.
+QUICK_CONFIGS = ("baseline", "floor", "scalars-1", "scalars-100", "hist-1", "default", "tb-1", "wandb-1", "watch-1")
+
+
+def bench_model(
+    model: ModelSpec,
+    args: argparse.Namespace,
+    device: torch.device,
+    tmp: str,
+    configs: list[str] | None = None,
+    rounds: int | None = None,
+    steps: int | None = None,
+    quiet: bool = False,
+) -> Bench:
     runs: list[Run] = []
     skipped: list[str] = []
-    n_params = n_tensors = 0
+    keys = configs if configs is not None else model_configs(model, args)
+    rounds = rounds if rounds is not None else args.rounds
+    steps = steps if steps is not None else (min(model.steps, args.steps) if model.steps else args.steps)
+    shared = model.build(device) if model.shared else None
+    bench = Bench(model, [], None, skipped, 0, 0)  # type: ignore[arg-type]
     for spec in CONFIGS:
-        if spec.key not in args.configs:
+        if spec.key not in keys:
             continue
-        net, loss_fn = model.build(device)
-        n_params = sum(p.numel() for p in net.parameters())
-        n_tensors = len(list(net.parameters()))
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+        net, loss_fn = shared if shared is not None else model.build(device)
+        params = list(net.parameters())
+        trainable = [p for p in params if p.requires_grad]
+        bench.n_params = sum(p.numel() for p in params)
+        bench.n_tensors = len(params)
+        bench.n_trainable = sum(p.numel() for p in trainable)
+        bench.trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
+        bench.n_slices = count_slices(trainable)
+        opt = model.optimizer(net)
+        t0 = time.perf_counter()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -628,23 +796,25 @@ def bench_model(model: ModelSpec, args: argparse.Namespace, device: torch.device
         except Exception as exc:  # a backend that fails to start is reported, not fatal
             skipped.append(f"{spec.label}: {type(exc).__name__}: {exc}")
             continue
-        runs.append(Run(spec, net, opt, loss_fn, mon))
+        runs.append(Run(spec, net, opt, loss_fn, mon, make_s=time.perf_counter() - t0))
     base = next((r for r in runs if r.spec.key == "baseline"), None)
     if base is None:
         raise SystemExit("the baseline configuration is required (it is what every ratio divides by)")
+    bench.runs, bench.base = runs, base
     t0 = time.perf_counter()
     for run in runs:
         for _ in range(args.warmup):
             train_step(run)
-    for rnd in range(args.rounds):
+    for rnd in range(rounds):
         order = runs[rnd % len(runs) :] + runs[: rnd % len(runs)]
         for run in order:
-            if run.mon.every is not None and run.mon.every > args.steps:
+            if run.mon.every is not None and run.mon.every > steps:
                 run.step = run.mon.fast_forward(run.step)  # so that every round times one logged step
-            for _ in range(args.steps):
+            for _ in range(steps):
                 timed_step(run, rnd, device)
-        print(f"  {model.name}: round {rnd + 1}/{args.rounds} done, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return Bench(model, runs, base, skipped, n_params, n_tensors)
+        if not quiet:
+            print(f"  {model.name}: round {rnd + 1}/{rounds} done, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return bench
 
 
 def measure_memory(bench: Bench, args: argparse.Namespace, device: torch.device) -> None:
@@ -665,11 +835,246 @@ def measure_memory(bench: Bench, args: argparse.Namespace, device: torch.device)
 
 def finish(bench: Bench) -> str:
     for run in bench.runs:
+        t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             run.mon.close()
-    rows = summarise(bench.runs, bench.base)
-    return table(bench.model, bench.n_params, bench.n_tensors, rows, bench.skipped)
+        run.close_s = time.perf_counter() - t0
+    bench.rows = summarise(bench.runs, bench.base)
+    return table(bench, bench.rows)
+
+
+# --------------------------------------------------------------------------- fingerprints
+
+
+def _median_s(work: Callable[[], object], repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _slice_fingerprint_fn() -> Callable[[list[torch.Tensor]], object] | None:
+    """The per-slice fingerprint function of gradlog.measure.fingerprint (issue 12), whatever its name."""
+    from gradlog.measure import fingerprint as fp
+
+    for name in sorted(vars(fp)):
+        fn = vars(fp)[name]
+        if "slice" in name and callable(fn) and getattr(fn, "__module__", "") == fp.__name__ and name[0] != "_":
+            return fn  # type: ignore[no-any-return]
+    return None
+
+
+@dataclass
+class FingerprintRow:
+    model: str
+    elements: int
+    tensors: int
+    sum_ms: float
+    whole_ms: float
+    slice_ms: float | None
+    make_ms: float
+    close_ms: float
+
+
+def fingerprint_cost(bench: Bench, device: torch.device) -> FingerprintRow:
+    """sum() over every tensor against gradlog's fingerprints of the same tensors, and the logger's
+    construction and close() (median over the gradlog configurations of the run)."""
+    from gradlog.measure.fingerprint import fingerprints
+
+    params = [p.detach() for p in bench.base.model.parameters()]
+
+    def sums() -> None:
+        torch.stack([p.sum() for p in params]).cpu()
+
+    per_slice = _slice_fingerprint_fn()
+    sum_s = _median_s(sums)
+    whole_s = _median_s(lambda: fingerprints(params))
+    slice_s = _median_s(lambda: per_slice(params)) if per_slice is not None else None
+    _sync(device)
+    gl_runs = [r for r in bench.runs if isinstance(r.mon, Gradlog)]
+    return FingerprintRow(
+        bench.model.name,
+        bench.n_params,
+        bench.n_tensors,
+        sum_s * 1e3,
+        whole_s * 1e3,
+        None if slice_s is None else slice_s * 1e3,
+        statistics.median(r.make_s for r in gl_runs) * 1e3 if gl_runs else math.nan,
+        statistics.median(r.close_s for r in gl_runs) * 1e3 if gl_runs else math.nan,
+    )
+
+
+def fingerprint_table(rows: list[FingerprintRow]) -> str:
+    out = [
+        "### fingerprints: construction and close() against a sum() over the same tensors",
+        "",
+        "`sum()`: `p.sum()` of every parameter, one host copy; fingerprints: `gradlog.measure.fingerprint."
+        "fingerprints` (whole tensors) and its per-slice function when it has one; construction and close(): "
+        "`GradLogger(...)` and `close()` after training (median over the model's gradlog configurations; close "
+        "includes the diagnosis and the writers' close).",
+        "",
+        "| model | elements | tensors | sum() ms | fingerprints ms (x sum) | per-slice ms (x sum) | "
+        "construction ms (x sum) | close() ms (x sum) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def x(ms: float | None, ref: float) -> str:
+        return "-" if ms is None or math.isnan(ms) else f"{ms:.0f} ({ms / ref:.1f}x)"
+
+    for r in rows:
+        out.append(
+            f"| {r.model} | {r.elements / 1e6:.1f}M | {r.tensors} | {r.sum_ms:.1f} | {x(r.whole_ms, r.sum_ms)} | "
+            f"{x(r.slice_ms, r.sum_ms)} | {x(r.make_ms, r.sum_ms)} | {x(r.close_ms, r.sum_ms)} |"
+        )
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _row(bench: Bench | None, key: str) -> Row | None:
+    if bench is None:
+        return None
+    return next((r for r in bench.rows if r.key == key), None)
+
+
+def targets_table(benches: list[Bench], fps: list[FingerprintRow]) -> str:
+    """Issue 17's targets, from the tables above (ratios of one process's interleaved runs)."""
+    by = {b.model.name: b for b in benches}
+    out = ["### against the targets", "", "| target | model | measured | limit | met |", "|---|---|---:|---:|---|"]
+
+    def add(target: str, model: str, value: float | None, limit: float, fmt: str = "{:.2f}") -> None:
+        if value is None or math.isnan(value):
+            return
+        met = "yes" if value <= limit else "NO"
+        out.append(f"| {target} | {model} | {fmt.format(value)} | {fmt.format(limit)} | {met} |")
+
+    def logged(b: Bench | None, key: str) -> float | None:
+        r = _row(b, key)
+        return None if r is None else r.logged_ms
+
+    def over(b: Bench | None, key: str, ref: str) -> float | None:
+        a, f = logged(b, key), logged(b, ref)
+        return None if a is None or f is None or f <= 0 else a / f
+
+    add(
+        "measured step (scalars every 1) / floor of the trainable part",
+        "frozen",
+        over(by.get("frozen"), "scalars-1", "floor"),
+        1.5,
+    )
+    add("measured step (scalars every 1) / floor", "big", over(by.get("big"), "scalars-1", "floor"), 2.0)
+    for name, b in by.items():
+        d, base = _row(b, "default"), _row(b, "baseline")
+        if d is not None and base is not None:
+            limit = 1.03 if name.startswith("gpt") else 1.02 if name == "frozen" else 1.10
+            add("default GradLogger(model, opt) / no monitoring", name, d.ratio, limit, "{:.3f}")
+            if d.logged_ms is not None and d.every.isdigit():
+                # the steadier estimate: one logged step's cost spread over `every` baseline steps
+                spread = 1 + d.logged_ms / int(d.every) / base.median_ms
+                add("default, from its logged-step cost: 1 + ms / every / baseline ms", name, spread, limit, "{:.3f}")
+    deep, mlp = by.get("deep"), by.get("mlp")
+    for key in ("scalars-1", "hist-1"):
+        a, m = logged(deep, key), logged(mlp, key)
+        if deep is not None and mlp is not None and a is not None and m is not None:
+            per_deep, per_mlp = a / deep.n_tensors, m / mlp.n_tensors
+            add(f"ms per logged step per tensor ({key}), deep / mlp", "deep", per_deep / per_mlp, 2.0)
+    for name in ("gpt", "mlp", "gpt350m"):
+        b = by.get(name)
+        w, watch = _row(b, "wandb-1"), _row(b, "watch-1")
+        if w is not None and watch is not None and watch.ratio > 1:
+            add(
+                "W&B writer overhead / wandb.watch(log='all') overhead, every step",
+                name,
+                (w.ratio - 1) / (watch.ratio - 1),
+                1 / 3,
+            )
+    for b in benches:
+        gl_peaks = [r.peak_mb for r in b.rows if r.peak_mb is not None and r.key in GRADLOG_KEYS]
+        if gl_peaks:
+            limit = (b.trainable_bytes + 32 * b.n_slices) / 2**20
+            add(
+                "peak MB of a measured step over baseline <= trainable copy + 32 B/slice",
+                b.model.name,
+                max(gl_peaks),
+                max(limit, 1.0),
+                "{:.0f}",
+            )
+    for fp in fps:
+        add("fingerprints / sum()", fp.model, fp.whole_ms / fp.sum_ms, 5.0, "{:.1f}")
+        if fp.slice_ms is not None:
+            add("per-slice fingerprints / sum()", fp.model, fp.slice_ms / fp.sum_ms, 5.0, "{:.1f}")
+        add("construction / sum()", fp.model, fp.make_ms / fp.sum_ms, 5.0, "{:.1f}")
+        if fp.model == "deep":
+            fp_pass = fp.whole_ms + (fp.slice_ms or 0.0)
+            add("close() minus the fingerprint pass, s", "deep", (fp.close_ms - fp_pass) / 1e3, 1.0)
+    return "\n".join(out)
+
+
+#: the measured steps the memory target is about: scalars, and the default configuration (histograms through
+#: the TensorBoard writer). MemoryWriter rows are left out: that writer keeps every value of the run in memory.
+GRADLOG_KEYS = ("scalars-1", "zeros-1", "scalars-10", "scalars-100", "default", "tb-1")
+
+
+# --------------------------------------------------------------------------- growth
+
+
+def growth_table(args: argparse.Namespace, device: torch.device, tmp: str) -> str:
+    """Logged-step ms against trainable parameters (tensor count fixed) and against tensor count (size fixed)."""
+    widths = (256, 512, 1024) if args.quick else (512, 1024, 2048)
+    counts = (500, 2000, 5000)
+    specs = [
+        ModelSpec(f"params-{w}", "", lambda dev, w=w: _mlp(dev, blocks=8, width=w, batch=16), optimizer=adamw_foreach)
+        for w in widths
+    ] + [
+        ModelSpec(
+            f"tensors-{n}", "", lambda dev, n=n: _mlp(dev, blocks=n // 2, width=32, batch=16), optimizer=adamw_foreach
+        )
+        for n in counts
+    ]
+    out = [
+        "### growth: ms per logged step against trainable parameters and against tensor count",
+        "",
+        "Residual MLPs: 8 blocks of width 256/512/1024 (quick) or 512/1024/2048 (16 tensors), then width 32 with "
+        "250/1,000/2,500 blocks; AdamW(foreach=True), batch 16; gradlog every step, MemoryWriter.",
+        "",
+        "| model | trainable parameters | tensors | scalars ms | per M params | per 1k tensors | "
+        "+ histograms ms | per M params | per 1k tensors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for spec in specs:
+        bench = bench_model(
+            spec,
+            args,
+            device,
+            tmp,
+            configs=["baseline", "scalars-1", "hist-1"],
+            rounds=args.growth_rounds,
+            steps=3,
+            quiet=True,
+        )
+        rows = summarise(bench.runs, bench.base)
+        for run in bench.runs:
+            run.mon.close()
+        s, h = _row_of(rows, "scalars-1"), _row_of(rows, "hist-1")
+        mp, kt = bench.n_trainable / 1e6, bench.n_tensors / 1e3
+        out.append(
+            f"| {spec.name} | {bench.n_trainable / 1e6:.2f}M | {bench.n_tensors} | {s:.1f} | {s / mp:.2f} | "
+            f"{s / kt:.1f} | {h:.1f} | {h / mp:.2f} | {h / kt:.1f} |"
+        )
+        print(f"  growth: {spec.name} done", file=sys.stderr)
+    return "\n".join(out)
+
+
+def _row_of(rows: list[Row], key: str) -> float:
+    r = next((r for r in rows if r.key == key), None)
+    return math.nan if r is None or r.logged_ms is None else r.logged_ms
+
+
+# --------------------------------------------------------------------------- command line
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -677,28 +1082,46 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--models", default=None, help="comma-separated, from: " + ", ".join(MODELS))
-    p.add_argument("--configs", default=",".join(keys), help="comma-separated, from: " + ", ".join(keys))
+    p.add_argument(
+        "--configs", default=None, help="comma-separated, from: " + ", ".join(keys) + " (default: each model's own set)"
+    )
     p.add_argument("--rounds", type=int, default=None, help="rounds of interleaved configurations")
     p.add_argument("--steps", type=int, default=None, help="timed steps per configuration per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration first")
     p.add_argument("--memory-repeats", type=int, default=2, help="logged steps sampled for memory (min taken)")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory measurement")
-    p.add_argument("--quick", action="store_true", help="fewer rounds and steps (about 2-3 minutes on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="smaller models, fewer configurations, rounds and steps")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--no-check-sync", dest="check_sync", action="store_false", help="cuda: skip the sync count")
+    p.add_argument("--frozen-params", type=float, default=None, help="frozen backbone size (default 50e6; quick 10e6)")
+    p.add_argument(
+        "--big-numel", type=float, default=None, help="elements of the huge tensor (default 200e6; quick 20e6)"
+    )
+    p.add_argument("--deep-tensors", type=int, default=5000, help="tensors of the deep model (default 5000)")
+    p.add_argument("--no-fingerprints", dest="fingerprints", action="store_false", help="skip the fingerprint table")
+    p.add_argument("--no-growth", dest="growth", action="store_false", help="skip the growth table")
+    p.add_argument("--growth-rounds", type=int, default=None, help="rounds per growth model (default 3; quick 2)")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
     args = p.parse_args(argv)
-    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    args.configs_given = args.configs is not None
+    args.configs = [c.strip() for c in (args.configs or ",".join(keys)).split(",") if c.strip()]
     bad = [c for c in args.configs if c not in keys]
     if bad:
         p.error(f"unknown configurations {bad}; choose from {keys}")
     if "baseline" not in args.configs:
         args.configs.insert(0, "baseline")
-    default_models = "gpt350m,mlp" if args.device.startswith("cuda") else "gpt,mlp"
+    if args.frozen_params is None:
+        args.frozen_params = 10e6 if args.quick else 50e6
+    if args.big_numel is None:
+        args.big_numel = 20e6 if args.quick else 200e6
+    if args.growth_rounds is None:
+        args.growth_rounds = 2 if args.quick else 3
+    models = model_specs(args)
+    default_models = "gpt350m,mlp" if args.device.startswith("cuda") else "gpt,mlp,frozen,big,deep"
     args.models = [m.strip() for m in (args.models or default_models).split(",") if m.strip()]
-    bad = [m for m in args.models if m not in MODELS]
+    bad = [m for m in args.models if m not in models]
     if bad:
-        p.error(f"unknown models {bad}; choose from {list(MODELS)}")
+        p.error(f"unknown models {bad}; choose from {list(models)}")
     if args.rounds is None:
         args.rounds = 4 if args.quick else 8
     if args.steps is None:
@@ -708,6 +1131,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    models = model_specs(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device here")
@@ -728,16 +1152,36 @@ def main(argv: list[str] | None = None) -> None:
     parts = [header]
     if device.type == "cuda" and args.check_sync:
         for name in args.models:
-            line = check_sync(MODELS[name], device)
+            line = check_sync(models[name], device)
             print(line, flush=True)
             parts.append(line)
-    benches = [bench_model(MODELS[name], args, device, tmp) for name in args.models]
-    if args.memory:
-        for bench in benches:
+    benches: list[Bench] = []
+    fps: list[FingerprintRow] = []
+    texts: list[str] = []
+    # One model at a time, closed before the next is built: the big ones do not fit in memory together.
+    # W&B: monitors of one model may share one run, owned by the first; finish() closes in order.
+    for name in args.models:
+        bench = bench_model(models[name], args, device, tmp)
+        if args.memory:
             measure_memory(bench, args, device)
-    # Close in reverse: monitors of several models may share one W&B run, owned by the first.
-    texts = [finish(bench) for bench in reversed(benches)][::-1]
-    for text in texts:
+        text = finish(bench)
+        print(text + "\n", flush=True)
+        texts.append(text)
+        if args.fingerprints:
+            fps.append(fingerprint_cost(bench, device))
+        bench.runs = [bench.base]  # drop the other models' copies; the rows are kept
+        benches.append(bench)
+        gc.collect()
+    parts += texts
+    if fps:
+        text = fingerprint_table(fps)
+        print(text + "\n", flush=True)
+        parts.append(text)
+    text = targets_table(benches, fps)
+    print(text + "\n", flush=True)
+    parts.append(text)
+    if args.growth:
+        text = growth_table(args, device, tmp)
         print(text + "\n", flush=True)
         parts.append(text)
     if args.out:

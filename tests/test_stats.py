@@ -245,3 +245,88 @@ def test_counts_of_large_tensors_take_the_same_values(
         assert out[i, NONZERO].item() == torch.count_nonzero(t).item()
         assert out[i, NONFINITE].item() == (~torch.isfinite(t)).sum().item()
         assert not math.isfinite(out[i, SUMSQ].item())
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if not t.is_complex() else t.to(torch.complex128)
+
+
+def test_tiny_cache_slices_and_histograms_in_pieces_give_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU statistics work a cache-sized slice of tensors at a time, and a histogram buckets a
+    tensor bigger than the slice in flat pieces (views): with a 64-byte slice every tensor here is cut,
+    and norms, counts, copies, updates and histograms must come out as with 1 MB (references: torch, numpy)."""
+    torch.manual_seed(9)
+    xs = [
+        _poisoned((300, 7), torch.float32, 3),
+        torch.randn(1000, dtype=torch.float64),
+        _poisoned((40, 25), torch.bfloat16, 4),
+        torch.randn(13, 11, dtype=torch.complex64),
+        torch.randn(50, 40).t(),  # not contiguous: stays whole
+        torch.zeros(999),
+        torch.randn(3),
+    ]
+    whole = norm_partials(xs, CPU)
+    whole_flags = norm_partials(xs, CPU, zero_counts=False)
+    monkeypatch.setattr(stats, "_CACHE_BYTES", 64)  # every tensor above 64 bytes is cut
+    cut = norm_partials(xs, CPU)
+    torch.testing.assert_close(cut, whole, rtol=1e-5, atol=0, equal_nan=True)
+    assert torch.equal(cut[:, NONZERO], whole[:, NONZERO]) and torch.equal(cut[:, NONFINITE], whole[:, NONFINITE])
+    flags = norm_partials(xs, CPU, zero_counts=False)
+    assert torch.equal(flags[:, NONZERO] > 0, whole_flags[:, NONZERO] > 0)
+    assert torch.equal(flags[:, NONFINITE], whole[:, NONFINITE])
+
+    finite = [x for x in xs if bool(torch.isfinite(x).all())]
+    copies, before = copy_with_sumsq(finite, CPU)
+    for x, c, b in zip(finite, copies, before.tolist()):
+        assert torch.equal(c, x) and c.shape == x.shape and c.data_ptr() != x.data_ptr()
+        ref = torch.linalg.vector_norm(x.double() if not x.is_complex() else x).item() ** 2
+        assert b == pytest.approx(ref, rel=1e-5)
+    after = [x * 0.5 + 1 if not x.is_complex() else x * 2 for x in finite]
+    expect = [c.clone() - a for c, a in zip(copies, after)]
+    weight, update = subtract_with_sumsq(copies, after, CPU)
+    for a, c, e, w, u in zip(after, copies, expect, weight.tolist(), update.tolist()):
+        assert torch.equal(c, e)  # in place, piece by piece
+        assert w == pytest.approx(torch.linalg.vector_norm(_wide(a)).item() ** 2, rel=1e-5)
+        assert u == pytest.approx(
+            torch.linalg.vector_norm(_wide(e)).item() ** 2, rel=1e-2 if a.dtype == torch.bfloat16 else 1e-5
+        )
+
+    monkeypatch.setattr(stats, "_CACHE_BYTES", 1 << 20)
+    hist_whole = histogram_partials(xs, 64, CPU)
+    monkeypatch.setattr(stats, "_CACHE_BYTES", 64)
+    hist_cut = histogram_partials(xs, 64, CPU)
+    assert torch.equal(hist_cut[:, :64], hist_whole[:, :64])  # bucket counts are exact
+    torch.testing.assert_close(hist_cut[:, 64:], hist_whole[:, 64:], rtol=1e-5, atol=1e-6, equal_nan=True)
+    for i, x in enumerate(xs):
+        v = (x.abs() if x.is_complex() else x).double().reshape(-1).numpy()
+        v = v[np.isfinite(v)]
+        assert hist_cut[i, :64].sum().item() == v.size
+        if v.size:
+            assert hist_cut[i, 64 + 2].item() == pytest.approx(v.sum(), rel=1e-4, abs=1e-3)
+
+
+@pytest.mark.parametrize("bins", [1, 64, 300])
+def test_small_tensors_bucketed_in_batches_match_one_by_one_and_numpy(
+    bins: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many small tensors of one size are bucketed as one stacked block; each must get exactly the buckets
+    it gets alone, and numpy's (up to values on a bucket edge). NaN/Inf rows leave the block."""
+    torch.manual_seed(11)
+    xs = [torch.randn(8, 4) * 10.0**k for k in range(-3, 4)]  # one size, very different ranges
+    xs += [torch.full((8, 4), 2.5), torch.zeros(32), torch.randn(32, dtype=torch.float64)]
+    xs += [torch.randn(32).abs() + 1, _poisoned((8, 4), torch.float32, 5), torch.randn(7), torch.randn(7)]
+    batched = histogram_partials(xs, bins, CPU)
+    monkeypatch.setattr(stats, "_BATCH_NUMEL", 0)  # every tensor one by one
+    alone = histogram_partials(xs, bins, CPU)
+    assert torch.equal(batched[:, :bins], alone[:, :bins])
+    torch.testing.assert_close(batched[:, bins:], alone[:, bins:], rtol=1e-5, atol=1e-9)
+    for i, x in enumerate(xs):
+        v = x.double().reshape(-1).numpy()
+        v = v[np.isfinite(v)]
+        lo, hi = batched[i, bins].item(), batched[i, bins + 1].item()
+        assert lo == v.min() and hi == v.max()
+        if hi > lo:
+            ref, _ = np.histogram(v, bins=bins, range=(lo, hi))
+            assert np.abs(batched[i, :bins].numpy() - ref).sum() <= 2 * _near_edge(v, lo, hi, bins), i
+        else:
+            assert batched[i, 0].item() == v.size

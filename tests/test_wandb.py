@@ -225,6 +225,8 @@ def test_user_steps_survive_interleaving(tmp_path: Path, monkeypatch: pytest.Mon
     def user_log(i: int) -> None:
         losses.append(float(i) / 3)
         run.log({"train/loss": losses[-1]}, **({"step": i} if style == "explicit_step" else {}))
+        # the writer reads W&B's step from the client-side counter instead of asking wandb's service
+        assert run._local_step == run.step
 
     report = train("wandb", steps=10, after_log=user_log, strict=True)
     assert wandb.run is run, "gradlog must not finish a run the user started"

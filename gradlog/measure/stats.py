@@ -296,13 +296,81 @@ def _positions(z: torch.Tensor, lo: float | torch.Tensor, scale: float | torch.T
     return pos.to(torch.uint8 if bins < 255 else torch.int16)
 
 
+def _host_chunks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A flat tensor in cache-sized pieces (views): the passes over one piece then read it from cache,
+    and bucketing's temporaries stay piece-sized instead of the size of a huge tensor (a 200M-element
+    tensor's positions were an 800 MB float temporary). Measured on 50M floats: 0.8 s -> 0.3 s."""
+    step = max(1, _CACHE_BYTES // x.element_size())
+    n = x.numel()
+    return (x,) if n <= step else tuple(x[i : i + step] for i in range(0, n, step))
+
+
+def _moments(x: torch.Tensor) -> torch.Tensor:
+    """[min, max, sum, sum of squares] of a flat tensor, a cache-sized piece at a time."""
+    parts = [torch.stack([*torch.aminmax(c), c.sum(), torch.dot(c, c)]) for c in _host_chunks(x)]
+    if len(parts) == 1:
+        return parts[0]
+    p = torch.stack(parts).double()
+    return torch.stack([p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()])
+
+
+_BATCH_NUMEL = 1 << 14  # CPU: histograms of tensors up to this many entries are bucketed many at a time
+
+
+def _batched_histograms(
+    xs: list[torch.Tensor], bins: int, counts: list[torch.Tensor | None], moments: list[list[float] | None]
+) -> None:
+    """Small tensors of one size and dtype, many at a time (stacked into a cache-sized block): a dozen
+    torch calls per block instead of eight per tensor, which dominated a model of 5,000 small tensors.
+    Fills `counts`/`moments` of the tensors whose values are all finite; the rest stay None for
+    `_host_histograms`' one-by-one path (NaN/Inf masking, ranges that overflow)."""
+    groups: dict[tuple[int, torch.dtype], list[int]] = {}
+    for i, x in enumerate(xs):
+        if 0 < x.numel() <= _BATCH_NUMEL:
+            groups.setdefault((x.numel(), x.dtype), []).append(i)
+    for (n, dtype), idx in groups.items():
+        if len(idx) < 2:
+            continue
+        per_block = max(2, _CACHE_BYTES // (n * xs[idx[0]].element_size()))
+        for start in range(0, len(idx), per_block):
+            part = idx[start : start + per_block]
+            block = torch.stack([xs[i] for i in part])  # [k, n], a copy of small tensors
+            lo, hi = block.aminmax(dim=1)
+            stats = torch.stack([lo, hi, block.sum(1), (block * block).sum(1)], dim=1).double()
+            ok = torch.isfinite(stats).all(1) & (stats[:, 1] - stats[:, 0] <= torch.finfo(dtype).max)
+            if not bool(ok.all()):
+                keep = ok.tolist()
+                part = [i for i, k in zip(part, keep) if k]
+                block, stats, lo = block[ok], stats[ok], lo[ok]
+                if not part:
+                    continue
+            width = stats[:, 1] - stats[:, 0]
+            scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0).to(dtype)
+            pos = torch.sub(block, lo.unsqueeze(1)).mul_(scale.unsqueeze(1))
+            pos = pos.to(torch.uint8 if bins < 255 else torch.int16).to(torch.int64)
+            pos += torch.arange(len(part)).unsqueeze(1) * (bins + 1)  # each row its own bucket range
+            found = torch.bincount(pos.reshape(-1), minlength=len(part) * (bins + 1)).view(len(part), bins + 1)
+            for j, (i, row) in enumerate(zip(part, stats.tolist())):
+                counts[i] = found[j]
+                moments[i] = [*row, 0.0]
+
+
 def _host_histograms(xs: list[torch.Tensor], bins: int) -> tuple[list[torch.Tensor], list[list[float]]]:
-    """CPU: one pass each for min/max, sum, sum of squares; the rare tensor with NaN/Inf is masked first."""
-    stats = [torch.stack([*torch.aminmax(x), x.sum(), torch.dot(x, x)]) for x in xs if x.numel()]
+    """CPU: small tensors in batches (`_batched_histograms`); the others one by one: min/max, sum and
+    sum of squares, then the buckets, a cache-sized piece at a time (see `_host_chunks`); the rare
+    tensor with NaN/Inf is masked first."""
+    done_counts: list[torch.Tensor | None] = [None] * len(xs)
+    done_moments: list[list[float] | None] = [None] * len(xs)
+    _batched_histograms(xs, bins, done_counts, done_moments)
+    stats = [_moments(x) for x, c in zip(xs, done_counts) if x.numel() and c is None]
     host = iter(torch.stack(stats).double().tolist() if stats else [])  # stack promotes fp32 + fp64
     counts: list[torch.Tensor] = []
     moments: list[list[float]] = []
-    for x in xs:
+    for x, batched, batched_m in zip(xs, done_counts, done_moments):
+        if batched is not None and batched_m is not None:
+            counts.append(batched)
+            moments.append(batched_m)
+            continue
         if x.numel() == 0:
             counts.append(torch.zeros(bins + 1, dtype=torch.int64))
             moments.append([0.0, 0.0, 0.0, 0.0, 0.0])
@@ -322,7 +390,11 @@ def _host_histograms(xs: list[torch.Tensor], bins: int) -> tuple[list[torch.Tens
         if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
             x = x.double()
         scale = bins / (hi - lo) if hi > lo else 0.0
-        counts.append(torch.bincount(_positions(x, lo, scale, bins), minlength=bins + 1))
+        pieces = _host_chunks(x)
+        count = torch.bincount(_positions(pieces[0], lo, scale, bins), minlength=bins + 1)
+        for piece in pieces[1:]:
+            count += torch.bincount(_positions(piece, lo, scale, bins), minlength=bins + 1)
+        counts.append(count)
         moments.append([lo, hi, s, s2, float(nonfinite)])
     return counts, moments
 

@@ -21,7 +21,7 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,14 +91,20 @@ def scalar_bytes(key: str) -> int:
 def histogram_payload(hist: Histogram) -> tuple[list[int], list[float]] | None:
     """(counts, edges) for `wandb.Histogram(np_histogram=...)`, or None when there is nothing W&B can draw:
     no finite value (all NaN/Inf, or an empty tensor) or a non-finite bucket edge. NaN/Inf entries are
-    already outside the buckets (counted in `hist.nonfinite`), so W&B never sees one."""
+    already outside the buckets (counted in `hist.nonfinite`), so W&B never sees one.
+
+    Plain lists, built with C-level calls: `wandb.Histogram` keeps lists as they are (numpy arrays it
+    converts back with `.tolist()`), and a step of 400 tensors has 1,200 of these.
+    """
     if hist.count <= 0 or hist.bins == 0:
         return None
-    counts = [float(c) for c in hist.counts]
-    edges = list(hist.edges)
-    if not all(math.isfinite(v) for v in counts) or not all(math.isfinite(e) for e in edges):
+    counts = hist.counts
+    if not math.isfinite(sum(counts)):  # any NaN/Inf count makes the sum non-finite
         return None
-    return [round(c) for c in counts], edges
+    edges = list(hist.edges)
+    if not all(map(math.isfinite, edges)):
+        return None
+    return list(map(round, counts)), edges  # whole numbers: W&B's integer bins
 
 
 def scalar_value(value: object) -> float | None:
@@ -287,7 +293,7 @@ class WandbWriter(Writer):
         for tag, hist in part.histograms.items():
             data = histogram_payload(hist)
             if data is not None:
-                row[tag] = self.wandb.Histogram(np_histogram=_as_arrays(*data))
+                row[tag] = self.wandb.Histogram(np_histogram=data)
         for name, (columns, rows) in part.tables.items():
             row[name] = self.wandb.Table(columns=columns, data=rows)
         return row
@@ -311,8 +317,14 @@ class WandbWriter(Writer):
         self._open_row = current
 
     def _current_step(self) -> int | None:
-        """W&B's step of the row being built (one round trip to wandb's service, ~0.3 ms offline).
-        None for runs that cannot say (mode="shared" raises), remembered so it is asked only once."""
+        """W&B's step of the row being built. wandb's `Run` keeps it on the client side (`_local_step`,
+        advanced by every committing `log` of this process); `run.step` asks wandb's service instead, a
+        round trip that waits until the service has processed every row queued before it (tens of ms
+        after a large row on a busy machine), so it is the fallback. None for runs that cannot say
+        (mode="shared" raises), remembered so it is asked only once."""
+        local = getattr(self.run, "_local_step", None)
+        if isinstance(local, int) and not isinstance(local, bool):
+            return local
         if self._step_known:
             try:
                 step = self.run.step
@@ -334,15 +346,6 @@ def _rank_zero() -> bool:
     import torch.distributed as dist
 
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def _as_arrays(counts: list[int], edges: list[float]) -> tuple[Iterable[Any], Iterable[Any]]:
-    """numpy arrays when numpy is there (what `np_histogram` documents); plain lists work the same."""
-    try:
-        import numpy as np
-    except ImportError:
-        return counts, edges
-    return np.asarray(counts, dtype=np.int64), np.asarray(edges, dtype=np.float64)
 
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "WandbSetupError", "WandbWriter", "import_wandb"]
