@@ -29,8 +29,11 @@ from gradlog.verdict.alerts import (
 from gradlog.verdict.diagnosis import diagnose
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import COLUMNS, Report
+from gradlog.verdict.series import run_level
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
+from gradlog.writers.overview import TAG as OVERVIEW_TAG
+from gradlog.writers.overview import Overview
 
 logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
@@ -71,6 +74,11 @@ class GradLogger:
     step) and ``grad_zero_frac`` (counting exact zeros is a pass of its own) on histogram steps,
     or on every measured step with ``count_zeros=True`` (never with ``False``).
 
+    Run-level series (``gradlog/no_update_tensors``, ``gradlog/update_ratio_median``, ...) come with
+    every published step; the overview image (the update-ratio heatmap, findings marked) is drawn on
+    a background thread on histogram steps, or every ``overview_every`` published steps (0: never),
+    at most one per 20 s, and once more at close.
+
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
     never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
 
@@ -103,6 +111,7 @@ class GradLogger:
         ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND,
         ratio_patience: int = DEFAULT_RATIO_PATIENCE,
         no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
+        overview_every: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -124,6 +133,7 @@ class GradLogger:
             raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
         if isinstance(sync_timeout, bool) or not isinstance(sync_timeout, (int, float)) or not sync_timeout > 0:
             raise ValueError(f"sync_timeout must be a number of seconds > 0, got {sync_timeout!r}")
+        self.overview = Overview(overview_every)  # validates overview_every
         check_supported(model)
         self.amp = AmpState(optimizer, scaler)
         self.model = model
@@ -285,6 +295,7 @@ class GradLogger:
         if not self.writers.writers:
             return
         scalars = m.scalars()
+        scalars.update(run_level(m))
         scalars["gradlog/skipped_steps"] = float(self.ledger.skipped_steps)
         if self.alerts is not None:
             scalars["gradlog/alerts"] = float(len(self.alerts.fired))
@@ -292,7 +303,27 @@ class GradLogger:
         for kind, hists in m.histograms.items():
             for pos, h in hists.items():
                 self.writers.log_histogram(f"{kind}/{m.rows[pos].name}", h, step)
+        if self.overview.every != 0:
+            self._guarded_overview(m, step)
         self.writers.flush()
+
+    def _guarded_overview(self, m: Measurement, step: int) -> None:
+        """Record the step for the overview image; hand over images the drawing thread finished; start the
+        next drawing when due. Any failure here costs the image, never the step."""
+        try:
+            self.overview.observe(m, step)
+            for at, png in self.overview.take():
+                self.writers.log_image(OVERVIEW_TAG, png, at)
+            hist_step = not self.histogram_every or m.index % self.histogram_every == 0
+            if self.overview.due(hist_step):
+                self.overview.start(self.overview.live_marks())
+        except Exception as exc:
+            if self.strict:
+                raise
+            key = _describe(exc)
+            if key not in self._failures:
+                self._failures.add(key)
+                _warn(f"gradlog: the overview image failed ({key}); training continues")
 
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""
@@ -365,7 +396,36 @@ class GradLogger:
         for reason, n in report.counts().items():
             final[f"gradlog/never_updated/{reason}"] = float(n)
         self.writers.log_scalars(final, step)
+        self._write_summary(report)  # the verdict first
         self.writers.log_table("gradlog/never_updated", COLUMNS, report.rows())
+        if self.alerts is not None and self.alerts.fired:
+            self.writers.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
+        if self.overview.every != 0 and self.overview.steps:
+            self._final_overview(report)
+
+    def _final_overview(self, report: Report) -> None:
+        """The last image, with the diagnosis's findings marked (drawn here: training is over)."""
+        try:
+            self.overview.wait()
+            for at, png in self.overview.take():
+                self.writers.log_image(OVERVIEW_TAG, png, at)
+            marks = self.overview.live_marks()
+            if report.first_nonfinite is not None:
+                marks[report.first_nonfinite.name] = "nonfinite"
+            for kind, records in (
+                ("partly_updated", report.partly_updated),
+                ("stalled", report.stalled),
+                ("never_updated", report.never_updated),
+            ):
+                for rec in records:
+                    marks[rec.name] = kind
+            self.writers.log_image(OVERVIEW_TAG, self.overview.draw(marks), self.overview.steps[-1])
+        except Exception as exc:
+            if self.strict:
+                raise
+            _warn(f"gradlog: the final overview image failed ({_describe(exc)})")
+
+    def _write_summary(self, report: Report) -> None:
         summary = [
             ["verdict", report.verdict],
             ["healthy", str(report.healthy)],
@@ -379,8 +439,6 @@ class GradLogger:
                 ["first_nonfinite_tensor", report.first_nonfinite.name],
             ]
         self.writers.log_table("gradlog/summary", ["key", "value"], summary)
-        if self.alerts is not None and self.alerts.fired:
-            self.writers.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
 
     def __enter__(self) -> GradLogger:
         return self

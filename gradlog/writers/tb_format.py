@@ -1,4 +1,5 @@
-"""gradlog values -> serialized TensorBoard messages (scalars, raw histograms, text, custom-scalars layout).
+"""gradlog values -> serialized TensorBoard messages (scalars, raw histograms, text, images, the tensor order,
+custom-scalars layout).
 
 Importing this module imports the `tensorboard` package's protobufs; `TensorBoardWriter` does so only
 when it is constructed, so `import gradlog` stays light.
@@ -16,9 +17,18 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 from gradlog.measure.histogram import Histogram
 
-#: One multi-line chart per metric family, each showing every parameter (the custom-scalars tab).
-METRICS = ("grad_norm", "update_ratio", "grad_zero_frac", "grad_nonfinite", "weight_norm", "gradlog")
+#: The custom-scalars tab: a few charts of run-level series, each with a handful of lines (a chart with
+#: one line per tensor, 400 in one colour, shows nothing).
+CHARTS = (
+    ("tensors with no update / no gradient / zero gradient / NaN-Inf", r"^gradlog/\w+_tensors$"),
+    ("update ratio: min, median, max over tensors", r"^gradlog/update_ratio_(min|median|max)$"),
+    ("global gradient norm", r"^gradlog/grad_norm_total$"),
+    ("skipped steps, alerts", r"^gradlog/(skipped_steps|alerts)$"),
+)
 LAYOUT_TAG = "custom_scalars__config__"
+#: Tensor names in model order, for the gradlog TensorBoard tab (its own plugin name: no other tab shows it).
+ORDER_TAG = "gradlog/tensor_order"
+PLUGIN_NAME = "gradlog"
 #: Values per Event record: few records, yet no single record so large that a torn write loses much.
 MAX_VALUES_PER_EVENT = 1024
 
@@ -26,6 +36,9 @@ Value = summary_pb2.Summary.Value
 _TEXT_METADATA = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
 _LAYOUT_METADATA = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="custom_scalars")
+)
+_ORDER_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"tensor_order")
 )
 
 
@@ -141,22 +154,53 @@ def text_value(tag: str, markdown: str) -> bytes:
     return _field(0x0A, value.SerializeToString())
 
 
+def order_value(names: Sequence[str]) -> bytes:
+    """The tensor names in model order, one per line, under ORDER_TAG (read by the gradlog tab)."""
+    data = "\n".join(names).encode("utf-8")
+    value = Value(tag=ORDER_TAG, metadata=_ORDER_METADATA, tensor=_string_tensor(data))
+    return _field(0x0A, value.SerializeToString())
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
+        raise ValueError("log_image expects PNG bytes")
+    width, height = struct.unpack(">II", png[16:24])
+    return width, height
+
+
+def image_value(tag: str, png: bytes) -> bytes:
+    """One `Summary.value` entry with an encoded image (TensorBoard's Images tab)."""
+    width, height = png_size(png)
+    image = summary_pb2.Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
+    return _field(0x0A, Value(tag=tag, image=image).SerializeToString())
+
+
+_NBSP = "\u00a0"
+
+
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|") or " "
 
 
+def _short(text: str) -> str:
+    """A short cell (a column name, a reason, a step) must not wrap mid-word next to a long detail column:
+    its spaces become non-breaking and its underscores are followed by nothing a browser may break at."""
+    return text.replace(" ", _NBSP) if len(text) <= 24 else text
+
+
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A GitHub-style markdown table; cells are escaped so a `|` or newline in a name cannot break it."""
-    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(_short(_cell(c)) for c in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_short(_cell(c)) for c in row) + " |" for row in rows]
     if not rows:
         lines += ["", "_(no rows)_"]
     return "\n".join(lines)
 
 
 def layout_value() -> Any:
-    """The custom-scalars layout: category "gradlog", one multi-line chart per metric."""
-    charts = [layout_pb2.Chart(title=m, multiline=layout_pb2.MultilineChartContent(tag=[f"^{m}/"])) for m in METRICS]
+    """The custom-scalars layout: category "gradlog", the run-level charts."""
+    charts = [layout_pb2.Chart(title=t, multiline=layout_pb2.MultilineChartContent(tag=[rx])) for t, rx in CHARTS]
     layout = layout_pb2.Layout(category=[layout_pb2.Category(title="gradlog", chart=charts)])
     return Value(tag=LAYOUT_TAG, metadata=_LAYOUT_METADATA, tensor=_string_tensor(layout.SerializeToString()))
 

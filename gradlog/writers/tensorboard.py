@@ -22,10 +22,12 @@ from typing import Any, Union
 
 from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
+from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
 log = logging.getLogger("gradlog")
 
-#: Queue items: ("s", step, wall, [(tag, value)]), ("h", step, wall, (tag, Histogram)), ("t", step, wall, (tag, md)).
+#: Queue items: ("s", step, wall, [(tag, value)]), ("h", step, wall, (tag, Histogram)), ("t", step, wall, (tag, md)),
+#: ("i", step, wall, (tag, png)), ("o", step, wall, [tensor names in model order]).
 _Item = tuple[str, int, float, Any]
 _STOP = object()
 _MAX_BATCH = 4096
@@ -135,6 +137,10 @@ def _values(fmt: Any, item: _Item) -> list[bytes]:
         return [value(tag, v) for tag, v in payload]
     if kind == "h":
         return [fmt.histogram_value(*payload)]
+    if kind == "i":
+        return [fmt.image_value(*payload)]
+    if kind == "o":
+        return [fmt.order_value(payload)]
     return [fmt.text_value(*payload)]
 
 
@@ -261,6 +267,8 @@ class TensorBoardWriter(Writer):
         self._last_flush: _Flush | None = None
         self._last_step = 0
         self._scalar_tags: set[str] = set()
+        self._quiet = QuietNonfinite()
+        self._order: dict[str, None] = {}
         self.closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._state, self._sink, self.flush_timeout)
 
@@ -310,9 +318,22 @@ class TensorBoardWriter(Writer):
         )
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        """Per-tensor `grad_nonfinite/` tags only once non-zero (see writers/quiet.py); new tensor names
+        also rewrite the model-order record the gradlog tab sorts its rows by."""
         self._last_step = max(self._last_step, step)
+        new = [n for n in tensor_names(scalars) if n not in self._order]
+        if new:
+            self._order.update(dict.fromkeys(new))
+            self._put(("o", int(step), time.time(), list(self._order)))
+        scalars = self._quiet(scalars)
         self._scalar_tags.update(scalars)
         self._put(("s", int(step), time.time(), [(tag, float(v)) for tag, v in scalars.items()]))
+
+    def log_image(self, tag: str, png: bytes, step: int) -> None:
+        """A PNG in TensorBoard's Images tab (the overview heatmap)."""
+        self._sink.format.png_size(png)  # refuse non-PNG bytes here, in the caller, not on the writer thread
+        self._last_step = max(self._last_step, step)
+        self._put(("i", int(step), time.time(), (tag, bytes(png))))
 
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
         self._last_step = max(self._last_step, step)

@@ -27,6 +27,7 @@ from typing import Any
 
 from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
+from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
 log = logging.getLogger("gradlog")
 
@@ -49,6 +50,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 4_000_000
 #: tables logged under another key, because the plain name already holds a scalar (the count) in W&B.
 TABLE_KEYS = {"gradlog/never_updated": "gradlog/never_updated_table", "gradlog/alerts": "gradlog/alerts_table"}
 SUMMARY_TABLE = "gradlog/summary"
+#: run.config key holding the tensor names in model order: W&B writes a row's keys in arbitrary order,
+#: so a reader cannot learn the order from the history (gradlog.readers.run sorts by this list).
+ORDER_KEY = "gradlog/tensor_order"
 
 
 class WandbSetupError(RuntimeError):
@@ -111,9 +115,10 @@ class StepPayload:
     scalars: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
     tables: dict[str, tuple[list[str], list[list[str]]]] = field(default_factory=dict)
+    images: dict[str, bytes] = field(default_factory=dict)
 
     def empty(self) -> bool:
-        return not (self.scalars or self.histograms or self.tables)
+        return not (self.scalars or self.histograms or self.tables or self.images)
 
 
 def split_payload(payload: StepPayload, max_bytes: int) -> list[StepPayload]:
@@ -138,6 +143,8 @@ def split_payload(payload: StepPayload, max_bytes: int) -> list[StepPayload]:
     for name, table in payload.tables.items():
         size = len(json.dumps(table[1]).encode()) + 200
         room(size).tables[name] = table
+    for tag, png in payload.images.items():  # a file reference in the row, the bytes go to media/
+        room(len(tag.encode()) + 300).images[tag] = png
     return parts
 
 
@@ -191,6 +198,10 @@ class WandbWriter(Writer):
         self._closed = False
         self._last_step = 0
         self._step_known = True
+        self._quiet = QuietNonfinite()
+        self._order: dict[str, None] = {}
+        self._image_dir: str | None = None
+        self._images = 0
         self.run.define_metric(STEP_KEY)
         for prefix in PREFIXES:
             self.run.define_metric(f"{prefix}/*", step_metric=STEP_KEY)
@@ -221,8 +232,14 @@ class WandbWriter(Writer):
         return self._buffer
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        """Per-tensor `grad_nonfinite/` keys only once non-zero (see writers/quiet.py); new tensor names
+        extend the model order kept in run.config."""
         payload = self._payload(step)
-        for key, value in scalars.items():
+        new = [n for n in tensor_names(scalars) if n not in self._order]
+        if new:
+            self._order.update(dict.fromkeys(new))
+            self.run.config.update({ORDER_KEY: list(self._order)}, allow_val_change=True)
+        for key, value in self._quiet(scalars).items():
             v = scalar_value(value)
             if v is None:
                 self._warn_once("value", f"gradlog: W&B cannot log {key}={value!r} (not a number); it is left out")
@@ -233,6 +250,10 @@ class WandbWriter(Writer):
 
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
         self._payload(step).histograms[tag] = hist
+
+    def log_image(self, tag: str, png: bytes, step: int) -> None:
+        """A PNG as a `wandb.Image` in the step's row (the overview heatmap)."""
+        self._payload(step).images[tag] = bytes(png)
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         if name == SUMMARY_TABLE:
@@ -272,6 +293,10 @@ class WandbWriter(Writer):
         finally:
             if self.owns_run:
                 self.run.finish()
+            if self._image_dir is not None:
+                import shutil
+
+                shutil.rmtree(self._image_dir, ignore_errors=True)
 
     # --- internals ----------------------------------------------------------------------------
     def _row(self, part: StepPayload) -> dict[str, Any]:
@@ -283,7 +308,27 @@ class WandbWriter(Writer):
                 row[tag] = self.wandb.Histogram(np_histogram=_as_arrays(*data))
         for name, (columns, rows) in part.tables.items():
             row[name] = self.wandb.Table(columns=columns, data=rows)
+        for tag, png in part.images.items():
+            image = self._image(tag, png, part.step)
+            if image is not None:
+                row[tag] = image
         return row
+
+    def _image(self, tag: str, png: bytes, step: int) -> Any:
+        """`wandb.Image` from a file (wandb copies it into the run's media/); wandb needs Pillow for that."""
+        import importlib.util
+        import tempfile
+
+        if importlib.util.find_spec("PIL") is None:
+            self._warn_once("pillow", "gradlog: W&B images need Pillow (pip install pillow); the overview image is left out")
+            return None
+        if self._image_dir is None:
+            self._image_dir = tempfile.mkdtemp(prefix="gradlog-wandb-images-")
+        self._images += 1
+        path = os.path.join(self._image_dir, f"{tag.replace('/', '_')}-{step}-{self._images}.png")
+        with open(path, "wb") as f:
+            f.write(png)
+        return self.wandb.Image(path, caption=f"update ratio per tensor (rows, model order) x step, at step {step}")
 
     def _send(self, row: dict[str, Any]) -> None:
         """Merge into the row being built (`commit=False`); commit gradlog's own previous row first if
