@@ -38,7 +38,8 @@ _LAYOUT_METADATA = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="custom_scalars")
 )
 _ORDER_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"tensor_order")
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"tensor_order"),
+    data_class=summary_pb2.DATA_CLASS_TENSOR,  # without it TensorBoard's data provider does not list the tag
 )
 
 

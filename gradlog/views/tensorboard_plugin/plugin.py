@@ -42,7 +42,6 @@ class GradlogPlugin(base_plugin.TBPlugin):
     def get_plugin_apps(self) -> dict[str, Any]:
         return {
             "/index.js": self._static,
-            "/style.css": self._static,
             "/runs": self._runs_route,
             "/overview": self._overview_route,
             "/heatmap": self._heatmap_route,
