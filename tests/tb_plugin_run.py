@@ -6,6 +6,7 @@ Shared by the TensorBoard-tab tests and `benchmarks/plugin_paint.py`; run as a s
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -34,8 +35,12 @@ class Planted(nn.Module):
         return self.out(torch.relu(self.stall(torch.relu(self.inp(x))))).sum() + self.aux(x).sum()
 
 
-def write_run(log_dir: str, provisional_only: bool = False) -> gradlog.Report | None:
-    """Train the planted model; `provisional_only` stops before close() (a run still training)."""
+def write_run(log_dir: str, close: bool = True) -> tuple[gradlog.GradLogger, dict[str, list[float]]]:
+    """Train the planted model and write it; without `close` the run looks like one still training.
+
+    Returns the logger and, as an independent reference, each tensor's update ratio per step computed
+    here with `torch.linalg.vector_norm` from copies of the weights before and after the step.
+    """
     torch.manual_seed(0)
     model = Planted()
     stall_params = list(model.stall.parameters())
@@ -43,6 +48,7 @@ def write_run(log_dir: str, provisional_only: bool = False) -> gradlog.Report | 
     opt = torch.optim.SGD([{"params": others, "lr": 0.05}, {"params": stall_params, "lr": 0.05}])
     writer = gradlog.TensorBoardWriter(log_dir)
     gl = gradlog.GradLogger(model, opt, writer=writer, every=1, print_report=False, overview_every=1)
+    expected: dict[str, list[float]] = {n: [] for n, _ in model.named_parameters()}
     for step in range(STEPS):
         if step == STALL_STEP:
             opt.param_groups[1]["lr"] = 0.0
@@ -50,12 +56,16 @@ def write_run(log_dir: str, provisional_only: bool = False) -> gradlog.Report | 
         if step == NAN_STEP:
             assert model.aux.weight.grad is not None
             model.aux.weight.grad[0, 0] = float("nan")
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
         opt.step()
+        for n, p in model.named_parameters():
+            delta = torch.linalg.vector_norm(p.detach() - before[n]).item()
+            expected[n].append(delta / torch.linalg.vector_norm(before[n]).item())
         gl.log(step)
         opt.zero_grad()
-    if provisional_only:
+    if not close:
         writer.flush()
-        return None
+        return gl, expected
     # The stalled table's real producer is issue 12's close(); here it is written by hand, through the writer.
     since = str(STALL_STEP)
     writer.log_table(
@@ -63,8 +73,15 @@ def write_run(log_dir: str, provisional_only: bool = False) -> gradlog.Report | 
         STALLED_COLUMNS,
         [[n, since, str(STALL_STEP - 1), "zero_lr", "lr set to 0 in its param group"] for n in (STALLED, "stall.bias")],
     )
-    return gl.close()
+    gl.close()
+    return gl, expected
 
 
 if __name__ == "__main__":
-    print(write_run(sys.argv[1]))
+    # tb_plugin_run.py DIR: a finished run; tb_plugin_run.py --training DIR: the process stops without close(),
+    # as if still training (or killed): its data is on disk, its tables are not.
+    if sys.argv[1] == "--training":
+        write_run(sys.argv[2], close=False)
+        sys.stdout.flush()
+        os._exit(0)
+    print(write_run(sys.argv[1])[0].close().verdict)

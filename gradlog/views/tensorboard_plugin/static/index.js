@@ -303,7 +303,8 @@ class Tab {
     const avail = Math.max(200, (window.innerWidth * 0.6) - LABEL_W - 20);
     this.cw = Math.max(1, Math.min(14, Math.floor(avail / Math.max(1, cols))));
     this.rh = Math.max(2, Math.min(16, Math.floor(900 / Math.max(1, rows.length))));
-    const w = LABEL_W + cols * this.cw, hgt = Math.max(1, rows.length) * this.rh;
+    const AXIS = 30; // step labels under the cells
+    const w = Math.max(LABEL_W + cols * this.cw, LABEL_W + 120), hgt = Math.max(1, rows.length) * this.rh + AXIS;
     const cv = this.canvas;
     cv.width = w; cv.height = hgt;
     const ctx = cv.getContext("2d");
@@ -350,6 +351,20 @@ class Tab {
         lastLabelY = cy;
       }
     }
+    // The step axis: a tick every ~90 px, the first and last step always.
+    const y0 = rows.length * this.rh;
+    ctx.fillStyle = "#616161"; ctx.strokeStyle = "#9e9e9e"; ctx.textAlign = "center"; ctx.textBaseline = "top";
+    ctx.font = "11px Roboto, Arial, sans-serif";
+    const every = Math.max(1, Math.ceil(90 / this.cw));
+    for (let c = 0; c < cols; c++) {
+      if (c % every && c !== cols - 1) continue;
+      if (c === cols - 1 && c % every && (c % every) * this.cw < 45) continue;
+      const x = LABEL_W + (c + 0.5) * this.cw;
+      ctx.beginPath(); ctx.moveTo(x, y0); ctx.lineTo(x, y0 + 4); ctx.stroke();
+      ctx.fillText(String(heat.steps[c]), x, y0 + 6);
+    }
+    ctx.textAlign = "right";
+    ctx.fillText("step", LABEL_W - 12, y0 + 6);
     this.drawLegend(lo, hi);
   }
 
