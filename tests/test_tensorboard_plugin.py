@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_run
 
 from gradlog.views.tensorboard_plugin import data
-from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = "gradlog.views.tensorboard_plugin.plugin:GradlogPlugin"
@@ -98,7 +98,9 @@ def test_the_entry_point_is_declared_and_loads_the_plugin() -> None:
 
 
 def test_import_gradlog_does_not_import_the_plugin_or_tensorboard() -> None:
-    code = "import sys, gradlog; print(sorted(m for m in sys.modules if m.startswith(('tensorboard', 'gradlog.views'))))"
+    code = (
+        "import sys, gradlog; print(sorted(m for m in sys.modules if m.startswith(('tensorboard', 'gradlog.views'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env(None))
     assert out.stdout.strip() == "[]"
 
@@ -140,7 +142,9 @@ def _get(base: str, path: str, timeout: float = 30.0) -> bytes:
 
 
 class Server:
-    def __init__(self, base: str, logdir: Path, expected: dict[str, list[float]], proc: subprocess.Popen[bytes]) -> None:
+    def __init__(
+        self, base: str, logdir: Path, expected: dict[str, list[float]], proc: subprocess.Popen[bytes]
+    ) -> None:
         self.base, self.logdir, self.expected, self.proc = base, logdir, expected, proc
 
     def json(self, path: str) -> Any:
@@ -157,7 +161,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = _free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--reload_interval", "1"]
-    log = open(tmp / "tensorboard.log", "wb")  # noqa: SIM115 - closed below
+    log = open(tmp / "tensorboard.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(_entry_point_shim(tmp)))
     base = f"http://127.0.0.1:{port}"
     try:
@@ -278,7 +282,10 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
         frame = WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe"))
         driver.switch_to.frame(frame)
         WebDriverWait(driver, 60).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#gl-canvas[data-first-paint-ms]") or d.find_elements(By.ID, "gl-error")
+            lambda d: (
+                d.find_elements(By.CSS_SELECTOR, "#gl-canvas[data-first-paint-ms]")
+                or d.find_elements(By.ID, "gl-error")
+            )
         )
         assert not driver.find_elements(By.ID, "gl-error"), driver.find_element(By.ID, "gl-error").text
         driver.find_element(By.CSS_SELECTOR, "#gl-run").send_keys("planted")

@@ -263,7 +263,7 @@ def _split_row(line: str) -> list[str]:
             cur.append(ch)
     if "".join(cur).strip():
         cells.append("".join(cur).strip())
-    return [c.replace("\u00a0", " ") for c in cells]  # the writer keeps short cells from wrapping with NBSPs
+    return [c.replace("<br>", " ") for c in cells]  # the writer wraps long cells with <br> (tb_format.WRAP_AT)
 
 
 def parse_markdown_table(text: str) -> Table:

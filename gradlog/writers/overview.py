@@ -145,9 +145,7 @@ class Overview:
             t.join(timeout)
 
 
-def _draw(
-    names: list[str], ratios: list[array.array[float]], grads: list[bytes], marks: dict[str, str]
-) -> bytes:
+def _draw(names: list[str], ratios: list[array.array[float]], grads: list[bytes], marks: dict[str, str]) -> bytes:
     """Transpose the per-step arrays into rows (tensors) x columns (steps) and draw them."""
     n = len(names)
     values: list[list[float | None]] = [[] for _ in range(n)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -177,23 +178,32 @@ def image_value(tag: str, png: bytes) -> bytes:
     return _field(0x0A, Value(tag=tag, image=image).SerializeToString())
 
 
-_NBSP = "\u00a0"
+#: Long cells are wrapped at this many characters with <br>: TensorBoard's Text tab lets a table fill the
+#: page and breaks words anywhere, so one long "detail" column squeezed the short ones to "shap|e", "nume|l".
+WRAP_AT = 48
+
+
+def _wrap(cell: str) -> str:
+    if len(cell) <= WRAP_AT:
+        return cell
+    return "<br>".join(textwrap.wrap(cell, WRAP_AT, break_long_words=False, break_on_hyphens=False)) or cell
+
+
+def escape_markdown(text: str) -> str:
+    """Plain text inside markdown emphasis: characters markdown would act on are backslash-escaped."""
+    return "".join("\\" + ch if ch in "\\`*_[]<>|#" else ch for ch in " ".join(text.split()))
 
 
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|") or " "
 
 
-def _short(text: str) -> str:
-    """A short cell (a column name, a reason, a step) must not wrap mid-word next to a long detail column:
-    its spaces become non-breaking and its underscores are followed by nothing a browser may break at."""
-    return text.replace(" ", _NBSP) if len(text) <= 24 else text
-
-
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-style markdown table; cells are escaped so a `|` or newline in a name cannot break it."""
-    lines = ["| " + " | ".join(_short(_cell(c)) for c in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_short(_cell(c)) for c in row) + " |" for row in rows]
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]], wrap: bool = True) -> str:
+    """A GitHub-style markdown table; cells are escaped so a `|` or newline in a name cannot break it, and
+    long cells are wrapped (see WRAP_AT, unless `wrap=False`) so that short columns keep their words whole."""
+    fit = _wrap if wrap else (lambda c: c)
+    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fit(_cell(c)) for c in row) + " |" for row in rows]
     if not rows:
         lines += ["", "_(no rows)_"]
     return "\n".join(lines)

@@ -269,6 +269,7 @@ class TensorBoardWriter(Writer):
         self._scalar_tags: set[str] = set()
         self._quiet = QuietNonfinite()
         self._order: dict[str, None] = {}
+        self._verdict: str | None = None
         self.closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._state, self._sink, self.flush_timeout)
 
@@ -340,13 +341,19 @@ class TensorBoardWriter(Writer):
         self._put(("h", int(step), time.time(), (tag, hist)))
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        """A markdown table in TensorBoard's Text tab at the latest step logged.
+        """A markdown table in TensorBoard's Text tab at the latest step logged (after `gradlog/summary`,
+        headed by its verdict line).
 
         Tagged `name`, or `name/table` when a scalar already uses that tag (the logger writes a scalar
         `gradlog/never_updated` too): TensorBoard keeps one kind of data per tag and drops the other.
         """
         tag = f"{name}/table" if name in self._scalar_tags else name
-        markdown = self._sink.format.markdown_table(columns, rows)
+        summary = name == "gradlog/summary"  # key/value: the verdict stays one line, as scripts grep it
+        markdown = self._sink.format.markdown_table(columns, rows, wrap=not summary)
+        if summary:  # the logger writes it first: the other tables repeat its verdict on top
+            self._verdict = next((str(r[1]) for r in rows if len(r) >= 2 and r[0] == "verdict"), None)
+        elif self._verdict:  # TensorBoard sorts the Text tab by tag: every card starts with the verdict
+            markdown = f"**{self._sink.format.escape_markdown(self._verdict)}**\n\n{markdown}"
         self._put(("t", self._last_step, time.time(), (tag, markdown)))
 
     def flush(self) -> None:

@@ -320,7 +320,9 @@ class WandbWriter(Writer):
         import tempfile
 
         if importlib.util.find_spec("PIL") is None:
-            self._warn_once("pillow", "gradlog: W&B images need Pillow (pip install pillow); the overview image is left out")
+            self._warn_once(
+                "pillow", "gradlog: W&B images need Pillow (pip install pillow); the overview image is left out"
+            )
             return None
         if self._image_dir is None:
             self._image_dir = tempfile.mkdtemp(prefix="gradlog-wandb-images-")

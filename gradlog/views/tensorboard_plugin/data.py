@@ -46,7 +46,9 @@ def tensor_names(tags: Sequence[str], order: Sequence[str]) -> list[str]:
     return [n for n in seen if n in present]
 
 
-def heatmap(names: Sequence[str], metric: str, values: Series, grad_norm: Series) -> tuple[list[int], array.array[float]]:
+def heatmap(
+    names: Sequence[str], metric: str, values: Series, grad_norm: Series
+) -> tuple[list[int], array.array[float]]:
     """(steps, row-major float32 cells) for `metric`; `values` and `grad_norm` are keyed by tensor name.
 
     A cell with no value is NO_GRAD when the tensor had no gradient there (no grad_norm at that step

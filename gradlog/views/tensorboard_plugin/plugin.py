@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tensorboard import errors
@@ -31,7 +31,7 @@ ORDER_TAG = "gradlog/tensor_order"
 _ALL = 1_000_000
 
 
-class GradlogPlugin(base_plugin.TBPlugin):
+class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard ships no type hints
     """Serves `index.js` and the data routes `/runs`, `/overview`, `/heatmap`, `/series`."""
 
     plugin_name = PLUGIN_NAME
@@ -41,11 +41,11 @@ class GradlogPlugin(base_plugin.TBPlugin):
 
     def get_plugin_apps(self) -> dict[str, Any]:
         return {
-            "/index.js": self._static,
-            "/runs": self._runs_route,
-            "/overview": self._overview_route,
-            "/heatmap": self._heatmap_route,
-            "/series": self._series_route,
+            "/index.js": _wsgi(self._static),
+            "/runs": _wsgi(self._runs_route),
+            "/overview": _wsgi(self._overview_route),
+            "/heatmap": _wsgi(self._heatmap_route),
+            "/series": _wsgi(self._series_route),
         }
 
     def is_active(self) -> bool:
@@ -63,9 +63,7 @@ class GradlogPlugin(base_plugin.TBPlugin):
     # --- reading ---------------------------------------------------------------------------------
     def _runs(self, ctx: RequestContext, eid: str) -> list[str]:
         listing = self._provider.list_scalars(ctx, experiment_id=eid, plugin_name="scalars")
-        out = [
-            run for run, tags in listing.items() if any(t.partition("/")[0] in data.METRICS for t in tags)
-        ]
+        out = [run for run, tags in listing.items() if any(t.partition("/")[0] in data.METRICS for t in tags)]
         return sorted(out)
 
     def _scalar_tags(self, ctx: RequestContext, eid: str, run: str) -> list[str]:
@@ -88,7 +86,9 @@ class GradlogPlugin(base_plugin.TBPlugin):
         )
         return {tag: [(d.step, d.value) for d in points] for tag, points in got.get(run, {}).items()}
 
-    def _by_name(self, series: Mapping[str, list[tuple[int, float]]], family: str) -> dict[str, list[tuple[int, float]]]:
+    def _by_name(
+        self, series: Mapping[str, list[tuple[int, float]]], family: str
+    ) -> dict[str, list[tuple[int, float]]]:
         prefix = family + "/"
         return {t[len(prefix) :]: pts for t, pts in series.items() if t.startswith(prefix)}
 
@@ -96,7 +96,9 @@ class GradlogPlugin(base_plugin.TBPlugin):
         text = self._last_text(ctx, eid, run, PLUGIN_NAME, [ORDER_TAG]).get(ORDER_TAG)
         return text.split("\n") if text else []
 
-    def _last_text(self, ctx: RequestContext, eid: str, run: str, plugin: str, tags: Sequence[str] | None) -> dict[str, str]:
+    def _last_text(
+        self, ctx: RequestContext, eid: str, run: str, plugin: str, tags: Sequence[str] | None
+    ) -> dict[str, str]:
         listing = self._provider.list_tensors(
             ctx, experiment_id=eid, plugin_name=plugin, run_tag_filter=provider.RunTagFilter(runs=[run], tags=tags)
         )
@@ -132,20 +134,17 @@ class GradlogPlugin(base_plugin.TBPlugin):
         return out
 
     # --- routes ----------------------------------------------------------------------------------
-    @wrappers.Request.application
     def _static(self, request: wrappers.Request) -> wrappers.Response:
         name = os.path.basename(request.path)
         with open(os.path.join(STATIC, name), "rb") as f:
             body = f.read()
         mime = "text/javascript" if name.endswith(".js") else mimetypes.guess_type(name)[0] or "text/plain"
-        return http_util.Respond(request, body, mime)
+        return _respond(request, body, mime)
 
-    @wrappers.Request.application
     def _runs_route(self, request: wrappers.Request) -> wrappers.Response:
         ctx, eid = _ctx(request)
-        return http_util.Respond(request, self._runs(ctx, eid), "application/json")
+        return _respond(request, self._runs(ctx, eid), "application/json")
 
-    @wrappers.Request.application
     def _overview_route(self, request: wrappers.Request) -> wrappers.Response:
         ctx, eid = _ctx(request)
         run = _arg(request, "run")
@@ -175,9 +174,8 @@ class GradlogPlugin(base_plugin.TBPlugin):
             "scales": data.METRICS,
             "run_level": {t: pts[-1] for t, pts in run_level.items() if pts},
         }
-        return http_util.Respond(request, json.dumps(body, allow_nan=False, default=str), "application/json")
+        return _respond(request, json.dumps(body, allow_nan=False, default=str), "application/json")
 
-    @wrappers.Request.application
     def _heatmap_route(self, request: wrappers.Request) -> wrappers.Response:
         ctx, eid = _ctx(request)
         run = _arg(request, "run")
@@ -190,9 +188,8 @@ class GradlogPlugin(base_plugin.TBPlugin):
         series = self._read(ctx, eid, run, [t for t in tags if t.partition("/")[0] in families])
         steps, cells = data.heatmap(names, metric, self._by_name(series, metric), self._by_name(series, "grad_norm"))
         header = {"metric": metric, "scale": data.METRICS[metric], "names": names, "steps": steps}
-        return http_util.Respond(request, data.encode(header, cells), "application/octet-stream")
+        return _respond(request, data.encode(header, cells), "application/octet-stream")
 
-    @wrappers.Request.application
     def _series_route(self, request: wrappers.Request) -> wrappers.Response:
         ctx, eid = _ctx(request)
         run = _arg(request, "run")
@@ -200,7 +197,21 @@ class GradlogPlugin(base_plugin.TBPlugin):
         tags = [f"{m}/{name}" for m in (*data.METRICS, "weight_norm")]
         series = self._read(ctx, eid, run, tags)
         body = {t.partition("/")[0]: [[s, _json_float(v)] for s, v in pts] for t, pts in series.items()}
-        return http_util.Respond(request, json.dumps(body, allow_nan=False), "application/json")
+        return _respond(request, json.dumps(body, allow_nan=False), "application/json")
+
+
+def _wsgi(handler: Callable[[wrappers.Request], wrappers.Response]) -> Callable[..., Any]:
+    """A WSGI app from a request -> response method (what werkzeug's decorator does, with types)."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        return handler(wrappers.Request(environ))(environ, start_response)
+
+    return app
+
+
+def _respond(request: wrappers.Request, body: Any, mime: str) -> wrappers.Response:
+    response: wrappers.Response = http_util.Respond(request, body, mime)
+    return response
 
 
 def _json_float(v: float) -> float | str:
