@@ -407,8 +407,7 @@ class GradLogger:
         """The last image, with the diagnosis's findings marked (drawn here: training is over)."""
         try:
             self.overview.wait()
-            for at, png in self.overview.take():
-                self.writers.log_image(OVERVIEW_TAG, png, at)
+            self.overview.take()  # an image still being drawn is superseded by this one (all steps, final marks)
             marks = self.overview.live_marks()
             if report.first_nonfinite is not None:
                 marks[report.first_nonfinite.name] = "nonfinite"

@@ -116,6 +116,7 @@ class StepPayload:
     histograms: dict[str, Histogram] = field(default_factory=dict)
     tables: dict[str, tuple[list[str], list[list[str]]]] = field(default_factory=dict)
     images: dict[str, bytes] = field(default_factory=dict)
+    image_steps: dict[str, int] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not (self.scalars or self.histograms or self.tables or self.images)
@@ -144,7 +145,9 @@ def split_payload(payload: StepPayload, max_bytes: int) -> list[StepPayload]:
         size = len(json.dumps(table[1]).encode()) + 200
         room(size).tables[name] = table
     for tag, png in payload.images.items():  # a file reference in the row, the bytes go to media/
-        room(len(tag.encode()) + 300).images[tag] = png
+        part = room(len(tag.encode()) + 300)
+        part.images[tag] = png
+        part.image_steps[tag] = payload.image_steps.get(tag, payload.step)
     return parts
 
 
@@ -252,8 +255,12 @@ class WandbWriter(Writer):
         self._payload(step).histograms[tag] = hist
 
     def log_image(self, tag: str, png: bytes, step: int) -> None:
-        """A PNG as a `wandb.Image` in the step's row (the overview heatmap)."""
-        self._payload(step).images[tag] = bytes(png)
+        """A PNG as a `wandb.Image` (the overview heatmap). It is drawn in the background and arrives while a
+        later step is being logged: it joins that step's row rather than reopen an older one (a row per
+        `run.log`, in order). The caption names the step it shows."""
+        payload = self._buffer if self._buffer is not None else self._payload(step)
+        payload.images[tag] = bytes(png)
+        payload.image_steps[tag] = int(step)
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         if name == SUMMARY_TABLE:
@@ -309,7 +316,7 @@ class WandbWriter(Writer):
         for name, (columns, rows) in part.tables.items():
             row[name] = self.wandb.Table(columns=columns, data=rows)
         for tag, png in part.images.items():
-            image = self._image(tag, png, part.step)
+            image = self._image(tag, png, part.image_steps.get(tag, part.step))
             if image is not None:
                 row[tag] = image
         return row
