@@ -312,3 +312,14 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
         assert (tmp_path / "gradlog-tab.png").stat().st_size > 10_000
     finally:
         driver.quit()
+
+
+def test_gradient_norms_are_read_only_where_they_change_a_cell() -> None:
+    assert not data.needs_gradient("update_ratio", [(0, 0.1), (1, 0.2)], 2)
+    assert data.needs_gradient("update_ratio", [(0, 0.1), (1, 0.0)], 2)  # no update, or no gradient?
+    assert data.needs_gradient("update_ratio", [(0, 0.1)], 2)  # a missing step
+    assert data.needs_gradient("grad_nonfinite", [(0, 1.0)], 1)
+    ratio = {"a": [(0, 0.5), (1, 0.0)], "b": [(0, 0.1), (1, 0.2)]}
+    full = data.heatmap(["a", "b"], "update_ratio", ratio, {"a": [(0, 1.0), (1, 0.0)], "b": [(0, 1.0), (1, 1.0)]})
+    part = data.heatmap(["a", "b"], "update_ratio", ratio, {"a": [(0, 1.0), (1, 0.0)]}, {"a"})
+    assert full == part and list(part[1]) == [0.5, data.ZERO_GRAD, pytest.approx(0.1), pytest.approx(0.2)]

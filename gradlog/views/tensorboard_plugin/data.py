@@ -46,8 +46,17 @@ def tensor_names(tags: Sequence[str], order: Sequence[str]) -> list[str]:
     return [n for n in seen if n in present]
 
 
+def needs_gradient(metric: str, values: Sequence[tuple[int, float]] | None, n_steps: int) -> bool:
+    """Whether a tensor's cells can only be told apart with its gradient norm: it misses steps (no gradient
+    there?), has a 0 update ratio (no update, or no/zero gradient?), or the metric is the sparse NaN/Inf
+    count. Most tensors need not: reading every gradient norm would double the points read."""
+    if metric == "grad_nonfinite" or not values or len(values) < n_steps:
+        return True
+    return metric == "update_ratio" and any(v == 0 for _, v in values)
+
+
 def heatmap(
-    names: Sequence[str], metric: str, values: Series, grad_norm: Series
+    names: Sequence[str], metric: str, values: Series, grad_norm: Series, grad_read: set[str] | None = None
 ) -> tuple[list[int], array.array[float]]:
     """(steps, row-major float32 cells) for `metric`; `values` and `grad_norm` are keyed by tensor name.
 
@@ -55,6 +64,8 @@ def heatmap(
     while other tensors had one), else NOT_MEASURED. A 0 where the gradient was all zero is ZERO_GRAD,
     where there was no gradient NO_GRAD; grad_norm 0 and zero fraction 1 are ZERO_GRAD. Non-finite
     counts are written only once non-zero (gradlog/writers/quiet.py): a missing count with a gradient is 0.
+    `grad_read`: the tensors whose gradient norms were read (default: all); the others are taken to have
+    had a gradient wherever they have a value (see `needs_gradient`).
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
@@ -68,7 +79,8 @@ def heatmap(
         base = r * ncol
         g = dict(grad_norm.get(name, ()))
         first = min([*g, *(s for s, _ in values.get(name, ()))], default=None)
-        if first is not None:  # no gradient: a step the others had one, from this tensor's first value on
+        known = grad_read is None or name in grad_read
+        if first is not None and known:  # no gradient: a step the others had one, from this tensor's first value on
             for s in grad_set:
                 if s >= first and s not in g:
                     cells[base + col[s]] = NO_GRAD
@@ -76,7 +88,7 @@ def heatmap(
             for s in g:
                 cells[base + col[s]] = 0.0
         for s, v in values.get(name, ()):
-            cells[base + col[s]] = _cell(metric, v, g.get(s))
+            cells[base + col[s]] = _cell(metric, v, g.get(s) if known else 1.0)
     return steps, cells
 
 

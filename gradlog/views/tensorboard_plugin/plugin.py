@@ -184,9 +184,15 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             raise errors.InvalidArgumentError(f"unknown metric {metric!r}; choose from {', '.join(data.METRICS)}")
         tags = self._scalar_tags(ctx, eid, run)
         names = data.tensor_names(tags, self._order(ctx, eid, run))
-        families = {metric, "grad_norm"}
-        series = self._read(ctx, eid, run, [t for t in tags if t.partition("/")[0] in families])
-        steps, cells = data.heatmap(names, metric, self._by_name(series, metric), self._by_name(series, "grad_norm"))
+        values = self._by_name(self._read(ctx, eid, run, [t for t in tags if t.startswith(metric + "/")]), metric)
+        if metric == "grad_norm":
+            steps, cells = data.heatmap(names, metric, values, values)
+        else:
+            n_steps = len({s for pts in values.values() for s, _ in pts})
+            wanted = {n for n in names if data.needs_gradient(metric, values.get(n), n_steps)}
+            grad_tags = [t for t in tags if t.startswith("grad_norm/") and t[len("grad_norm/") :] in wanted]
+            grad = self._by_name(self._read(ctx, eid, run, grad_tags), "grad_norm")
+            steps, cells = data.heatmap(names, metric, values, grad, wanted)
         header = {"metric": metric, "scale": data.METRICS[metric], "names": names, "steps": steps}
         return _respond(request, data.encode(header, cells), "application/octet-stream")
 
