@@ -135,6 +135,7 @@ def main() -> None:
         try:
             paints = []
             for _ in range(3):
+                driver.get("about:blank")  # a fresh page load each time (same-URL navigation keeps the page)
                 driver.get(base + "/#gradlog")
                 frame = WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe"))
                 driver.switch_to.frame(frame)

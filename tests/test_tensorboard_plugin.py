@@ -41,7 +41,7 @@ def test_heatmap_cells_name_every_special_case() -> None:
     assert rows[0] == [0.5, 0.0]  # 0 with a gradient: no update
     assert rows[1] == [data.ZERO_GRAD, data.ZERO_GRAD]  # 0 because the gradient was all zero
     assert math.isnan(rows[2][0]) and rows[2][1] == math.inf
-    assert rows[3] == [data.NOT_MEASURED, data.NOT_MEASURED]  # nothing written for d
+    assert rows[3] == [data.NO_GRAD, data.NO_GRAD]  # nothing written for d: it never had a gradient
 
 
 def test_heatmap_marks_steps_without_a_gradient_and_fills_quiet_nonfinite_counts() -> None:
@@ -323,3 +323,31 @@ def test_gradient_norms_are_read_only_where_they_change_a_cell() -> None:
     full = data.heatmap(["a", "b"], "update_ratio", ratio, {"a": [(0, 1.0), (1, 0.0)], "b": [(0, 1.0), (1, 1.0)]})
     part = data.heatmap(["a", "b"], "update_ratio", ratio, {"a": [(0, 1.0), (1, 0.0)]}, {"a"})
     assert full == part and list(part[1]) == [0.5, data.ZERO_GRAD, pytest.approx(0.1), pytest.approx(0.2)]
+
+
+@pytest.mark.parametrize("metric", list(data.METRICS))
+def test_packed_rows_give_the_same_cells_as_the_scalars(tmp_path: Path, metric: str) -> None:
+    """The writer's per-step packed rows (the fast path at 1,000 x 1,000) against the per-tensor scalars,
+    both read back with TensorBoard's own EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    write_run(str(tmp_path / "run"))
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    order = acc.Tensors("gradlog/tensor_order")[-1].tensor_proto.string_val[0].decode().split("\n")
+    blocks = [t for t in acc.Tags()["tensors"] if t.startswith("gradlog/heatmap/")]
+    assert len(blocks) == math.ceil(STEPS / 10)  # 10 steps per tag: never sampled down
+    points = [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for t in blocks for e in acc.Tensors(t)]
+    steps, mats = data.packed_matrices(points, len(order))
+    packed = data.packed_heatmap(metric, mats).reshape(-1).tolist()
+
+    def series(family: str) -> dict[str, list[tuple[int, float]]]:
+        return {n: [(e.step, e.value) for e in acc.Scalars(f"{family}/{n}")] for n in order if f"{family}/{n}" in acc.Tags()["scalars"]}
+
+    ref_steps, ref = data.heatmap(order, metric, series(metric), series("grad_norm"))
+    assert steps == ref_steps == list(range(STEPS))
+    assert len(packed) == len(ref)
+    for i, (a, b) in enumerate(zip(packed, ref)):
+        assert (math.isnan(a) and math.isnan(b)) or a == b, (order[i // STEPS], i % STEPS, a, b)
+    assert data.packed_live_marks(order, mats) == {STALLED: "no_update", "stall.bias": "no_update", NAN_TENSOR: "nonfinite"}

@@ -163,6 +163,39 @@ def order_value(names: Sequence[str]) -> bytes:
     return _field(0x0A, value.SerializeToString())
 
 
+#: Per-step packed rows for the gradlog tab: one float32 tensor [len(PACKED), tensors] per published step, under
+#: `gradlog/heatmap/<block>`, PACK_BLOCK steps per tag (TensorBoard keeps 10 points of a tag of an unknown
+#: plugin, so a block is never sampled down). Reading 1,000 of these is ~1,000x faster than 1,000,000 scalars.
+PACKED = ("update_ratio", "grad_norm", "grad_zero_frac", "grad_nonfinite")
+PACK_BLOCK = 10
+PACK_TAG = "gradlog/heatmap/"
+PACK_MISSING = -1.0  # no value (real values are >= 0, NaN or +Inf)
+_PACK_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"heatmap"),
+    data_class=summary_pb2.DATA_CLASS_TENSOR,
+)
+
+
+def packed_value(tag: str, names: Sequence[str], scalars: dict[str, float]) -> bytes:
+    """One step's per-tensor metrics (rows PACKED, columns `names` in model order) as a float32 tensor."""
+    n = len(names)
+    out: list[float] = []
+    for metric in PACKED:
+        get = scalars.get
+        out += [get(f"{metric}/{name}", PACK_MISSING) for name in names]
+    shape = tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=len(PACKED)), tensor_shape_pb2.TensorShapeProto.Dim(size=n)]
+    )
+    content = struct.pack(f"<{len(out)}f", *(_clamp32(v) for v in out))
+    tensor = tensor_pb2.TensorProto(dtype="DT_FLOAT", tensor_shape=shape, tensor_content=content)
+    return _field(0x0A, Value(tag=tag, metadata=_PACK_METADATA, tensor=tensor).SerializeToString())
+
+
+def _clamp32(v: float) -> float:
+    """float32 range: beyond it a value is +-inf, as TensorBoard's own scalars store it."""
+    return v if -3.4e38 < v < 3.4e38 or v != v else math.copysign(math.inf, v)
+
+
 def png_size(png: bytes) -> tuple[int, int]:
     """(width, height) from a PNG's IHDR chunk."""
     if png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":

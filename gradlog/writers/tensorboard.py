@@ -141,6 +141,9 @@ def _values(fmt: Any, item: _Item) -> list[bytes]:
         return [fmt.image_value(*payload)]
     if kind == "o":
         return [fmt.order_value(payload)]
+    if kind == "p":
+        tag, names, pairs = payload
+        return [fmt.packed_value(tag, names, dict(pairs))]
     return [fmt.text_value(*payload)]
 
 
@@ -270,6 +273,8 @@ class TensorBoardWriter(Writer):
         self._quiet = QuietNonfinite()
         self._order: dict[str, None] = {}
         self._verdict: str | None = None
+        self._packed = 0
+        self._last_len = -1
         self.closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._state, self._sink, self.flush_timeout)
 
@@ -322,13 +327,21 @@ class TensorBoardWriter(Writer):
         """Per-tensor `grad_nonfinite/` tags only once non-zero (see writers/quiet.py); new tensor names
         also rewrite the model-order record the gradlog tab sorts its rows by."""
         self._last_step = max(self._last_step, step)
-        new = [n for n in tensor_names(scalars) if n not in self._order]
+        new = []
+        if len(scalars) != self._last_len:  # new tensors bring new tags: skip the scan on ordinary steps
+            self._last_len = len(scalars)
+            new = [n for n in tensor_names(scalars) if n not in self._order]
         if new:
             self._order.update(dict.fromkeys(new))
             self._put(("o", int(step), time.time(), list(self._order)))
-        scalars = self._quiet(scalars)
-        self._scalar_tags.update(scalars)
-        self._put(("s", int(step), time.time(), [(tag, float(v)) for tag, v in scalars.items()]))
+        pairs = [(tag, float(v)) for tag, v in scalars.items()]
+        if self._order and "gradlog/grad_norm_total" in scalars:  # a measured step (not the close() counts)
+            tag = f"{self._sink.format.PACK_TAG}{self._packed // self._sink.format.PACK_BLOCK:06d}"
+            self._packed += 1
+            self._put(("p", int(step), time.time(), (tag, tuple(self._order), pairs)))  # packed on the writer thread
+        quiet = self._quiet(scalars)
+        self._scalar_tags.update(quiet)
+        self._put(("s", int(step), time.time(), [(t, v) for t, v in pairs if t in quiet]))
 
     def log_image(self, tag: str, png: bytes, step: int) -> None:
         """A PNG in TensorBoard's Images tab (the overview heatmap)."""

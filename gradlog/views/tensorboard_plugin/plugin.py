@@ -27,6 +27,7 @@ from gradlog.views.tensorboard_plugin import data
 PLUGIN_NAME = "gradlog"
 STATIC = os.path.join(os.path.dirname(__file__), "static")
 ORDER_TAG = "gradlog/tensor_order"
+PACK_TAG = "gradlog/heatmap/"
 #: More points than TensorBoard keeps per tag (it samples at load time): ask for all of them.
 _ALL = 1_000_000
 
@@ -120,6 +121,25 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
                 out[tag] = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         return out
 
+    def _packed(self, ctx: RequestContext, eid: str, run: str, names: list[str]) -> tuple[list[int], dict[str, Any]] | None:
+        """The per-step packed rows gradlog's writer adds (one small tensor per step), or None for runs
+        without them (written by another writer or an older gradlog): then the scalars are read."""
+        listing = self._provider.list_tensors(
+            ctx, experiment_id=eid, plugin_name=PLUGIN_NAME, run_tag_filter=provider.RunTagFilter(runs=[run])
+        )
+        tags = [t for t in listing.get(run, {}) if t.startswith(PACK_TAG)]
+        if not tags or not names:
+            return None
+        got = self._provider.read_tensors(
+            ctx,
+            experiment_id=eid,
+            plugin_name=PLUGIN_NAME,
+            downsample=_ALL,
+            run_tag_filter=provider.RunTagFilter(runs=[run], tags=tags),
+        )
+        points = [(d.step, d.numpy) for pts in got.get(run, {}).values() for d in pts]
+        return data.packed_matrices(points, len(names))
+
     def _tables(self, ctx: RequestContext, eid: str, run: str) -> dict[str, data.Table]:
         out: dict[str, data.Table] = {}
         for tag, text in self._last_text(ctx, eid, run, "text", None).items():
@@ -149,18 +169,23 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         ctx, eid = _ctx(request)
         run = _arg(request, "run")
         tags = self._scalar_tags(ctx, eid, run)
-        names = data.tensor_names(tags, self._order(ctx, eid, run))
+        order = self._order(ctx, eid, run)
+        names = data.tensor_names(tags, order)
         run_level = self._read(ctx, eid, run, [t for t in tags if t.startswith("gradlog/")])
-        wanted = [t for t in tags if t.partition("/")[0] in ("update_ratio", "grad_norm", "grad_nonfinite")]
-        series = self._read(ctx, eid, run, wanted)
+        packed = self._packed(ctx, eid, run, order)
+        if packed is not None:
+            live = data.packed_live_marks(order, packed[1])
+        else:
+            wanted = [t for t in tags if t.partition("/")[0] in ("update_ratio", "grad_norm", "grad_nonfinite")]
+            series = self._read(ctx, eid, run, wanted)
+            live = data.live_marks(
+                names,
+                self._by_name(series, "update_ratio"),
+                self._by_name(series, "grad_norm"),
+                self._by_name(series, "grad_nonfinite"),
+            )
         tables = self._tables(ctx, eid, run)
         summary = {r[0]: r[1] for r in tables.pop("summary", ([], []))[1] if len(r) >= 2}
-        live = data.live_marks(
-            names,
-            self._by_name(series, "update_ratio"),
-            self._by_name(series, "grad_norm"),
-            self._by_name(series, "grad_nonfinite"),
-        )
         line, final = data.verdict(summary, run_level)
         body = {
             "run": run,
@@ -183,7 +208,13 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         if metric not in data.METRICS:
             raise errors.InvalidArgumentError(f"unknown metric {metric!r}; choose from {', '.join(data.METRICS)}")
         tags = self._scalar_tags(ctx, eid, run)
-        names = data.tensor_names(tags, self._order(ctx, eid, run))
+        order = self._order(ctx, eid, run)
+        packed = self._packed(ctx, eid, run, order)
+        if packed is not None:  # the fast path: one small tensor per step
+            steps_p, mats = packed
+            header = {"metric": metric, "scale": data.METRICS[metric], "names": order, "steps": steps_p}
+            return _respond(request, data.encode(header, data.packed_heatmap(metric, mats)), "application/octet-stream")
+        names = data.tensor_names(tags, order)
         values = self._by_name(self._read(ctx, eid, run, [t for t in tags if t.startswith(metric + "/")]), metric)
         if metric == "grad_norm":
             steps, cells = data.heatmap(names, metric, values, values)

@@ -121,18 +121,6 @@ function valueRange(cells, scale) {
   return [lo, hi];
 }
 
-// Special colours first, then the scale: log for ratios and norms, linear for fractions, counts in red.
-function colourOf(v, metric, scale, lo, hi) {
-  if (Number.isNaN(v) || v === Infinity || v === -Infinity) return COLOURS.nonfinite;
-  if (v === SPECIAL.notMeasured) return COLOURS.notMeasured;
-  if (v === SPECIAL.noGrad) return COLOURS.noGrad;
-  if (v === SPECIAL.zeroGrad) return COLOURS.zeroGrad;
-  if (scale === "count") return v > 0 ? COLOURS.nonfinite : [214, 234, 214];
-  if (scale === "linear") return scaleColour(v);
-  if (v <= 0) return metric === "update_ratio" ? COLOURS.noUpdate : COLOURS.zeroGrad;
-  return scaleColour((Math.log10(v) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo)));
-}
-
 function describe(v, metric) {
   if (Number.isNaN(v)) return "NaN";
   if (v === Infinity || v === -Infinity) return String(v);
@@ -311,13 +299,27 @@ class Tab {
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, w, hgt);
     if (cols && rows.length) {
       const img = new ImageData(cols, rows.length);
-      const px = img.data;
+      const px = new Uint32Array(img.data.buffer); // one 32-bit write per cell, colours from a table
+      const pack = (c) => (255 << 24) | (Math.round(c[2]) << 16) | (Math.round(c[1]) << 8) | Math.round(c[0]);
+      const lut = new Uint32Array(256);
+      for (let i = 0; i < 256; i++) lut[i] = pack(scaleColour(i / 255));
+      const NONF = pack(COLOURS.nonfinite), NM = pack(COLOURS.notMeasured), NG = pack(COLOURS.noGrad);
+      const ZG = pack(COLOURS.zeroGrad), ZERO = metric === "update_ratio" ? pack(COLOURS.noUpdate) : ZG;
+      const COUNT0 = pack([214, 234, 214]);
+      const llo = Math.log10(lo), inv = 255 / (Math.log10(hi) - llo);
+      const cells = heat.cells;
       for (let r = 0; r < rows.length; r++) {
-        const base = rows[r] * cols;
+        const base = rows[r] * cols, o = r * cols;
         for (let c = 0; c < cols; c++) {
-          const col = colourOf(heat.cells[base + c], metric, scale, lo, hi);
-          const o = (r * cols + c) * 4;
-          px[o] = col[0]; px[o + 1] = col[1]; px[o + 2] = col[2]; px[o + 3] = 255;
+          const v = cells[base + c];
+          let p;
+          if (v !== v || v === Infinity || v === -Infinity) p = NONF;
+          else if (v < 0) p = v === SPECIAL.notMeasured ? NM : v === SPECIAL.noGrad ? NG : ZG;
+          else if (scale === "count") p = v > 0 ? NONF : COUNT0;
+          else if (scale === "linear") p = lut[Math.min(255, Math.max(0, Math.round(v * 255)))];
+          else if (v === 0) p = ZERO;
+          else p = lut[Math.min(255, Math.max(0, Math.round((Math.log10(v) - llo) * inv)))];
+          px[o + c] = p;
         }
       }
       const off = document.createElement("canvas");
@@ -451,20 +453,29 @@ function lineChart(metric, points) {
   const pts = points.map(([s, v]) => [s, num(v)]);
   const fin = pts.filter(([, v]) => Number.isFinite(v) && (!logY || v > 0)).map(([, v]) => v);
   let lo = fin.length ? Math.min(...fin) : 0, hi = fin.length ? Math.max(...fin) : 1;
+  if (metric === "grad_zero_frac") { lo = 0; hi = 1; }
+  if (metric === "grad_nonfinite") { lo = 0; hi = Math.max(1, hi); }
   if (logY) { lo = Math.log10(lo || 1e-12); hi = Math.log10(hi || 1); }
   if (hi === lo) { hi += 0.5; lo -= 0.5; }
+  const zeros = logY && pts.some(([, v]) => v === 0);
   const s0 = pts.length ? pts[0][0] : 0, s1 = pts.length ? pts[pts.length - 1][0] : 1;
   const X = (s) => pad + ((s - s0) / Math.max(1, s1 - s0)) * (W - pad - 6);
+  const bottom = zeros ? H - 22 : H - 12; // on a log axis, exact zeros get a row of their own below it
   const Y = (v) => {
-    if (logY && v <= 0) return H - 12;
+    if (logY && v <= 0) return H - 13;
     const t = ((logY ? Math.log10(v) : v) - lo) / (hi - lo);
-    return H - 12 - t * (H - 24);
+    return bottom - t * (bottom - 12);
   };
   g.fillStyle = "#fff"; g.fillRect(0, 0, W, H);
   g.fillStyle = "#616161"; g.font = "10px Roboto, Arial, sans-serif";
   g.fillText(METRIC_TEXT[metric] || metric, pad, 10);
   g.fillText(logY ? Number(10 ** hi).toExponential(1) : Number(hi).toPrecision(2), 1, 22);
-  g.fillText(logY ? Number(10 ** lo).toExponential(1) : Number(lo).toPrecision(2), 1, H - 12);
+  g.fillText(logY ? Number(10 ** lo).toExponential(1) : Number(lo).toPrecision(2), 1, bottom);
+  if (zeros) {
+    g.fillStyle = "#440154"; g.fillText("0", 1, H - 10);
+    g.strokeStyle = "#ddd"; g.setLineDash([3, 3]); g.beginPath(); g.moveTo(pad, H - 13); g.lineTo(W - 6, H - 13); g.stroke();
+    g.setLineDash([]); g.fillStyle = "#616161";
+  }
   g.fillText(String(s0), pad, H - 1); g.fillText(String(s1), W - 40, H - 1);
   g.strokeStyle = "#1565c0"; g.lineWidth = 1.2; g.beginPath();
   let open = false;
@@ -477,6 +488,10 @@ function lineChart(metric, points) {
     open = true;
   }
   g.stroke();
+  if (zeros) {
+    g.fillStyle = "#440154";
+    for (const [s, v] of pts) if (v === 0) g.fillRect(X(s) - 1.5, H - 14.5, 3, 3);
+  }
   return cv;
 }
 
