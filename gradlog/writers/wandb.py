@@ -203,6 +203,7 @@ class WandbWriter(Writer):
         self._step_known = True
         self._quiet = QuietNonfinite()
         self._order: dict[str, None] = {}
+        self._last_len = -1
         self._image_dir: str | None = None
         self._images = 0
         self.run.define_metric(STEP_KEY)
@@ -238,7 +239,10 @@ class WandbWriter(Writer):
         """Per-tensor `grad_nonfinite/` keys only once non-zero (see writers/quiet.py); new tensor names
         extend the model order kept in run.config."""
         payload = self._payload(step)
-        new = [n for n in tensor_names(scalars) if n not in self._order]
+        new = []
+        if len(scalars) != self._last_len:  # new tensors bring new keys: skip the scan on ordinary steps
+            self._last_len = len(scalars)
+            new = [n for n in tensor_names(scalars) if n not in self._order]
         if new:
             self._order.update(dict.fromkeys(new))
             self.run.config.update({ORDER_KEY: list(self._order)}, allow_val_change=True)

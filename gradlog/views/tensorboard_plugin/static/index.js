@@ -285,9 +285,8 @@ class Tab {
   // One pixel per cell into an ImageData, then scaled up once: a million cells cost one pass.
   draw() {
     const heat = this.heat, rows = this.rows, cols = heat.steps.length;
-    const scale = heat.scale, metric = heat.metric;
-    const [lo, hi] = valueRange(heat.cells, scale);
-    this.range = [lo, hi];
+    if (!heat.range) heat.range = valueRange(heat.cells, heat.scale);
+    const [lo, hi] = heat.range;
     const avail = Math.max(200, (window.innerWidth * 0.6) - LABEL_W - 20);
     this.cw = Math.max(1, Math.min(14, Math.floor(avail / Math.max(1, cols))));
     this.rh = Math.max(2, Math.min(16, Math.floor(900 / Math.max(1, rows.length))));
@@ -298,36 +297,49 @@ class Tab {
     const ctx = cv.getContext("2d");
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, w, hgt);
     if (cols && rows.length) {
+      if (!heat.colours) heat.colours = this.colours(heat, lo, hi); // once per payload: filtering only copies rows
       const img = new ImageData(cols, rows.length);
-      const px = new Uint32Array(img.data.buffer); // one 32-bit write per cell, colours from a table
-      const pack = (c) => (255 << 24) | (Math.round(c[2]) << 16) | (Math.round(c[1]) << 8) | Math.round(c[0]);
-      const lut = new Uint32Array(256);
-      for (let i = 0; i < 256; i++) lut[i] = pack(scaleColour(i / 255));
-      const NONF = pack(COLOURS.nonfinite), NM = pack(COLOURS.notMeasured), NG = pack(COLOURS.noGrad);
-      const ZG = pack(COLOURS.zeroGrad), ZERO = metric === "update_ratio" ? pack(COLOURS.noUpdate) : ZG;
-      const COUNT0 = pack([214, 234, 214]);
-      const llo = Math.log10(lo), inv = 255 / (Math.log10(hi) - llo);
-      const cells = heat.cells;
-      for (let r = 0; r < rows.length; r++) {
-        const base = rows[r] * cols, o = r * cols;
-        for (let c = 0; c < cols; c++) {
-          const v = cells[base + c];
-          let p;
-          if (v !== v || v === Infinity || v === -Infinity) p = NONF;
-          else if (v < 0) p = v === SPECIAL.notMeasured ? NM : v === SPECIAL.noGrad ? NG : ZG;
-          else if (scale === "count") p = v > 0 ? NONF : COUNT0;
-          else if (scale === "linear") p = lut[Math.min(255, Math.max(0, Math.round(v * 255)))];
-          else if (v === 0) p = ZERO;
-          else p = lut[Math.min(255, Math.max(0, Math.round((Math.log10(v) - llo) * inv)))];
-          px[o + c] = p;
-        }
-      }
+      const px = new Uint32Array(img.data.buffer);
+      for (let r = 0; r < rows.length; r++) px.set(heat.colours.subarray(rows[r] * cols, (rows[r] + 1) * cols), r * cols);
       const off = document.createElement("canvas");
       off.width = cols; off.height = rows.length;
       off.getContext("2d").putImageData(img, 0, 0);
       ctx.imageSmoothingEnabled = false;
       ctx.drawImage(off, LABEL_W, 0, cols * this.cw, rows.length * this.rh);
     }
+    this.drawRows(ctx, rows, cols);
+    this.drawAxis(ctx, rows, cols);
+    this.drawLegend(lo, hi);
+  }
+
+  // Every cell's colour, one 32-bit RGBA word each, from a 256-entry table (log scale) or special colours.
+  colours(heat, lo, hi) {
+    const metric = heat.metric, scale = heat.scale;
+    const px = new Uint32Array(heat.cells.length);
+    const pack = (c) => (255 << 24) | (Math.round(c[2]) << 16) | (Math.round(c[1]) << 8) | Math.round(c[0]);
+    const lut = new Uint32Array(256);
+    for (let i = 0; i < 256; i++) lut[i] = pack(scaleColour(i / 255));
+    const NONF = pack(COLOURS.nonfinite), NM = pack(COLOURS.notMeasured), NG = pack(COLOURS.noGrad);
+    const ZG = pack(COLOURS.zeroGrad), ZERO = metric === "update_ratio" ? pack(COLOURS.noUpdate) : ZG;
+    const COUNT0 = pack([214, 234, 214]);
+    const llo = Math.log10(lo), inv = 255 / (Math.log10(hi) - llo);
+    const cells = heat.cells;
+    for (let i = 0; i < cells.length; i++) {
+      const v = cells[i];
+      let p;
+      if (v !== v || v === Infinity || v === -Infinity) p = NONF;
+      else if (v < 0) p = v === SPECIAL.notMeasured ? NM : v === SPECIAL.noGrad ? NG : ZG;
+      else if (scale === "count") p = v > 0 ? NONF : COUNT0;
+      else if (scale === "linear") p = lut[Math.min(255, Math.max(0, Math.round(v * 255)))];
+      else if (v === 0) p = ZERO;
+      else p = lut[Math.min(255, Math.max(0, Math.round((Math.log10(v) - llo) * inv)))];
+      px[i] = p;
+    }
+    return px;
+  }
+
+  drawRows(ctx, rows, cols) {
+    const heat = this.heat;
     // Row markers and names: every name when rows are tall enough, else only the marked ones.
     const marks = (this.overview && this.overview.marks) || {};
     ctx.font = `${Math.min(12, Math.max(9, this.rh - 2))}px Roboto, Arial, sans-serif`;
@@ -353,6 +365,10 @@ class Tab {
         lastLabelY = cy;
       }
     }
+  }
+
+  drawAxis(ctx, rows, cols) {
+    const heat = this.heat;
     // The step axis: a tick every ~90 px, the first and last step always.
     const y0 = rows.length * this.rh;
     ctx.fillStyle = "#616161"; ctx.strokeStyle = "#9e9e9e"; ctx.textAlign = "center"; ctx.textBaseline = "top";
@@ -367,7 +383,6 @@ class Tab {
     }
     ctx.textAlign = "right";
     ctx.fillText("step", LABEL_W - 12, y0 + 6);
-    this.drawLegend(lo, hi);
   }
 
   drawLegend(lo, hi) {
