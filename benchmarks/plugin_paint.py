@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 ENTRY = "gradlog.views.tensorboard_plugin.plugin:GradlogPlugin"
 
 
-def write_run(log_dir: str, tensors: int, steps: int, packed: bool = True) -> None:
+def write_run(log_dir: str, tensors: int, steps: int, packed: bool = True) -> str:
+    """Write the run; returns the last tensor's name (the run is loaded when its series is)."""
     from gradlog.writers.tensorboard import TensorBoardWriter
 
     rng = random.Random(0)
@@ -63,6 +64,7 @@ def write_run(log_dir: str, tensors: int, steps: int, packed: bool = True) -> No
         if s % 100 == 0:
             w.flush()
     w.close()
+    return names[-1]
 
 
 def free_port() -> int:
@@ -80,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gradlog-paint-"))
     t = time.perf_counter()
-    write_run(str(tmp / "runs" / "big"), args.tensors, args.steps, packed=not args.scalars_only)
+    last_name = write_run(str(tmp / "runs" / "big"), args.tensors, args.steps, packed=not args.scalars_only)
     print(f"wrote {args.tensors} x {args.steps} (x2 metrics) in {time.perf_counter() - t:.1f} s")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if not any(ep.name == "gradlog" for ep in importlib.metadata.entry_points(group="tensorboard_plugins")):
@@ -100,7 +102,7 @@ def main() -> None:
             try:
                 with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=10) as r:
                     tags = json.loads(r.read()).get("big", {})
-                last = tags.get(f"update_ratio/blocks.{(args.tensors - 1) // 2}.{'weight' if (args.tensors - 1) % 2 == 0 else 'bias'}")
+                last = tags.get(f"update_ratio/{last_name}")
                 if len(tags) >= 2 * args.tensors and last is not None:
                     with urllib.request.urlopen(f"{base}/data/plugin/gradlog/overview?run=big", timeout=120) as r:
                         ov = json.loads(r.read())
@@ -119,7 +121,9 @@ def main() -> None:
         times = []
         for _ in range(3):
             t = time.perf_counter()
-            with urllib.request.urlopen(f"{base}/data/plugin/gradlog/heatmap?run=big&metric=update_ratio", timeout=300) as r:
+            with urllib.request.urlopen(
+                f"{base}/data/plugin/gradlog/heatmap?run=big&metric=update_ratio", timeout=300
+            ) as r:
                 size = len(r.read())
             times.append(time.perf_counter() - t)
         print(f"/heatmap: {size / 1e6:.1f} MB, {min(times):.2f} s (best of 3; {', '.join(f'{x:.2f}' for x in times)})")

@@ -87,7 +87,9 @@ def test_bad_overview_every_is_named() -> None:
 def test_run_level_series_count_by_hand() -> None:
     torch.manual_seed(0)
     model = nn.ModuleDict({"a": nn.Linear(2, 2), "dead": nn.Linear(2, 2), "unused": nn.Linear(2, 2)})
-    opt = torch.optim.SGD([{"params": model["a"].parameters()}, {"params": model["dead"].parameters(), "lr": 0.0}, {"params": model["unused"].parameters()}], lr=0.1)  # fmt: skip
+    lrs = {"a": 0.1, "dead": 0.0, "unused": 0.1}
+    groups = [{"params": model[k].parameters(), "lr": lr} for k, lr in lrs.items()]
+    opt = torch.optim.SGD(groups, lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
     x = torch.randn(4, 2)

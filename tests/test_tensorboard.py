@@ -8,8 +8,8 @@ in the training loop (finite counts, min, max).
 from __future__ import annotations
 
 import html
-import json
 import io
+import json
 import math
 import os
 import select
@@ -227,7 +227,8 @@ def test_tables_and_layout(run: Run) -> None:
 
 def test_run_level_series_match_the_weights_recorded_by_hand(run: Run) -> None:
     acc = accumulate(run.log_dir)
-    got = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"] if tag.startswith("gradlog/")}
+    tags = [t for t in acc.Tags()["scalars"] if t.startswith("gradlog/")]
+    got = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in tags}
     for step in MEASURED:
         grads, updates, after = run.refs["grad"][step], run.refs["update"][step], run.refs["weight"][step]
         ratios, no_update, zero_grad, bad = [], 0, 0, 0
@@ -237,7 +238,8 @@ def test_run_level_series_match_the_weights_recorded_by_hand(run: Run) -> None:
             elif g.numel() and not bool(g.count_nonzero()):
                 zero_grad += 1
             before = after[name] - updates[name]
-            den = torch.linalg.vector_norm(before.double()).item() or torch.linalg.vector_norm(after[name].double()).item()
+            norm = torch.linalg.vector_norm
+            den = norm(before.double()).item() or norm(after[name].double()).item()  # all-zero before: after
             r = torch.linalg.vector_norm(updates[name].double()).item() / den if den else 0.0
             if r == 0.0:
                 no_update += 1

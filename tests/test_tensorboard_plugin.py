@@ -343,11 +343,19 @@ def test_packed_rows_give_the_same_cells_as_the_scalars(tmp_path: Path, metric: 
     packed = data.packed_heatmap(metric, mats).reshape(-1).tolist()
 
     def series(family: str) -> dict[str, list[tuple[int, float]]]:
-        return {n: [(e.step, e.value) for e in acc.Scalars(f"{family}/{n}")] for n in order if f"{family}/{n}" in acc.Tags()["scalars"]}
+        return {
+            n: [(e.step, e.value) for e in acc.Scalars(f"{family}/{n}")]
+            for n in order
+            if f"{family}/{n}" in acc.Tags()["scalars"]
+        }
 
     ref_steps, ref = data.heatmap(order, metric, series(metric), series("grad_norm"))
     assert steps == ref_steps == list(range(STEPS))
     assert len(packed) == len(ref)
     for i, (a, b) in enumerate(zip(packed, ref)):
         assert (math.isnan(a) and math.isnan(b)) or a == b, (order[i // STEPS], i % STEPS, a, b)
-    assert data.packed_live_marks(order, mats) == {STALLED: "no_update", "stall.bias": "no_update", NAN_TENSOR: "nonfinite"}
+    assert data.packed_live_marks(order, mats) == {
+        STALLED: "no_update",
+        "stall.bias": "no_update",
+        NAN_TENSOR: "nonfinite",
+    }

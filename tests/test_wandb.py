@@ -192,7 +192,9 @@ def test_histogram_bins_and_counts(offline_run: tuple[Any, OfflineRun, Any]) -> 
     assert checked > 0 and skipped > 0
     partial = [h for step, h in mem.histograms["weight/bad"] if step > POISON_STEP]
     assert partial and all(h.nonfinite == 1 and h.count == 2 for h in partial)  # drawn without its Inf
-    logged_tags = {k for row in by_step.values() for k, v in row.items() if isinstance(v, dict) and v.get("_type") == "histogram"}
+    logged_tags = {
+        k for row in by_step.values() for k, v in row.items() if isinstance(v, dict) and v.get("_type") == "histogram"
+    }
     assert logged_tags <= set(mem.histograms)
 
 

@@ -110,7 +110,8 @@ def encode(header: dict[str, Any], cells: Any) -> bytes:
     head += b" " * (-(len(head) + 4) % 4)
     if isinstance(cells, array.array) and sys.byteorder != "little":
         cells = _swapped(cells)
-    return struct.pack("<I", len(head)) + head + cells.tobytes()
+    body: bytes = cells.tobytes()
+    return struct.pack("<I", len(head)) + head + body
 
 
 def decode(data: bytes) -> tuple[dict[str, Any], list[float]]:

@@ -121,7 +121,9 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
                 out[tag] = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         return out
 
-    def _packed(self, ctx: RequestContext, eid: str, run: str, names: list[str]) -> tuple[list[int], dict[str, Any]] | None:
+    def _packed(
+        self, ctx: RequestContext, eid: str, run: str, names: list[str]
+    ) -> tuple[list[int], dict[str, Any]] | None:
         """The per-step packed rows gradlog's writer adds (one small tensor per step), or None for runs
         without them (written by another writer or an older gradlog): then the scalars are read."""
         listing = self._provider.list_tensors(
