@@ -213,6 +213,7 @@ def test_tables_and_layout(run: Run) -> None:
         "gradlog/alerts/table",
         "custom_scalars__config__",
         "gradlog/tensor_order",  # the model order, read by the gradlog tab
+        "gradlog/heatmap/000000",  # the measured steps' packed rows (10 per tag), read by the gradlog tab
     }
     summary = acc.Tensors("gradlog/summary")[-1].tensor_proto.string_val[0].decode()
     assert f"| verdict | {run.report.verdict} |" in summary

@@ -83,11 +83,13 @@ def heatmap_png(
     values: Sequence[Sequence[float | None]],
     marks: Mapping[int, str] | None = None,
     grad_state: Sequence[Sequence[str | None]] | None = None,
-    max_width: int = 1200,
-    max_height: int = 1600,
+    max_width: int = 320,
+    max_height: int = 800,
 ) -> bytes:
     """`values[row][col]` (None: not measured) as a PNG: a marker strip for the rows in `marks`
-    (row -> kind in MARKS), then the cells on a log colour scale, each cell a few pixels wide and high."""
+    (row -> kind in MARKS), then the cells on a log colour scale, each cell a few pixels wide and high.
+    The cells fit `max_width` x `max_height` where they can (TensorBoard's image card is ~350 px wide and
+    crops wider images); past that one pixel per cell."""
     rows = len(values)
     cols = max((len(r) for r in values), default=0)
     if rows == 0 or cols == 0:

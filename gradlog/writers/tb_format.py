@@ -204,11 +204,21 @@ def png_size(png: bytes) -> tuple[int, int]:
     return width, height
 
 
+IMAGE_DESCRIPTION = (
+    "gradlog overview: update ratio per tensor (rows, in model order) and published step (columns), log "
+    "colour scale from dark blue to yellow. Dark purple: no update (0); grey: no gradient; black: all-zero "
+    "gradient; red: NaN/Inf; white: not measured. Left strip: red never updated, orange stalled or no update "
+    "now, yellow partly updated, magenta NaN/Inf. The gradlog tab shows the same, with names."
+)
+
+
 def image_value(tag: str, png: bytes) -> bytes:
-    """One `Summary.value` entry with an encoded image (TensorBoard's Images tab)."""
+    """One `Summary.value` entry with an encoded image (TensorBoard's Images tab), with its legend as the
+    card's description (the image itself has no text)."""
     width, height = png_size(png)
     image = summary_pb2.Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
-    return _field(0x0A, Value(tag=tag, image=image).SerializeToString())
+    meta = summary_pb2.SummaryMetadata(summary_description=IMAGE_DESCRIPTION)
+    return _field(0x0A, Value(tag=tag, image=image, metadata=meta).SerializeToString())
 
 
 #: Long cells are wrapped at this many characters with <br>: TensorBoard's Text tab lets a table fill the

@@ -341,7 +341,8 @@ class WandbWriter(Writer):
         path = os.path.join(self._image_dir, f"{tag.replace('/', '_')}-{step}-{self._images}.png")
         with open(path, "wb") as f:
             f.write(png)
-        return self.wandb.Image(path, caption=f"update ratio per tensor (rows, model order) x step, at step {step}")
+        caption = f"gradlog overview at step {step}: update ratio per tensor (rows, model order) x step (columns)"
+        return self.wandb.Image(path, caption=caption)
 
     def _send(self, row: dict[str, Any]) -> None:
         """Merge into the row being built (`commit=False`); commit gradlog's own previous row first if
