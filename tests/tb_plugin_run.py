@@ -73,7 +73,7 @@ def write_run(log_dir: str, close: bool = True) -> tuple[gradlog.GradLogger, dic
         writer.log_table(
             "gradlog/stalled",
             STALLED_COLUMNS,
-            [[n, since, str(STALL_STEP - 1), "zero_lr", "lr set to 0 in its param group"] for n in (STALLED, "stall.bias")],
+            [[n, since, str(STALL_STEP - 1), "zero_lr", "lr 0 in its param group"] for n in (STALLED, "stall.bias")],
         )
     gl.close()
     return gl, expected
