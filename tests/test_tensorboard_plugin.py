@@ -83,6 +83,8 @@ def test_provisional_verdict_reads_the_run_level_series() -> None:
     line, final = data.verdict({}, {"gradlog/no_update_tensors": [(0, 0.0), (7, 2.0)], "gradlog/nonfinite_tensors": []})
     assert not final and "at step 7: 2 with no update" in line and "close()" in line
     assert data.verdict({"verdict": "gradlog OK: x"}, {}) == ("gradlog OK: x", True)
+    line, final = data.verdict({}, {}, {"a": "no_update", "b": "nonfinite", "c": "nonfinite"}, 41)
+    assert not final and "at step 41: 1 with no update; 2 with NaN/Inf" in line  # a run without run-level series
 
 
 def test_the_entry_point_is_declared_and_loads_the_plugin() -> None:

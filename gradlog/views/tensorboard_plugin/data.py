@@ -28,6 +28,8 @@ NOT_MEASURED = -1.0  # no value at that step (not in the optimizer, not measured
 NO_GRAD = -2.0  # the tensor had no gradient at that step
 ZERO_GRAD = -3.0  # the gradient was exactly zero (all entries)
 TABLES = ("never_updated", "partly_updated", "stalled", "alerts")
+PROVISIONAL = "gradlog (training, provisional):"
+FINAL_LATER = "The final verdict comes at close()."
 #: Mark kinds, strongest last (a tensor in several tables keeps the strongest).
 MARK_ORDER = ("no_update", "nonfinite", "partly_updated", "stalled", "never_updated")
 
@@ -177,9 +179,14 @@ def live_marks(names: Sequence[str], ratio: Series, grad_norm: Series, nonfinite
     return out
 
 
-def verdict(summary: Mapping[str, str], run_level: Mapping[str, Sequence[tuple[int, float]]]) -> tuple[str, bool]:
+def verdict(
+    summary: Mapping[str, str],
+    run_level: Mapping[str, Sequence[tuple[int, float]]],
+    live: Mapping[str, str] | None = None,
+    last_step: int | None = None,
+) -> tuple[str, bool]:
     """(the verdict line, final?): the one gradlog wrote at close, else a provisional line from the
-    run-level series of the latest step."""
+    run-level series of the latest step, else (a run without them) from the latest step's `live` marks."""
     if summary.get("verdict"):
         return summary["verdict"], True
     last: dict[str, float] = {}
@@ -188,6 +195,14 @@ def verdict(summary: Mapping[str, str], run_level: Mapping[str, Sequence[tuple[i
         if pts:
             step = pts[-1][0] if step is None else max(step, pts[-1][0])
             last[tag.partition("/")[2]] = pts[-1][1]
+    if step is None and live and last_step is not None:
+        counts = {k: sum(1 for v in live.values() if v == k) for k in ("no_update", "nonfinite")}
+        parts = [
+            f"{n} with {what}"
+            for n, what in ((counts["no_update"], "no update"), (counts["nonfinite"], "NaN/Inf"))
+            if n
+        ]
+        return f"{PROVISIONAL} at step {last_step}: {'; '.join(parts)}. {FINAL_LATER}", False
     if step is None:
         return "gradlog: no measured step yet", False
     parts = []
@@ -200,7 +215,7 @@ def verdict(summary: Mapping[str, str], run_level: Mapping[str, Sequence[tuple[i
         if last.get(key):
             parts.append(f"{int(last[key])} with {what}")
     state = "; ".join(parts) if parts else "every tensor got a gradient and an update"
-    return f"gradlog (training, provisional): at step {step}: {state}. The final verdict comes at close().", False
+    return f"{PROVISIONAL} at step {step}: {state}. {FINAL_LATER}", False
 
 
 __all__ = ["METRICS", "NOT_MEASURED", "NO_GRAD", "ZERO_GRAD", "decode", "encode", "heatmap", "marks", "verdict"]

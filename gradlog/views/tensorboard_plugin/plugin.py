@@ -175,8 +175,10 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         names = data.tensor_names(tags, order)
         run_level = self._read(ctx, eid, run, [t for t in tags if t.startswith("gradlog/")])
         packed = self._packed(ctx, eid, run, order)
+        last_step = None
         if packed is not None:
             live = data.packed_live_marks(order, packed[1])
+            last_step = packed[0][-1] if packed[0] else None
         else:
             wanted = [t for t in tags if t.partition("/")[0] in ("update_ratio", "grad_norm", "grad_nonfinite")]
             series = self._read(ctx, eid, run, wanted)
@@ -188,7 +190,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             )
         tables = self._tables(ctx, eid, run)
         summary = {r[0]: r[1] for r in tables.pop("summary", ([], []))[1] if len(r) >= 2}
-        line, final = data.verdict(summary, run_level)
+        line, final = data.verdict(summary, run_level, live, last_step)
         body = {
             "run": run,
             "verdict": line,
