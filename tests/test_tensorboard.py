@@ -615,3 +615,11 @@ def test_missing_tensorboard_names_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert "pip install 'gradlog[tensorboard]'" in out.stdout and "writer='memory'" in out.stdout
+
+
+def test_reader_keeps_model_order(run: Run) -> None:
+    from gradlog.readers.run import load
+
+    data = load(str(run.log_dir))
+    order = [n for n, _ in Planted().named_parameters()]
+    assert [t.partition("/")[2] for t in data.scalars if t.startswith("weight_norm/")] == order

@@ -241,6 +241,11 @@ def _load_tensorboard(target: str) -> RunData:
             run.tables[name] = parse_markdown_table(proto.string_val[0].decode("utf-8"))
         except ValueError as exc:
             run.skipped.append(f"table {name}: {exc}")
+    if "gradlog/tensor_order" in tags.get(ea.TENSORS, []):  # the writer's model-order record
+        events = acc.Tensors("gradlog/tensor_order")
+        if events and events[-1].tensor_proto.string_val:
+            order = events[-1].tensor_proto.string_val[0].decode("utf-8", "replace").split("\n")
+            run.scalars = model_order(run.scalars, order)
     return run
 
 
