@@ -31,9 +31,12 @@ from gradlog.verdict.alerts import (
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
+from gradlog.verdict.series import run_level
 from gradlog.verdict.stalled import stalled
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
+from gradlog.writers.overview import TAG as OVERVIEW_TAG
+from gradlog.writers.overview import Overview
 from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when one is constructed
 
 logger = logging.getLogger("gradlog")
@@ -75,6 +78,11 @@ class GradLogger:
     step) and ``grad_zero_frac`` (counting exact zeros is a pass of its own) on histogram steps,
     or on every measured step with ``count_zeros=True`` (never with ``False``).
 
+    Run-level series (``gradlog/no_update_tensors``, ``gradlog/update_ratio_median``, ...) come with
+    every published step; the overview image (the update-ratio heatmap, findings marked) is drawn on
+    a background thread on histogram steps, or every ``overview_every`` published steps (0: never),
+    at most one per 20 s, and once more at close.
+
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
     never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
 
@@ -108,6 +116,7 @@ class GradLogger:
         ratio_patience: int = DEFAULT_RATIO_PATIENCE,
         no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
         spike_factor: float = DEFAULT_SPIKE_FACTOR,
+        overview_every: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -129,6 +138,7 @@ class GradLogger:
             raise ValueError(f"unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}")
         if isinstance(sync_timeout, bool) or not isinstance(sync_timeout, (int, float)) or not sync_timeout > 0:
             raise ValueError(f"sync_timeout must be a number of seconds > 0, got {sync_timeout!r}")
+        self.overview = Overview(overview_every)  # validates overview_every
         check_supported(model)
         self.amp = AmpState(optimizer, scaler)
         self.model = model
@@ -314,6 +324,7 @@ class GradLogger:
         if not self.writers.writers:
             return
         scalars = m.scalars()
+        scalars.update(run_level(m))
         scalars["gradlog/skipped_steps"] = float(self.ledger.skipped_steps)
         if self.alerts is not None:
             scalars["gradlog/alerts"] = float(len(self.alerts.fired))
@@ -321,7 +332,27 @@ class GradLogger:
         for kind, hists in m.histograms.items():
             for pos, h in hists.items():
                 self.writers.log_histogram(f"{kind}/{m.rows[pos].name}", h, step)
+        if self.overview.every != 0:
+            self._guarded_overview(m, step)
         self.writers.flush()
+
+    def _guarded_overview(self, m: Measurement, step: int) -> None:
+        """Record the step for the overview image; hand over images the drawing thread finished; start the
+        next drawing when due. Any failure here costs the image, never the step."""
+        try:
+            self.overview.observe(m, step)
+            for at, png in self.overview.take():
+                self.writers.log_image(OVERVIEW_TAG, png, at)
+            hist_step = not self.histogram_every or m.index % self.histogram_every == 0
+            if self.overview.due(hist_step):
+                self.overview.start(self.overview.live_marks())
+        except Exception as exc:
+            if self.strict:
+                raise
+            key = _describe(exc)
+            if key not in self._failures:
+                self._failures.add(key)
+                _warn(f"gradlog: the overview image failed ({key}); training continues")
 
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""
@@ -437,9 +468,37 @@ class GradLogger:
         for reason, n in report.stalled_counts().items():
             final[f"gradlog/stalled/{reason}"] = float(n)
         self.writers.log_scalars(final, step)
+        self._write_summary(report)  # the verdict first
         self.writers.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
         self.writers.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
         self.writers.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
+        if self.alerts is not None and self.alerts.fired:
+            self.writers.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
+        if self.overview.every != 0 and self.overview.steps:
+            self._final_overview(report)
+
+    def _final_overview(self, report: Report) -> None:
+        """The last image, with the diagnosis's findings marked (drawn here: training is over)."""
+        try:
+            self.overview.wait()
+            self.overview.take()  # an image still being drawn is superseded by this one (all steps, final marks)
+            marks = self.overview.live_marks()
+            if report.first_nonfinite is not None:
+                marks[report.first_nonfinite.name] = "nonfinite"
+            for kind, records in (
+                ("partly_updated", report.partly_updated),
+                ("stalled", report.stalled),
+                ("never_updated", report.never_updated),
+            ):
+                for rec in records:
+                    marks[rec.name] = kind
+            self.writers.log_image(OVERVIEW_TAG, self.overview.draw(marks), self.overview.steps[-1])
+        except Exception as exc:
+            if self.strict:
+                raise
+            _warn(f"gradlog: the final overview image failed ({_describe(exc)})")
+
+    def _write_summary(self, report: Report) -> None:
         verdict = report.verdict
         summary = [
             ["verdict", verdict],
@@ -462,8 +521,6 @@ class GradLogger:
         if report.error is not None:
             summary.append(["error", report.error])
         self.writers.log_table("gradlog/summary", ["key", "value"], summary)
-        if self.alerts is not None and self.alerts.fired:
-            self.writers.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
 
     def __enter__(self) -> GradLogger:
         return self

@@ -8,6 +8,7 @@ in the training loop (finite counts, min, max).
 from __future__ import annotations
 
 import html
+import io
 import json
 import math
 import os
@@ -34,7 +35,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import nn
 
 import gradlog
-from gradlog.writers.tb_format import METRICS, markdown_table
+from gradlog.writers.tb_format import CHARTS, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, EVERY = 10, 3  # measured (and logged) at steps 0, 3, 6, 9
@@ -132,11 +133,32 @@ def finite(t: torch.Tensor) -> torch.Tensor:
 # --- read back with EventAccumulator ----------------------------------------------------------------
 
 
+def quiet(tag: str, series: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """What TensorBoard gets of a series: a `grad_nonfinite/` one only from its first non-zero value on."""
+    if not tag.startswith("grad_nonfinite/"):
+        return series
+    first = next((i for i, (_, v) in enumerate(series) if v != 0), len(series))
+    return series[first:]
+
+
+def tb_scalars(run: Run) -> dict[str, list[tuple[int, float]]]:
+    """The memory writer's series as the TensorBoard writer writes them (quiet NaN/Inf counts)."""
+    expected = {tag: quiet(tag, series) for tag, series in run.mem.scalars.items()}
+    return {tag: series for tag, series in expected.items() if series}
+
+
 def test_every_scalar_equals_what_the_memory_writer_got(run: Run) -> None:
     acc = accumulate(run.log_dir)
-    assert set(acc.Tags()["scalars"]) == set(run.mem.scalars)
+    expected = tb_scalars(run)
+    assert set(acc.Tags()["scalars"]) == set(expected)
     assert {"grad_norm/lin.weight", "update_ratio/head.bias", "gradlog/grad_norm_total"} <= set(run.mem.scalars)
-    for tag, series in run.mem.scalars.items():
+    # per-tensor NaN/Inf counts only for the tensors that had some: 400 flat-zero charts are noise
+    assert {t for t in expected if t.startswith("grad_nonfinite/")} == {
+        "grad_nonfinite/nan_part",
+        "grad_nonfinite/nan_all",
+        "grad_nonfinite/inf_part",
+    }
+    for tag, series in expected.items():
         got = [(e.step, e.value) for e in acc.Scalars(tag)]
         assert [s for s, _ in got] == [s for s, _ in series], tag
         assert all(same(a, b) for (_, a), (_, b) in zip(got, series)), (tag, got, series)
@@ -192,6 +214,8 @@ def test_tables_and_layout(run: Run) -> None:
         "gradlog/summary",
         "gradlog/alerts/table",
         "custom_scalars__config__",
+        "gradlog/tensor_order",  # the model order, read by the gradlog tab
+        "gradlog/heatmap/000000",  # the measured steps' packed rows (10 per tag), read by the gradlog tab
     }
     summary = acc.Tensors("gradlog/summary")[-1].tensor_proto.string_val[0].decode()
     assert f"| verdict | {run.report.verdict} |" in summary
@@ -201,7 +225,64 @@ def test_tables_and_layout(run: Run) -> None:
         assert f"| {rec.name} |" in table and str(rec.reason) in table
     layout = layout_pb2.Layout.FromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
     charts = [(c.title, list(c.multiline.tag)) for cat in layout.category for c in cat.chart]
-    assert charts == [(m, [f"^{m}/"]) for m in METRICS]
+    assert charts == [(title, [rx]) for title, rx in CHARTS]
+
+
+def test_run_level_series_match_the_weights_recorded_by_hand(run: Run) -> None:
+    acc = accumulate(run.log_dir)
+    tags = [t for t in acc.Tags()["scalars"] if t.startswith("gradlog/")]
+    got = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in tags}
+    for step in MEASURED:
+        grads, updates, after = run.refs["grad"][step], run.refs["update"][step], run.refs["weight"][step]
+        ratios, no_update, zero_grad, bad = [], 0, 0, 0
+        for name, g in grads.items():
+            if not bool(torch.isfinite(g).all()):
+                bad += 1
+            elif g.numel() and not bool(g.count_nonzero()):
+                zero_grad += 1
+            before = after[name] - updates[name]
+            norm = torch.linalg.vector_norm
+            den = norm(before.double()).item() or norm(after[name].double()).item()  # all-zero before: after
+            r = torch.linalg.vector_norm(updates[name].double()).item() / den if den else 0.0
+            if r == 0.0:
+                no_update += 1
+            if math.isfinite(r):
+                ratios.append(r)
+        assert got["gradlog/nonfinite_tensors"][step] == bad == 3  # nan_part, nan_all, inf_part
+        assert got["gradlog/zero_grad_tensors"][step] == zero_grad == 1  # const: multiplied by 0
+        assert got["gradlog/no_update_tensors"][step] == no_update
+        assert got["gradlog/no_grad_tensors"][step] == 0
+        assert got["gradlog/update_ratio_min"][step] == pytest.approx(min(ratios), rel=1e-5)
+        assert got["gradlog/update_ratio_median"][step] == pytest.approx(float(np.median(ratios)), rel=1e-5)
+        assert got["gradlog/update_ratio_max"][step] == pytest.approx(max(ratios), rel=1e-5)
+
+
+def test_overview_image_in_the_images_tab(run: Run) -> None:
+    from PIL import Image
+
+    acc = accumulate(run.log_dir)
+    assert acc.Tags()["images"] == ["gradlog/overview"]
+    images = acc.Images("gradlog/overview")
+    assert images[-1].step == MEASURED[-1]  # the final one, at close, with the findings marked
+    final = Image.open(io.BytesIO(images[-1].encoded_image_string)).convert("RGB")
+    assert (final.width, final.height) == (images[-1].width, images[-1].height)
+    order = acc.Tensors("gradlog/tensor_order")[-1].tensor_proto.string_val[0].decode().split("\n")
+    assert order == [n for n, _ in Planted().named_parameters()]  # model order
+    row_h = final.height // len(order)
+    assert row_h * len(order) == final.height
+    never = {r.name for r in run.report.never_updated}
+    assert never, "the planted run has a never-updated tensor"
+    for i, name in enumerate(order):
+        strip = final.getpixel((2, i * row_h + row_h // 2))
+        if name in never:
+            assert strip == (230, 0, 0), name  # marked red
+        elif name != run.report.first_nonfinite.name:  # type: ignore[union-attr]
+            assert strip == (255, 255, 255), name
+    # the all-NaN tensor's cells are red (NaN/Inf), the zero-gradient const's cells black
+    nan_row = order.index("nan_all") * row_h + row_h // 2
+    assert final.getpixel((final.width - 2, nan_row)) == (230, 0, 0)
+    const_row = order.index("const") * row_h + row_h // 2
+    assert final.getpixel((final.width - 2, const_row)) == (0, 0, 0)
 
 
 def test_markdown_tables_render_as_tables_in_tensorboard() -> None:
@@ -271,7 +352,7 @@ def server(run: Run) -> Iterator[str]:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "tensorboard exited"
             try:  # up, and every scalar and text tag loaded
                 tags = get(url, "/data/plugin/scalars/tags").get("run", {})
-                if set(tags) >= set(run.mem.scalars) and len(get(url, "/data/plugin/text/tags").get("run", [])) == 5:
+                if set(tags) >= set(tb_scalars(run)) and len(get(url, "/data/plugin/text/tags").get("run", [])) == 5:
                     break
             except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
                 pass
@@ -296,7 +377,7 @@ def get(url: str, path: str, **query: str) -> Any:
 @pytest.mark.slow
 def test_tensorboard_server_serves_scalars_histograms_text_and_layout(run: Run, server: str) -> None:
     tags = get(server, "/data/plugin/scalars/tags")
-    assert set(tags["run"]) == set(run.mem.scalars)
+    assert set(tags["run"]) == set(tb_scalars(run))
     for tag in ("grad_norm/lin.weight", "update_ratio/head.bias", "grad_norm/nan_all"):
         got = [
             (step, float(value)) for _, step, value in get(server, "/data/plugin/scalars/scalars", run="run", tag=tag)
@@ -328,7 +409,7 @@ def test_tensorboard_server_serves_scalars_histograms_text_and_layout(run: Run, 
     assert all(r.name in text[-1]["text"] for r in run.report.never_updated)
 
     layout = get(server, "/data/plugin/custom_scalars/layout")
-    assert [c["title"] for c in layout["category"][0]["chart"]] == list(METRICS)
+    assert [c["title"] for c in layout["category"][0]["chart"]] == [title for title, _ in CHARTS]
 
 
 # --- durability and failures ---------------------------------------------------------------------------
@@ -538,3 +619,11 @@ def test_missing_tensorboard_names_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert "pip install 'gradlog[tensorboard]'" in out.stdout and "writer='memory'" in out.stdout
+
+
+def test_reader_keeps_model_order(run: Run) -> None:
+    from gradlog.readers.run import load
+
+    data = load(str(run.log_dir))
+    order = [n for n, _ in Planted().named_parameters()]
+    assert [t.partition("/")[2] for t in data.scalars if t.startswith("weight_norm/")] == order

@@ -125,9 +125,23 @@ def gradlog_rows(run: OfflineRun) -> list[dict[str, Any]]:
     return [row for row in run.history if "gradlog/step" in row]
 
 
+def quiet(mem: gradlog.MemoryWriter) -> dict[tuple[int, str], float]:
+    """The memory writer's scalars as the W&B writer logs them: a tensor's `grad_nonfinite/` count only
+    from its first non-zero value on (the run-level `gradlog/nonfinite_tensors` counts the rest)."""
+    out = {}
+    for key, points in mem.scalars.items():
+        started = not key.startswith("grad_nonfinite/")
+        for step, value in points:
+            started = started or value != 0
+            if started:
+                out[(step, key)] = value
+    return out
+
+
 def test_every_scalar_matches_the_memory_writer(offline_run: tuple[Any, OfflineRun, Any]) -> None:
     mem, run, _ = offline_run
-    expected = {(step, key): value for key, points in mem.scalars.items() for step, value in points}
+    expected = quiet(mem)
+    assert {k for _, k in expected if k.startswith("grad_nonfinite/")} == {"grad_nonfinite/bad", "grad_nonfinite/worse"}
     got: dict[tuple[int, str], float] = {}
     for row in gradlog_rows(run):
         for key, value in row.items():
@@ -178,7 +192,9 @@ def test_histogram_bins_and_counts(offline_run: tuple[Any, OfflineRun, Any]) -> 
     assert checked > 0 and skipped > 0
     partial = [h for step, h in mem.histograms["weight/bad"] if step > POISON_STEP]
     assert partial and all(h.nonfinite == 1 and h.count == 2 for h in partial)  # drawn without its Inf
-    logged_tags = {k for row in by_step.values() for k, v in row.items() if isinstance(v, dict)}
+    logged_tags = {
+        k for row in by_step.values() for k, v in row.items() if isinstance(v, dict) and v.get("_type") == "histogram"
+    }
     assert logged_tags <= set(mem.histograms)
 
 
@@ -254,11 +270,17 @@ def test_a_step_over_the_size_budget_is_split_into_rows(tmp_path: Path, monkeypa
     merged: dict[tuple[int, str], Any] = {}
     for row in rows:
         for key, value in row.items():
-            tables = ("gradlog/never_updated_table", "gradlog/partly_updated_table", "gradlog/stalled_table")
-            if not key.startswith("_") and key != "gradlog/step" and key not in tables:
+            skip = (  # tables: their own tests; images: test_overview_images
+                "gradlog/step",
+                "gradlog/never_updated_table",
+                "gradlog/partly_updated_table",
+                "gradlog/stalled_table",
+                "gradlog/overview",
+            )
+            if not key.startswith("_") and key not in skip:
                 assert (row["gradlog/step"], key) not in merged
                 merged[(row["gradlog/step"], key)] = value
-    scalars = {(step, k): v for k, points in mem.scalars.items() for step, v in points}
+    scalars = quiet(mem)
     hists = {(step, k): h for k, points in mem.histograms.items() for step, h in points if h.count}
     assert merged.keys() == scalars.keys() | hists.keys()
     assert all(same(float(merged[k]), v) for k, v in scalars.items())
@@ -476,3 +498,45 @@ def test_reader_reports_truncation_and_corruption(offline_run: tuple[Any, Offlin
     other.write_bytes(b"hello world, not a run file")
     with pytest.raises(WandbFileError, match="not a W&B run file"):
         read_offline_run(other)
+
+
+def test_overview_images_run_level_series_and_model_order(
+    offline_run: tuple[Any, OfflineRun, Any], tmp_path: Path
+) -> None:
+    from PIL import Image
+
+    from gradlog.readers.run import load
+
+    mem, run, report = offline_run
+    images = [(row["gradlog/step"], row["gradlog/overview"]) for row in gradlog_rows(run) if "gradlog/overview" in row]
+    assert images and images[-1][0] == STEPS - 1 - (STEPS - 1) % EVERY  # the final one, in the close() row
+    ref = images[-1][1]
+    assert ref["_type"] == "image-file" and ref["format"] == "png"
+    png = Path(run.path).parent / "files" / ref["path"]
+    assert png.read_bytes() == mem.images["gradlog/overview"][-1][1]  # the same picture as TensorBoard's
+    with Image.open(png) as im:
+        assert (im.width, im.height) == (ref["width"], ref["height"])
+    # run-level series, the same as the memory writer's
+    for key in ("gradlog/no_update_tensors", "gradlog/no_grad_tensors", "gradlog/update_ratio_median"):
+        assert run.column(key, "gradlog/step") == mem.scalars[key]
+    # W&B writes a row's keys in any order; the model order comes back through run.config
+    order = [n for n, _ in Net().named_parameters()]
+    assert run.config["gradlog/tensor_order"] in (order, {"value": order})
+    data = load(str(Path(run.path).parent))
+    names = [t.partition("/")[2] for t in data.scalars if t.startswith("weight_norm/")]
+    assert names == order
+    assert [t.partition("/")[2] for t in data.scalars if t.startswith("update_ratio/")] == [
+        n for n in order if f"update_ratio/{n}" in mem.scalars
+    ]
+    # the tables and verdict W&B keeps match what TensorBoard shows
+    assert data.tables["gradlog/never_updated"] == mem.tables["gradlog/never_updated"]
+    assert data.tables["gradlog/summary"][1][0] == ["verdict", report.verdict]
+
+
+def test_model_order_sorts_each_family_by_the_recorded_order() -> None:
+    from gradlog.readers.run import model_order
+
+    shuffled = {"update_ratio/c": 1, "gradlog/x": 2, "update_ratio/a": 3, "grad_norm/b": 4, "grad_norm/a": 5}
+    got = model_order(shuffled, ["a", "b", "c"])
+    assert list(got) == ["update_ratio/a", "update_ratio/c", "gradlog/x", "grad_norm/a", "grad_norm/b"]
+    assert got == shuffled and model_order(shuffled, []) is shuffled

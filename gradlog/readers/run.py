@@ -284,6 +284,11 @@ def _load_tensorboard(target: str) -> RunData:
             run.tables[name] = parse_markdown_table(proto.string_val[0].decode("utf-8"))
         except ValueError as exc:
             run.skipped.append(f"table {name}: {exc}")
+    if "gradlog/tensor_order" in tags.get(ea.TENSORS, []):  # the writer's model-order record
+        events = acc.Tensors("gradlog/tensor_order")
+        if events and events[-1].tensor_proto.string_val:
+            order = events[-1].tensor_proto.string_val[0].decode("utf-8", "replace").split("\n")
+            run.scalars = model_order(run.scalars, order)
     return run
 
 
@@ -306,7 +311,7 @@ def _split_row(line: str) -> list[str]:
             cur.append(ch)
     if "".join(cur).strip():
         cells.append("".join(cur).strip())
-    return cells
+    return [c.replace("<br>", " ") for c in cells]  # the writer wraps long cells with <br> (tb_format.WRAP_AT)
 
 
 def parse_markdown_table(text: str) -> Table:
@@ -355,6 +360,32 @@ def _summary_text(value: Any) -> str:
     return str(value)
 
 
+def _tensor_order(config: dict[str, Any]) -> list[str]:
+    """The model order the W&B writer keeps in run.config (a plain list, or wandb's {"value": list})."""
+    value = config.get("gradlog/tensor_order")
+    if isinstance(value, dict):
+        value = value.get("value")
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def model_order(scalars: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    """`scalars` with each family's per-tensor tags in model order (tensors not in `order` after, as read).
+
+    W&B writes a history row's keys in arbitrary order, so without this a heatmap's rows would be shuffled."""
+    if not order:
+        return scalars
+    rank = {name: i for i, name in enumerate(order)}
+    tags = list(scalars)
+    first = {tag: i for i, tag in enumerate(tags)}
+
+    def key(tag: str) -> tuple[str, int, int]:
+        family, _, name = tag.partition("/")
+        return (family, rank.get(name, len(rank)), first[tag])
+
+    families = {tag.partition("/")[0]: i for i, tag in reversed(list(enumerate(tags)))}
+    return {t: scalars[t] for t in sorted(tags, key=lambda t: (families[t.partition("/")[0]], *key(t)))}
+
+
 def _load_wandb(run_file: str) -> RunData:
     from gradlog.readers.wandb_offline import WandbFileError, read_offline_run
 
@@ -377,7 +408,7 @@ def _load_wandb(run_file: str) -> RunData:
                 points.setdefault(key, {})[int(step)] = float(value)
             elif isinstance(value, dict) and value.get("_type") == "table-file" and "path" in value:
                 table_files[_WANDB_TABLES.get(key, key)] = str(value["path"])
-    run.scalars = {tag: sorted(p.items()) for tag, p in points.items()}
+    run.scalars = model_order({tag: sorted(p.items()) for tag, p in points.items()}, _tensor_order(offline.config))
     for name, rel in table_files.items():
         if name not in TABLE_NAMES:
             continue

@@ -26,6 +26,9 @@ class Writer(abc.ABC):
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         """A small table of strings (the never-updated report, the run summary)."""
 
+    def log_image(self, tag: str, png: bytes, step: int) -> None:  # noqa: B027 - optional: images are extra
+        """One PNG image (the overview heatmap). Writers that cannot show images ignore it."""
+
     def flush(self) -> None:  # noqa: B027 - optional for backends that write through
         """Make everything logged so far durable."""
 

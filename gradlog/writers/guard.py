@@ -51,6 +51,9 @@ class GuardedWriters(Writer):
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         self._each("log_table", lambda w: w.log_table(name, columns, rows))
 
+    def log_image(self, tag: str, png: bytes, step: int) -> None:
+        self._each("log_image", lambda w: w.log_image(tag, png, step))
+
     def flush(self) -> None:
         self._each("flush", lambda w: w.flush())
 

@@ -10,12 +10,13 @@ from gradlog.writers.base import Writer
 
 class MemoryWriter(Writer):
     """`scalars[tag] = [(step, value), ...]`, `histograms[tag] = [(step, Histogram), ...]`,
-    `tables[name] = (columns, rows)`."""
+    `tables[name] = (columns, rows)`, `images[tag] = [(step, png_bytes), ...]`."""
 
     def __init__(self) -> None:
         self.scalars: dict[str, list[tuple[int, float]]] = {}
         self.histograms: dict[str, list[tuple[int, Histogram]]] = {}
         self.tables: dict[str, tuple[list[str], list[list[str]]]] = {}
+        self.images: dict[str, list[tuple[int, bytes]]] = {}
         self.closed = False
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
@@ -27,6 +28,9 @@ class MemoryWriter(Writer):
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         self.tables[name] = (list(columns), [list(r) for r in rows])
+
+    def log_image(self, tag: str, png: bytes, step: int) -> None:
+        self.images.setdefault(tag, []).append((step, bytes(png)))
 
     def close(self) -> None:
         self.closed = True

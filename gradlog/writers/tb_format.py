@@ -1,4 +1,5 @@
-"""gradlog values -> serialized TensorBoard messages (scalars, raw histograms, text, custom-scalars layout).
+"""gradlog values -> serialized TensorBoard messages (scalars, raw histograms, text, images, the tensor order,
+custom-scalars layout).
 
 Importing this module imports the `tensorboard` package's protobufs; `TensorBoardWriter` does so only
 when it is constructed, so `import gradlog` stays light.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,9 +18,18 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 from gradlog.measure.histogram import Histogram
 
-#: One multi-line chart per metric family, each showing every parameter (the custom-scalars tab).
-METRICS = ("grad_norm", "update_ratio", "grad_zero_frac", "grad_nonfinite", "weight_norm", "gradlog")
+#: The custom-scalars tab: a few charts of run-level series, each with a handful of lines (a chart with
+#: one line per tensor, 400 in one colour, shows nothing).
+CHARTS = (
+    ("tensors with no update / no gradient / zero gradient / NaN-Inf", r"^gradlog/\w+_tensors$"),
+    ("update ratio: min, median, max over tensors", r"^gradlog/update_ratio_(min|median|max)$"),
+    ("global gradient norm", r"^gradlog/grad_norm_total$"),
+    ("skipped steps, alerts", r"^gradlog/(skipped_steps|alerts)$"),
+)
 LAYOUT_TAG = "custom_scalars__config__"
+#: Tensor names in model order, for the gradlog TensorBoard tab (its own plugin name: no other tab shows it).
+ORDER_TAG = "gradlog/tensor_order"
+PLUGIN_NAME = "gradlog"
 #: Values per Event record: few records, yet no single record so large that a torn write loses much.
 MAX_VALUES_PER_EVENT = 1024
 
@@ -26,6 +37,10 @@ Value = summary_pb2.Summary.Value
 _TEXT_METADATA = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
 _LAYOUT_METADATA = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="custom_scalars")
+)
+_ORDER_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"tensor_order"),
+    data_class=summary_pb2.DATA_CLASS_TENSOR,  # without it TensorBoard's data provider does not list the tag
 )
 
 
@@ -141,22 +156,105 @@ def text_value(tag: str, markdown: str) -> bytes:
     return _field(0x0A, value.SerializeToString())
 
 
+def order_value(names: Sequence[str]) -> bytes:
+    """The tensor names in model order, one per line, under ORDER_TAG (read by the gradlog tab)."""
+    data = "\n".join(names).encode("utf-8")
+    value = Value(tag=ORDER_TAG, metadata=_ORDER_METADATA, tensor=_string_tensor(data))
+    return _field(0x0A, value.SerializeToString())
+
+
+#: Per-step packed rows for the gradlog tab: one float32 tensor [len(PACKED), tensors] per published step, under
+#: `gradlog/heatmap/<block>`, PACK_BLOCK steps per tag (TensorBoard keeps 10 points of a tag of an unknown
+#: plugin, so a block is never sampled down). Reading 1,000 of these is ~1,000x faster than 1,000,000 scalars.
+PACKED = ("update_ratio", "grad_norm", "grad_zero_frac", "grad_nonfinite")
+PACK_BLOCK = 10
+PACK_TAG = "gradlog/heatmap/"
+PACK_MISSING = -1.0  # no value (real values are >= 0, NaN or +Inf)
+_PACK_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"heatmap"),
+    data_class=summary_pb2.DATA_CLASS_TENSOR,
+)
+
+
+def packed_value(tag: str, names: Sequence[str], scalars: dict[str, float]) -> bytes:
+    """One step's per-tensor metrics (rows PACKED, columns `names` in model order) as a float32 tensor."""
+    n = len(names)
+    out: list[float] = []
+    for metric in PACKED:
+        get = scalars.get
+        out += [get(f"{metric}/{name}", PACK_MISSING) for name in names]
+    shape = tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=len(PACKED)), tensor_shape_pb2.TensorShapeProto.Dim(size=n)]
+    )
+    content = struct.pack(f"<{len(out)}f", *(_clamp32(v) for v in out))
+    tensor = tensor_pb2.TensorProto(dtype="DT_FLOAT", tensor_shape=shape, tensor_content=content)
+    return _field(0x0A, Value(tag=tag, metadata=_PACK_METADATA, tensor=tensor).SerializeToString())
+
+
+def _clamp32(v: float) -> float:
+    """float32 range: beyond it a value is +-inf, as TensorBoard's own scalars store it."""
+    return v if -3.4e38 < v < 3.4e38 or v != v else math.copysign(math.inf, v)
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
+        raise ValueError("log_image expects PNG bytes")
+    width, height = struct.unpack(">II", png[16:24])
+    return width, height
+
+
+IMAGE_DESCRIPTION = (
+    "gradlog overview: update ratio per tensor (rows, in model order) and published step (columns), log "
+    "colour scale from dark blue to yellow. Dark purple: no update (0); grey: no gradient; black: all-zero "
+    "gradient; red: NaN/Inf; white: not measured. Left strip: red never updated, orange stalled or no update "
+    "now, yellow partly updated, magenta NaN/Inf. The gradlog tab shows the same, with names."
+)
+
+
+def image_value(tag: str, png: bytes) -> bytes:
+    """One `Summary.value` entry with an encoded image (TensorBoard's Images tab), with its legend as the
+    card's description (the image itself has no text)."""
+    width, height = png_size(png)
+    image = summary_pb2.Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
+    meta = summary_pb2.SummaryMetadata(summary_description=IMAGE_DESCRIPTION)
+    return _field(0x0A, Value(tag=tag, image=image, metadata=meta).SerializeToString())
+
+
+#: Long cells are wrapped at this many characters with <br>: TensorBoard's Text tab lets a table fill the
+#: page and breaks words anywhere, so one long "detail" column squeezed the short ones to "shap|e", "nume|l".
+WRAP_AT = 48
+
+
+def _wrap(cell: str) -> str:
+    if len(cell) <= WRAP_AT:
+        return cell
+    return "<br>".join(textwrap.wrap(cell, WRAP_AT, break_long_words=False, break_on_hyphens=False)) or cell
+
+
+def escape_markdown(text: str) -> str:
+    """Plain text inside markdown emphasis: characters markdown would act on are backslash-escaped."""
+    return "".join("\\" + ch if ch in "\\`*_[]<>|#" else ch for ch in " ".join(text.split()))
+
+
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|") or " "
 
 
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-style markdown table; cells are escaped so a `|` or newline in a name cannot break it."""
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]], wrap: bool = True) -> str:
+    """A GitHub-style markdown table; cells are escaped so a `|` or newline in a name cannot break it, and
+    long cells are wrapped (see WRAP_AT, unless `wrap=False`) so that short columns keep their words whole."""
+    fit = _wrap if wrap else (lambda c: c)
     lines = ["| " + " | ".join(_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(fit(_cell(c)) for c in row) + " |" for row in rows]
     if not rows:
         lines += ["", "_(no rows)_"]
     return "\n".join(lines)
 
 
 def layout_value() -> Any:
-    """The custom-scalars layout: category "gradlog", one multi-line chart per metric."""
-    charts = [layout_pb2.Chart(title=m, multiline=layout_pb2.MultilineChartContent(tag=[f"^{m}/"])) for m in METRICS]
+    """The custom-scalars layout: category "gradlog", the run-level charts."""
+    charts = [layout_pb2.Chart(title=t, multiline=layout_pb2.MultilineChartContent(tag=[rx])) for t, rx in CHARTS]
     layout = layout_pb2.Layout(category=[layout_pb2.Category(title="gradlog", chart=charts)])
     return Value(tag=LAYOUT_TAG, metadata=_LAYOUT_METADATA, tensor=_string_tensor(layout.SerializeToString()))
 

@@ -22,10 +22,12 @@ from typing import Any, Union
 
 from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
+from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
 log = logging.getLogger("gradlog")
 
-#: Queue items: ("s", step, wall, [(tag, value)]), ("h", step, wall, (tag, Histogram)), ("t", step, wall, (tag, md)).
+#: Queue items: ("s", step, wall, [(tag, value)]), ("h", step, wall, (tag, Histogram)), ("t", step, wall, (tag, md)),
+#: ("i", step, wall, (tag, png)), ("o", step, wall, [tensor names in model order]).
 _Item = tuple[str, int, float, Any]
 _STOP = object()
 _MAX_BATCH = 4096
@@ -135,6 +137,13 @@ def _values(fmt: Any, item: _Item) -> list[bytes]:
         return [value(tag, v) for tag, v in payload]
     if kind == "h":
         return [fmt.histogram_value(*payload)]
+    if kind == "i":
+        return [fmt.image_value(*payload)]
+    if kind == "o":
+        return [fmt.order_value(payload)]
+    if kind == "p":
+        tag, names, pairs = payload
+        return [fmt.packed_value(tag, names, dict(pairs))]
     return [fmt.text_value(*payload)]
 
 
@@ -261,6 +270,11 @@ class TensorBoardWriter(Writer):
         self._last_flush: _Flush | None = None
         self._last_step = 0
         self._scalar_tags: set[str] = set()
+        self._quiet = QuietNonfinite()
+        self._order: dict[str, None] = {}
+        self._verdict: str | None = None
+        self._packed = 0
+        self._last_len = -1
         self.closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._state, self._sink, self.flush_timeout)
 
@@ -310,22 +324,49 @@ class TensorBoardWriter(Writer):
         )
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        """Per-tensor `grad_nonfinite/` tags only once non-zero (see writers/quiet.py); new tensor names
+        also rewrite the model-order record the gradlog tab sorts its rows by."""
         self._last_step = max(self._last_step, step)
-        self._scalar_tags.update(scalars)
-        self._put(("s", int(step), time.time(), [(tag, float(v)) for tag, v in scalars.items()]))
+        new = []
+        if len(scalars) != self._last_len:  # new tensors bring new tags: skip the scan on ordinary steps
+            self._last_len = len(scalars)
+            new = [n for n in tensor_names(scalars) if n not in self._order]
+        if new:
+            self._order.update(dict.fromkeys(new))
+            self._put(("o", int(step), time.time(), list(self._order)))
+        pairs = [(tag, float(v)) for tag, v in scalars.items()]
+        if self._order and "gradlog/grad_norm_total" in scalars:  # a measured step (not the close() counts)
+            tag = f"{self._sink.format.PACK_TAG}{self._packed // self._sink.format.PACK_BLOCK:06d}"
+            self._packed += 1
+            self._put(("p", int(step), time.time(), (tag, tuple(self._order), pairs)))  # packed on the writer thread
+        quiet = self._quiet(scalars)
+        self._scalar_tags.update(quiet)
+        self._put(("s", int(step), time.time(), [(t, v) for t, v in pairs if t in quiet]))
+
+    def log_image(self, tag: str, png: bytes, step: int) -> None:
+        """A PNG in TensorBoard's Images tab (the overview heatmap)."""
+        self._sink.format.png_size(png)  # refuse non-PNG bytes here, in the caller, not on the writer thread
+        self._last_step = max(self._last_step, step)
+        self._put(("i", int(step), time.time(), (tag, bytes(png))))
 
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
         self._last_step = max(self._last_step, step)
         self._put(("h", int(step), time.time(), (tag, hist)))
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        """A markdown table in TensorBoard's Text tab at the latest step logged.
+        """A markdown table in TensorBoard's Text tab at the latest step logged (after `gradlog/summary`,
+        headed by its verdict line).
 
         Tagged `name`, or `name/table` when a scalar already uses that tag (the logger writes a scalar
         `gradlog/never_updated` too): TensorBoard keeps one kind of data per tag and drops the other.
         """
         tag = f"{name}/table" if name in self._scalar_tags else name
-        markdown = self._sink.format.markdown_table(columns, rows)
+        summary = name == "gradlog/summary"  # key/value: the verdict stays one line, as scripts grep it
+        markdown = self._sink.format.markdown_table(columns, rows, wrap=not summary)
+        if summary:  # the logger writes it first: the other tables repeat its verdict on top
+            self._verdict = next((str(r[1]) for r in rows if len(r) >= 2 and r[0] == "verdict"), None)
+        elif self._verdict:  # TensorBoard sorts the Text tab by tag: every card starts with the verdict
+            markdown = f"**{self._sink.format.escape_markdown(self._verdict)}**\n\n{markdown}"
         self._put(("t", self._last_step, time.time(), (tag, markdown)))
 
     def flush(self) -> None:

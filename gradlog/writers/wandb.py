@@ -27,6 +27,7 @@ from typing import Any
 
 from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
+from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
 log = logging.getLogger("gradlog")
 
@@ -56,6 +57,9 @@ TABLE_KEYS = {
 #: close-time counts that also go into the run summary (the table of each is in the history row)
 SUMMARY_COUNTS = ("gradlog/never_updated", "gradlog/partly_updated", "gradlog/stalled")
 SUMMARY_TABLE = "gradlog/summary"
+#: run.config key holding the tensor names in model order: W&B writes a row's keys in arbitrary order,
+#: so a reader cannot learn the order from the history (gradlog.readers.run sorts by this list).
+ORDER_KEY = "gradlog/tensor_order"
 
 
 class WandbSetupError(RuntimeError):
@@ -124,9 +128,11 @@ class StepPayload:
     scalars: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
     tables: dict[str, tuple[list[str], list[list[str]]]] = field(default_factory=dict)
+    images: dict[str, bytes] = field(default_factory=dict)
+    image_steps: dict[str, int] = field(default_factory=dict)
 
     def empty(self) -> bool:
-        return not (self.scalars or self.histograms or self.tables)
+        return not (self.scalars or self.histograms or self.tables or self.images)
 
 
 def split_payload(payload: StepPayload, max_bytes: int) -> list[StepPayload]:
@@ -151,6 +157,10 @@ def split_payload(payload: StepPayload, max_bytes: int) -> list[StepPayload]:
     for name, table in payload.tables.items():
         size = len(json.dumps(table[1]).encode()) + 200
         room(size).tables[name] = table
+    for tag, png in payload.images.items():  # a file reference in the row, the bytes go to media/
+        part = room(len(tag.encode()) + 300)
+        part.images[tag] = png
+        part.image_steps[tag] = payload.image_steps.get(tag, payload.step)
     return parts
 
 
@@ -204,6 +214,11 @@ class WandbWriter(Writer):
         self._closed = False
         self._last_step = 0
         self._step_known = True
+        self._quiet = QuietNonfinite()
+        self._order: dict[str, None] = {}
+        self._last_len = -1
+        self._image_dir: str | None = None
+        self._images = 0
         self.run.define_metric(STEP_KEY)
         for prefix in PREFIXES:
             self.run.define_metric(f"{prefix}/*", step_metric=STEP_KEY)
@@ -234,8 +249,17 @@ class WandbWriter(Writer):
         return self._buffer
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        """Per-tensor `grad_nonfinite/` keys only once non-zero (see writers/quiet.py); new tensor names
+        extend the model order kept in run.config."""
         payload = self._payload(step)
-        for key, value in scalars.items():
+        new = []
+        if len(scalars) != self._last_len:  # new tensors bring new keys: skip the scan on ordinary steps
+            self._last_len = len(scalars)
+            new = [n for n in tensor_names(scalars) if n not in self._order]
+        if new:
+            self._order.update(dict.fromkeys(new))
+            self.run.config.update({ORDER_KEY: list(self._order)}, allow_val_change=True)
+        for key, value in self._quiet(scalars).items():
             v = scalar_value(value)
             if v is None:
                 self._warn_once("value", f"gradlog: W&B cannot log {key}={value!r} (not a number); it is left out")
@@ -246,6 +270,14 @@ class WandbWriter(Writer):
 
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
         self._payload(step).histograms[tag] = hist
+
+    def log_image(self, tag: str, png: bytes, step: int) -> None:
+        """A PNG as a `wandb.Image` (the overview heatmap). It is drawn in the background and arrives while a
+        later step is being logged: it joins that step's row rather than reopen an older one (a row per
+        `run.log`, in order). The caption names the step it shows."""
+        payload = self._buffer if self._buffer is not None else self._payload(step)
+        payload.images[tag] = bytes(png)
+        payload.image_steps[tag] = int(step)
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         if name == SUMMARY_TABLE:
@@ -285,6 +317,10 @@ class WandbWriter(Writer):
         finally:
             if self.owns_run:
                 self.run.finish()
+            if self._image_dir is not None:
+                import shutil
+
+                shutil.rmtree(self._image_dir, ignore_errors=True)
 
     # --- internals ----------------------------------------------------------------------------
     def _row(self, part: StepPayload) -> dict[str, Any]:
@@ -296,7 +332,30 @@ class WandbWriter(Writer):
                 row[tag] = self.wandb.Histogram(np_histogram=data)
         for name, (columns, rows) in part.tables.items():
             row[name] = self.wandb.Table(columns=columns, data=rows)
+        for tag, png in part.images.items():
+            image = self._image(tag, png, part.image_steps.get(tag, part.step))
+            if image is not None:
+                row[tag] = image
         return row
+
+    def _image(self, tag: str, png: bytes, step: int) -> Any:
+        """`wandb.Image` from a file (wandb copies it into the run's media/); wandb needs Pillow for that."""
+        import importlib.util
+        import tempfile
+
+        if importlib.util.find_spec("PIL") is None:
+            self._warn_once(
+                "pillow", "gradlog: W&B images need Pillow (pip install pillow); the overview image is left out"
+            )
+            return None
+        if self._image_dir is None:
+            self._image_dir = tempfile.mkdtemp(prefix="gradlog-wandb-images-")
+        self._images += 1
+        path = os.path.join(self._image_dir, f"{tag.replace('/', '_')}-{step}-{self._images}.png")
+        with open(path, "wb") as f:
+            f.write(png)
+        caption = f"gradlog overview at step {step}: update ratio per tensor (rows, model order) x step (columns)"
+        return self.wandb.Image(path, caption=caption)
 
     def _send(self, row: dict[str, Any]) -> None:
         """Merge into the row being built (`commit=False`); commit gradlog's own previous row first if

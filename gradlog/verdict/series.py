@@ -1,0 +1,71 @@
+"""Run-level series: a handful of numbers per measured step that say whether anything is wrong.
+
+A user cannot watch 400 per-tensor charts; they can watch "how many tensors got no update" and the
+spread of the update ratio. Everything here is computed from the host-side `Measurement` (no device
+work), once per published step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from gradlog.measure.meter import Measurement
+from gradlog.measure.stats import NONZERO
+
+#: The run-level tags, in the order a user reads them; TensorBoard shows them as the `gradlog/` group.
+RUN_LEVEL = (
+    "gradlog/no_update_tensors",
+    "gradlog/no_grad_tensors",
+    "gradlog/zero_grad_tensors",
+    "gradlog/nonfinite_tensors",
+    "gradlog/update_ratio_min",
+    "gradlog/update_ratio_median",
+    "gradlog/update_ratio_max",
+)
+
+
+def run_level(m: Measurement) -> dict[str, float]:
+    """Counts of tensors with no update / no gradient / an all-zero gradient / NaN-Inf gradient entries, and
+    the min, median and max update ratio over the tensors that had a gradient and sit in the optimizer.
+
+    `no_grad_tensors` and `nonfinite_tensors` are also in `Measurement.scalars()`; they are repeated here
+    with the same definition so this function alone describes the group. A tensor without a gradient is
+    not counted in `no_update_tensors` (it is in `no_grad_tensors`); NaN ratios stay out of the spread
+    (they are in `nonfinite_tensors`).
+    """
+    nonzero = m.grad[:, NONZERO].tolist()
+    nonfinite = m.nonfinite.tolist()
+    ratio = m.update_ratio
+    ratios = ratio.tolist() if ratio is not None else None
+    numel = m.numel.tolist()
+    no_update = no_grad = zero_grad = bad = 0
+    spread: list[float] = []
+    for i, row in enumerate(m.rows):
+        if not m.has_grad[i]:
+            no_grad += int(bool(row.param.requires_grad))
+            continue
+        if nonfinite[i] > 0:
+            bad += 1
+        elif numel[i] > 0 and nonzero[i] == 0:
+            zero_grad += 1
+        if ratios is not None and row.group is not None:
+            r = ratios[i]
+            if r == 0.0:
+                no_update += 1
+            if math.isfinite(r):
+                spread.append(r)
+    out = {
+        "gradlog/no_update_tensors": float(no_update),
+        "gradlog/no_grad_tensors": float(no_grad),
+        "gradlog/zero_grad_tensors": float(zero_grad),
+        "gradlog/nonfinite_tensors": float(bad),
+    }
+    if spread:
+        out["gradlog/update_ratio_min"] = min(spread)
+        out["gradlog/update_ratio_median"] = float(statistics.median(spread))
+        out["gradlog/update_ratio_max"] = max(spread)
+    return out
+
+
+__all__ = ["RUN_LEVEL", "run_level"]

@@ -1,0 +1,290 @@
+"""What the gradlog TensorBoard tab shows, built from plain `{tag: [(step, value)]}` series and tables.
+
+Nothing here imports TensorBoard, so it is tested without a server and reused by other front ends.
+The heatmap travels as one binary payload: a little-endian u32 header length, the JSON header (names
+in model order, steps, metric), zero padding to a multiple of 4, then rows x columns float32 values.
+At 1,000 tensors x 1,000 steps that is 4 MB, parsed by the browser with one `Float32Array` view.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import math
+import struct
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Metrics the heatmap can show: tag prefix -> how the browser colours it.
+METRICS: dict[str, str] = {
+    "update_ratio": "log",
+    "grad_norm": "log",
+    "grad_zero_frac": "linear",
+    "grad_nonfinite": "count",
+}
+#: Special cells (all real values are >= 0, NaN or +Inf).
+NOT_MEASURED = -1.0  # no value at that step (not in the optimizer, not measured, not written)
+NO_GRAD = -2.0  # the tensor had no gradient at that step
+ZERO_GRAD = -3.0  # the gradient was exactly zero (all entries)
+TABLES = ("never_updated", "partly_updated", "stalled", "alerts")
+PROVISIONAL = "gradlog (training, provisional):"
+FINAL_LATER = "The final verdict comes at close()."
+#: Mark kinds, strongest last (a tensor in several tables keeps the strongest).
+MARK_ORDER = ("no_update", "nonfinite", "partly_updated", "stalled", "never_updated")
+
+Series = Mapping[str, Sequence[tuple[int, float]]]
+Table = tuple[list[str], list[list[str]]]
+
+
+def tensor_names(tags: Sequence[str], order: Sequence[str]) -> list[str]:
+    """Tensor names in model order: `order` first (as written by the writer), then any others as listed."""
+    seen: dict[str, None] = dict.fromkeys(order)
+    for tag in tags:
+        family, _, name = tag.partition("/")
+        if family in METRICS or family == "weight_norm":
+            seen.setdefault(name, None)
+    present = {t.partition("/")[2] for t in tags if t.partition("/")[0] in METRICS or t.startswith("weight_norm/")}
+    return [n for n in seen if n in present]
+
+
+def needs_gradient(metric: str, values: Sequence[tuple[int, float]] | None, n_steps: int) -> bool:
+    """Whether a tensor's cells can only be told apart with its gradient norm: it misses steps (no gradient
+    there?), has a 0 update ratio (no update, or no/zero gradient?), or the metric is the sparse NaN/Inf
+    count. Most tensors need not: reading every gradient norm would double the points read."""
+    if metric == "grad_nonfinite" or not values or len(values) < n_steps:
+        return True
+    return metric == "update_ratio" and any(v == 0 for _, v in values)
+
+
+def heatmap(
+    names: Sequence[str], metric: str, values: Series, grad_norm: Series, grad_read: set[str] | None = None
+) -> tuple[list[int], array.array[float]]:
+    """(steps, row-major float32 cells) for `metric`; `values` and `grad_norm` are keyed by tensor name.
+
+    A cell with no value is NO_GRAD when the tensor had no gradient there (no grad_norm at that step
+    while other tensors had one), else NOT_MEASURED. A 0 where the gradient was all zero is ZERO_GRAD,
+    where there was no gradient NO_GRAD; grad_norm 0 and zero fraction 1 are ZERO_GRAD. Non-finite
+    counts are written only once non-zero (gradlog/writers/quiet.py): a missing count with a gradient is 0.
+    `grad_read`: the tensors whose gradient norms were read (default: all); the others are taken to have
+    had a gradient wherever they have a value (see `needs_gradient`).
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
+    grad_steps = sorted({s for n in names for s, _ in grad_norm.get(n, ())})
+    steps = sorted({s for n in names for s, _ in values.get(n, ())} | set(grad_steps))
+    col = {s: i for i, s in enumerate(steps)}
+    grad_set = set(grad_steps)
+    ncol = len(steps)
+    cells = array.array("f", [NOT_MEASURED]) * (len(names) * ncol)
+    for r, name in enumerate(names):
+        base = r * ncol
+        g = dict(grad_norm.get(name, ()))
+        # a tensor with no value at all never had a gradient: "no gradient" wherever others had one
+        first = min([*g, *(s for s, _ in values.get(name, ()))], default=grad_steps[0] if grad_steps else None)
+        known = grad_read is None or name in grad_read
+        if first is not None and known:  # no gradient: a step the others had one, from this tensor's first value on
+            for s in grad_set:
+                if s >= first and s not in g:
+                    cells[base + col[s]] = NO_GRAD
+        if metric == "grad_nonfinite":
+            for s in g:
+                cells[base + col[s]] = 0.0
+        for s, v in values.get(name, ()):
+            cells[base + col[s]] = _cell(metric, v, g.get(s) if known else 1.0)
+    return steps, cells
+
+
+def _cell(metric: str, v: float, grad: float | None) -> float:
+    if math.isnan(v) or math.isinf(v):
+        return v
+    if metric == "update_ratio" and v == 0:
+        return NO_GRAD if grad is None else ZERO_GRAD if grad == 0 else 0.0
+    if (metric == "grad_norm" and v == 0) or (metric == "grad_zero_frac" and v == 1):
+        return ZERO_GRAD
+    return v
+
+
+def encode(header: dict[str, Any], cells: Any) -> bytes:
+    """The binary payload described in the module docstring (`cells`: an array('f') or a little-endian
+    float32 numpy array)."""
+    head = json.dumps(header, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-(len(head) + 4) % 4)
+    if isinstance(cells, array.array) and sys.byteorder != "little":
+        cells = _swapped(cells)
+    body: bytes = cells.tobytes()
+    return struct.pack("<I", len(head)) + head + body
+
+
+def decode(data: bytes) -> tuple[dict[str, Any], list[float]]:
+    """The inverse of `encode` (for tests and scripts)."""
+    (n,) = struct.unpack_from("<I", data)
+    header = json.loads(data[4 : 4 + n])
+    cells = array.array("f")
+    cells.frombytes(data[4 + n :])
+    if sys.byteorder != "little":
+        cells.byteswap()
+    return header, list(cells)
+
+
+def _swapped(cells: array.array[float]) -> array.array[float]:
+    out = array.array("f", cells)
+    out.byteswap()
+    return out
+
+
+def clean_name(cell: str) -> str:
+    """A table's name cell without the tied-weight aliases (`w (= a, b)`) or a slice suffix."""
+    return cell.split(" (= ", 1)[0].strip()
+
+
+def marks(tables: Mapping[str, Table], summary: Mapping[str, str], live: Mapping[str, str]) -> dict[str, str]:
+    """tensor name -> the strongest finding: the final tables at close, the latest step's state before."""
+    out = dict(live)
+
+    def put(name: str, kind: str) -> None:
+        if MARK_ORDER.index(kind) >= MARK_ORDER.index(out.get(name, MARK_ORDER[0])):
+            out[name] = kind
+
+    if summary.get("first_nonfinite_tensor"):
+        put(summary["first_nonfinite_tensor"], "nonfinite")
+    for kind in ("partly_updated", "stalled", "never_updated"):
+        if kind in tables:
+            columns, rows = tables[kind]
+            at = columns.index("name") if "name" in columns else 0
+            for row in rows:
+                if len(row) > at and row[at].strip():
+                    put(clean_name(row[at]), kind)
+    return out
+
+
+def live_marks(names: Sequence[str], ratio: Series, grad_norm: Series, nonfinite: Series) -> dict[str, str]:
+    """Before close: tensors whose latest update ratio is 0 with a non-zero gradient (no update), or
+    whose latest gradient held NaN/Inf."""
+    out: dict[str, str] = {}
+    for name in names:
+        pts = ratio.get(name)
+        g = dict(grad_norm.get(name, ()))
+        if pts:
+            s, v = pts[-1]
+            if math.isnan(v) or math.isinf(v):
+                out[name] = "nonfinite"
+            elif v == 0 and g.get(s, 0) not in (0,) and s in g:
+                out[name] = "no_update"
+        nf = nonfinite.get(name)
+        if nf and nf[-1][1] != 0:
+            out[name] = "nonfinite"
+        elif g and not math.isfinite(g[max(g)]):
+            out[name] = "nonfinite"
+    return out
+
+
+def verdict(
+    summary: Mapping[str, str],
+    run_level: Mapping[str, Sequence[tuple[int, float]]],
+    live: Mapping[str, str] | None = None,
+    last_step: int | None = None,
+) -> tuple[str, bool]:
+    """(the verdict line, final?): the one gradlog wrote at close, else a provisional line from the
+    run-level series of the latest step, else (a run without them) from the latest step's `live` marks."""
+    if summary.get("verdict"):
+        return summary["verdict"], True
+    last: dict[str, float] = {}
+    step = None
+    for tag, pts in run_level.items():
+        if pts:
+            step = pts[-1][0] if step is None else max(step, pts[-1][0])
+            last[tag.partition("/")[2]] = pts[-1][1]
+    if step is None and live and last_step is not None:
+        counts = {k: sum(1 for v in live.values() if v == k) for k in ("no_update", "nonfinite")}
+        parts = [
+            f"{n} with {what}"
+            for n, what in ((counts["no_update"], "no update"), (counts["nonfinite"], "NaN/Inf"))
+            if n
+        ]
+        return f"{PROVISIONAL} at step {last_step}: {'; '.join(parts)}. {FINAL_LATER}", False
+    if step is None:
+        return "gradlog: no measured step yet", False
+    parts = []
+    for key, what in (
+        ("no_update_tensors", "no update"),
+        ("no_grad_tensors", "no gradient"),
+        ("zero_grad_tensors", "all-zero gradient"),
+        ("nonfinite_tensors", "NaN/Inf gradient"),
+    ):
+        if last.get(key):
+            parts.append(f"{int(last[key])} with {what}")
+    state = "; ".join(parts) if parts else "every tensor got a gradient and an update"
+    return f"{PROVISIONAL} at step {step}: {state}. {FINAL_LATER}", False
+
+
+__all__ = ["METRICS", "NOT_MEASURED", "NO_GRAD", "ZERO_GRAD", "decode", "encode", "heatmap", "marks", "verdict"]
+
+
+# --- the packed rows (gradlog's TensorBoard writer writes one per step) --------------------------------------
+#: Row order of a packed step (gradlog.writers.tb_format.PACKED); -1 there means "no value".
+PACKED = ("update_ratio", "grad_norm", "grad_zero_frac", "grad_nonfinite")
+
+
+def packed_matrices(points: Sequence[tuple[int, Any]], n: int) -> tuple[list[int], dict[str, Any]]:
+    """(steps, {metric: float32 array [n, steps]}) from (step, array [len(PACKED), n_i]) points; tensors
+    that did not exist yet at a step (n_i < n) are missing there. A step written twice keeps its last."""
+    import numpy as np
+
+    by_step: dict[int, Any] = {}
+    for step, arr in points:
+        by_step[int(step)] = arr
+    steps = sorted(by_step)
+    full = np.full((len(PACKED), n, len(steps)), NOT_MEASURED, dtype=np.float32)
+    for j, step in enumerate(steps):
+        arr = np.asarray(by_step[step], dtype=np.float32).reshape(len(PACKED), -1)
+        m = min(n, arr.shape[1])
+        full[:, :m, j] = arr[:, :m]
+    return steps, {metric: full[i] for i, metric in enumerate(PACKED)}
+
+
+def packed_heatmap(metric: str, mats: Mapping[str, Any]) -> Any:
+    """The same cells as `heatmap`, computed on whole arrays (a million cells in milliseconds)."""
+    import numpy as np
+
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
+    m = mats[metric]
+    g = mats["grad_norm"]
+    present = np.zeros(m.shape, dtype=bool)
+    for arr in mats.values():
+        present |= arr != NOT_MEASURED
+    seen = np.maximum.accumulate(present, axis=1) if m.size else present
+    seen[~present.any(axis=1)] = True  # never any value: no gradient wherever others had one
+    no_grad = (g == NOT_MEASURED) & (g != NOT_MEASURED).any(axis=0)[None, :] & seen
+    out = m.copy()
+    if metric == "update_ratio":
+        out[(m == 0) & (g == 0)] = ZERO_GRAD
+        out[no_grad & ((m == NOT_MEASURED) | (m == 0))] = NO_GRAD
+    elif metric == "grad_norm":
+        out[m == 0] = ZERO_GRAD
+        out[no_grad] = NO_GRAD
+    else:
+        if metric == "grad_zero_frac":
+            out[m == 1] = ZERO_GRAD
+        out[no_grad & (m == NOT_MEASURED)] = NO_GRAD
+    return np.ascontiguousarray(out, dtype="<f4")
+
+
+def packed_live_marks(names: Sequence[str], mats: Mapping[str, Any]) -> dict[str, str]:
+    """`live_marks` from the latest packed step."""
+    import numpy as np
+
+    ratio, grad, nonfinite = mats["update_ratio"], mats["grad_norm"], mats["grad_nonfinite"]
+    if ratio.shape[1] == 0:
+        return {}
+    r, g, nf = ratio[:, -1], grad[:, -1], nonfinite[:, -1]
+    out: dict[str, str] = {}
+    bad = ~np.isfinite(r) | ((nf != NOT_MEASURED) & (nf > 0)) | ~np.isfinite(g)
+    stuck = (r == 0) & (g != NOT_MEASURED) & (g > 0)
+    for i, name in enumerate(names[: len(r)]):
+        if bad[i]:
+            out[name] = "nonfinite"
+        elif stuck[i]:
+            out[name] = "no_update"
+    return out

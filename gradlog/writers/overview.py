@@ -1,0 +1,163 @@
+"""The overview image: the update-ratio heatmap (one row per tensor in model order, one column per
+published step) with the findings marked, drawn on a background thread and handed to every writer's
+`log_image` as PNG bytes.
+
+Why a thread: at 1,000 tensors x 1,000 steps drawing takes a noticeable fraction of a second, which
+must not land on a training step. Why the training thread still hands the image over: writers are
+called from one thread only (W&B's buffer is not thread-safe), so a finished image waits until the
+next `log()` (or `close()`) picks it up.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import math
+import threading
+import time
+from collections.abc import Mapping
+
+from gradlog.measure.meter import Measurement
+from gradlog.measure.stats import NONZERO
+from gradlog.writers.png import heatmap_png
+
+log = logging.getLogger("gradlog")
+
+TAG = "gradlog/overview"
+#: At most one image per this many seconds of wall time during training (the final one always comes).
+MIN_INTERVAL_S = 20.0
+_NONE = -1.0  # no ratio at that step (not measured, or not in the optimizer)
+_OK, _NO_GRAD, _ZERO_GRAD = 0, 1, 2
+
+
+class Overview:
+    """Collects each published step's update ratios and draws the heatmap when due.
+
+    `every`: an image every that many published steps; None: on histogram steps (every published step
+    when histograms are off); 0: no images at all. Either way at most one per `min_interval` seconds
+    during training, and one more, with the final findings, at close.
+    """
+
+    def __init__(self, every: int | None = None, min_interval: float = MIN_INTERVAL_S) -> None:
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 0):
+            raise ValueError(
+                f"overview_every must be None (on histogram steps), an integer >= 1 (every that many published "
+                f"steps) or 0 (no overview images), got {every!r}"
+            )
+        self.every = every
+        self.min_interval = min_interval
+        self.names: list[str] = []  # model order: the order tensors were first published
+        self._row: dict[str, int] = {}
+        self.steps: list[int] = []
+        self._ratios: list[array.array[float]] = []  # one per step, indexed by row
+        self._grad: list[bytes] = []  # one per step: _OK / _NO_GRAD / _ZERO_GRAD per row
+        self._published = 0
+        self._last_start = -math.inf
+        self._thread: threading.Thread | None = None
+        self._done: list[tuple[int, bytes]] = []
+        self._lock = threading.Lock()
+
+    def observe(self, m: Measurement, step: int) -> None:
+        """Record one published step (host-side numbers only)."""
+        ratio = m.update_ratio
+        ratios = ratio.tolist() if ratio is not None else None
+        nonzero = m.grad[:, NONZERO].tolist()
+        numel = m.numel.tolist()
+        for row in m.rows:
+            if row.name not in self._row:
+                self._row[row.name] = len(self.names)
+                self.names.append(row.name)
+        values = array.array("d", [_NONE]) * len(self.names)
+        grad = bytearray(len(self.names))
+        for i, row in enumerate(m.rows):
+            r = self._row[row.name]
+            if ratios is not None and row.group is not None:
+                values[r] = ratios[i]
+            if not m.has_grad[i]:
+                grad[r] = _NO_GRAD
+            elif numel[i] > 0 and nonzero[i] == 0:
+                grad[r] = _ZERO_GRAD
+        self.steps.append(int(step))
+        self._ratios.append(values)
+        self._grad.append(bytes(grad))
+        self._published += 1
+
+    def due(self, histogram_step: bool) -> bool:
+        if self.every == 0 or not self.steps:
+            return False
+        if self.every is None:
+            wanted = histogram_step
+        else:
+            wanted = (self._published - 1) % self.every == 0
+        return wanted and time.monotonic() - self._last_start >= self.min_interval
+
+    def live_marks(self) -> dict[str, str]:
+        """Findings visible in the latest step: no update, or a NaN/Inf ratio."""
+        if not self._ratios:
+            return {}
+        out = {}
+        last, grad = self._ratios[-1], self._grad[-1]
+        for r, name in enumerate(self.names):
+            v = last[r] if r < len(last) else _NONE
+            if math.isnan(v) or math.isinf(v):
+                out[name] = "nonfinite"
+            elif v == 0.0 and (r >= len(grad) or grad[r] == _OK):
+                out[name] = "no_update"
+        return out
+
+    def draw(self, marks: Mapping[str, str]) -> bytes:
+        """The heatmap as PNG bytes, from the steps recorded so far."""
+        return _draw(self.names[:], list(self._ratios), list(self._grad), dict(marks))
+
+    def start(self, marks: Mapping[str, str]) -> None:
+        """Draw on a background thread for the latest step; skipped while the previous drawing runs."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._last_start = time.monotonic()
+        step = self.steps[-1]
+        names, ratios, grads, mk = self.names[:], list(self._ratios), list(self._grad), dict(marks)
+
+        def work() -> None:
+            try:
+                png = _draw(names, ratios, grads, mk)
+            except Exception as exc:  # an image is a nicety: never an error in the training loop
+                log.warning("gradlog: drawing the overview image failed (%s: %s)", type(exc).__name__, exc)
+                return
+            with self._lock:
+                self._done.append((step, png))
+
+        t = threading.Thread(target=work, name="gradlog-overview", daemon=True)
+        try:
+            t.start()
+        except RuntimeError:  # interpreter shutting down: no image this time
+            return
+        self._thread = t
+
+    def take(self) -> list[tuple[int, bytes]]:
+        """Images finished since the last call, as (step, png)."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def wait(self, timeout: float = 30.0) -> None:
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+
+
+def _draw(names: list[str], ratios: list[array.array[float]], grads: list[bytes], marks: dict[str, str]) -> bytes:
+    """Transpose the per-step arrays into rows (tensors) x columns (steps) and draw them."""
+    n = len(names)
+    values: list[list[float | None]] = [[] for _ in range(n)]
+    states: list[list[str | None]] = [[] for _ in range(n)]
+    for step_values, step_grad in zip(ratios, grads):
+        for r in range(n):
+            v = step_values[r] if r < len(step_values) else _NONE
+            g = step_grad[r] if r < len(step_grad) else _OK
+            values[r].append(None if v == _NONE else v)
+            states[r].append("none" if g == _NO_GRAD else "zero" if g == _ZERO_GRAD else None)
+    row_marks = {r: marks[name] for r, name in enumerate(names) if name in marks}
+    return heatmap_png(values, row_marks, states)
+
+
+__all__ = ["MIN_INTERVAL_S", "TAG", "Overview"]

@@ -1,0 +1,117 @@
+"""A heatmap as PNG bytes with nothing but the standard library (zlib), so images need no Pillow or matplotlib.
+
+The overview image (one row per tensor in model order, one column per measured step) is drawn here:
+the training loop may import this module (it sits at the writers stage), and it is cheap enough to run
+on a background thread every few measured steps.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+
+RGB = tuple[int, int, int]
+
+#: Special cells, drawn in colours the log scale never uses (the same meaning as the TensorBoard tab).
+NO_UPDATE: RGB = (68, 1, 84)  # value exactly 0: the optimizer moved nothing (dark purple, below the scale)
+NO_GRAD: RGB = (150, 150, 150)  # the tensor had no gradient at that step (grey)
+ZERO_GRAD: RGB = (0, 0, 0)  # the gradient was exactly zero (black)
+NONFINITE: RGB = (230, 0, 0)  # NaN or Inf (red)
+MISSING: RGB = (255, 255, 255)  # not measured at that step (white)
+#: Row markers, left of the row: what the findings say about the tensor.
+MARKS: dict[str, RGB] = {
+    "never_updated": (230, 0, 0),
+    "stalled": (255, 140, 0),
+    "partly_updated": (255, 200, 0),
+    "nonfinite": (200, 0, 200),
+    "no_update": (255, 140, 0),
+}
+#: Stops of a perceptual map (viridis without its darkest end, which NO_UPDATE uses), low to high.
+_STOPS: list[RGB] = [(59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
+
+
+def scale_colour(t: float) -> RGB:
+    """t in [0, 1] -> a colour on the map."""
+    t = min(1.0, max(0.0, t)) * (len(_STOPS) - 1)
+    i = min(int(t), len(_STOPS) - 2)
+    f = t - i
+    a, b = _STOPS[i], _STOPS[i + 1]
+    return (round(a[0] + (b[0] - a[0]) * f), round(a[1] + (b[1] - a[1]) * f), round(a[2] + (b[2] - a[2]) * f))
+
+
+def encode_png(width: int, height: int, rgb: bytes) -> bytes:
+    """An 8-bit RGB PNG from `height` rows of `width * 3` bytes (filter type 0 on every row)."""
+    if len(rgb) != width * height * 3:
+        raise ValueError(f"expected {width * height * 3} bytes of RGB for {width}x{height}, got {len(rgb)}")
+    stride = width * 3
+    raw = b"".join(b"\x00" + rgb[y * stride : (y + 1) * stride] for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+
+
+def log_range(values: Sequence[Sequence[float | None]]) -> tuple[float, float]:
+    """log10 of the smallest and largest finite positive value (a 1-decade span when there is one value)."""
+    lo, hi = math.inf, -math.inf
+    for row in values:
+        for v in row:
+            if v is not None and 0 < v < math.inf:
+                lo, hi = min(lo, v), max(hi, v)
+    if lo > hi:
+        return 0.0, 1.0
+    a, b = math.log10(lo), math.log10(hi)
+    return (a, b) if b > a else (a - 0.5, a + 0.5)
+
+
+def cell_colour(v: float | None, lo: float, span: float, grad: str | None = None) -> RGB:
+    """The colour of one cell. `grad` says why a 0 is 0: "none" (no gradient), "zero" (all-zero gradient)."""
+    if v is None:
+        return NO_GRAD if grad == "none" else MISSING
+    if math.isnan(v) or math.isinf(v):
+        return NONFINITE
+    if v <= 0:
+        return NO_GRAD if grad == "none" else ZERO_GRAD if grad == "zero" else NO_UPDATE
+    return scale_colour((math.log10(v) - lo) / span)
+
+
+def heatmap_png(
+    values: Sequence[Sequence[float | None]],
+    marks: Mapping[int, str] | None = None,
+    grad_state: Sequence[Sequence[str | None]] | None = None,
+    max_width: int = 320,
+    max_height: int = 800,
+) -> bytes:
+    """`values[row][col]` (None: not measured) as a PNG: a marker strip for the rows in `marks`
+    (row -> kind in MARKS), then the cells on a log colour scale, each cell a few pixels wide and high.
+    The cells fit `max_width` x `max_height` where they can (TensorBoard's image card is ~350 px wide and
+    crops wider images); past that one pixel per cell."""
+    rows = len(values)
+    cols = max((len(r) for r in values), default=0)
+    if rows == 0 or cols == 0:
+        return encode_png(1, 1, bytes(MISSING))
+    cw = max(1, min(8, max_width // cols))
+    ch = max(1, min(8, max_height // rows))
+    strip = 6
+    lo, hi = log_range(values)
+    span = hi - lo
+    marks = marks or {}
+    width = strip + 2 + cols * cw
+    out = bytearray()
+    for r, row in enumerate(values):
+        line = bytearray()
+        line += bytes(MARKS.get(marks.get(r, ""), MISSING)) * strip + bytes(MISSING) * 2
+        states = grad_state[r] if grad_state is not None else None
+        for c in range(cols):
+            v = row[c] if c < len(row) else None
+            g = states[c] if states is not None and c < len(states) else None
+            line += bytes(cell_colour(v, lo, span, g)) * cw
+        out += bytes(line) * ch
+    return encode_png(width, rows * ch, bytes(out))
+
+
+__all__ = ["MARKS", "encode_png", "heatmap_png", "scale_colour"]

@@ -1,0 +1,113 @@
+"""Run-level series, the overview image (PNG drawn without Pillow, off the training thread) and its cadence."""
+
+from __future__ import annotations
+
+import io
+import statistics
+import threading
+
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+import gradlog
+from gradlog.writers import png
+
+
+def test_png_encoder_is_read_back_by_pillow() -> None:
+    pixels = bytes([255, 0, 0, 0, 255, 0, 0, 0, 255, 9, 9, 9, 1, 2, 3, 250, 251, 252])  # 3 x 2
+    with Image.open(io.BytesIO(png.encode_png(3, 2, pixels))) as im:
+        assert im.size == (3, 2) and im.mode == "RGB"
+        assert im.tobytes() == pixels
+    with pytest.raises(ValueError, match="expected 18 bytes of RGB for 3x2, got 3"):
+        png.encode_png(3, 2, b"abc")
+
+
+def test_heatmap_cells_marks_and_log_scale() -> None:
+    values = [[1e-4, 1e-2, 0.0], [float("nan"), None, 1e-3]]
+    grad = [[None, None, None], [None, "none", None]]
+    with Image.open(io.BytesIO(png.heatmap_png(values, {1: "stalled"}, grad))) as im:
+        im = im.convert("RGB")
+        cw = (im.width - 8) // 3
+        ch = im.height // 2
+        at = lambda r, c: im.getpixel((8 + c * cw + cw // 2, r * ch + ch // 2))  # noqa: E731
+        assert at(0, 0) == png.scale_colour(0.0) and at(0, 1) == png.scale_colour(1.0)  # log10 range -4..-2
+        assert at(0, 2) == png.NO_UPDATE and at(1, 0) == png.NONFINITE and at(1, 1) == png.NO_GRAD
+        assert at(1, 2) == png.scale_colour(0.5)
+        assert im.getpixel((2, ch + ch // 2)) == png.MARKS["stalled"] and im.getpixel((2, ch // 2)) == png.MISSING
+
+
+def train(steps: int, **kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Report]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, **kw)  # type: ignore[arg-type]
+    for step in range(steps):
+        model(torch.randn(5, 3)).sum().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    return mem, gl.close()
+
+
+def test_images_are_rate_limited_and_the_last_comes_at_close() -> None:
+    # default min interval (20 s): the first image, then only the final one
+    mem, _ = train(8)
+    steps = [s for s, _ in mem.images["gradlog/overview"]]
+    assert steps[-1] == 7 and len(steps) <= 3
+    with Image.open(io.BytesIO(mem.images["gradlog/overview"][-1][1])) as im:
+        assert im.height % 4 == 0  # one band of rows per tensor (4 tensors)
+    mem, _ = train(4, overview_every=0)
+    assert "gradlog/overview" not in mem.images
+
+
+def test_drawing_happens_off_the_training_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[str] = []
+    real = png.heatmap_png
+
+    def spy(*args: object, **kw: object) -> bytes:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("gradlog.writers.overview.heatmap_png", spy)
+    mem, _ = train(3, overview_every=1)
+    # during training: the background thread (once: the 20 s limit); at close: the final one, in close()
+    assert threads == ["gradlog-overview", threading.current_thread().name]
+    steps = [s for s, _ in mem.images["gradlog/overview"]]
+    assert steps in ([0, 2], [2])  # step 0's image if it was ready at a later log(); else superseded at close
+
+
+def test_bad_overview_every_is_named() -> None:
+    with pytest.raises(ValueError, match=r"overview_every must be None \(on histogram steps\), an integer >= 1"):
+        train(1, overview_every=-1)
+
+
+def test_run_level_series_count_by_hand() -> None:
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"a": nn.Linear(2, 2), "dead": nn.Linear(2, 2), "unused": nn.Linear(2, 2)})
+    lrs = {"a": 0.1, "dead": 0.0, "unused": 0.1}
+    groups = [{"params": model[k].parameters(), "lr": lr} for k, lr in lrs.items()]
+    opt = torch.optim.SGD(groups, lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    x = torch.randn(4, 2)
+    (model["a"](x).sum() + (model["dead"](x) * 0).sum()).backward()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt.step()
+    gl.log(0)
+    gl.close()
+    ratios = [
+        (torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])).item()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    ]
+    got = {k: v[0][1] for k, v in mem.scalars.items() if k.startswith("gradlog/")}
+    assert got["gradlog/no_grad_tensors"] == 2  # unused.weight, unused.bias
+    assert got["gradlog/zero_grad_tensors"] == 2  # dead.*: multiplied by 0
+    assert got["gradlog/no_update_tensors"] == 2  # dead.*: lr 0 (and a zero gradient)
+    assert got["gradlog/nonfinite_tensors"] == 0
+    assert got["gradlog/update_ratio_min"] == 0.0
+    assert got["gradlog/update_ratio_max"] == pytest.approx(max(ratios), rel=1e-5)
+    assert got["gradlog/update_ratio_median"] == pytest.approx(statistics.median(ratios), rel=1e-5, abs=1e-12)

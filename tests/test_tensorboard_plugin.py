@@ -1,0 +1,363 @@
+"""The gradlog tab in TensorBoard: its data (without a server), then a real `tensorboard` process serving a
+planted run (a layer whose lr goes to 0, a NaN gradient), then headless Chromium rendering the tab."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_run
+
+from gradlog.views.tensorboard_plugin import data
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY = "gradlog.views.tensorboard_plugin.plugin:GradlogPlugin"
+
+
+# --- the data, without TensorBoard ------------------------------------------------------------------------
+
+
+def test_heatmap_cells_name_every_special_case() -> None:
+    names = ["a", "b", "c", "d"]
+    ratio = {"a": [(0, 0.5), (1, 0.0)], "b": [(0, 0.0), (1, 0.0)], "c": [(0, math.nan), (1, math.inf)]}
+    grad = {"a": [(0, 1.0), (1, 2.0)], "b": [(0, 0.0), (1, 0.0)], "c": [(0, 1.0), (1, 1.0)]}
+    steps, cells = data.heatmap(names, "update_ratio", ratio, grad)
+    assert steps == [0, 1]
+    rows = [list(cells[i * 2 : i * 2 + 2]) for i in range(4)]
+    assert rows[0] == [0.5, 0.0]  # 0 with a gradient: no update
+    assert rows[1] == [data.ZERO_GRAD, data.ZERO_GRAD]  # 0 because the gradient was all zero
+    assert math.isnan(rows[2][0]) and rows[2][1] == math.inf
+    assert rows[3] == [data.NO_GRAD, data.NO_GRAD]  # nothing written for d: it never had a gradient
+
+
+def test_heatmap_marks_steps_without_a_gradient_and_fills_quiet_nonfinite_counts() -> None:
+    grad = {"a": [(0, 1.0), (1, 1.0), (2, 1.0)], "b": [(0, 1.0), (2, 3.0)]}
+    nonfinite = {"b": [(2, 4.0)]}  # written only once non-zero (writers/quiet.py)
+    steps, cells = data.heatmap(["a", "b"], "grad_nonfinite", nonfinite, grad)
+    assert steps == [0, 1, 2]
+    assert list(cells) == [0.0, 0.0, 0.0, 0.0, data.NO_GRAD, 4.0]
+    _, norms = data.heatmap(["a", "b"], "grad_norm", grad, grad)
+    assert list(norms) == [1.0, 1.0, 1.0, 1.0, data.NO_GRAD, 3.0]
+
+
+def test_heatmap_payload_round_trips() -> None:
+    steps, cells = data.heatmap(["x.weight"], "grad_norm", {"x.weight": [(3, 0.25)]}, {"x.weight": [(3, 0.25)]})
+    header, values = data.decode(data.encode({"names": ["x.weight"], "steps": steps}, cells))
+    assert header == {"names": ["x.weight"], "steps": [3]} and values == [0.25]
+
+
+def test_unknown_metric_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown metric 'loss'; choose from update_ratio"):
+        data.heatmap([], "loss", {}, {})
+
+
+def test_names_follow_the_written_model_order_then_the_rest() -> None:
+    tags = ["update_ratio/b", "grad_norm/a", "weight_norm/c", "train/loss"]
+    assert data.tensor_names(tags, ["c", "a", "gone"]) == ["c", "a", "b"]
+
+
+def test_marks_keep_the_strongest_finding() -> None:
+    tables = {
+        "stalled": (["name", "since_step"], [["s", "5"]]),
+        "never_updated": (["name", "shape"], [["w (= tied.w)", "2"]]),
+    }
+    got = data.marks(tables, {"first_nonfinite_tensor": "s"}, {"s": "no_update", "n": "nonfinite"})
+    assert got == {"s": "stalled", "n": "nonfinite", "w": "never_updated"}
+
+
+def test_provisional_verdict_reads_the_run_level_series() -> None:
+    line, final = data.verdict({}, {"gradlog/no_update_tensors": [(0, 0.0), (7, 2.0)], "gradlog/nonfinite_tensors": []})
+    assert not final and "at step 7: 2 with no update" in line and "close()" in line
+    assert data.verdict({"verdict": "gradlog OK: x"}, {}) == ("gradlog OK: x", True)
+    line, final = data.verdict({}, {}, {"a": "no_update", "b": "nonfinite", "c": "nonfinite"}, 41)
+    assert not final and "at step 41: 1 with no update; 2 with NaN/Inf" in line  # a run without run-level series
+
+
+def test_the_entry_point_is_declared_and_loads_the_plugin() -> None:
+    from tensorboard.plugins import base_plugin
+
+    text = (ROOT / "pyproject.toml").read_text()
+    assert f'[project.entry-points."tensorboard_plugins"]\ngradlog = "{ENTRY}"' in text
+    module, _, cls = ENTRY.partition(":")
+    plugin = getattr(importlib.import_module(module), cls)
+    assert issubclass(plugin, base_plugin.TBPlugin) and plugin.plugin_name == "gradlog"
+    static = ROOT / "gradlog" / "views" / "tensorboard_plugin" / "static" / "index.js"
+    assert "export async function render()" in static.read_text()  # what plugin_entry.html calls
+
+
+def test_import_gradlog_does_not_import_the_plugin_or_tensorboard() -> None:
+    code = (
+        "import sys, gradlog; print(sorted(m for m in sys.modules if m.startswith(('tensorboard', 'gradlog.views'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env(None))
+    assert out.stdout.strip() == "[]"
+
+
+# --- a real TensorBoard --------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(shim: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(ROOT)] + ([str(shim)] if shim is not None else []) + [env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _entry_point_shim(tmp: Path) -> Path | None:
+    """CI installs the package (`pip install -e .`), so TensorBoard finds the entry point in its metadata.
+    A development venv installed before the entry point existed lacks it: then a folder holding only that
+    metadata (the same line as pyproject.toml) is put on PYTHONPATH, so the real entry-point loading runs."""
+    if any(ep.name == "gradlog" for ep in importlib.metadata.entry_points(group="tensorboard_plugins")):
+        return None
+    info = tmp / "shim" / "gradlog_tensorboard_entry-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gradlog-tensorboard-entry\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[tensorboard_plugins]\ngradlog = {ENTRY}\n")
+    return tmp / "shim"
+
+
+def _get(base: str, path: str, timeout: float = 30.0) -> bytes:
+    with urllib.request.urlopen(base + path, timeout=timeout) as r:
+        body: bytes = r.read()
+        return body
+
+
+class Server:
+    def __init__(
+        self, base: str, logdir: Path, expected: dict[str, list[float]], proc: subprocess.Popen[bytes]
+    ) -> None:
+        self.base, self.logdir, self.expected, self.proc = base, logdir, expected, proc
+
+    def json(self, path: str) -> Any:
+        return json.loads(_get(self.base, path))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("tbplugin")
+    logdir = tmp / "runs"
+    _, expected = write_run(str(logdir / "planted"))
+    training = [sys.executable, str(ROOT / "tests" / "tb_plugin_run.py"), "--training", str(logdir / "training")]
+    subprocess.run(training, check=True, env=_env(None), timeout=120, capture_output=True)  # no close(): no tables
+    port = _free_port()
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--reload_interval", "1"]
+    log = open(tmp / "tensorboard.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(_entry_point_shim(tmp)))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # bounded wait: the server is up and has loaded both runs
+            assert proc.poll() is None, (tmp / "tensorboard.log").read_text()
+            try:
+                if set(json.loads(_get(base, "/data/plugin/gradlog/runs", 5))) == {"planted", "training"}:
+                    break
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            assert time.monotonic() < deadline, "tensorboard did not serve both runs within 120 s"
+            time.sleep(0.5)
+        yield Server(base, logdir, expected, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+        log.close()
+
+
+@pytest.mark.slow
+def test_plugin_is_listed_and_loads_as_a_module(server: Server) -> None:
+    listing = server.json("/data/plugins_listing")
+    assert listing["gradlog"]["enabled"] is True
+    assert listing["gradlog"]["tab_name"] == "gradlog"
+    assert listing["gradlog"]["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/gradlog/index.js"}
+    assert b"export async function render()" in _get(server.base, "/data/plugin/gradlog/index.js")
+
+
+@pytest.mark.slow
+def test_overview_names_the_planted_findings(server: Server) -> None:
+    ov = server.json("/data/plugin/gradlog/overview?run=planted")
+    assert ov["final"] is True and ov["verdict"].startswith("gradlog PROBLEM")
+    assert f"first non-finite gradient at step {NAN_STEP} in {NAN_TENSOR}" in ov["verdict"]
+    assert ov["names"] == [
+        "inp.weight", "inp.bias", "stall.weight", "stall.bias", "out.weight", "out.bias",
+        "aux.weight", "aux.bias", "unused.weight", "unused.bias",
+    ]  # fmt: skip
+    assert ov["marks"][STALLED] == "stalled"
+    assert ov["marks"][NAN_TENSOR] in ("nonfinite", "stalled")  # NaN weights from step 9: a stall, if close() says so
+    assert ov["marks"]["unused.weight"] == "never_updated"
+    assert "inp.weight" not in ov["marks"]
+    stalled = {r[0]: r for r in ov["tables"]["stalled"]["rows"]}
+    assert stalled[STALLED][1] == str(STALL_STEP)
+    assert [r[0] for r in ov["tables"]["never_updated"]["rows"]] == ["unused.weight", "unused.bias"]
+    assert ov["run_level"]["gradlog/no_update_tensors"] == [STEPS - 1, 2.0]  # stall.weight and stall.bias
+
+
+@pytest.mark.slow
+def test_heatmap_values_match_ratios_computed_by_hand(server: Server) -> None:
+    header, cells = data.decode(_get(server.base, "/data/plugin/gradlog/heatmap?run=planted&metric=update_ratio"))
+    assert header["steps"] == list(range(STEPS))
+    n = len(header["steps"])
+    row = {name: cells[i * n : (i + 1) * n] for i, name in enumerate(header["names"])}
+    for name in ("inp.weight", STALLED, NAN_TENSOR):
+        for step, (got, want) in enumerate(zip(row[name], server.expected[name])):
+            if math.isnan(want):
+                assert math.isnan(got), (name, step)
+            else:
+                assert got == pytest.approx(want, rel=1e-5, abs=1e-12), (name, step)
+    assert all(v == 0.0 for v in row[STALLED][STALL_STEP:]) and all(v > 0 for v in row[STALLED][:STALL_STEP])
+    assert all(math.isnan(v) for v in row[NAN_TENSOR][NAN_STEP:])
+    assert row["unused.weight"] == [data.NO_GRAD] * STEPS
+    _, nf = data.decode(_get(server.base, "/data/plugin/gradlog/heatmap?run=planted&metric=grad_nonfinite"))
+    nf_row = nf[header["names"].index(NAN_TENSOR) * n :][:n]
+    assert nf_row == [1.0 if s == NAN_STEP else 0.0 for s in range(STEPS)]
+
+
+@pytest.mark.slow
+def test_series_and_a_run_still_training(server: Server) -> None:
+    series = server.json(f"/data/plugin/gradlog/series?run=planted&name={STALLED}")
+    assert [s for s, _ in series["update_ratio"]] == list(range(STEPS))
+    assert set(series) >= {"update_ratio", "grad_norm", "weight_norm"}
+    ov = server.json("/data/plugin/gradlog/overview?run=training")
+    assert ov["final"] is False and "provisional" in ov["verdict"] and "2 with no update" in ov["verdict"]
+    assert ov["marks"][STALLED] == "no_update" and ov["marks"][NAN_TENSOR] == "nonfinite"
+    with pytest.raises(urllib.error.HTTPError, match="400"):
+        _get(server.base, "/data/plugin/gradlog/heatmap?run=planted&metric=loss")
+
+
+# --- a real browser ------------------------------------------------------------------------------------------
+
+
+def _chromium() -> tuple[str, str] | None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@pytest.mark.slow
+def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: Path) -> None:
+    found = _chromium()
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install chromium and chromium-driver (.ci/run does)")
+        pytest.skip("headless chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = found[0]
+    for flag in (
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1600,1000",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(found[1]), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        driver.get(server.base + "/#gradlog")
+        frame = WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe"))
+        driver.switch_to.frame(frame)
+        WebDriverWait(driver, 60).until(
+            lambda d: (
+                d.find_elements(By.CSS_SELECTOR, "#gl-canvas[data-first-paint-ms]")
+                or d.find_elements(By.ID, "gl-error")
+            )
+        )
+        assert not driver.find_elements(By.ID, "gl-error"), driver.find_element(By.ID, "gl-error").text
+        driver.find_element(By.CSS_SELECTOR, "#gl-run").send_keys("planted")
+        WebDriverWait(driver, 30).until(lambda d: "PROBLEM" in d.find_element(By.ID, "gl-verdict").text)
+        marked = {
+            e.get_attribute("data-name"): e.get_attribute("data-kind")
+            for e in driver.find_elements(By.CSS_SELECTOR, "#gl-marked li")
+        }
+        assert marked[STALLED] == "stalled" and marked[NAN_TENSOR] in ("nonfinite", "stalled")
+        item = driver.find_element(By.CSS_SELECTOR, f'#gl-marked li[data-name="{STALLED}"]')
+        assert STALLED in item.text and "stalled" in item.text  # the name is shown, not only an attribute
+        # the canvas: the stalled row's marker strip is drawn in the "stalled" colour
+        rgba = driver.execute_script(
+            "const t = window.gradlog; const r = t.rows.indexOf(t.heat.names.indexOf(arguments[0]));"
+            "return Array.from(t.canvas.getContext('2d').getImageData(300 - 5, r * t.rh + t.rh / 2, 1, 1).data);",
+            STALLED,
+        )
+        assert rgba[:3] == [255, 140, 0]
+        item.click()  # the tensor's own series
+        WebDriverWait(driver, 30).until(lambda d: STALLED in d.find_element(By.ID, "gl-series").text)
+        assert driver.find_elements(By.CSS_SELECTOR, '#gl-series canvas[data-metric="update_ratio"]')
+        driver.switch_to.default_content()
+        driver.save_screenshot(str(tmp_path / "gradlog-tab.png"))
+        assert (tmp_path / "gradlog-tab.png").stat().st_size > 10_000
+    finally:
+        driver.quit()
+
+
+def test_gradient_norms_are_read_only_where_they_change_a_cell() -> None:
+    assert not data.needs_gradient("update_ratio", [(0, 0.1), (1, 0.2)], 2)
+    assert data.needs_gradient("update_ratio", [(0, 0.1), (1, 0.0)], 2)  # no update, or no gradient?
+    assert data.needs_gradient("update_ratio", [(0, 0.1)], 2)  # a missing step
+    assert data.needs_gradient("grad_nonfinite", [(0, 1.0)], 1)
+    ratio = {"a": [(0, 0.5), (1, 0.0)], "b": [(0, 0.1), (1, 0.2)]}
+    full = data.heatmap(["a", "b"], "update_ratio", ratio, {"a": [(0, 1.0), (1, 0.0)], "b": [(0, 1.0), (1, 1.0)]})
+    part = data.heatmap(["a", "b"], "update_ratio", ratio, {"a": [(0, 1.0), (1, 0.0)]}, {"a"})
+    assert full == part and list(part[1]) == [0.5, data.ZERO_GRAD, pytest.approx(0.1), pytest.approx(0.2)]
+
+
+@pytest.mark.parametrize("metric", list(data.METRICS))
+def test_packed_rows_give_the_same_cells_as_the_scalars(tmp_path: Path, metric: str) -> None:
+    """The writer's per-step packed rows (the fast path at 1,000 x 1,000) against the per-tensor scalars,
+    both read back with TensorBoard's own EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    write_run(str(tmp_path / "run"))
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    order = acc.Tensors("gradlog/tensor_order")[-1].tensor_proto.string_val[0].decode().split("\n")
+    blocks = [t for t in acc.Tags()["tensors"] if t.startswith("gradlog/heatmap/")]
+    assert len(blocks) == math.ceil(STEPS / 10)  # 10 steps per tag: never sampled down
+    points = [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for t in blocks for e in acc.Tensors(t)]
+    steps, mats = data.packed_matrices(points, len(order))
+    packed = data.packed_heatmap(metric, mats).reshape(-1).tolist()
+
+    def series(family: str) -> dict[str, list[tuple[int, float]]]:
+        return {
+            n: [(e.step, e.value) for e in acc.Scalars(f"{family}/{n}")]
+            for n in order
+            if f"{family}/{n}" in acc.Tags()["scalars"]
+        }
+
+    ref_steps, ref = data.heatmap(order, metric, series(metric), series("grad_norm"))
+    assert steps == ref_steps == list(range(STEPS))
+    assert len(packed) == len(ref)
+    for i, (a, b) in enumerate(zip(packed, ref)):
+        assert (math.isnan(a) and math.isnan(b)) or a == b, (order[i // STEPS], i % STEPS, a, b)
+    assert data.packed_live_marks(order, mats) == {
+        STALLED: "no_update",
+        "stall.bias": "no_update",
+        NAN_TENSOR: "nonfinite",
+    }
