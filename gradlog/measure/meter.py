@@ -16,6 +16,7 @@ import torch
 from gradlog.measure.distributed import DistStep, Reducer, neutral_ranges
 from gradlog.measure.histogram import Histogram
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
+from gradlog.measure.slice_grads import SliceGrads
 from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
@@ -74,6 +75,7 @@ class Measurement:
     zeros_counted: bool = True  # False: grad[:, NONZERO] only tells all-zero (0) from not (> 0)
     histograms: dict[str, dict[int, Histogram]] = field(default_factory=dict)
     skipped_total: int | None = None  # optimizer steps skipped so far (GradScaler), when known
+    dead_frac: torch.Tensor | None = None  # [n] rows with an all-zero gradient (zero-count steps; NaN: none)
 
     @property
     def grad_norm(self) -> torch.Tensor:
@@ -107,6 +109,7 @@ class Measurement:
         wnorm = self.weight_sumsq.sqrt().tolist()
         ratio = self.update_ratio
         ratios = ratio.tolist() if ratio is not None else None
+        dead = self.dead_frac.tolist() if self.dead_frac is not None else None
         total = 0.0
         n_nonfinite = 0
         n_nograd = 0
@@ -124,6 +127,8 @@ class Measurement:
                 n_nograd += 1
             if ratios is not None and row.group is not None:
                 out[f"update_ratio/{name}"] = ratios[i]
+            if dead is not None and self.has_grad[i] and not math.isnan(dead[i]):
+                out[f"dead_frac/{name}"] = dead[i]
         out["gradlog/grad_norm_total"] = math.sqrt(total) if math.isfinite(total) else total
         out["gradlog/nonfinite_tensors"] = float(n_nonfinite)
         out["gradlog/no_grad_tensors"] = float(n_nograd)
@@ -147,6 +152,7 @@ class _Open:
     grad_pos: list[int]  # rows that had a gradient
     moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
     dist: DistStep | None = None  # sharded parameters: sums pending the step's all_reduce
+    slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step completes
 
 
 class Meter:
@@ -173,6 +179,7 @@ class Meter:
         self.skip_count = skip_count
         self._open: _Open | None = None
         self._done: tuple[_Open, Packer] | None = None
+        self.slice_grads = SliceGrads()  # per-slice "gradient ever non-zero", on the device
         self.tensor_work = 0  # number of start() calls that touched tensors; tests assert on it
 
     @property
@@ -203,6 +210,12 @@ class Meter:
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
             grad = _every_row(part, pos, len(rows))
+        # per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac
+        slice_keys, slice_done, dead = self.slice_grads.observe(rows, grads, zeros, device)
+        if slice_done is not None:
+            packer.add("slices/done", slice_done)
+        if dead is not None:
+            packer.add("dead", dead)
         dist = self.reducer.open(index, rows, device) if self.reducer and self.reducer.active(rows) else None
         if dist is not None:
             pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
@@ -234,7 +247,9 @@ class Meter:
             # low-precision update in fp32, one tensor at a time).
             snap, sumsq = copy_with_sumsq(weights, device)
             before = _every_row(sumsq, moving, len(rows))
-        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist)
+        self._open = _Open(
+            index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist, slice_keys
+        )
 
     def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
         """Sharded gradients: the step-index check and the global histogram range share one all_reduce."""
@@ -359,6 +374,8 @@ class Meter:
             positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))
             hists[kind] = {p: Histogram.from_partials(row, op.rows[p].numel) for p, row in zip(positions, h.tolist())}
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
+        if "slices/done" in host:
+            self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())
         has_grad = op.has_grad
         if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
             has_grad = [v > 0 for v in host["has_grad"].tolist()]
@@ -379,4 +396,5 @@ class Meter:
             zeros_counted=op.zeros,
             histograms=hists,
             skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
+            dead_frac=host["dead"] if "dead" in host else None,
         )

@@ -1,0 +1,122 @@
+"""Per-slice gradient evidence: which rows, columns and elements ever had a non-zero gradient.
+
+On a measured step each watched gradient gives, per row (dim 0) and per column (dim 1) of a
+tensor with 2+ dims, or per element of a 1-D tensor, "some entry is non-zero" (NaN counts as
+non-zero), OR-accumulated into one bool tensor per slice kind on the gradient's device. Nothing
+is read back until close, except one flag per tensor riding in the step's single host copy:
+once every slice of a tensor has had a non-zero gradient there is nothing left to learn about it,
+and later measured steps skip it. A healthy model therefore pays on its first measured step only.
+
+The max-abs reduction (`vector_norm(ord=inf)`) is exact: no square underflows to zero.
+Sparse gradients (`nn.Embedding(sparse=True)`) mark the rows present in `coalesce().indices()`
+with a non-zero value; absent rows stay zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gradlog.measure.params import Tracked, local_tensor
+
+
+def _max_abs(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+    if x.is_complex():
+        x = x.abs()
+    elif not x.is_floating_point():
+        x = x.to(torch.float32)
+    return torch.linalg.vector_norm(x, math.inf, dim=dim)
+
+
+def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(rows or elements [dim 0], columns [dim 1] or None) of "some entry non-zero" for one gradient (bool)."""
+    g = local_tensor(g.detach())
+    if g.dim() == 0:
+        return (g != 0).reshape(1), None
+    r = g.shape[0]
+    if g.is_sparse and g.sparse_dim() == 1:
+        g = g.coalesce()
+        idx, vals = g.indices()[0], g.values()
+        rows = torch.zeros(r, dtype=torch.uint8, device=g.device)
+        if vals.numel():
+            hit = (_max_abs(vals.reshape(vals.shape[0], -1), 1) != 0).to(torch.uint8)
+            rows.scatter_reduce_(0, idx, hit, "amax")  # on the device: no boolean indexing, no sync
+        if g.dim() < 2 or rows_only:
+            return rows.bool(), None
+        c = g.shape[1]
+        if vals.numel():
+            cols = _max_abs(vals.reshape(vals.shape[0], c, -1), (0, 2)) != 0
+        else:
+            cols = torch.zeros(c, dtype=torch.bool, device=g.device)
+        return rows.bool(), cols
+    if g.layout != torch.strided:
+        g = g.to_dense()
+    if g.dim() == 1 or g.numel() == 0:
+        nz = g != 0 if g.dim() == 1 else torch.zeros(r, dtype=torch.bool, device=g.device)
+        cols = None if g.dim() == 1 or rows_only else torch.zeros(g.shape[1], dtype=torch.bool, device=g.device)
+        return nz, cols
+    rows_nz = _max_abs(g.reshape(r, -1), 1) != 0
+    if rows_only:
+        return rows_nz, None
+    return rows_nz, _max_abs(g.reshape(r, g.shape[1], -1), (0, 2)) != 0
+
+
+class SliceGrads:
+    """The OR-accumulated evidence of every watched tensor, keyed by its `Tracked.index`."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, torch.Tensor] = {}  # bool [dim 0] (elements of a 1-D tensor)
+        self.cols: dict[int, torch.Tensor] = {}  # bool [dim 1], tensors with 2+ dims
+        self.full: set[int] = set()  # every slice seen non-zero: skipped from now on
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.rows, self.cols) for t in d.values())
+
+    def observe(
+        self, rows: list[Tracked], grads: list[torch.Tensor | None], dead: bool, device: torch.device
+    ) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+        """OR this step's gradients into the evidence.
+
+        Returns the positions whose evidence is now complete (a device flag each, `done`) and, with
+        `dead`, the fraction of rows whose gradient is all zero on this step ([n], NaN where none).
+        """
+        fresh: list[int] = []
+        flags: list[torch.Tensor] = []
+        fracs: list[torch.Tensor] = []
+        frac_pos: list[int] = []
+        for i, (row, g) in enumerate(zip(rows, grads)):
+            if g is None or row.param.dim() == 0 and not dead:
+                continue
+            key = row.index
+            track = key not in self.full and row.param.dim() > 0
+            if not track and not dead:
+                continue
+            r_nz, c_nz = slice_nonzero(g, rows_only=not track)
+            if dead and row.param.dim() > 0:
+                frac_pos.append(i)
+                n = max(1, r_nz.numel())
+                fracs.append((r_nz.numel() - r_nz.sum()).to(device, torch.float64) / n)
+            if not track:
+                continue
+            acc = self.rows.get(key)
+            self.rows[key] = r_nz.clone() if acc is None or acc.shape != r_nz.shape else acc.logical_or_(r_nz)
+            done = self.rows[key].all()
+            if c_nz is not None:
+                acc = self.cols.get(key)
+                self.cols[key] = c_nz.clone() if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
+                done = done & self.cols[key].all()
+            fresh.append(key)
+            flags.append(done.reshape(1).to(device))
+        dead_frac = None
+        if dead:
+            dead_frac = torch.full((len(rows),), math.nan, dtype=torch.float64, device=device)
+            if fracs:
+                dead_frac[torch.tensor(frac_pos).to(device, non_blocking=True)] = torch.stack(fracs)
+        done_t = torch.cat(flags).to(torch.float64) if flags else None
+        return fresh, done_t, dead_frac
+
+    def mark_done(self, keys: list[int], done: list[float]) -> None:
+        """Host side, from the step's one copy: tensors whose every slice has had a non-zero gradient."""
+        self.full.update(k for k, d in zip(keys, done) if d)
