@@ -29,6 +29,7 @@ from gradlog.verdict.alerts import (
 from gradlog.verdict.diagnosis import diagnose
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import COLUMNS, Report
+from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
 
@@ -307,10 +308,19 @@ class GradLogger:
         skipped = self.amp.final_count()
         if skipped is not None:
             self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
+        never = diagnose(
+            rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
+        )
+        steps = self.optimizer_steps if self.optimizer is not None else self._calls
+        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads)
+        if reducer is not None and reducer.active(rows):  # shards' slices placed at their global indices
+            facts = global_facts(rows, facts, reducer)
+        partly = partly_updated(
+            rows, facts, self.ledger.evidence, {r.name for r in never}, self.model, self.optimizer, steps
+        )
         return Report(
-            never_updated=diagnose(
-                rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
-            ),
+            never_updated=never,
+            partly_updated=partly,
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
             measured_steps=self.ledger.measured_steps,
