@@ -312,7 +312,7 @@ class GradLogger:
             rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
         )
         steps = self.optimizer_steps if self.optimizer is not None else self._calls
-        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads)
+        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, self.optimizer)
         if reducer is not None and reducer.active(rows):  # shards' slices placed at their global indices
             facts = global_facts(rows, facts, reducer)
         partly = partly_updated(

@@ -244,7 +244,9 @@ class Reducer:
         self.all_reduce(t, "max", -1)
         return {r.index: bool(v > 0) for r, v in zip(rows, t.tolist()) if v >= 0}
 
-    def global_slices(self, items: Sequence[tuple[Tracked, int | None, torch.Tensor | None]]) -> list[torch.Tensor | None]:
+    def global_slices(
+        self, items: Sequence[tuple[Tracked, int | None, torch.Tensor | None]]
+    ) -> list[torch.Tensor | None]:
         """At close: per-slice bool vectors of sharded tensors, from local to global. One all_reduce(MAX).
 
         Each item is (tensor, dim, this rank's vector along `dim` or None); dim None means the

@@ -104,9 +104,7 @@ def _slab_rows(row_bytes: int) -> int:
     return max(1, _SLAB_BYTES // max(1, row_bytes))
 
 
-def _sums_cpu(
-    x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _sums_cpu(x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One slab [r, C*S] of int32/int16 bits: its rows' sums [r, 2] and its columns' sums [2, C]."""
     r = x.shape[0]
     itype = x.dtype
@@ -118,9 +116,7 @@ def _sums_cpu(
     return rows, cols
 
 
-def _sums_any(
-    x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _sums_any(x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The same sums with int64 elementwise ops (accelerators have no integer matmul)."""
     r = x.shape[0]
     x = x.to(torch.int64)
@@ -172,7 +168,7 @@ def compare(first: Fingerprint, now: Fingerprint) -> Changes:
     def diff(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
         if a is None or b is None:
             return None
-        return (a.to(b.device) != b).reshape(b.shape[0], -1).any(1)
+        return (a.to(b.device) != b).any(1)  # [n, k] signatures -> [n]
 
     return Changes(diff(first.rows, now.rows), diff(first.cols, now.cols), diff(first.elems, now.elems))
 
@@ -181,7 +177,7 @@ def _whole(fp: Fingerprint) -> torch.Tensor:
     """int64[2]: a whole-tensor signature folded from the slices' ones."""
     src = fp.rows if fp.rows is not None else fp.elems
     assert src is not None
-    z = src.reshape(src.shape[0], -1).to(torch.int64)
+    z = src.to(torch.int64)
     if z.numel() == 0:
         return torch.zeros(2, dtype=torch.int64, device=z.device)
     h = _hash(0, z.shape[0], z.device, 1 << 31).unsqueeze(1)

@@ -26,7 +26,8 @@ def _max_abs(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
         x = x.abs()
     elif not x.is_floating_point():
         x = x.to(torch.float32)
-    return torch.linalg.vector_norm(x, math.inf, dim=dim)
+    out: torch.Tensor = torch.linalg.vector_norm(x, math.inf, dim=dim)
+    return out
 
 
 def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -54,8 +55,8 @@ def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tenso
         g = g.to_dense()
     if g.dim() == 1 or g.numel() == 0:
         nz = g != 0 if g.dim() == 1 else torch.zeros(r, dtype=torch.bool, device=g.device)
-        cols = None if g.dim() == 1 or rows_only else torch.zeros(g.shape[1], dtype=torch.bool, device=g.device)
-        return nz, cols
+        no_cols = g.dim() == 1 or rows_only
+        return nz, None if no_cols else torch.zeros(g.shape[1], dtype=torch.bool, device=g.device)
     rows_nz = _max_abs(g.reshape(r, -1), 1) != 0
     if rows_only:
         return rows_nz, None
@@ -87,7 +88,7 @@ class SliceGrads:
         fracs: list[torch.Tensor] = []
         frac_pos: list[int] = []
         for i, (row, g) in enumerate(zip(rows, grads)):
-            if g is None or row.param.dim() == 0 and not dead:
+            if g is None or (row.param.dim() == 0 and not dead):
                 continue
             key = row.index
             track = key not in self.full and row.param.dim() > 0

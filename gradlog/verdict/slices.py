@@ -17,15 +17,15 @@ that never changed lost its update to rounding (bf16/fp16).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from gradlog.measure.fingerprint import Changes
 from gradlog.measure.distributed import Reducer, is_dtensor
+from gradlog.measure.fingerprint import Changes
 from gradlog.measure.params import Tracked
-from gradlog.measure.slice_grads import SliceGrads
+from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Reason
 
@@ -56,6 +56,9 @@ class SliceFacts:
 
     changed: dict[int | None, torch.Tensor]  # dim 0 rows, dim 1 columns, None elements
     nonzero: dict[int | None, torch.Tensor | None]
+    #: from the optimizer's running gradient statistics (Adam's exp_avg_sq, momentum, ...): the slice
+    #: had a non-zero gradient at SOME step, measured or not (None: the optimizer keeps no such state)
+    state: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
 
 # what a slice is called, by owning module type and dim: (plural noun, zero-gradient question)
@@ -72,13 +75,34 @@ _WORDS: dict[tuple[str, int | None], tuple[str, str]] = {
 _GENERIC = {0: "rows", 1: "columns", None: "elements"}
 
 
+#: optimizer state that accumulates every gradient (squares or magnitudes): zero only if every gradient
+#: was (until it underflows: ~1e5 steps for Adam's beta2 0.999, ~1e3 for momentum 0.9)
+_STATE_KEYS = ("exp_avg_sq", "square_avg", "sum", "exp_inf", "momentum_buffer", "exp_avg")
+
+
+def _state_nonzero(param: torch.Tensor, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor] | None:
+    """Per-slice "some step had a gradient here", from the optimizer's accumulated state (device bools)."""
+    if optimizer is None:
+        return None
+    state = optimizer.state.get(param)
+    if not state:
+        return None
+    for key in _STATE_KEYS:
+        st = state.get(key)
+        if isinstance(st, torch.Tensor) and tuple(st.shape) == tuple(param.shape) and st.layout == torch.strided:
+            rows, cols = slice_nonzero(st)
+            return [rows] if cols is None else [rows, cols]
+    return None
+
+
 def slice_facts(
     rows: Sequence[Tracked],
     changes: dict[int, Changes],
     grads: SliceGrads,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> dict[int, SliceFacts]:
-    """Host-side facts of every tensor with 1+ dims: the ledger's slice changes and the meter's
-    evidence (one host copy for all the evidence)."""
+    """Host-side facts of every tensor with 1+ dims: the ledger's slice changes, the meter's evidence
+    and the optimizer state's (one host copy for all of it)."""
     keys: list[tuple[int, int | None]] = []
     parts: list[torch.Tensor] = []
     for row in rows:
@@ -86,6 +110,10 @@ def slice_facts(
             t = src.get(row.index)
             if t is not None:
                 keys.append((row.index, dim))
+                parts.append(t)
+        if row.index in changes and row.param.dim() > 0:
+            for dim, t in enumerate(_state_nonzero(row.param, optimizer) or []):
+                keys.append((row.index, 10 + dim))  # 10, 11: the state's rows and columns
                 parts.append(t)
     host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else torch.zeros(0, dtype=torch.bool)
     seen: dict[tuple[int, int | None], torch.Tensor] = {}
@@ -101,15 +129,18 @@ def slice_facts(
         if ch.elems is not None:
             changed: dict[int | None, torch.Tensor] = {None: ch.elems}
             nonzero: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 0))}
+            state: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 10))}
         elif ch.rows is not None and ch.cols is not None:
             changed = {0: ch.rows, 1: ch.cols}
             nonzero = {0: seen.get((row.index, 0)), 1: seen.get((row.index, 1))}
+            state = {0: seen.get((row.index, 10)), 1: seen.get((row.index, 11))}
         else:
             continue
-        for dim, t in list(nonzero.items()):
-            if t is not None and t.shape != changed[dim].shape:  # resized since: the evidence is stale
-                nonzero[dim] = None
-        out[row.index] = SliceFacts(changed, nonzero)
+        for found in (nonzero, state):
+            for d, t in list(found.items()):
+                if t is not None and t.shape != changed[d].shape:  # resized since: the evidence is stale
+                    found[d] = None
+        out[row.index] = SliceFacts(changed, nonzero, state)
     return out
 
 
@@ -125,6 +156,7 @@ def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer:
         for dim in dims:
             items.append((row, dim, f.changed.get(dim) if f is not None else None))
             items.append((row, dim, f.nonzero.get(dim) if f is not None else None))
+            items.append((row, dim, f.state.get(dim) if f is not None else None))
     merged = reducer.global_slices(items)
     at = 0
     out = dict(facts)
@@ -134,14 +166,14 @@ def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer:
         dims = (0, 1) if row.param.dim() >= 2 else (None,)
         changed: dict[int | None, torch.Tensor] = {}
         nonzero: dict[int | None, torch.Tensor | None] = {}
+        state: dict[int | None, torch.Tensor | None] = {}
         for dim in dims:
-            ch, nz = merged[at], merged[at + 1]
-            at += 2
+            ch, nz, st = merged[at : at + 3]
+            at += 3
             if ch is not None:
-                changed[dim] = ch
-                nonzero[dim] = nz
+                changed[dim], nonzero[dim], state[dim] = ch, nz, st
         if changed:
-            out[row.index] = SliceFacts(changed, nonzero)
+            out[row.index] = SliceFacts(changed, nonzero, state)
         else:
             out.pop(row.index, None)
     return out
@@ -211,11 +243,14 @@ def partly_updated(
             nonzero = f.nonzero.get(dim)
             zero = ~nonzero if nonzero is not None and with_grad > 0 else None
             decayed = changed & zero if zero is not None and wd > 0 else torch.zeros_like(changed)
+            in_state = f.state.get(dim)
+            if in_state is not None:  # the optimizer saw every step: a gradient at an unmeasured step shows
+                decayed &= ~in_state
             never = ~changed
             picked = never | decayed
             if not bool(picked.any()):
                 continue
-            caveat = _caveat(ev, optimizer_steps)
+            caveat = "" if in_state is not None else _caveat(ev, optimizer_steps)
             out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat)
     return out
 
@@ -253,13 +288,17 @@ def _records(
 ) -> list[PartlyUpdated]:
     total = never.numel()
     noun, question = _WORDS.get((kind, dim), (_GENERIC[dim], "no gradient ever reached them"))
+    hooked = bool(getattr(row.param, "_backward_hooks", None))
+    if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
+        question = "a gradient hook on this tensor (register_hook) zeroes them?"
     picked = never | decayed
     groups: dict[Reason, list[int]] = {}
     for i in picked.nonzero().flatten().tolist():
         if dim == 0 and padding is not None and i == padding:
             reason = Reason.PADDING_IDX
         elif zero is not None and bool(zero[i]):
-            reason = Reason.NOT_IN_BATCH if kind == "embedding.weight" and dim == 0 else Reason.ZERO_GRAD
+            unseen = kind == "embedding.weight" and dim == 0 and not hooked
+            reason = Reason.NOT_IN_BATCH if unseen else Reason.ZERO_GRAD
         elif zero is not None:
             reason = Reason.BELOW_PRECISION
         else:
@@ -269,7 +308,7 @@ def _records(
     for reason, idx in groups.items():
         n_never = sum(bool(never[i]) for i in idx)
         moved = len(idx) - n_never
-        what = f"{noun} {ranges(idx, 8)} ({len(idx)} of {total})"
+        what = f"{noun if len(idx) > 1 else noun[:-1]} {ranges(idx, 8)} ({len(idx)} of {total})"
         if moved == 0:
             head = f"{what} never changed"
         elif n_never == 0:
