@@ -304,6 +304,36 @@ def _local_span(t: torch.Tensor, axis: int) -> tuple[int, int]:
     return size, int(offset[axis]) if offset else 0
 
 
+def global_rows(rows: Sequence[Tracked], local: Mapping[int, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Every sharded tensor's per-row "gradient non-zero" flags at their global rows, concatenated (for
+    a SUM over ranks: > 0 where any rank's part of the row is non-zero). Plain tensors take no room."""
+    parts = []
+    for i, row in enumerate(rows):
+        if not is_dtensor(row.param) or row.param.dim() == 0:
+            continue
+        size, offset = _local_span(row.param, 0)
+        v = torch.zeros(size, dtype=torch.float64, device=device)
+        mine = local.get(i)
+        if mine is not None and mine.numel():
+            v[offset : offset + mine.numel()] = mine.to(device, torch.float64)
+        parts.append(v)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=device)
+
+
+def dead_fractions(rows: Sequence[Tracked], dead: torch.Tensor, summed: torch.Tensor) -> torch.Tensor:
+    """Host side: the sharded tensors' dead_frac recomputed from the globally summed row flags."""
+    out = dead.clone()
+    at = 0
+    for i, row in enumerate(rows):
+        if not is_dtensor(row.param) or row.param.dim() == 0:
+            continue
+        n = int(row.param.shape[0])
+        if not out[i].isnan():
+            out[i] = float((summed[at : at + n] == 0).sum()) / max(1, n)
+        at += n
+    return out
+
+
 def neutral_ranges(n: int, device: torch.device) -> torch.Tensor:
     """[n, 2] (+inf, -inf): contributes nothing to a MIN/MAX."""
     out = torch.empty(n, 2, dtype=torch.float64, device=device)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.distributed import DistStep, Reducer, neutral_ranges
+from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.histogram import Histogram
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
@@ -210,13 +210,15 @@ class Meter:
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
             grad = _every_row(part, pos, len(rows))
-        # per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac
-        slice_keys, slice_done, dead = self.slice_grads.observe(rows, grads, zeros, device)
-        if slice_done is not None:
-            packer.add("slices/done", slice_done)
-        if dead is not None:
-            packer.add("dead", dead)
         dist = self.reducer.open(index, rows, device) if self.reducer and self.reducer.active(rows) else None
+        # per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac
+        seen = self.slice_grads.observe(rows, grads, zeros, device)
+        if seen.done is not None:
+            packer.add("slices/done", seen.done)
+        if seen.dead_frac is not None:
+            packer.add("dead", seen.dead_frac)
+            if dist is not None:  # sharded rows: which are all-zero is known only globally
+                dist.add_flag("dead_rows", global_rows(rows, seen.rows, device))
         if dist is not None:
             pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
             xs = [dense_values(g) if g is not None else grad.new_zeros(0) for g in grads]
@@ -248,7 +250,7 @@ class Meter:
             snap, sumsq = copy_with_sumsq(weights, device)
             before = _every_row(sumsq, moving, len(rows))
         self._open = _Open(
-            index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist, slice_keys
+            index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist, seen.keys
         )
 
     def _dist_grad_histogram(self, dist: DistStep, xs: list[torch.Tensor], due: bool) -> torch.Tensor | None:
@@ -376,6 +378,8 @@ class Meter:
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
         if "slices/done" in host:
             self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())
+        if "dead_rows" in host:
+            host["dead"] = dead_fractions(op.rows, host["dead"], host["dead_rows"])
         has_grad = op.has_grad
         if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
             has_grad = [v > 0 for v in host["has_grad"].tolist()]

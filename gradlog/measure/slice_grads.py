@@ -15,6 +15,7 @@ with a non-zero value; absent rows stay zero.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +64,18 @@ def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tenso
     return rows_nz, _max_abs(g.reshape(r, g.shape[1], -1), (0, 2)) != 0
 
 
+@dataclass
+class Observed:
+    """What one measured step added: the tensors (`Tracked.index`) whose evidence was updated, with a
+    device flag each (1.0: now complete); on zero-count steps the fraction of all-zero gradient rows per
+    step position ([n], NaN where none) and each position's per-row "non-zero" vector (this rank's rows)."""
+
+    keys: list[int]
+    done: torch.Tensor | None
+    dead_frac: torch.Tensor | None
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
 class SliceGrads:
     """The OR-accumulated evidence of every watched tensor, keyed by its `Tracked.index`."""
 
@@ -77,12 +90,9 @@ class SliceGrads:
 
     def observe(
         self, rows: list[Tracked], grads: list[torch.Tensor | None], dead: bool, device: torch.device
-    ) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
-        """OR this step's gradients into the evidence.
-
-        Returns the positions whose evidence is now complete (a device flag each, `done`) and, with
-        `dead`, the fraction of rows whose gradient is all zero on this step ([n], NaN where none).
-        """
+    ) -> Observed:
+        """OR this step's gradients into the evidence; see `Observed` for what comes back."""
+        local: dict[int, torch.Tensor] = {}
         fresh: list[int] = []
         flags: list[torch.Tensor] = []
         fracs: list[torch.Tensor] = []
@@ -96,6 +106,7 @@ class SliceGrads:
                 continue
             r_nz, c_nz = slice_nonzero(g, rows_only=not track)
             if dead and row.param.dim() > 0:
+                local[i] = r_nz
                 frac_pos.append(i)
                 n = max(1, r_nz.numel())
                 fracs.append((r_nz.numel() - r_nz.sum()).to(device, torch.float64) / n)
@@ -116,7 +127,7 @@ class SliceGrads:
             if fracs:
                 dead_frac[torch.tensor(frac_pos).to(device, non_blocking=True)] = torch.stack(fracs)
         done_t = torch.cat(flags).to(torch.float64) if flags else None
-        return fresh, done_t, dead_frac
+        return Observed(fresh, done_t, dead_frac, local)
 
     def mark_done(self, keys: list[int], done: list[float]) -> None:
         """Host side, from the step's one copy: tensors whose every slice has had a non-zero gradient."""
