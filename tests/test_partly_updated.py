@@ -390,12 +390,18 @@ def test_fingerprint_finds_exactly_the_changed_slice_on_both_paths(dtype: torch.
         if a is not None:
             assert torch.equal(a, b), kind  # the accelerator path gives the same numbers
     assert not bool(fp.compare(cpu, fp.take(x.clone())).any())
+    assert not bool(fp.changes_since(cpu, x.clone()).any())  # type: ignore[union-attr]
     if x.numel() == 0:
         return
     y = x.clone()
     at = tuple(min(1, n - 1) for n in shape)
     y[at] = ~y[at] if dtype == torch.bool else y[at] + 1
     ch = fp.compare(cpu, fp.take(y))
+    via = fp.changes_since(cpu, y)
+    assert via is not None
+    for kind in ("rows", "cols", "elems"):
+        a, b = getattr(ch, kind), getattr(via, kind)
+        assert (a is None and b is None) or torch.equal(a, b)
     assert bool(ch.any())
     if x.dim() >= 2:
         assert ch.rows is not None and ch.cols is not None

@@ -104,11 +104,18 @@ def _slab_rows(row_bytes: int) -> int:
     return max(1, _SLAB_BYTES // max(1, row_bytes))
 
 
-def _sums_cpu(x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One slab [r, C*S] of int32/int16 bits: its rows' sums [r, 2] and its columns' sums [2, C]."""
+def _sums_cpu(
+    x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int, scratch: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One slab [r, C*S] of int32/int16 bits: its rows' sums [r, 2] and its columns' sums [2, C].
+
+    The weighted row sums are a multiply into a reused scratch and a row sum (twice as fast as an
+    integer `mv`); both wrap in the bits' own width, which is exact modulo 2**32 / 2**16.
+    """
     r = x.shape[0]
     itype = x.dtype
-    rows = torch.stack([x.sum(1, dtype=torch.int32), torch.mv(x, w.to(itype))], dim=1)
+    weighted = torch.mul(x, w, out=scratch[: x.numel()].view(x.shape))
+    rows = torch.stack([x.sum(1, dtype=torch.int32), weighted.sum(1, dtype=torch.int32)], dim=1)
     v = torch.stack([torch.ones(r, dtype=torch.int64), _hash(row0, r, x.device, modulus)]).to(itype)
     cols = torch.mm(v, x)  # [2, C*S], wrapped in the bits' own width: exact mod 2**32 / 2**16
     if cols.shape[1] != c:
@@ -116,7 +123,9 @@ def _sums_cpu(x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int)
     return rows, cols
 
 
-def _sums_any(x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _sums_any(
+    x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int, scratch: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same sums with int64 elementwise ops (accelerators have no integer matmul)."""
     r = x.shape[0]
     x = x.to(torch.int64)
@@ -153,11 +162,28 @@ def take(t: torch.Tensor, row_offset: int = 0, col_offset: int = 0, generic: boo
         cpu = dev.type == "cpu" and not generic
         sums = _sums_cpu if cpu else _sums_any
         step = _slab_rows(k * x.element_size())
+        scratch = torch.empty(min(r, step) * k if cpu else 0, dtype=x.dtype, device=dev)
+        w = w.to(x.dtype) if cpu else w
         for start in range(0, r, step):
-            part_rows, part_cols = sums(x[start : start + step], c, row_offset + start, w, modulus)
+            part_rows, part_cols = sums(x[start : start + step], c, row_offset + start, w, modulus, scratch)
             rows[start : start + step] = _wrap(part_rows, modulus)
             cols += part_cols.to(torch.int64) & (modulus - 1)
     return Fingerprint(shape, rows=_wrap(rows, modulus), cols=_wrap(cols.t(), modulus).contiguous())
+
+
+def changes_since(first: Fingerprint, t: torch.Tensor) -> Changes | None:
+    """Which slices of `t` changed since `first` was taken; None when `t` has another shape now.
+
+    1-D and 0-D tensors are compared with their kept bits directly (no second copy at close).
+    """
+    if tuple(local_tensor(t).shape) != first.shape:
+        return None
+    if first.elems is None:
+        return compare(first, take(t))
+    bits, _ = _lanes(t)
+    now = bits.reshape(first.elems.shape)
+    diff = now != first.elems.to(now.device)
+    return Changes(elems=diff[:, 0] if diff.shape[1] == 1 else diff.any(1))
 
 
 def compare(first: Fingerprint, now: Fingerprint) -> Changes:
@@ -168,7 +194,8 @@ def compare(first: Fingerprint, now: Fingerprint) -> Changes:
     def diff(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
         if a is None or b is None:
             return None
-        return (a.to(b.device) != b).any(1)  # [n, k] signatures -> [n]
+        d = a.to(b.device) != b  # [n, k] signatures -> [n]
+        return d[:, 0] if d.shape[1] == 1 else d.any(1)
 
     return Changes(diff(first.rows, now.rows), diff(first.cols, now.cols), diff(first.elems, now.elems))
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gradlog.measure.fingerprint import Changes, Fingerprint, compare, take
+from gradlog.measure.fingerprint import Changes, Fingerprint, changes_since, take
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized
 from gradlog.verdict.report import NonFinite
@@ -106,12 +106,12 @@ class Ledger:
             first = self._ev(r).first_fp
             if first is None or not is_materialized(r.param):
                 continue
-            now = take(r.param)
-            if now.shape != first.shape:  # resized in place (resize_, a new vocabulary): it changed
+            ch = changes_since(first, r.param)
+            if ch is None:  # resized in place (resize_, a new vocabulary): it changed
                 out[r.index] = True
                 continue
             live.append(r)
-            diffs.append(compare(first, now))
+            diffs.append(ch)
         parts = [t for ch in diffs for t in (ch.rows, ch.cols, ch.elems) if t is not None]
         host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else torch.zeros(0, dtype=torch.bool)
         at = 0
