@@ -8,6 +8,13 @@ whole-tensor fingerprint gradlog used before (int64 chunks x position weights).
 
     python benchmarks/fingerprint.py                      # 1M / 50M / 200M elements, 1-D and 2-D, fp32
     python benchmarks/fingerprint.py --sizes 1e6 5e7 --dtypes float32 bfloat16 --repeat 5
+    python benchmarks/fingerprint.py --evidence          # the per-slice gradient evidence of a measured step
+
+`--evidence` times, on the gradients of the overhead benchmark's 400-tensor MLP (200 x 256x256
+weights and 200 biases), what a measured step adds for the per-slice evidence: the first step
+(rows and columns of every tensor), a later step of a healthy model (every slice already seen:
+skipped), a zero-count step (dead_frac: rows of every tensor), against one fused `_foreach_norm`
+of the same gradients (the norm every measured step computes anyway).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from collections.abc import Callable
 import torch
 
 from gradlog.measure import fingerprint as fp
+from gradlog.measure.params import Tracked
+from gradlog.measure.slice_grads import SliceGrads
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -60,7 +69,11 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32"], help="e.g. float32 bfloat16")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     ap.add_argument("--no-previous", action="store_true", help="skip the (slow) previous fingerprint column")
+    ap.add_argument("--evidence", action="store_true", help="time the per-slice gradient evidence instead")
     args = ap.parse_args()
+    if args.evidence:
+        evidence(args.repeat)
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; times in ms, best of {args.repeat}\n")
     cols = ["dtype", "shape", "sum()", "take()", "x sum", "at close", "x sum", "previous whole", "x sum"]
     print("| " + " | ".join(cols) + " |")
@@ -71,6 +84,34 @@ def main() -> None:
             for shape in shapes(int(size)):
                 print(row(torch.randn(shape).to(dtype), name, args.repeat, not args.no_previous), flush=True)
                 gc.collect()
+
+
+def evidence(repeat: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(256, 256, generator=gen) for _ in range(200)] + [torch.randn(256, generator=gen) for _ in range(200)]
+    rows = [Tracked(i, torch.nn.Parameter(p), f"t{i}") for i, p in enumerate(params)]
+    grads = [torch.randn(p.shape, generator=gen) for p in params]
+    cpu = torch.device("cpu")
+    norm = best(lambda: torch._foreach_norm(grads), repeat)
+
+    def first() -> None:
+        SliceGrads().observe(rows, grads, False, cpu)
+
+    full = SliceGrads()
+    seen = full.observe(rows, grads, False, cpu)
+    assert seen.done is not None
+    full.mark_done(seen.keys, seen.done.tolist())
+    cases = [
+        ("first measured step (rows + columns of all 400)", best(first, repeat)),
+        ("later step, every slice already seen (skipped)", best(lambda: full.observe(rows, grads, False, cpu), repeat)),
+        ("zero-count step (dead_frac: rows of all 400)", best(lambda: full.observe(rows, grads, True, cpu), repeat)),
+    ]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; 400 gradients, 13.2M values\n")
+    print("| work | ms | x the step's fused norm |")
+    print("|---|---:|---:|")
+    print(f"| `_foreach_norm` of the 400 gradients (done anyway) | {norm * 1e3:.2f} | 1.0x |")
+    for name, t in cases:
+        print(f"| {name} | {t * 1e3:.2f} | {t / norm:.2f}x |")
 
 
 def row(x: torch.Tensor, name: str, repeat: int, previous: bool) -> str:

@@ -64,6 +64,17 @@ def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tenso
     return rows_nz, _max_abs(g.reshape(r, g.shape[1], -1), (0, 2)) != 0
 
 
+def _zero_fractions(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Fraction of False in each bool vector, in a few batched ops (one segment sum), not a few per tensor."""
+    lengths = [f.numel() for f in flags]
+    seg = torch.repeat_interleave(torch.arange(len(flags)), torch.tensor(lengths))
+    ones = torch.cat([f.to(device) for f in flags]).to(torch.float64)
+    nz = torch.zeros(len(flags), dtype=torch.float64, device=device)
+    nz.index_add_(0, seg.to(device, non_blocking=True), ones)
+    n = torch.tensor(lengths, dtype=torch.float64).to(device, non_blocking=True)
+    return (n - nz) / n.clamp(min=1)
+
+
 @dataclass
 class Observed:
     """What one measured step added: the tensors (`Tracked.index`) whose evidence was updated, with a
@@ -108,8 +119,7 @@ class SliceGrads:
             if dead and row.param.dim() > 0:
                 local[i] = r_nz
                 frac_pos.append(i)
-                n = max(1, r_nz.numel())
-                fracs.append((r_nz.numel() - r_nz.sum()).to(device, torch.float64) / n)
+                fracs.append(r_nz)
             if not track:
                 continue
             acc = self.rows.get(key)
@@ -125,7 +135,7 @@ class SliceGrads:
         if dead:
             dead_frac = torch.full((len(rows),), math.nan, dtype=torch.float64, device=device)
             if fracs:
-                dead_frac[torch.tensor(frac_pos).to(device, non_blocking=True)] = torch.stack(fracs)
+                dead_frac[torch.tensor(frac_pos).to(device, non_blocking=True)] = _zero_fractions(fracs, device)
         done_t = torch.cat(flags).to(torch.float64) if flags else None
         return Observed(fresh, done_t, dead_frac, local)
 
