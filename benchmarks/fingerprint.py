@@ -88,7 +88,8 @@ def main() -> None:
 
 def evidence(repeat: int) -> None:
     gen = torch.Generator().manual_seed(0)
-    params = [torch.randn(256, 256, generator=gen) for _ in range(200)] + [torch.randn(256, generator=gen) for _ in range(200)]
+    params = [torch.randn(256, 256, generator=gen) for _ in range(200)]
+    params += [torch.randn(256, generator=gen) for _ in range(200)]
     rows = [Tracked(i, torch.nn.Parameter(p), f"t{i}") for i, p in enumerate(params)]
     grads = [torch.randn(p.shape, generator=gen) for p in params]
     cpu = torch.device("cpu")

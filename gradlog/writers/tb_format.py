@@ -17,7 +17,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from gradlog.measure.histogram import Histogram
 
 #: One multi-line chart per metric family, each showing every parameter (the custom-scalars tab).
-METRICS = ("grad_norm", "update_ratio", "grad_zero_frac", "grad_nonfinite", "weight_norm", "gradlog")
+METRICS = ("grad_norm", "update_ratio", "grad_zero_frac", "dead_frac", "grad_nonfinite", "weight_norm", "gradlog")
 LAYOUT_TAG = "custom_scalars__config__"
 #: Values per Event record: few records, yet no single record so large that a torn write loses much.
 MAX_VALUES_PER_EVENT = 1024
