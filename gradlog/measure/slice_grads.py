@@ -24,7 +24,7 @@ from gradlog.measure.params import Tracked, local_tensor
 
 def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(rows or elements [dim 0], columns [dim 1] or None) of "some entry non-zero" for one gradient (bool)."""
-    g = local_tensor(g.detach())
+    g = local_tensor(g.detach() if g.requires_grad else g)
     if g.dim() == 0:
         return (g != 0).reshape(1), None
     r = g.shape[0]
@@ -81,7 +81,7 @@ def _zero_fractions(flags: list[torch.Tensor], device: torch.device) -> torch.Te
     """Fraction of False in each bool vector, in a few batched ops (one segment sum), not a few per tensor."""
     lengths = [f.numel() for f in flags]
     seg = torch.repeat_interleave(torch.arange(len(flags)), torch.tensor(lengths))
-    ones = torch.cat([f.to(device) for f in flags]).to(torch.float64)
+    ones = torch.cat([f if f.device == device else f.to(device) for f in flags]).to(torch.float64)
     nz = torch.zeros(len(flags), dtype=torch.float64, device=device)
     nz.index_add_(0, seg.to(device, non_blocking=True), ones)
     n = torch.tensor(lengths, dtype=torch.float64).to(device, non_blocking=True)
