@@ -16,7 +16,6 @@ taken on another. The whole-tensor answer is "any slice changed".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -198,29 +197,3 @@ def compare(first: Fingerprint, now: Fingerprint) -> Changes:
         return d[:, 0] if d.shape[1] == 1 else d.any(1)
 
     return Changes(diff(first.rows, now.rows), diff(first.cols, now.cols), diff(first.elems, now.elems))
-
-
-def _whole(fp: Fingerprint) -> torch.Tensor:
-    """int64[2]: a whole-tensor signature folded from the slices' ones."""
-    src = fp.rows if fp.rows is not None else fp.elems
-    assert src is not None
-    z = src.to(torch.int64)
-    if z.numel() == 0:
-        return torch.zeros(2, dtype=torch.int64, device=z.device)
-    h = _hash(0, z.shape[0], z.device, 1 << 31).unsqueeze(1)
-    return torch.stack([z.sum(), (z * h).sum()])
-
-
-def fingerprint(t: torch.Tensor) -> torch.Tensor:
-    """int64[2] on the tensor's device: one signature for the whole tensor."""
-    return _whole(take(t))
-
-
-def fingerprints(ts: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
-    """Whole-tensor fingerprints of many tensors with one host copy per device."""
-    if not ts:
-        return []
-    per = [fingerprint(t) for t in ts]
-    dev = per[0].device
-    host = torch.stack([p.to(dev) for p in per]).cpu().tolist()
-    return [(int(a), int(b)) for a, b in host]
