@@ -425,7 +425,7 @@ def test_fingerprint_sees_a_change_in_the_high_half_of_a_double_and_a_swap() -> 
 def test_sparse_gradient_rows_are_the_present_non_zero_ones() -> None:
     idx = torch.tensor([[1, 3, 3, 6]])
     vals = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 2.0]])
-    g = torch.sparse_coo_tensor(idx, vals, (8, 2))
+    g = torch.sparse_coo_tensor(idx, vals, (8, 2), check_invariants=True)
     rows, cols = slice_nonzero(g)
     assert rows.nonzero().flatten().tolist() == [1, 6]
     assert cols is not None and cols.tolist() == [True, True]
