@@ -152,7 +152,7 @@ class _Open:
     grad_pos: list[int]  # rows that had a gradient
     moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
     dist: DistStep | None = None  # sharded parameters: sums pending the step's all_reduce
-    slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step completes
+    slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step updated
 
 
 class Meter:

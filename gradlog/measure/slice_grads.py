@@ -122,14 +122,14 @@ class SliceGrads:
         fracs: list[torch.Tensor] = []
         frac_pos: list[int] = []
         for i, (row, g) in enumerate(zip(rows, grads)):
-            if g is None or (row.param.dim() == 0 and not dead):
+            if g is None or row.param.dim() == 0:  # a 0-D tensor has no slices: the whole-tensor report covers it
                 continue
             key = row.index
-            track = key not in self.full and row.param.dim() > 0
+            track = key not in self.full
             if not track and not dead:
                 continue
             r_nz, c_nz = slice_nonzero(g, rows_only=not track)
-            if dead and row.param.dim() > 0:
+            if dead:
                 local[i] = r_nz
                 frac_pos.append(i)
                 fracs.append(r_nz)
