@@ -5,8 +5,10 @@ here): which slices changed since the tensor was first seen (exact, from the per
 fingerprints) and which ever had a non-zero gradient on a measured step. A slice is reported when
 
 - its values never changed, or
-- it changed, but its gradient was zero at every measured step with a gradient and its param group
-  has weight decay: it moved only by decay, it did not learn (the whole-tensor diagnosis does the same).
+- it changed, but its gradient was zero at every measured step with a gradient, its param group has
+  weight decay, and the optimizer's running gradient statistics (Adam's `exp_avg_sq`, momentum), where
+  it keeps them, are zero there too (no unmeasured step gave it a gradient either): it moved only by
+  decay, it did not learn (the whole-tensor diagnosis does the same).
 
 The reason comes from the owning module: an `nn.Embedding`'s `padding_idx` row is intentional,
 its other zero-gradient rows are ids never in a batch; Linear/Conv rows are dead units/filters and
