@@ -32,6 +32,7 @@ from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
 from gradlog.verdict.series import run_level
+from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
@@ -370,6 +371,13 @@ class GradLogger:
         never = diagnose(
             rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
         )
+        steps = self.optimizer_steps if self.optimizer is not None else self._calls
+        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, self.optimizer)
+        if reducer is not None and reducer.active(rows):  # shards' slices placed at their global indices
+            facts = global_facts(rows, facts, reducer)
+        partly = partly_updated(
+            rows, facts, self.ledger.evidence, {r.name for r in never}, self.model, self.optimizer, steps
+        )
         ledger = self.ledger
         stopped = stalled(
             rows,
@@ -381,6 +389,7 @@ class GradLogger:
         )
         return Report(
             never_updated=never,
+            partly_updated=partly,
             stalled=stopped,
             hint=run_hint(rows, never, self.optimizer is not None),
             alerts=list(self.alerts.fired) if self.alerts is not None else [],

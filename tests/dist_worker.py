@@ -36,13 +36,19 @@ class Block(nn.Module):
         return torch.relu(self.fc(self.norm(x)))
 
 
+#: units of the first layer planted dead (bias -100 before a ReLU), on both ranks' shards of 16 rows
+DEAD = (1, 9, 10)
+
+
 class Net(nn.Module):
-    """Healthy layers plus a frozen one, an unused one, a zero-lr one, and a 1-row parameter
-    (its shard on rank 1 is empty under fully_shard across 2 ranks)."""
+    """Healthy layers plus a frozen one, an unused one, a zero-lr one, a 1-row parameter (its shard
+    on rank 1 is empty under fully_shard across 2 ranks) and dead units `DEAD` in `inp`."""
 
     def __init__(self, width: int = 16) -> None:
         super().__init__()
         self.inp = nn.Linear(8, width)
+        with torch.no_grad():
+            self.inp.bias[list(DEAD)] = -100.0
         self.blocks = nn.ModuleList([Block(width) for _ in range(2)])
         self.gate = nn.Parameter(torch.randn(1, width))
         self.frozen = nn.Linear(width, width)
@@ -113,7 +119,14 @@ def dump(mem: gradlog.MemoryWriter, report: gradlog.Report, writers: int) -> dic
         tag: [(s, list(h.counts), h.min, h.max, h.sum, h.sum_squares, h.count, h.nonfinite) for s, h in vals]
         for tag, vals in mem.histograms.items()
     }
-    return {"writers": writers, "scalars": mem.scalars, "histograms": hists, "report": report.to_dict()}
+    partly = [[r.name, r.dim, list(r.indices), r.reason.value, r.detail] for r in report.partly_updated]
+    return {
+        "writers": writers,
+        "scalars": mem.scalars,
+        "histograms": hists,
+        "report": report.to_dict(),
+        "partly": partly,
+    }
 
 
 def train(
@@ -170,6 +183,8 @@ class TPNet(nn.Module):
         self.up = nn.Linear(8, 16)
         self.down = nn.Linear(16, 4)
         self.unused = nn.Linear(4, 4)
+        with torch.no_grad():
+            self.up.bias[list(DEAD)] = -100.0  # rows of up (Shard(0)), columns of down (Shard(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down(torch.relu(self.up(x)))

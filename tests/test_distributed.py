@@ -162,13 +162,13 @@ def test_fsdp2_global_numbers_equal_one_process(main_run: Any, reference: Any) -
 def test_fsdp2_collectives_per_measured_step(main_run: Any) -> None:
     """Per measured step one MAX (step check + gradient ranges) and one SUM; histogram steps (every 2nd
     here) add one MAX for the weight/update ranges. Settings are checked once (index -1) before the
-    first step; at close the changed flags take one more MAX."""
+    first step; at close the changed flags take one more MAX, and the per-slice flags one more."""
     _, runs = main_run
     calls = [tuple(c) for c in runs["fsdp2"][0]["collectives"]]
     want = [("max", -1)]
     for step in range(W.STEPS):
         want += [("max", step), ("max", step), ("sum", step)] if step % 2 == 0 else [("max", step), ("sum", step)]
-    want += [("max", -1)]
+    want += [("max", -1), ("max", -1)]
     assert calls == want
 
 
@@ -215,3 +215,36 @@ def test_disagreeing_ranks_get_an_error_not_a_hang(tmp_path: Path) -> None:
         assert r["index"] is not None and "step index 0 to 1" in r["index"]
     assert r0["timeout"] is not None and "never joined" in r0["timeout"]
     assert r1["timeout"] is None
+
+
+def _partly(payload: dict[str, Any]) -> set[tuple[str, Any, tuple[int, ...], str]]:
+    return {(name, dim, tuple(idx), reason) for name, dim, idx, reason, _ in payload["partly"]}
+
+
+def test_partly_updated_is_global_and_equals_one_process(
+    main_run: Any, reference: Any, reference_accumulated: Any
+) -> None:
+    """Dead units split over both ranks' shards: rank 0 reports them at their global indices under FSDP2
+    (Shard(0)), DDP, and tensor parallel (Shard(0) rows, Shard(1) columns, a sharded 1-D bias)."""
+    _, runs = main_run
+    dead = tuple(W.DEAD)
+    assert _partly(reference) == {("inp.weight", 0, dead, "zero_grad"), ("inp.bias", None, dead, "zero_grad")}
+    for name, want in (("fsdp2", reference), ("ddp", reference_accumulated)):
+        for payload in runs[name]:
+            assert payload["partly"] == want["partly"], name
+    torch.manual_seed(0)
+    tp_want, _ = W.train_tp(W.TPNet())
+    assert _partly(tp_want) == {
+        ("up.weight", 0, dead, "zero_grad"),
+        ("up.bias", None, dead, "zero_grad"),
+        ("down.weight", 1, dead, "zero_grad"),
+    }
+    for payload in runs["tp"]:
+        assert payload["partly"] == tp_want["partly"]
+
+
+def test_dead_frac_of_sharded_tensors_is_global(main_run: Any, reference: Any) -> None:
+    _, runs = main_run
+    got = runs["fsdp2"][0]["scalars"]["dead_frac/inp.weight"]
+    assert [tuple(x) for x in got] == reference["scalars"]["dead_frac/inp.weight"]
+    assert [v for _, v in got] == [len(W.DEAD) / 16] * (W.STEPS // 2)  # rank 0 holds only 1 of the 3 dead rows

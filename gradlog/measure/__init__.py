@@ -2,6 +2,7 @@
 
 `params` (the parameter table and clean names), `optimizers` (which optimizer's hooks fire),
 `meter` (one measured step: device statistics in, one host copy out), `stats` (fused `_foreach_*`
-statistics), `histogram`, `fingerprint` (never-changed without a copy), `amp` (GradScaler),
+statistics), `histogram`, `fingerprint` (per-slice never-changed without a copy), `slice_grads`
+(per-slice gradient evidence and dead_frac), `amp` (GradScaler),
 `distributed` (reductions over shards and ranks). Imports nothing else of gradlog.
 """

@@ -245,6 +245,45 @@ class Reducer:
         self.all_reduce(t, "max", -1)
         return {r.index: bool(v > 0) for r, v in zip(rows, t.tolist()) if v >= 0}
 
+    def global_slices(
+        self, items: Sequence[tuple[Tracked, int | None, torch.Tensor | None]]
+    ) -> list[torch.Tensor | None]:
+        """At close: per-slice bool vectors of sharded tensors, from local to global. One all_reduce(MAX).
+
+        Each item is (tensor, dim, this rank's vector along `dim` or None); dim None means the
+        elements of a 1-D tensor. Every rank passes the same items in the same order (sizes come from
+        the global shapes); the result is the global vector, True where any rank had True, or None
+        where no rank had one.
+        """
+        device = torch.device("cpu")
+        for row, _, _ in items:
+            device = local_tensor(row.param).device
+            break
+        spans: list[tuple[int, int, int]] = []  # global length, local offset, local length
+        size = 0
+        for row, dim, vec in items:
+            axis = 0 if dim is None else dim
+            shape, offset = _local_span(row.param, axis)
+            spans.append((shape, offset, 0 if vec is None else vec.numel()))
+            size += shape + 1
+        flat = torch.zeros(size, dtype=torch.float64)
+        at = 0
+        for (length, offset, n), (_, _, vec) in zip(spans, items):
+            if vec is not None:
+                if n:
+                    flat[at + offset : at + offset + n] = vec.to(torch.float64)
+                flat[at + length] = 1.0  # this rank has a vector for this item
+            at += length + 1
+        t = flat.to(device)
+        self.all_reduce(t, "max", -1)
+        host = t.cpu()
+        out: list[torch.Tensor | None] = []
+        at = 0
+        for length, _, _ in spans:
+            out.append(host[at : at + length] > 0 if host[at + length] > 0 else None)
+            at += length + 1
+        return out
+
     def warn_local(self) -> None:
         """The process group is gone but shards were measured: what is left is rank-local."""
         msg = (
@@ -253,6 +292,47 @@ class Reducer:
         )
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
         log.warning(msg)
+
+
+def _local_span(t: torch.Tensor, axis: int) -> tuple[int, int]:
+    """(global size along `axis`, this rank's offset along it) of a DTensor; a plain tensor is whole."""
+    size = int(t.shape[axis])
+    if not is_dtensor(t):
+        return size, 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)  # type: ignore[attr-defined]
+    return size, int(offset[axis]) if offset else 0
+
+
+def global_rows(rows: Sequence[Tracked], local: Mapping[int, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Every sharded tensor's per-row "gradient non-zero" flags at their global rows, concatenated (for
+    a SUM over ranks: > 0 where any rank's part of the row is non-zero). Plain tensors take no room."""
+    parts = []
+    for i, row in enumerate(rows):
+        if not is_dtensor(row.param) or row.param.dim() == 0:
+            continue
+        size, offset = _local_span(row.param, 0)
+        v = torch.zeros(size, dtype=torch.float64, device=device)
+        mine = local.get(i)
+        if mine is not None and mine.numel():
+            v[offset : offset + mine.numel()] = mine.to(device, torch.float64)
+        parts.append(v)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=device)
+
+
+def dead_fractions(rows: Sequence[Tracked], dead: torch.Tensor, summed: torch.Tensor) -> torch.Tensor:
+    """Host side: the sharded tensors' dead_frac recomputed from the globally summed row flags."""
+    out = dead.clone()
+    at = 0
+    for i, row in enumerate(rows):
+        if not is_dtensor(row.param) or row.param.dim() == 0:
+            continue
+        n = int(row.param.shape[0])
+        if not out[i].isnan():
+            out[i] = float((summed[at : at + n] == 0).sum()) / max(1, n)
+        at += n
+    return out
 
 
 def neutral_ranges(n: int, device: torch.device) -> torch.Tensor:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.distributed import DistStep, Reducer, neutral_ranges
+from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.histogram import Histogram
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
+from gradlog.measure.slice_grads import SliceGrads
 from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
@@ -88,6 +89,7 @@ class Measurement:
     histograms: dict[str, dict[int, Histogram]] = field(default_factory=dict)
     skipped_total: int | None = None  # optimizer steps skipped so far (GradScaler), when known
     clip_coef: float | None = None  # the clip coefficient of this step (gradlog.clip_grad_norm_), when clipped
+    dead_frac: torch.Tensor | None = None  # [n] rows with an all-zero gradient (zero-count steps; NaN: none)
 
     @property
     def grad_norm(self) -> torch.Tensor:
@@ -121,6 +123,7 @@ class Measurement:
         wnorm = self.weight_sumsq.sqrt().tolist()
         ratio = self.update_ratio
         ratios = ratio.tolist() if ratio is not None else None
+        dead = self.dead_frac.tolist() if self.dead_frac is not None else None
         total = 0.0
         n_nonfinite = 0
         n_nograd = 0
@@ -138,6 +141,8 @@ class Measurement:
                 n_nograd += 1
             if ratios is not None and row.group is not None:
                 out[f"update_ratio/{name}"] = ratios[i]
+            if dead is not None and self.has_grad[i] and not math.isnan(dead[i]):
+                out[f"dead_frac/{name}"] = dead[i]
         out["gradlog/grad_norm_total"] = math.sqrt(total) if math.isfinite(total) else total
         out["gradlog/nonfinite_tensors"] = float(n_nonfinite)
         out["gradlog/no_grad_tensors"] = float(n_nograd)
@@ -163,6 +168,7 @@ class _Open:
     grad_pos: list[int]  # rows that had a gradient
     moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
     dist: DistStep | None = None  # sharded parameters: sums pending the step's all_reduce
+    slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step updated
 
 
 class Meter:
@@ -189,6 +195,7 @@ class Meter:
         self.skip_count = skip_count
         self._open: _Open | None = None
         self._done: tuple[_Open, Packer] | None = None
+        self.slice_grads = SliceGrads()  # per-slice "gradient ever non-zero", on the device
         self.tensor_work = 0  # number of start() calls that touched tensors; tests assert on it
 
     @property
@@ -237,6 +244,14 @@ class Meter:
         dist = self.reducer.open(index, rows, device, tracked=len(live)) if self.reducer and active else None
         if clips and dist is None:
             self._unclip(grad, rows, clips, packer)
+        # per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac
+        seen = self.slice_grads.observe(rows, grads, zeros, device)
+        if seen.done is not None:
+            packer.add("slices/done", seen.done)
+        if seen.dead_frac is not None:
+            packer.add("dead", seen.dead_frac)
+            if dist is not None:  # sharded rows: which are all-zero is known only globally
+                dist.add_flag("dead_rows", global_rows(rows, seen.rows, device))
         if dist is not None:
             pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
             xs = [dense_values(g) if g is not None else grad.new_zeros(0) for g in grads]
@@ -267,7 +282,9 @@ class Meter:
             # low-precision update in fp32, one tensor at a time).
             snap, sumsq = copy_with_sumsq(weights, device)
             before = _every_row(sumsq, moving, len(rows))
-        self._open = _Open(index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist)
+        self._open = _Open(
+            index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist, seen.keys
+        )
 
     @staticmethod
     def _unclip(grad: torch.Tensor, rows: list[Tracked], clips: Sequence[Clip], packer: Packer) -> None:
@@ -407,6 +424,10 @@ class Meter:
             positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))
             hists[kind] = {p: Histogram.from_partials(row, op.rows[p].numel) for p, row in zip(positions, h.tolist())}
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
+        if "slices/done" in host:
+            self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())
+        if "dead_rows" in host:
+            host["dead"] = dead_fractions(op.rows, host["dead"], host["dead_rows"])
         has_grad = op.has_grad
         if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
             has_grad = [v > 0 for v in host["has_grad"].tolist()]
@@ -428,4 +449,5 @@ class Meter:
             histograms=hists,
             skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
             clip_coef=float(host["clip_coef"].item()) if "clip_coef" in host else None,
+            dead_frac=host["dead"] if "dead" in host else None,
         )

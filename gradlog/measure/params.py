@@ -55,10 +55,14 @@ class Tracked:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if isinstance(self.param, nn.parameter.UninitializedParameter):  # lazy, never materialised: no shape yet
+            return ()
         return tuple(self.param.shape)
 
     @property
     def numel(self) -> int:
+        if isinstance(self.param, nn.parameter.UninitializedParameter):
+            return 0
         return int(self.param.numel())
 
 

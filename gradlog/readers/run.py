@@ -37,7 +37,15 @@ from gradlog.verdict.report import (
 Table = tuple[list[str], list[list[str]]]
 
 #: Tag prefixes gradlog writes; a run with none of them is not a gradlog run.
-GRADLOG_PREFIXES = ("grad_norm/", "update_ratio/", "weight_norm/", "grad_nonfinite/", "grad_zero_frac/", "gradlog/")
+GRADLOG_PREFIXES = (
+    "grad_norm/",
+    "update_ratio/",
+    "weight_norm/",
+    "grad_nonfinite/",
+    "grad_zero_frac/",
+    "dead_frac/",
+    "gradlog/",
+)
 TABLE_NAMES = (
     "gradlog/never_updated",
     "gradlog/partly_updated",

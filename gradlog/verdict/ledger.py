@@ -1,10 +1,16 @@
-"""Per-tensor evidence gathered over the whole run, for the diagnosis at close."""
+"""Per-tensor evidence gathered over the whole run, for the diagnosis at close.
+
+The starting values of every tensor are kept as per-slice fingerprints (`measure/fingerprint.py`):
+at most 8 bytes per row and per column, or the raw bits of each element of a 1-D tensor.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gradlog.measure.fingerprint import fingerprints
+import torch
+
+from gradlog.measure.fingerprint import Changes, Fingerprint, changes_since, take
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized
 from gradlog.verdict.report import NonFinite
@@ -41,7 +47,7 @@ class Evidence:
     skipped: int = 0  # steps with a gradient that the optimizer skipped
     stalled: int = 0  # finite non-zero grad, lr > 0, not skipped, yet a zero update
     updated: int = 0  # measured steps with a non-zero update
-    first_fp: tuple[int, int] | None = None
+    first_fp: Fingerprint | None = None  # per-slice signatures of the values when first seen
     trainable_at_start: bool | None = None  # requires_grad when first fingerprinted
     dtype: str = ""
     last_update: int = -1  # optimizer step of the last measured step with a non-zero update
@@ -89,6 +95,8 @@ class Ledger:
         self.skipped_steps = 0
         self.first_nonfinite: NonFinite | None = None
         self.steps = StepIndex()
+        #: filled by `changed`: per tensor, which rows/columns/elements differ from their first values (host)
+        self.slice_changes: dict[int, Changes] = {}
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -98,11 +106,16 @@ class Ledger:
 
     def fingerprint_new(self, rows: list[Tracked]) -> None:
         """Remember the starting values of tensors seen materialised for the first time."""
-        new = [r for r in rows if self._ev(r).first_fp is None and is_materialized(r.param)]
-        for r, fp in zip(new, fingerprints([r.param for r in new])):
+        for r in rows:
             ev = self._ev(r)
-            ev.first_fp = fp
-            ev.trainable_at_start = bool(r.param.requires_grad)
+            if ev.first_fp is None and is_materialized(r.param):
+                ev.first_fp = take(r.param)
+                ev.trainable_at_start = bool(r.param.requires_grad)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held for the fingerprints (tests check the per-slice budget)."""
+        return sum(ev.first_fp.nbytes for ev in self.evidence.values() if ev.first_fp is not None)
 
     def observe(self, m: Measurement) -> None:
         self.measured_steps += 1
@@ -167,10 +180,36 @@ class Ledger:
                     q.grad_ok += 1
 
     def changed(self, rows: list[Tracked]) -> dict[int, bool]:
-        """Whether each tensor's value differs from its first fingerprint (one host copy)."""
-        live = [r for r in rows if is_materialized(r.param) and self._ev(r).first_fp is not None]
-        now = fingerprints([r.param for r in live])
-        out = {r.index: fp != self._ev(r).first_fp for r, fp in zip(live, now)}
+        """Whether each tensor's value differs from its first fingerprint; keeps which slices did in
+        `slice_changes`. One host copy of all the flags together."""
+        live: list[Tracked] = []
+        diffs: list[Changes] = []
+        out: dict[int, bool] = {}
+        for r in rows:
+            first = self._ev(r).first_fp
+            if first is None or not is_materialized(r.param):
+                continue
+            ch = changes_since(first, r.param)
+            if ch is None:  # resized in place (resize_, a new vocabulary): it changed
+                out[r.index] = True
+                continue
+            live.append(r)
+            diffs.append(ch)
+        parts = [t for ch in diffs for t in (ch.rows, ch.cols, ch.elems) if t is not None]
+        host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else torch.zeros(0, dtype=torch.bool)
+        at = 0
+        self.slice_changes = {}
+        for r, ch in zip(live, diffs):
+            got: list[torch.Tensor | None] = []
+            for t in (ch.rows, ch.cols, ch.elems):
+                if t is None:
+                    got.append(None)
+                    continue
+                got.append(host[at : at + t.numel()])
+                at += t.numel()
+            host_ch = Changes(*got)
+            self.slice_changes[r.index] = host_ch
+            out[r.index] = bool(host_ch.any())
         for r in rows:
             if self._ev(r).updated:
                 out[r.index] = True

@@ -38,6 +38,7 @@ PREFIXES = (
     "grad_norm",
     "update_ratio",
     "grad_zero_frac",
+    "dead_frac",
     "grad_nonfinite",
     "weight_norm",
     "gradlog",

@@ -1,0 +1,146 @@
+"""What the per-slice fingerprint costs, against `tensor.sum()` over the same data.
+
+gradlog fingerprints every watched tensor once when it is first seen and once at close
+(`gradlog/measure/fingerprint.py`). This prints a markdown table: for each size and shape, the
+best-of-N time of `tensor.sum()`, of one `take()` (construction), of `changes_since()` (close: a
+new take and the comparison; for 1-D tensors a comparison with the kept bits), and of the
+whole-tensor fingerprint gradlog used before (int64 chunks x position weights).
+
+    python benchmarks/fingerprint.py                      # 1M / 50M / 200M elements, 1-D and 2-D, fp32
+    python benchmarks/fingerprint.py --sizes 1e6 5e7 --dtypes float32 bfloat16 --repeat 5
+    python benchmarks/fingerprint.py --evidence          # the per-slice gradient evidence of a measured step
+
+`--evidence` times, on the gradients of the overhead benchmark's 400-tensor MLP (200 x 256x256
+weights and 200 biases), what a measured step adds for the per-slice evidence: the first step
+(rows and columns of every tensor), a later step of a healthy model (every slice already seen:
+skipped), a zero-count step (dead_frac: rows of every tensor), against one fused `_foreach_norm`
+of the same gradients (the norm every measured step computes anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from gradlog.measure import fingerprint as fp
+from gradlog.measure.params import Tracked
+from gradlog.measure.slice_grads import SliceGrads
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def previous_whole_fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """The whole-tensor fingerprint gradlog had before the per-slice one (for the comparison column)."""
+    bits = t.detach().contiguous().reshape(-1).view(_INT[t.element_size()])
+    out = torch.zeros(2, dtype=torch.int64)
+    chunk_n = 1 << 22
+    for start in range(0, bits.numel(), chunk_n):
+        chunk = bits[start : start + chunk_n].to(torch.int64)
+        pos = torch.arange(start, start + chunk.numel(), dtype=torch.int64)
+        weight = (pos * 2654435761 + 40503) & 0x7FFFFFFF
+        out[0] += chunk.sum()
+        out[1] += (chunk * weight).sum()
+    return out
+
+
+CLOCK = time.process_time
+
+
+def best(fn: Callable[[], object], repeat: int) -> float:
+    """Best of `repeat` runs. The default clock is the process's CPU time (user + system, so page
+    faults count), which a machine shared with other jobs inflates far less than wall time."""
+    times = []
+    for _ in range(repeat):
+        gc.collect()
+        t0 = CLOCK()
+        fn()
+        times.append(CLOCK() - t0)
+    return min(times)
+
+
+def shapes(n: int) -> list[tuple[int, ...]]:
+    side = int(math.sqrt(n))
+    return [(n,), (n // 4096, 4096), (side, n // side)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 5e7, 2e8], help="elements per tensor")
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], help="e.g. float32 bfloat16")
+    ap.add_argument("--repeat", type=int, default=3, help="best of this many runs")
+    ap.add_argument("--no-previous", action="store_true", help="skip the (slow) previous fingerprint column")
+    ap.add_argument("--evidence", action="store_true", help="time the per-slice gradient evidence instead")
+    ap.add_argument("--wall", action="store_true", help="time wall-clock instead of process CPU time")
+    args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.perf_counter if args.wall else time.process_time
+    if args.evidence:
+        evidence(args.repeat)
+        return
+    clock = "wall" if args.wall else "process CPU"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {clock} time in ms, best of {args.repeat}\n")
+    cols = ["dtype", "shape", "sum()", "take()", "x sum", "at close", "x sum", "previous whole", "x sum"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * 2 + "---:|" * (len(cols) - 2))
+    for name in args.dtypes:
+        dtype = getattr(torch, name)
+        for size in args.sizes:
+            for shape in shapes(int(size)):
+                print(row(torch.randn(shape).to(dtype), name, args.repeat, not args.no_previous), flush=True)
+                gc.collect()
+
+
+def evidence(repeat: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(256, 256, generator=gen) for _ in range(200)]
+    params += [torch.randn(256, generator=gen) for _ in range(200)]
+    rows = [Tracked(i, torch.nn.Parameter(p), f"t{i}") for i, p in enumerate(params)]
+    grads = [torch.randn(p.shape, generator=gen) for p in params]
+    cpu = torch.device("cpu")
+    norm = best(lambda: torch._foreach_norm(grads), repeat)
+
+    def first() -> None:
+        SliceGrads().observe(rows, grads, False, cpu)
+
+    full = SliceGrads()
+    seen = full.observe(rows, grads, False, cpu)
+    assert seen.done is not None
+    full.mark_done(seen.keys, seen.done.tolist())
+    cases = [
+        ("first measured step (rows + columns of all 400)", best(first, repeat)),
+        ("later step, every slice already seen (skipped)", best(lambda: full.observe(rows, grads, False, cpu), repeat)),
+        ("zero-count step (dead_frac: rows of all 400)", best(lambda: full.observe(rows, grads, True, cpu), repeat)),
+    ]
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; 400 gradients, 13.2M values; best of {repeat}\n"
+    )
+    print("| work | ms | x the step's fused norm |")
+    print("|---|---:|---:|")
+    print(f"| `_foreach_norm` of the 400 gradients (done anyway) | {norm * 1e3:.2f} | 1.0x |")
+    for name, t in cases:
+        print(f"| {name} | {t * 1e3:.2f} | {t / norm:.2f}x |")
+
+
+def row(x: torch.Tensor, name: str, repeat: int, previous: bool) -> str:
+    base = best(lambda: x.sum(), repeat)
+    first = fp.take(x)
+    t_take = best(lambda: fp.take(x), repeat)
+    t_close = best(lambda: bool(fp.changes_since(first, x).any()), repeat)  # type: ignore[union-attr]
+    prev = prev_x = "-"
+    if previous:
+        t_prev = best(lambda: previous_whole_fingerprint(x), 1)
+        prev, prev_x = f"{t_prev * 1e3:.1f}", f"{t_prev / base:.1f}x"
+    shape = "x".join(map(str, x.shape))
+    return (
+        f"| {name} | {shape} | {base * 1e3:.2f} | {t_take * 1e3:.1f} | {t_take / base:.1f}x | "
+        f"{t_close * 1e3:.1f} | {t_close / base:.1f}x | {prev} | {prev_x} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

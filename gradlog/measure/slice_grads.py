@@ -1,0 +1,157 @@
+"""Per-slice gradient evidence: which rows, columns and elements ever had a non-zero gradient.
+
+On a measured step each watched gradient gives, per row (dim 0) and per column (dim 1) of a
+tensor with 2+ dims, or per element of a 1-D tensor, "some entry is non-zero" (NaN counts as
+non-zero), OR-accumulated into one bool tensor per slice kind on the gradient's device. Nothing
+is read back until close, except one flag per tensor riding in the step's single host copy:
+once every slice of a tensor has had a non-zero gradient there is nothing left to learn about it,
+and later measured steps skip it. A healthy model therefore pays on its first measured step only.
+
+"Non-zero" is exact: a sum of magnitudes is zero only when every entry is (no square to underflow).
+Sparse gradients (`nn.Embedding(sparse=True)`) mark the rows present in `coalesce().indices()`
+with a non-zero value; absent rows stay zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from gradlog.measure.params import Tracked, local_tensor
+
+
+def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(rows or elements [dim 0], columns [dim 1] or None) of "some entry non-zero" for one gradient (bool)."""
+    g = local_tensor(g.detach() if g.requires_grad else g)
+    if g.dim() == 0:
+        return (g != 0).reshape(1), None
+    r = g.shape[0]
+    if g.is_sparse and g.sparse_dim() == 1:
+        g = g.coalesce()
+        idx, vals = g.indices()[0], g.values()
+        rows = torch.zeros(r, dtype=torch.uint8, device=g.device)
+        if vals.numel():
+            hit = (_magnitude(vals).reshape(vals.shape[0], -1).sum(1) != 0).to(torch.uint8)
+            rows.scatter_reduce_(0, idx, hit, "amax")  # on the device: no boolean indexing, no sync
+        if g.dim() < 2 or rows_only:
+            return rows.bool(), None
+        c = g.shape[1]
+        if vals.numel():
+            cols = _magnitude(vals).reshape(vals.shape[0], c, -1).sum((0, 2)) != 0
+        else:
+            cols = torch.zeros(c, dtype=torch.bool, device=g.device)
+        return rows.bool(), cols
+    if g.layout != torch.strided:
+        g = g.to_dense()
+    if g.dim() == 1 or g.numel() == 0:
+        nz = g != 0 if g.dim() == 1 else torch.zeros(r, dtype=torch.bool, device=g.device)
+        no_cols = g.dim() == 1 or rows_only
+        return nz, None if no_cols else torch.zeros(g.shape[1], dtype=torch.bool, device=g.device)
+    if rows_only:
+        return _rows_nonzero(g.reshape(r, -1)), None
+    a = _magnitude(g)  # one temporary |g|, read twice from cache
+    return a.reshape(r, -1).sum(1) != 0, a.reshape(r, g.shape[1], -1).sum((0, 2)) != 0
+
+
+def _magnitude(g: torch.Tensor) -> torch.Tensor:
+    """|g| in a dtype whose sums never cancel: a sum of magnitudes is 0 only when every entry is."""
+    if g.is_complex():
+        return g.abs()
+    if not g.is_floating_point():
+        return g.abs().to(torch.float32)
+    return g.abs()
+
+
+def _rows_nonzero(g: torch.Tensor) -> torch.Tensor:
+    """Per row of a 2-D view, some entry non-zero. On the CPU a fused L2 norm per row (4x cheaper than
+    a max or |g|.sum there), with the rows it calls zero rechecked exactly (tiny squares underflow);
+    elsewhere the sum of magnitudes, exact and branch-free."""
+    if g.device.type != "cpu" or not g.is_floating_point():
+        return _magnitude(g).sum(1) != 0
+    nz: torch.Tensor = torch.linalg.vector_norm(g, 2, dim=1) != 0  # NaN != 0: a NaN row counts as non-zero
+    if not bool(nz.all()):  # a host read, free on the CPU
+        zero = (~nz).nonzero().flatten()
+        nz[zero] = (g[zero] != 0).any(1)
+    return nz
+
+
+def _zero_fractions(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Fraction of False in each bool vector, in a few batched ops (one segment sum), not a few per tensor."""
+    lengths = [f.numel() for f in flags]
+    seg = torch.repeat_interleave(torch.arange(len(flags)), torch.tensor(lengths))
+    ones = torch.cat([f if f.device == device else f.to(device) for f in flags]).to(torch.float64)
+    nz = torch.zeros(len(flags), dtype=torch.float64, device=device)
+    nz.index_add_(0, seg.to(device, non_blocking=True), ones)
+    n = torch.tensor(lengths, dtype=torch.float64).to(device, non_blocking=True)
+    return (n - nz) / n.clamp(min=1)
+
+
+@dataclass
+class Observed:
+    """What one measured step added: the tensors (`Tracked.index`) whose evidence was updated, with a
+    device flag each (1.0: now complete); on zero-count steps the fraction of all-zero gradient rows per
+    step position ([n], NaN where none) and each position's per-row "non-zero" vector (this rank's rows)."""
+
+    keys: list[int]
+    done: torch.Tensor | None
+    dead_frac: torch.Tensor | None
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class SliceGrads:
+    """The OR-accumulated evidence of every watched tensor, keyed by its `Tracked.index`."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, torch.Tensor] = {}  # bool [dim 0] (elements of a 1-D tensor)
+        self.cols: dict[int, torch.Tensor] = {}  # bool [dim 1], tensors with 2+ dims
+        self.full: set[int] = set()  # every slice seen non-zero: skipped from now on
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.rows, self.cols) for t in d.values())
+
+    def observe(
+        self, rows: list[Tracked], grads: list[torch.Tensor | None], dead: bool, device: torch.device
+    ) -> Observed:
+        """OR this step's gradients into the evidence; see `Observed` for what comes back."""
+        local: dict[int, torch.Tensor] = {}
+        fresh: list[int] = []
+        flags: list[torch.Tensor] = []
+        fracs: list[torch.Tensor] = []
+        frac_pos: list[int] = []
+        for i, (row, g) in enumerate(zip(rows, grads)):
+            if g is None or row.param.dim() == 0:  # a 0-D tensor has no slices: the whole-tensor report covers it
+                continue
+            key = row.index
+            track = key not in self.full
+            if not track and not dead:
+                continue
+            r_nz, c_nz = slice_nonzero(g, rows_only=not track)
+            if dead:
+                local[i] = r_nz
+                frac_pos.append(i)
+                fracs.append(r_nz)
+            if not track:
+                continue
+            acc = self.rows.get(key)
+            self.rows[key] = r_nz.clone() if acc is None or acc.shape != r_nz.shape else acc.logical_or_(r_nz)
+            done = self.rows[key].all()
+            if c_nz is not None:
+                acc = self.cols.get(key)
+                self.cols[key] = c_nz.clone() if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
+                done = done & self.cols[key].all()
+            fresh.append(key)
+            flags.append(done.reshape(1).to(device))
+        dead_frac = None
+        if dead:
+            dead_frac = torch.full((len(rows),), math.nan, dtype=torch.float64, device=device)
+            if fracs:
+                dead_frac[torch.tensor(frac_pos).to(device, non_blocking=True)] = _zero_fractions(fracs, device)
+        done_t = torch.cat(flags).to(torch.float64) if flags else None
+        return Observed(fresh, done_t, dead_frac, local)
+
+    def mark_done(self, keys: list[int], done: list[float]) -> None:
+        """Host side, from the step's one copy: tensors whose every slice has had a non-zero gradient."""
+        self.full.update(k for k, d in zip(keys, done) if d)

@@ -1,0 +1,315 @@
+"""At close: the rows, columns and elements of a tensor that never learned while the rest of it did.
+
+Inputs are host-side bool vectors per tensor (made global under FSDP2/DTensor before they get
+here): which slices changed since the tensor was first seen (exact, from the per-slice
+fingerprints) and which ever had a non-zero gradient on a measured step. A slice is reported when
+
+- its values never changed, or
+- it changed, but its gradient was zero at every measured step with a gradient, its param group has
+  weight decay, and the optimizer's running gradient statistics (Adam's `exp_avg_sq`, momentum), where
+  it keeps them, are zero there too (no unmeasured step gave it a gradient either): it moved only by
+  decay, it did not learn (the whole-tensor diagnosis does the same).
+
+The reason comes from the owning module: an `nn.Embedding`'s `padding_idx` row is intentional,
+its other zero-gradient rows are ids never in a batch; Linear/Conv rows are dead units/filters and
+the columns of the next layer are inputs that are always zero. A slice with a non-zero gradient
+that never changed lost its update to rounding (bf16/fp16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gradlog.measure.distributed import Reducer, is_dtensor
+from gradlog.measure.fingerprint import Changes
+from gradlog.measure.params import Tracked
+from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
+from gradlog.verdict.ledger import Evidence
+from gradlog.verdict.report import PartlyUpdated, Reason, format_ranges
+
+
+@dataclass
+class SliceFacts:
+    """Per tensor, host bool vectors: `changed` (values differ from the start) and `nonzero` (gradient
+    non-zero at some measured step; None when no measured step saw a gradient) per slice kind."""
+
+    changed: dict[int | None, torch.Tensor]  # dim 0 rows, dim 1 columns, None elements
+    nonzero: dict[int | None, torch.Tensor | None]
+    #: from the optimizer's running gradient statistics (Adam's exp_avg_sq, momentum, ...): the slice
+    #: had a non-zero gradient at SOME step, measured or not (None: the optimizer keeps no such state)
+    state: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+
+# what a slice is called, by owning module type and dim: (plural noun, zero-gradient question)
+_WORDS: dict[tuple[str, int | None], tuple[str, str]] = {
+    ("linear.weight", 0): ("output units", "dead units (a ReLU that never fires?)"),
+    ("linear.weight", 1): ("input features", "inputs always zero (dead units upstream?)"),
+    ("linear.bias", None): ("units", "dead units (a ReLU that never fires?)"),
+    ("conv.weight", 0): ("filters", "dead filters (a ReLU that never fires?)"),
+    ("conv.weight", 1): ("input channels", "input channels always zero (dead filters upstream?)"),
+    ("conv.bias", None): ("filters", "dead filters (a ReLU that never fires?)"),
+    ("embedding.weight", 0): ("rows", "ids never in a batch?"),
+    ("embedding.weight", 1): ("columns", "embedding dims with no gradient"),
+}
+_GENERIC = {0: "rows", 1: "columns", None: "elements"}
+
+
+#: optimizer state that accumulates every gradient (squares or magnitudes): zero only if every gradient
+#: was (until it underflows: ~1e5 steps for Adam's beta2 0.999, ~1e3 for momentum 0.9)
+_STATE_KEYS = ("exp_avg_sq", "square_avg", "sum", "exp_inf", "momentum_buffer", "exp_avg")
+
+
+def _state_nonzero(param: torch.Tensor, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor] | None:
+    """Per-slice "some step had a gradient here", from the optimizer's accumulated state (device bools)."""
+    if optimizer is None:
+        return None
+    state = optimizer.state.get(param)
+    if not state:
+        return None
+    for key in _STATE_KEYS:
+        st = state.get(key)
+        if isinstance(st, torch.Tensor) and tuple(st.shape) == tuple(param.shape) and st.layout == torch.strided:
+            rows, cols = slice_nonzero(st)
+            return [rows] if cols is None else [rows, cols]
+    return None
+
+
+def slice_facts(
+    rows: Sequence[Tracked],
+    changes: dict[int, Changes],
+    grads: SliceGrads,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> dict[int, SliceFacts]:
+    """Host-side facts of every tensor with 1+ dims: the ledger's slice changes, the meter's evidence
+    and the optimizer state's (one host copy for all of it)."""
+    keys: list[tuple[int, int | None]] = []
+    parts: list[torch.Tensor] = []
+    for row in rows:
+        for dim, src in ((0, grads.rows), (1, grads.cols)):
+            t = src.get(row.index)
+            if t is not None:
+                keys.append((row.index, dim))
+                parts.append(t)
+        if row.index in changes and row.param.dim() > 0:
+            for dim, t in enumerate(_state_nonzero(row.param, optimizer) or []):
+                keys.append((row.index, 10 + dim))  # 10, 11: the state's rows and columns
+                parts.append(t)
+    host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else torch.zeros(0, dtype=torch.bool)
+    seen: dict[tuple[int, int | None], torch.Tensor] = {}
+    at = 0
+    for key, t in zip(keys, parts):
+        seen[key] = host[at : at + t.numel()]
+        at += t.numel()
+    out: dict[int, SliceFacts] = {}
+    for row in rows:
+        ch = changes.get(row.index)
+        if ch is None or row.param.dim() == 0:
+            continue
+        if ch.elems is not None:
+            changed: dict[int | None, torch.Tensor] = {None: ch.elems}
+            nonzero: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 0))}
+            state: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 10))}
+        elif ch.rows is not None and ch.cols is not None:
+            changed = {0: ch.rows, 1: ch.cols}
+            nonzero = {0: seen.get((row.index, 0)), 1: seen.get((row.index, 1))}
+            state = {0: seen.get((row.index, 10)), 1: seen.get((row.index, 11))}
+        else:
+            continue
+        for found in (nonzero, state):
+            for d, t in list(found.items()):
+                if t is not None and t.shape != changed[d].shape:  # resized since: the evidence is stale
+                    found[d] = None
+        out[row.index] = SliceFacts(changed, nonzero, state)
+    return out
+
+
+def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer: Reducer) -> dict[int, SliceFacts]:
+    """Sharded tensors (FSDP2, DTensor): each rank's slices placed at their global indices and
+    combined over ranks (a slice changed, or had a gradient, if it did on any rank)."""
+    items: list[tuple[Tracked, int | None, torch.Tensor | None]] = []
+    for row in rows:
+        if not is_dtensor(row.param) or row.param.dim() == 0:
+            continue
+        f = facts.get(row.index)
+        dims: tuple[int | None, ...] = (0, 1) if row.param.dim() >= 2 else (None,)
+        for dim in dims:
+            items.append((row, dim, f.changed.get(dim) if f is not None else None))
+            items.append((row, dim, f.nonzero.get(dim) if f is not None else None))
+            items.append((row, dim, f.state.get(dim) if f is not None else None))
+    merged = reducer.global_slices(items)
+    at = 0
+    out = dict(facts)
+    for row in rows:
+        if not is_dtensor(row.param) or row.param.dim() == 0:
+            continue
+        dims = (0, 1) if row.param.dim() >= 2 else (None,)
+        changed: dict[int | None, torch.Tensor] = {}
+        nonzero: dict[int | None, torch.Tensor | None] = {}
+        state: dict[int | None, torch.Tensor | None] = {}
+        for dim in dims:
+            ch, nz, st = merged[at : at + 3]
+            at += 3
+            if ch is not None:
+                changed[dim], nonzero[dim], state[dim] = ch, nz, st
+        if changed:
+            out[row.index] = SliceFacts(changed, nonzero, state)
+        else:
+            out.pop(row.index, None)
+    return out
+
+
+def _owners(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
+    """Parameter identity -> (the module holding it, its attribute name)."""
+    out: dict[int, tuple[nn.Module, str]] = {}
+    for mod in model.modules():
+        for attr, p in mod.named_parameters(recurse=False):
+            out.setdefault(id(p), (mod, attr))
+    return out
+
+
+def _kind(owner: tuple[nn.Module, str] | None) -> str:
+    if owner is None:
+        return ""
+    mod, attr = owner
+    if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
+        return f"embedding.{attr}"
+    if isinstance(mod, nn.Linear):
+        return f"linear.{attr}"
+    if isinstance(mod, nn.modules.conv._ConvNd):
+        return f"conv.{attr}"
+    return ""
+
+
+def _steps(n: int) -> str:
+    return f"{n} measured step{'s' if n != 1 else ''}"
+
+
+def _weight_decay(row: Tracked, optimizer: torch.optim.Optimizer | None) -> float:
+    if optimizer is None or row.group is None or row.group >= len(optimizer.param_groups):
+        return 0.0
+    wd = optimizer.param_groups[row.group].get("weight_decay", 0.0)
+    return float(wd) if isinstance(wd, (int, float)) else 0.0
+
+
+def partly_updated(
+    rows: Sequence[Tracked],
+    facts: dict[int, SliceFacts],
+    evidence: dict[int, Evidence],
+    whole: set[str],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    optimizer_steps: int,
+) -> list[PartlyUpdated]:
+    """One record per tensor, dim and reason, in model order; `whole` names the tensors already in
+    `never_updated` (their slices are not repeated)."""
+    owners = _owners(model)
+    out: list[PartlyUpdated] = []
+    for row in rows:
+        f = facts.get(row.index)
+        if f is None or row.name in whole or not row.param.requires_grad or row.param.dim() == 0:
+            continue
+        if optimizer is not None and row.group is None:
+            continue
+        ev = evidence.get(row.index, Evidence())
+        with_grad = ev.measured - ev.grad_none
+        wd = _weight_decay(row, optimizer)
+        owner = owners.get(id(row.param))
+        kind = _kind(owner)
+        padding = _padding_idx(owner, row.shape[0]) if kind == "embedding.weight" else None
+        for dim, changed in f.changed.items():
+            if not bool(changed.any()):  # the whole tensor never changed: never_updated's job
+                continue
+            nonzero = f.nonzero.get(dim)
+            zero = ~nonzero if nonzero is not None and with_grad > 0 else None
+            decayed = changed & zero if zero is not None and wd > 0 else torch.zeros_like(changed)
+            in_state = f.state.get(dim)
+            if in_state is not None:  # the optimizer saw every step: a gradient at an unmeasured step shows
+                decayed &= ~in_state
+            never = ~changed
+            picked = never | decayed
+            if not bool(picked.any()):
+                continue
+            caveat = "" if in_state is not None else _caveat(ev, optimizer_steps)
+            out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat)
+    return out
+
+
+def _caveat(ev: Evidence, optimizer_steps: int) -> str:
+    """For slices that moved by decay only: when not every step was measured, a slice used only on
+    unmeasured steps would look the same."""
+    if ev.measured and optimizer_steps > ev.measured:
+        return f" ({ev.measured} of {optimizer_steps} optimizer steps measured: use every=1 to rule out rare use)"
+    return ""
+
+
+def _padding_idx(owner: tuple[nn.Module, str] | None, n: int) -> int | None:
+    if owner is None:
+        return None
+    pad = getattr(owner[0], "padding_idx", None)
+    if not isinstance(pad, int):
+        return None
+    pad = pad + n if pad < 0 else pad
+    return pad if 0 <= pad < n else None
+
+
+def _records(
+    row: Tracked,
+    dim: int | None,
+    kind: str,
+    padding: int | None,
+    never: torch.Tensor,
+    decayed: torch.Tensor,
+    zero: torch.Tensor | None,
+    with_grad: int,
+    wd: float,
+    ev: Evidence,
+    caveat: str,
+) -> list[PartlyUpdated]:
+    total = never.numel()
+    noun, question = _WORDS.get((kind, dim), (_GENERIC[dim], "no gradient ever reached them"))
+    hooked = bool(getattr(row.param, "_backward_hooks", None))
+    if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
+        question = "a gradient hook on this tensor (register_hook) zeroes them?"
+    picked = never | decayed
+    groups: dict[Reason, list[int]] = {}
+    for i in picked.nonzero().flatten().tolist():
+        if dim == 0 and padding is not None and i == padding:
+            reason = Reason.PADDING_IDX
+        elif zero is not None and bool(zero[i]):
+            unseen = kind == "embedding.weight" and dim == 0 and not hooked
+            reason = Reason.NOT_IN_BATCH if unseen else Reason.ZERO_GRAD
+        elif zero is not None:
+            reason = Reason.BELOW_PRECISION
+        else:
+            reason = Reason.UNKNOWN
+        groups.setdefault(reason, []).append(i)
+    out = []
+    for reason, idx in groups.items():
+        n_never = sum(bool(never[i]) for i in idx)
+        moved = len(idx) - n_never
+        what = f"{noun if len(idx) > 1 else noun[:-1]} {format_ranges(idx, 8)} ({len(idx)} of {total})"
+        if moved == 0:
+            head = f"{what} never changed"
+        elif n_never == 0:
+            head = f"{what} moved only through weight decay ({wd:g})"
+        else:
+            head = f"{what} never changed ({n_never}) or moved only through weight decay ({moved}, weight_decay {wd:g})"
+        if reason is Reason.PADDING_IDX:
+            detail = f"{head}: the embedding's padding_idx row, never updated by design"
+        elif reason in (Reason.ZERO_GRAD, Reason.NOT_IN_BATCH):
+            detail = f"{head}; zero gradient at all {with_grad} measured steps with a gradient: {question}"
+            if moved:
+                detail += caveat
+        elif reason is Reason.BELOW_PRECISION:
+            detail = (
+                f"{head}; non-zero gradient at some of {_steps(with_grad)} with a gradient, yet the {ev.dtype} values "
+                "never changed: the update is below the dtype's precision (keep fp32 master weights, or raise lr)"
+            )
+        else:
+            detail = f"{head}; no measured step saw a gradient for this tensor"
+        out.append(PartlyUpdated(row.name, dim, len(idx), total, tuple(idx), reason, detail))
+    return out
