@@ -8,11 +8,13 @@ and tensors whose gradient norm spiked far above its own running median.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from gradlog.readers.files import shown
 from gradlog.readers.run import RunData
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND
 from gradlog.verdict.report import COLUMNS, format_table
@@ -74,6 +76,7 @@ class Health:
     out_of_band: list[OutOfBand] = field(default_factory=list)
     spikes: list[Spike] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> bool:
@@ -126,6 +129,7 @@ class Health:
         return out
 
     def text(self) -> str:
+        self = escaped(self)  # every name, cell and message came from a file: printed with escapes
         lines = [
             f"gradlog report: {self.path} ({self.backend}, {self.tensors} tensors, {self.measured_steps} measured)"
         ]
@@ -159,6 +163,10 @@ class Health:
             lines.append(_indent(format_table(["name", "worst step", "grad norm", "median before", "spikes"], rows)))
         else:
             lines.append(f"Gradient-norm spikes (> {self.spike_factor:g}x running median): none")
+        if self.notes:
+            lines.append("")
+            lines.append("Notes:")
+            lines += [f"  {s}" for s in self.notes]
         if self.skipped:
             lines.append("")
             lines.append("Skipped (unreadable):")
@@ -166,6 +174,24 @@ class Health:
         lines.append("")
         lines.append(self.verdict)
         return "\n".join(lines)
+
+
+_T = TypeVar("_T")
+
+
+def escaped(obj: _T) -> _T:
+    """A copy of `obj` (a dataclass, dict, list, tuple or str, nested) with every string `shown`: safe to print."""
+    value: Any = obj
+    if isinstance(value, str):
+        return shown(value)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: escaped(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {escaped(k): escaped(v) for k, v in value.items()}  # type: ignore[return-value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(escaped(v) for v in value)  # type: ignore[return-value]
+    return obj
 
 
 def _indent(block: str) -> str:
@@ -264,7 +290,7 @@ def analyze(
             never.append(NeverUpdatedRow(**cell))
     names = {t.split("/", 1)[1] for t in run.scalars if t.startswith(("weight_norm/", "grad_norm/", "update_ratio/"))}
     steps = {s for t, pts in run.scalars.items() if t.startswith(("grad_norm/", "weight_norm/")) for s, _ in pts}
-    measured = int(summary["measured_steps"]) if summary.get("measured_steps", "").isdigit() else len(steps)
+    measured = _count(summary.get("measured_steps", ""), default=len(steps))
     never_names = {r.name.split(" (= ", 1)[0] for r in never}
     return Health(
         path=run.path,
@@ -280,4 +306,12 @@ def analyze(
         out_of_band=out_of_band(run, band, exclude=never_names),
         spikes=spikes(run, spike_factor),
         skipped=list(run.skipped),
+        notes=list(run.notes),
     )
+
+
+def _count(text: str, default: int) -> int:
+    """A count from a table cell; anything else (text, a 5,000-digit number, "²") gives `default`."""
+    if not (text.isascii() and text.isdigit() and len(text) < 19):
+        return default
+    return int(text)
