@@ -433,12 +433,13 @@ def test_wandb_damaged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     (run_dir,) = (root / "wandb").glob("offline-run-*")
     (run_file,) = run_dir.glob("*.wandb")
     data = run_file.read_bytes()
-    # A torn tail (the process was killed): what was read is reported, what was lost is named, exit 2.
+    # A torn tail without the exit record (the process was killed): a crashed run, INCOMPLETE and exit 1,
+    # with what was read reported and the cut-off record named as a note, not as damage.
     run_file.write_bytes(data[: len(data) - 200])
     code = main(["report", str(run_dir)])
     captured = capsys.readouterr()
-    assert code == 2 and "Traceback" not in captured.err
-    assert "Skipped (unreadable):" in captured.out and "the report above is partial" in captured.err
+    assert code == 1 and "Traceback" not in captured.err
+    assert "Skipped (unreadable):" not in captured.out and "the W&B run has no exit record" in captured.out
     assert report.first_nonfinite is not None
     assert f"First non-finite gradient: step {report.first_nonfinite.step}" in captured.out
     # The table file the history points at is gone: named as skipped.
