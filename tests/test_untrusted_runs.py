@@ -216,7 +216,7 @@ SECRET = "SECRET"
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "rel",
-    ["../../outside/secret.table.json", "{outside}/secret.table.json", "/etc/passwd", "/proc/self/environ", "", 7],
+    ["../../outside/secret.table.json", "{outside}/secret.table.json", "/etc/passwd", "/proc/self/environ"],
 )
 def test_wandb_table_paths_outside_files_are_not_opened(case: Path, rel: Any) -> None:
     if isinstance(rel, str):
@@ -348,11 +348,12 @@ ESCAPE = "\x1b]0;pwned\x07\x1b[2J"
 @pytest.mark.slow
 def test_terminal_escapes_and_surrogates_in_tensor_names_and_summary(case: Path) -> None:
     """Names, table cells and summary values with escapes and lone surrogates: shown escaped, JSON stays strict."""
-    evil = f"w{ESCAPE}\ud800\u202e"
+    evil = f"w{ESCAPE}\ud800\u202e"  # a lone surrogate fits only in JSON (protobuf keys must be valid UTF-8)
+    key = f"k{ESCAPE}\u202e"
     rows = [
-        {"gradlog/step": str(s), f"grad_norm/{evil}": "1.0", f"update_ratio/{evil}": "5.0"} for s in range(8)
+        {"gradlog/step": str(s), f"grad_norm/{key}": "1.0", f"update_ratio/{key}": "5.0"} for s in range(8)
     ]  # out of band: the name is printed
-    never = {"columns": list(COLUMNS), "data": [[evil, "[2]", "2", "no_grad", f"detail {ESCAPE} \\ud800"]]}
+    never = {"columns": list(COLUMNS), "data": [[evil, "[2]", "2", "no_grad", f"detail {ESCAPE} \ud800"]]}
     wandb_run(
         case,
         rows=rows,
@@ -366,6 +367,7 @@ def test_terminal_escapes_and_surrogates_in_tensor_names_and_summary(case: Path)
     assert code == 1
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "w\\x1b]0;pwned\\x07\\x1b[2J\ufffd\\u202e" in out  # shown, escaped, surrogate replaced
+    assert "k\\x1b]0;pwned\\x07\\x1b[2J\\u202e" in out  # the out-of-band tensor's name
     code, out, _ = report_child(case, "--json", allowed=case)
 
     def no_constants(name: str) -> None:
@@ -410,6 +412,29 @@ def test_shown_escapes_what_a_terminal_would_act_on() -> None:
     assert shown("a\x1b[31mb\n\t\x7f") == "a\\x1b[31mb\\x0a\\x09\\x7f"
     assert shown("x\u202ey\ud800z\U000e0001") == "x\\u202ey\ufffdz\\U000e0001"
     assert shown("naïve 名前") == "naïve 名前"
+
+
+@pytest.mark.parametrize(
+    ("rel", "ok"),
+    [
+        ("media/table/a.table.json", "media/table/a.table.json"),
+        ("./media//table/a.json", "media/table/a.json"),
+        ("media/../media/a.json", "media/a.json"),
+        ("../x.json", None),
+        ("media/../../x.json", None),
+        ("/etc/passwd", None),
+        ("", None),
+        (".", None),
+        ("a\\..\\..\\x.json", None),
+        ("a\0b", None),
+        (7, None),
+        (None, None),
+    ],
+)
+def test_table_paths_named_in_a_run_file(rel: Any, ok: str | None) -> None:
+    from gradlog.readers.run import _table_path
+
+    assert _table_path(rel) == ok
 
 
 def test_loads_json_refuses_deep_nesting_without_recursing() -> None:

@@ -138,7 +138,16 @@ def open_regular(path: str, root: str, *, max_bytes: int, what: str, cap: str = 
 def read_regular(path: str, root: str, *, max_bytes: int, what: str, cap: str = "max_file_bytes") -> bytes:
     """The whole of a file `open_regular` accepts; a file that grows past the cap while read is refused too."""
     with open_regular(path, root, max_bytes=max_bytes, what=what, cap=cap) as f:
-        data = f.read(max_bytes + 1)
+        # read(n) allocates n bytes up front: ask for what fstat says is there, then for any growth in chunks
+        parts = [f.read(os.fstat(f.fileno()).st_size + 1)]
+        total = len(parts[0])
+        while total <= max_bytes:
+            more = f.read(min(MIB, max_bytes + 1 - total))
+            if not more:
+                break
+            parts.append(more)
+            total += len(more)
+        data = b"".join(parts) if len(parts) > 1 else parts[0]
     if len(data) > max_bytes:
         raise Refused(f"{path}: {what} grew above the {max_bytes:,}-byte cap while being read; not read")
     return data
