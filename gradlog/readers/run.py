@@ -30,6 +30,7 @@ from gradlog.readers.files import (
     open_regular,
     read_regular,
     real_root,
+    shown,
 )
 
 Table = tuple[list[str], list[list[str]]]
@@ -150,7 +151,8 @@ def _detect(path: str, st: os.stat_result, limits: Limits) -> tuple[str, str, st
             f"{path!r} holds no TensorBoard event file and no W&B offline run{unlisted}; "
             "pass the log dir a GradLogger wrote (log_dir=...) or a wandb/offline-run-* dir"
         )
-    listed = "\n  ".join(r if kind == "tensorboard" else os.path.dirname(r) for kind, r in runs[:20])
+    # one escaped line per run: a folder name holding a line break cannot fake a line of the message
+    listed = "\n  ".join(shown(r if kind == "tensorboard" else os.path.dirname(r)) for kind, r in runs[:20])
     more = f"\n  ... and {len(runs) - 20} more" if len(runs) > 20 else ""
     raise BadInput(f"{path!r} holds {len(runs)} runs; pass one of them:\n  {listed}{more}")
 
