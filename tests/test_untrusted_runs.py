@@ -669,3 +669,22 @@ def test_mutation_fuzzer_never_tracebacks_or_hangs(tmp_path: Path, capsys: pytes
     finally:
         signal.signal(signal.SIGVTALRM, previous)
     assert sum(codes.values()) == 300 and codes.get(2, 0) > 0 and codes.get(0, 0) + codes.get(1, 0) > 0, codes
+
+
+def test_scalars_written_as_tensors_are_read(tmp_path: Path) -> None:
+    """TensorBoard's newer scalar form (a rank-0 tensor under the scalars plugin), as float_val or packed bytes."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
+
+    meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    records = []
+    for step in range(4):
+        if step % 2:
+            tensor = tensor_pb2.TensorProto(dtype=2, tensor_content=struct.pack("<d", step / 8))
+        else:
+            tensor = tensor_pb2.TensorProto(dtype=1, float_val=[step / 8])
+        value = summary_pb2.Summary.Value(tag="grad_norm/w", tensor=tensor, metadata=meta if step == 0 else None)
+        event = event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[value]))
+        records.append(tfrecord(event.SerializeToString()))
+    (tmp_path / "events.out.tfevents.1.host").write_bytes(b"".join(records))
+    run = load(str(tmp_path))
+    assert run.scalars["grad_norm/w"] == [(s, s / 8) for s in range(4)] and run.skipped == []

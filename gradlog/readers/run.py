@@ -17,6 +17,7 @@ import math
 import os
 import posixpath
 import stat
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,11 +164,22 @@ def _detect(path: str, st: os.stat_result, limits: Limits) -> tuple[str, str, st
 _TEXT_SUFFIXES = ("/table", "/text_summary")
 
 
+def _table_name(tag: str) -> str:
+    """The table a text tag holds: `gradlog/never_updated/table` -> `gradlog/never_updated`."""
+    for suffix in _TEXT_SUFFIXES:
+        if tag.endswith(suffix) and tag[: -len(suffix)] in TABLE_NAMES:
+            return tag[: -len(suffix)]
+    return tag
+
+
 def _tensor_scalar(tensor: Any) -> float | None:
     """The value of a scalar written as a tensor (TensorBoard's newer form), or None."""
-    for values in (tensor.float_val, tensor.double_val, tensor.half_val, tensor.int_val, tensor.int64_val):
+    for values in (tensor.float_val, tensor.double_val, tensor.int_val, tensor.int64_val):
         if len(values) == 1:
             return float(values[0])
+    packed = {1: "<f", 2: "<d"}.get(tensor.dtype)  # DT_FLOAT, DT_DOUBLE in tensor_content
+    if packed is not None and len(tensor.tensor_content) == struct.calcsize(packed):
+        return float(struct.unpack(packed, tensor.tensor_content)[0])
     return None
 
 
@@ -206,20 +218,14 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
                             value = _tensor_scalar(v.tensor)
                             if value is not None:
                                 points.setdefault(v.tag, {})[step] = value
-                        elif kind == "tensor" and v.tensor.string_val:
-                            texts[v.tag] = v.tensor.string_val[0]
+                        elif kind == "tensor" and v.tensor.string_val and _table_name(v.tag) in TABLE_NAMES:
+                            texts[_table_name(v.tag)] = v.tensor.string_val[0]  # the last one written wins
         except Refused as exc:
             run.skipped.append(str(exc))
         except OSError as exc:
             run.skipped.append(f"{name}: cannot be read ({exc.strerror or exc})")
     run.scalars = {tag: sorted(p.items()) for tag, p in points.items()}
-    for tag, raw in texts.items():
-        table = tag
-        for suffix in _TEXT_SUFFIXES:
-            if tag.endswith(suffix) and tag[: -len(suffix)] in TABLE_NAMES:
-                table = tag[: -len(suffix)]
-        if table not in TABLE_NAMES:
-            continue
+    for table, raw in texts.items():
         try:
             run.tables[table] = parse_markdown_table(raw.decode("utf-8", "replace"))
         except ValueError as exc:
