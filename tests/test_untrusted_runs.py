@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import resource
 import signal
 import struct
@@ -435,6 +436,33 @@ def test_table_paths_named_in_a_run_file(rel: Any, ok: str | None) -> None:
     from gradlog.readers.run import _table_path
 
     assert _table_path(rel) == ok
+
+
+def test_open_regular_refuses_pipes_sockets_devices_and_folders_before_opening(tmp_path: Path) -> None:
+    import socket
+
+    from gradlog.readers.files import Refused, open_regular, read_regular
+
+    root = os.path.realpath(tmp_path)
+    os.mkfifo(tmp_path / "pipe")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock"))
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "ok").write_bytes(b"12345")
+    cases = {"pipe": "a named pipe (FIFO)", "sock": "a socket", "dir": "a folder"}
+    try:
+        for name, kind in cases.items():
+            with pytest.raises(Refused, match=re.escape(f"{name}: table file is {kind}, not a regular file")):
+                open_regular(str(tmp_path / name), root, max_bytes=100, what="table file")
+    finally:
+        sock.close()
+    with pytest.raises(Refused, match="/dev/null: event file is a device, not a regular file"):
+        open_regular("/dev/null", "/dev", max_bytes=100, what="event file")
+    assert read_regular(str(tmp_path / "ok"), root, max_bytes=5, what="table file") == b"12345"
+    with pytest.raises(Refused, match=r"is 5 bytes, above the 4-byte cap; not read \(raise it with --max-table-size"):
+        read_regular(str(tmp_path / "ok"), root, max_bytes=4, what="table file", cap="max_table_bytes")
+    with pytest.raises(Refused, match="points outside the run folder"):
+        read_regular(str(tmp_path / "dir" / ".." / ".." / "x"), root, max_bytes=5, what="table file")
 
 
 def test_loads_json_refuses_deep_nesting_without_recursing() -> None:
