@@ -182,7 +182,7 @@ _T = TypeVar("_T")
 def escaped(obj: _T) -> _T:
     """A copy of `obj` (a dataclass, dict, list, tuple or str, nested) with every string `shown`: safe to print."""
     value: Any = obj
-    if isinstance(value, str):
+    if type(value) is str:  # not str-valued enums (gradlog.Reason): their text is gradlog's own
         return shown(value)  # type: ignore[return-value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {f.name: escaped(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
