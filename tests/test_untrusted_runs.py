@@ -407,6 +407,18 @@ def test_nan_steps_and_deep_json_are_skipped_and_counted(case: Path) -> None:
     assert "Never updated: none" in out and "Gradient-norm spikes (> 10x running median): none" in out
 
 
+@pytest.mark.slow
+def test_huge_index_range_in_a_table_cell(case: Path) -> None:
+    """A partly-updated row claiming indices 0-99999999999: skipped as a bad row, not expanded into memory."""
+    path = tb_run(case)
+    columns = ["name", "dim", "never", "total", "indices", "reason", "detail"]
+    row = ["w", "rows", "1", "2", "0-99999999999", "not_in_batch", "x"]
+    with open(path, "ab") as f:
+        f.write(tfrecord(text_event(9, "gradlog/partly_updated", markdown(columns, [row]))))
+    _, out, err = report_child(case, allowed=case)  # exit 0, or 2 where the row is read and skipped
+    assert "MemoryError" not in err and "8 measured" in out, err
+
+
 # --- in-process: the pieces ----------------------------------------------------------------------------
 def test_shown_escapes_what_a_terminal_would_act_on() -> None:
     assert shown("grad_norm/layer.0") == "grad_norm/layer.0"
