@@ -17,8 +17,25 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from gradlog.cli.report import run_report
+    from gradlog.readers.files import Limits
 
-    return run_report(args.path, as_json=args.json, plot=args.plot, band=args.band, spike=args.spike)
+    limits = Limits(max_file_bytes=args.max_file_size, max_table_bytes=args.max_table_size, max_files=args.max_files)
+    return run_report(args.path, as_json=args.json, plot=args.plot, band=args.band, spike=args.spike, limits=limits)
+
+
+def _size(text: str) -> int:
+    from gradlog.readers.files import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -58,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--band", nargs=2, type=float, metavar=("LO", "HI"), default=None, help="healthy update ratio (1e-4 1e-2)"
     )
     report.add_argument("--spike", type=float, metavar="FACTOR", default=None, help="spike: x running median (10)")
+    report.add_argument(
+        "--max-file-size", type=_size, metavar="SIZE", default="4G", help="largest event or W&B run file read (4G)"
+    )
+    report.add_argument(
+        "--max-table-size", type=_size, metavar="SIZE", default="64M", help="largest W&B table file read (64M)"
+    )
+    report.add_argument(
+        "--max-files", type=_count, metavar="N", default=20_000, help="most event/W&B run files searched (20000)"
+    )
     report.set_defaults(func=_report)
     diff = sub.add_parser(
         "diff",

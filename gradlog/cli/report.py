@@ -3,6 +3,9 @@
 A file that is only partly readable (torn or corrupt event file) still gets the report of what could be
 read, followed by exit 2; a run that never closed (no never-updated table) exits 1.
 
+Everything printed may hold text from someone else's run files: the console output escapes control and
+escape characters (`readers.files.shown`), and `--json` is strict JSON (no NaN, no lone surrogates).
+
 Kept apart from `cli.entry` so the argument parser stays importable without tensorboard or matplotlib.
 """
 
@@ -12,7 +15,9 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from typing import TextIO
 
+from gradlog.readers.files import Limits, shown_lines, valid_text
 from gradlog.readers.run import BadInput, load
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND, check_band
 from gradlog.views.health import DEFAULT_SPIKE_FACTOR, analyze
@@ -20,17 +25,30 @@ from gradlog.views.health import DEFAULT_SPIKE_FACTOR, analyze
 OK, PROBLEMS, BAD_INPUT = 0, 1, 2
 
 
+def _write(text: str, stream: TextIO) -> None:
+    """Print `text` with anything non-printable escaped; characters the stream cannot encode as `\\u....`."""
+    text = shown_lines(text) + "\n"
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
+    stream.flush()
+
+
 def _fail(message: str) -> int:
-    print(f"gradlog report: {message}", file=sys.stderr)
+    _write(f"gradlog report: {message}", sys.stderr)
     return BAD_INPUT
 
 
 def _plain(obj: object) -> object:
-    """JSON has no NaN/Inf: write them as null, so any JSON parser reads the report."""
+    """JSON has no NaN/Inf: write them as null; lone surrogates become U+FFFD: any JSON parser reads the report."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
+    if isinstance(obj, str):
+        return valid_text(obj)
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {valid_text(str(k)): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     return obj
@@ -42,8 +60,12 @@ def run_report(
     plot: str | None = None,
     band: Sequence[float] | None = None,
     spike: float | None = None,
+    limits: Limits | None = None,
 ) -> int:
-    """Never raises: bad input, an unreadable file or a missing extra is a message on stderr and exit 2."""
+    """Never raises: bad input, an unreadable file or a missing extra is a message on stderr and exit 2.
+
+    `limits` caps what reading the run may cost (`readers.files.Limits`: file and table sizes, files searched).
+    """
     try:
         lo_hi = check_band(band if band is not None else DEFAULT_RATIO_BAND)
     except ValueError as exc:
@@ -52,7 +74,7 @@ def run_report(
     if not factor > 1:
         return _fail(f"--spike must be a factor > 1 (a gradient norm this many times its running median), got {spike}")
     try:
-        run = load(path)
+        run = load(path, limits=limits)
         # Without --band/--spike: the warnings the run recorded at close (what close() said)
         health = analyze(run, None if band is None else lo_hi, None if spike is None else factor)
     except BadInput as exc:
@@ -60,9 +82,9 @@ def run_report(
     except Exception as exc:  # a file we could not make sense of: a message, never a traceback
         return _fail(f"cannot read {path!r} ({type(exc).__name__}: {exc})")
     if as_json:
-        print(json.dumps(_plain(health.to_dict()), indent=2, allow_nan=False, default=str))
+        _write(json.dumps(_plain(health.to_dict()), indent=2, allow_nan=False, default=str), sys.stdout)
     else:
-        print(health.text())
+        _write(health.text(), sys.stdout)
     if plot:
         try:
             from gradlog.views import plot as plotting
@@ -81,7 +103,7 @@ def run_report(
             return _fail(str(exc))
         except Exception as exc:
             return _fail(f"cannot write the plot to {plot!r} ({type(exc).__name__}: {exc})")
-        print(f"plot written to {plot}", file=sys.stderr)
+        _write(f"plot written to {plot}", sys.stderr)
     if health.skipped:  # a partial report: say so, and let scripts tell it from a clean read
         return _fail(f"{len(health.skipped)} unreadable part(s) of {path!r} skipped; the report above is partial")
     return OK if health.healthy else PROBLEMS

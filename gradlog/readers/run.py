@@ -1,25 +1,38 @@
-"""Read a finished (or crashed) gradlog run back from disk, with each backend's own reader.
+"""Read a finished (or crashed) gradlog run back from disk.
 
-TensorBoard: a log dir or one event file, through tensorboard's `EventAccumulator` (scalars, and the
-text summaries gradlog writes for its tables). A separate pass over the TFRecord framing says what the
-accumulator silently skips: a torn last record, or everything after a CRC mismatch.
+TensorBoard: a log dir or one event file, read by gradlog's own record reader (`readers.tfevents`):
+each file opened once, a corrupt record skipped (reading resumes at the next intact one) and named.
 
 W&B: an offline run dir (or the `.wandb` file in it), through `gradlog.readers.wandb_offline`.
+
+The run folder may come from someone else: every file goes through `readers.files` (regular files inside
+the folder only, size caps), and a bad row or value is skipped and named in `RunData.skipped`, never fatal.
 
 The result is backend-neutral `RunData`: the same shape `MemoryWriter` keeps in memory.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import json
+import math
 import os
+import posixpath
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradlog.readers.files import (
+    Limits,
+    Refused,
+    find_files,
+    inside,
+    loads_json,
+    open_regular,
+    read_regular,
+    real_root,
+    shown,
+)
 from gradlog.verdict.report import (
     DIM_NAMES,
     PARTLY_COLUMNS,
@@ -53,6 +66,9 @@ TABLE_NAMES = (
     "gradlog/summary",
     "gradlog/alerts",
 )
+ORDER_TAG = "gradlog/tensor_order"  # written by the TensorBoard writer (writers/tb_format.py)
+#: At most this many "Skipped (unreadable)" lines are kept; the last one counts the rest.
+MAX_SKIPPED_LINES = 200
 
 
 class BadInput(Exception):
@@ -61,7 +77,8 @@ class BadInput(Exception):
 
 @dataclass
 class RunData:
-    """`scalars[tag] = [(step, value), ...]` in step order, `tables[name] = (columns, rows)`, and what was skipped."""
+    """`scalars[tag] = [(step, value), ...]` in step order, `tables[name] = (columns, rows)`, what was skipped
+    (damage: the report is partial) and `notes` (worth saying, not damage: a crashed run's torn tail)."""
 
     path: str
     backend: str
@@ -69,6 +86,7 @@ class RunData:
     tables: dict[str, Table] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def from_memory(cls, writer: Any, path: str = "<memory>") -> RunData:
@@ -81,222 +99,193 @@ class RunData:
         return any(t.startswith(GRADLOG_PREFIXES) for t in self.scalars) or any(n in self.tables for n in TABLE_NAMES)
 
 
-def load(path: str) -> RunData:
-    """Read the run at `path`: a TensorBoard log dir or event file, or a W&B offline run dir or `.wandb` file."""
-    if not os.path.exists(path):
-        raise BadInput(f"{path!r} does not exist; pass a TensorBoard log dir, an event file or a W&B offline run dir")
-    kind, target = _detect(path)
-    run = _load_tensorboard(target) if kind == "tensorboard" else _load_wandb(target)
+def load(path: str, *, limits: Limits | None = None) -> RunData:
+    """Read the run at `path`: a TensorBoard log dir or event file, or a W&B offline run dir or `.wandb` file.
+
+    Only regular files inside `path` (symlinks resolved) are opened, within `limits` (`readers.files.Limits`).
+    """
+    limits = limits if limits is not None else Limits()
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise BadInput(
+            f"{path!r} does not exist; pass a TensorBoard log dir, an event file or a W&B offline run dir"
+        ) from None
+    except OSError as exc:
+        raise BadInput(f"{path!r} cannot be read ({exc.strerror or exc})") from None
+    try:
+        kind, target, root, files = _detect(path, st, limits)
+        if kind == "tensorboard":
+            run = _load_tensorboard(target, root, files, limits)
+        else:
+            run = _load_wandb(target, root, limits)
+    except Refused as exc:
+        raise BadInput(str(exc)) from None
     if not run.has_gradlog_data():
         what = ", ".join(sorted(run.scalars)[:5]) or "no scalars"
-        skipped = f"; skipped: {'; '.join(run.skipped)}" if run.skipped else ""
+        skipped = f"; skipped: {'; '.join(run.skipped[:5])}" if run.skipped else ""
         raise BadInput(
             f"{path!r} holds no gradlog data (found {what}{skipped}); "
             "pass the log dir a GradLogger wrote (log_dir=...) or its W&B offline run dir"
         )
+    if len(run.skipped) > MAX_SKIPPED_LINES:
+        extra = len(run.skipped) - MAX_SKIPPED_LINES + 1
+        run.skipped[MAX_SKIPPED_LINES - 1 :] = [f"... and {extra} more unreadable parts ({len(run.skipped)} in all)"]
     return run
 
 
 def _is_event_file(name: str) -> bool:
-    return "tfevents" in os.path.basename(name)
+    return "tfevents" in name
 
 
-def _wandb_files(root: str) -> list[str]:
-    """Every W&B run file under `root`, once each (wandb/latest-run is a symlink to one of the run dirs)."""
-    found = {os.path.realpath(p) for p in glob.glob(os.path.join(root, "**", "*.wandb"), recursive=True)}
-    return sorted(found)
+def _is_candidate(name: str) -> bool:
+    return _is_event_file(name) or name.endswith(".wandb")
 
 
 _PROBE_BYTES = 1 << 16
 
 
-def _looks_like_gradlog(run_dir: str) -> bool:
+def _looks_like_gradlog(run_dir: str, candidates: list[str], limits: Limits) -> bool:
     """Whether a folder's own event files hold gradlog tags, from their first 64 KB (tags are plain bytes)."""
-    for name in sorted(os.listdir(run_dir)):
-        full = os.path.join(run_dir, name)
-        if not _is_event_file(name) or not os.path.isfile(full):
+    for full in candidates:
+        if os.path.dirname(full) != run_dir or not _is_event_file(os.path.basename(full)):
             continue
         try:
-            with open(full, "rb") as f:
+            with open_regular(full, run_dir, max_bytes=limits.max_file_bytes, what="event file") as f:
                 head = f.read(_PROBE_BYTES)
-        except OSError:
+        except (OSError, Refused):
             continue
         if any(p.encode() in head for p in GRADLOG_PREFIXES):
             return True
     return False
 
 
-def _detect(path: str) -> tuple[str, str]:
-    """('tensorboard', log dir or event file) or ('wandb', the run's .wandb file)."""
-    if os.path.isfile(path):
-        if _is_event_file(path):
-            return "tensorboard", path
-        if path.endswith(".wandb"):
-            return "wandb", path
+def _detect(path: str, st: os.stat_result, limits: Limits) -> tuple[str, str, str, list[str]]:
+    """(kind, target, root, files): ('tensorboard', log dir or event file, ...) or ('wandb', .wandb file, ...).
+
+    `root` is the resolved folder every file read must stay inside: `path` itself, or a file's folder;
+    `files` are the files to read, each once.
+    """
+    if not stat.S_ISDIR(st.st_mode):
+        real = os.path.realpath(path)
+        root = os.path.dirname(real)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{path!r} is not a regular file or a folder; pass a run folder or an event file")
+        if _is_event_file(os.path.basename(path)) or _is_event_file(os.path.basename(real)):
+            return "tensorboard", real, root, [real]
+        if path.endswith(".wandb") or real.endswith(".wandb"):
+            return "wandb", real, root, [real]
         raise BadInput(
             f"{path!r} is neither a TensorBoard event file (events.out.tfevents.*) nor a W&B run file (*.wandb)"
         )
-    entries = sorted(os.listdir(path))
-    tb_runs = sorted({os.path.dirname(f) for f in glob.glob(os.path.join(path, "**", "*tfevents*"), recursive=True)})
-    if any(_is_event_file(e) for e in entries) and (len(tb_runs) == 1 or _looks_like_gradlog(path)):
-        return "tensorboard", path
+    root = real_root(path)
+    notes: list[str] = []
+    candidates = find_files(root, _is_candidate, limits, notes)
+    tb_runs = sorted({os.path.dirname(f) for f in candidates if _is_event_file(os.path.basename(f))})
     # Lightning writes its own event files in lightning_logs/version_N/ and the callback's run in its
     # gradlog/ subfolder: other programs' runs do not count when gradlog's are there.
-    ours = [r for r in tb_runs if _looks_like_gradlog(r)]
-    tb_runs = ours or tb_runs
-    runs = [("tensorboard", r) for r in tb_runs] + [("wandb", f) for f in _wandb_files(path)]
-    if len(runs) == 1:
-        return runs[0]
+    ours = [r for r in tb_runs if _looks_like_gradlog(r, candidates, limits)]
+    if root in tb_runs and (len(tb_runs) == 1 or root in ours):  # event files right here: this is the run
+        tb_runs = [root]
+    else:
+        tb_runs = ours or tb_runs
+    wandb_files = [f for f in candidates if f.endswith(".wandb")]
+    runs = [("tensorboard", r) for r in tb_runs] + [("wandb", f) for f in wandb_files]
+    if root in tb_runs or len(runs) == 1:
+        kind, target = runs[0]
+        if kind == "wandb":
+            return kind, target, root, [target]
+        here = [f for f in candidates if os.path.dirname(f) == target and _is_event_file(os.path.basename(f))]
+        return kind, target, root, here
     if not runs:
+        unlisted = f" ({'; '.join(notes[:3])})" if notes else ""
         raise BadInput(
-            f"{path!r} holds no TensorBoard event file and no W&B offline run; "
+            f"{path!r} holds no TensorBoard event file and no W&B offline run{unlisted}; "
             "pass the log dir a GradLogger wrote (log_dir=...) or a wandb/offline-run-* dir"
         )
-    listed = "\n  ".join(r if kind == "tensorboard" else os.path.dirname(r) for kind, r in runs[:20])
-    raise BadInput(f"{path!r} holds {len(runs)} runs; pass one of them:\n  {listed}")
+    # one escaped line per run: a folder name holding a line break cannot fake a line of the message
+    listed = "\n  ".join(shown(r if kind == "tensorboard" else os.path.dirname(r)) for kind, r in runs[:20])
+    more = f"\n  ... and {len(runs) - 20} more" if len(runs) > 20 else ""
+    raise BadInput(f"{path!r} holds {len(runs)} runs; pass one of them:\n  {listed}{more}")
 
 
 # --- TensorBoard -------------------------------------------------------------------------------------
-_LENGTH = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
-_MASK_DELTA = 0xA282EAD8
-
-
-def _masked_crc(data: bytes) -> int:
-    """TFRecord's masked CRC32C: the C `crc32c` package (the tensorboard extra), else tensorboard's own."""
-    try:
-        import crc32c
-
-        crc = int(crc32c.crc32c(data))
-    except ImportError:
-        from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
-
-        return int(stub.masked_crc32c(data))
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def scan_records(path: str) -> tuple[int, str | None]:
-    """Walk the TFRecord framing of one event file: (records intact, what stops the reader there or None).
-
-    TensorBoard's reader stops without a word at the first torn or corrupt record; this says where and why.
-    """
-    size = os.path.getsize(path)
-    n = 0
-    with open(path, "rb") as f:
-        offset = 0
-        while offset < size:
-            header = f.read(12)
-            if len(header) < 12:
-                return n, f"truncated record header at byte {offset} ({size - offset} bytes not read)"
-            length_bytes = header[:8]
-            if _U32.unpack(header[8:])[0] != _masked_crc(length_bytes):
-                return n, f"corrupt record header at byte {offset}: the remaining {size - offset} bytes were skipped"
-            (length,) = _LENGTH.unpack(length_bytes)
-            if offset + 12 + length + 4 > size:
-                return n, f"truncated last record at byte {offset} ({size - offset} bytes not read)"
-            payload = f.read(length)
-            (crc,) = _U32.unpack(f.read(4))
-            if crc != _masked_crc(payload):
-                return n, f"corrupt record at byte {offset}: the remaining {size - offset} bytes were skipped"
-            n += 1
-            offset += 12 + length + 4
-    return n, None
-
-
 #: gradlog's writer tags a table `name/table` when a scalar already holds `name` (TensorBoard keeps one kind
 #: of data per tag); torch's SummaryWriter.add_text appends `/text_summary`.
 _TEXT_SUFFIXES = ("/table", "/text_summary")
 
 
-@contextlib.contextmanager
-def c_crc_for_tensorboard() -> Iterator[bool]:
-    """Let tensorboard's reader check CRCs with the C `crc32c` package while we read.
+def _table_name(tag: str) -> str:
+    """The table a text tag holds: `gradlog/never_updated/table` -> `gradlog/never_updated`."""
+    for suffix in _TEXT_SUFFIXES:
+        if tag.endswith(suffix) and tag[: -len(suffix)] in TABLE_NAMES:
+            return tag[: -len(suffix)]
+    return tag
 
-    Without TensorFlow, tensorboard verifies every record with a pure-Python CRC32C: 75% of the time
-    reading a 111 MB run (20 s). The C function returns the same numbers (checked on a probe first);
-    it is swapped in only inside this block, and the slow path stays whenever anything looks different.
-    Yields whether the fast path is on.
-    """
+
+def _tensor_scalar(tensor: Any) -> float | None:
+    """The value of a scalar written as a tensor (TensorBoard's newer form), or None."""
+    for values in (tensor.float_val, tensor.double_val, tensor.int_val, tensor.int64_val):
+        if len(values) == 1:
+            return float(values[0])
+    packed = {1: "<f", 2: "<d"}.get(tensor.dtype)  # DT_FLOAT, DT_DOUBLE in tensor_content
+    if packed is not None and len(tensor.tensor_content) == struct.calcsize(packed):
+        return float(struct.unpack(packed, tensor.tensor_content)[0])
+    return None
+
+
+def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) -> RunData:
     try:
-        import crc32c
-        from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+        from tensorboard.compat.proto import event_pb2
 
-        original = stub.crc32c
-        probe = bytes(range(256)) * 3
-        usable = original(probe) == crc32c.crc32c(probe)
-    except Exception:  # another tensorboard layout, or no crc32c: read the slow way
-        usable = False
-    if not usable:
-        yield False
-        return
-    stub.crc32c = crc32c.crc32c
-    try:
-        yield True
-    finally:
-        stub.crc32c = original
-
-
-def _event_files(target: str) -> list[str]:
-    if os.path.isfile(target):
-        return [target]
-    return sorted(os.path.join(target, e) for e in os.listdir(target) if _is_event_file(e))
-
-
-def _load_tensorboard(target: str) -> RunData:
-    try:
-        from tensorboard.backend.event_processing import event_accumulator as ea
+        from gradlog.readers.tfevents import events
     except ImportError as exc:
         raise BadInput(
             f"{target!r} is a TensorBoard run; reading it needs tensorboard: pip install 'gradlog[tensorboard]'"
         ) from exc
+    del event_pb2  # imported only to fail early, with the install hint
 
-    run = RunData(path=target, backend="tensorboard", files=_event_files(target))
-    for f in run.files:
+    run = RunData(path=target, backend="tensorboard", files=files)
+    points: dict[str, dict[int, float]] = {}
+    texts: dict[str, bytes] = {}
+    plugins: dict[str, str] = {}  # TensorBoard writes a tag's metadata on its first value only
+    order_raw: bytes | None = None  # the writer's tensor names in model order (gradlog/tensor_order)
+    for file in run.files:
+        name = os.path.basename(file)
         try:
-            records, problem = scan_records(f)
+            with open_regular(file, root, max_bytes=limits.max_file_bytes, what="event file") as f:
+                size = os.fstat(f.fileno()).st_size
+                for ev in events(f, size, name, run.skipped, limits.max_record_bytes):
+                    if ev.WhichOneof("what") != "summary":
+                        continue
+                    step = int(ev.step)
+                    for v in ev.summary.value:
+                        if v.metadata.plugin_data.plugin_name:
+                            plugins.setdefault(v.tag, v.metadata.plugin_data.plugin_name)
+                        kind = v.WhichOneof("value")
+                        if kind == "simple_value":
+                            # a step written twice (a resumed run): the last one wins
+                            points.setdefault(v.tag, {})[step] = float(v.simple_value)
+                        elif kind == "tensor" and plugins.get(v.tag) == "scalars":
+                            value = _tensor_scalar(v.tensor)
+                            if value is not None:
+                                points.setdefault(v.tag, {})[step] = value
+                        elif kind == "tensor" and v.tag == ORDER_TAG and v.tensor.string_val:
+                            order_raw = v.tensor.string_val[0]
+                        elif kind == "tensor" and v.tensor.string_val and _table_name(v.tag) in TABLE_NAMES:
+                            texts[_table_name(v.tag)] = v.tensor.string_val[0]  # the last one written wins
+        except Refused as exc:
+            run.skipped.append(str(exc))
         except OSError as exc:
-            run.skipped.append(f"{os.path.basename(f)}: cannot be read ({exc})")
-            continue
-        if problem is not None:
-            run.skipped.append(f"{os.path.basename(f)}: {problem}; {records} records before it were read")
-    guidance = {ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 1, ea.COMPRESSED_HISTOGRAMS: 1, ea.IMAGES: 1}
-    # purge_orphaned_data=False: gradlog writes its close-time tables at an earlier step than some scalars,
-    # which the accumulator would otherwise take for a restarted run and throw away.
-    acc = ea.EventAccumulator(target, size_guidance=guidance, purge_orphaned_data=False)
-    try:
-        with c_crc_for_tensorboard():
-            acc.Reload()
-    except Exception as exc:  # a record with a valid CRC but not an Event: keep what was read before it
-        run.skipped.append(f"reading stopped early ({type(exc).__name__}: {exc})")
-    tags = acc.Tags()
-    for tag in tags.get(ea.SCALARS, []):
-        points: dict[int, float] = {}
-        for ev in acc.Scalars(tag):
-            points[int(ev.step)] = float(ev.value)  # a step written twice (a resumed run): the last one wins
-        run.scalars[tag] = sorted(points.items())
-    for tag in tags.get(ea.TENSORS, []):
-        name = tag
-        for suffix in _TEXT_SUFFIXES:
-            if tag.endswith(suffix) and tag[: -len(suffix)] in TABLE_NAMES:
-                name = tag[: -len(suffix)]
-        if name not in TABLE_NAMES:
-            continue
-        events = acc.Tensors(tag)
-        if not events:
-            continue
-        proto = events[-1].tensor_proto
-        if not proto.string_val:
-            run.skipped.append(f"table {name}: not a text summary")
-            continue
+            run.skipped.append(f"{name}: cannot be read ({exc.strerror or exc})")
+    run.scalars = {tag: sorted(p.items()) for tag, p in points.items()}
+    for table, raw in texts.items():
         try:
-            run.tables[name] = parse_markdown_table(proto.string_val[0].decode("utf-8"))
+            run.tables[table] = parse_markdown_table(raw.decode("utf-8", "replace"))
         except ValueError as exc:
-            run.skipped.append(f"table {name}: {exc}")
-    if "gradlog/tensor_order" in tags.get(ea.TENSORS, []):  # the writer's model-order record
-        events = acc.Tensors("gradlog/tensor_order")
-        if events and events[-1].tensor_proto.string_val:
-            order = events[-1].tensor_proto.string_val[0].decode("utf-8", "replace").split("\n")
-            run.scalars = model_order(run.scalars, order)
+            run.skipped.append(f"table {table}: {exc}")
+    if order_raw is not None:  # the writer's model-order record
+        run.scalars = model_order(run.scalars, order_raw.decode("utf-8", "replace").split("\n"))
     return run
 
 
@@ -394,20 +383,74 @@ def model_order(scalars: dict[str, Any], order: list[str]) -> dict[str, Any]:
     return {t: scalars[t] for t in sorted(tags, key=lambda t: (families[t.partition("/")[0]], *key(t)))}
 
 
-def _load_wandb(run_file: str) -> RunData:
+def _table_path(rel: Any) -> str | None:
+    """A table path named in the run file, if it is a relative path that stays inside `files/`, else None."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
+        return None
+    norm = posixpath.normpath(rel)
+    if posixpath.isabs(norm) or os.path.isabs(rel) or norm == ".." or norm.startswith("../") or norm == ".":
+        return None
+    return norm
+
+
+def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> Table:
+    """One W&B table file: only a relative path inside the run's `files/` folder, only a regular file."""
+    norm = _table_path(rel)
+    if norm is None:
+        raise Refused(f"path {str(rel)[:200]!r} is not a relative path inside the run's files/ folder; not opened")
+    files_dir = os.path.join(run_dir, "files")
+    files_root = real_root(files_dir)
+    if not inside(files_root, root):
+        raise Refused(f"{files_dir}: the run's files/ folder points outside the run folder (to {files_root})")
+    data = read_regular(
+        os.path.join(files_dir, *norm.split("/")),
+        files_root,
+        max_bytes=limits.max_table_bytes,
+        what="table file",
+        cap="max_table_bytes",
+    )
+    doc = loads_json(data)
+    if not isinstance(doc, dict) or not isinstance(doc.get("columns"), list) or not isinstance(doc.get("data"), list):
+        raise ValueError("not a W&B table (no columns and data lists)")
+    columns = [_summary_text(c) for c in doc["columns"]]
+    rows = []
+    for r in doc["data"]:
+        if not isinstance(r, list):
+            raise ValueError("a table row is not a list")
+        rows.append([_summary_text(c) for c in r])
+    return columns, rows
+
+
+def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
     from gradlog.readers.wandb_offline import WandbFileError, read_offline_run
 
     run_dir = os.path.dirname(run_file)
     try:
-        offline = read_offline_run(run_file)
+        offline = read_offline_run(run_file, root=root, max_bytes=limits.max_file_bytes)
     except (WandbFileError, ImportError) as exc:  # ImportError names pip install 'gradlog[wandb]'
         raise BadInput(str(exc)) from exc
+    except OSError as exc:
+        raise BadInput(f"{run_file!r} cannot be read ({exc.strerror or exc})") from exc
     run = RunData(path=run_dir, backend="wandb", files=[run_file], skipped=list(offline.skipped))
+    if offline.torn_tail:
+        if offline.finished:  # the exit record was written, so the damage after it is damage
+            run.skipped += offline.torn_tail
+        else:
+            run.notes.append(
+                "the W&B run has no exit record: it was killed or is still running; " + "; ".join(offline.torn_tail)
+            )
+    elif not offline.finished:
+        run.notes.append("the W&B run has no exit record: it was killed or is still running")
     points: dict[str, dict[int, float]] = {}
-    table_files: dict[str, str] = {}
-    for row in offline.history:
+    table_files: dict[str, Any] = {}
+    bad_steps: dict[str, list[int]] = {}
+    for n, row in enumerate(offline.history):
         step = row.get(_STEP_KEY, row.get("_step"))
-        if not isinstance(step, (int, float)) or isinstance(step, bool):
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            bad_steps.setdefault(f"{_STEP_KEY} is not a number", []).append(n)
+            continue
+        if not math.isfinite(step):
+            bad_steps.setdefault(f"{_STEP_KEY} is {step}", []).append(n)
             continue
         for key, value in row.items():
             if key.startswith("_") or key == _STEP_KEY:
@@ -415,19 +458,18 @@ def _load_wandb(run_file: str) -> RunData:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 points.setdefault(key, {})[int(step)] = float(value)
             elif isinstance(value, dict) and value.get("_type") == "table-file" and "path" in value:
-                table_files[_WANDB_TABLES.get(key, key)] = str(value["path"])
+                table_files[_WANDB_TABLES.get(key, key)] = value["path"]
+    for why, numbers in bad_steps.items():
+        first = ", ".join(str(r) for r in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
+        run.skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {first})")
     run.scalars = model_order({tag: sorted(p.items()) for tag, p in points.items()}, _tensor_order(offline.config))
     for name, rel in table_files.items():
         if name not in TABLE_NAMES:
             continue
-        file = os.path.join(run_dir, "files", rel)
         try:
-            with open(file, encoding="utf-8") as f:
-                doc = json.load(f)
-            columns = [str(c) for c in doc["columns"]]
-            run.tables[name] = (columns, [[str(c) for c in r] for r in doc["data"]])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            run.skipped.append(f"table {name}: {rel} cannot be read ({type(exc).__name__}: {exc})")
+            run.tables[name] = _read_table(run_dir, root, rel, limits)
+        except (Refused, OSError, ValueError, RecursionError) as exc:
+            run.skipped.append(f"table {name}: {str(rel)[:200]} cannot be read ({type(exc).__name__}: {exc})")
     summary = offline.summary
     if "gradlog/verdict" in summary:
         rows = [[k, _summary_text(summary[f"gradlog/{k}"])] for k in _SUMMARY_KEYS if f"gradlog/{k}" in summary]
@@ -486,7 +528,7 @@ def closed_report(run: RunData) -> Report | None:
     dims = {v: k for k, v in DIM_NAMES.items()}
     for c in _cells(run.tables.get("gradlog/partly_updated", ([], [])), PARTLY_COLUMNS):
         try:
-            indices = parse_ranges(c["indices"])
+            indices = parse_ranges(c["indices"], limit=min(int(c["total"]), 10_000_000))  # total is from the file too
             partly.append(
                 PartlyUpdated(
                     name=c["name"],

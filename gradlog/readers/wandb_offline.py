@@ -12,13 +12,16 @@ a file header, checked against wandb 0.31's offline runs):
   carry `key` (one string) or `nested_key` (a path into a nested dict) and `value_json`.
 
 A damaged file is read as far as possible: a bad chunk makes the reader skip to the next block (as
-LevelDB does), a torn tail is dropped, and every skip is described in `OfflineRun.skipped`.
+LevelDB does), and every skip is described in `OfflineRun.skipped`. A torn tail (the record in flight
+when the process was killed) is dropped and described in `OfflineRun.torn_tail`: in a run without an
+exit record it is the expected end of a crash, not damage.
+
+The file may come from someone else: it is opened through `readers.files` (a regular file, size cap),
+JSON values are parsed with a nesting limit, and a bad value is skipped and named, never fatal.
 """
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import struct
 import time
@@ -26,6 +29,8 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from gradlog.readers.files import GIB, MAX_JSON_DEPTH, Limits, find_files, loads_json, read_regular, real_root
 
 HEADER = struct.Struct("<4sHB")
 IDENT, MAGIC, VERSION = b":W&B", 0xBEE1, 0
@@ -56,11 +61,13 @@ class OfflineRun:
     exit_code: int | None = None
     finished: bool = False
     skipped: list[str] = field(default_factory=list)
+    #: what was cut off at the end of the file (a killed or still-running writer), apart from `skipped`
+    torn_tail: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
         """True when every byte was read: no corrupt chunk, no torn record."""
-        return not self.skipped
+        return not self.skipped and not self.torn_tail
 
     def column(self, key: str, x: str = "_step") -> list[tuple[Any, Any]]:
         """`(row[x], row[key])` for every history row that has `key` (e.g. `x="gradlog/step"`)."""
@@ -68,17 +75,23 @@ class OfflineRun:
 
 
 def find_run_files(root: str | os.PathLike[str]) -> list[str]:
-    """Every `run-*.wandb` under `root` (a WANDB_DIR, its `wandb/` folder or one run folder), oldest first."""
+    """Every `run-*.wandb` under `root` (a WANDB_DIR, its `wandb/` folder or one run folder), oldest first.
+
+    Folder symlinks are not followed (wandb/latest-run points at a run folder that is listed anyway).
+    """
     root = os.fspath(root)
     if os.path.isfile(root):
         return [root]
-    # wandb/latest-run is a symlink to the newest run folder: count each file once, by its real path
-    found = {os.path.realpath(p) for p in glob.glob(os.path.join(root, "**", "run-*.wandb"), recursive=True)}
+    found = find_files(real_root(root), lambda name: name.startswith("run-") and name.endswith(".wandb"), Limits())
     return sorted(found, key=lambda p: (os.path.getmtime(p), p))
 
 
-def read_chunks(data: bytes, skipped: list[str]) -> Iterator[bytes]:
-    """Reassemble records from the chunk stream; problems are appended to `skipped` and reading goes on."""
+def read_chunks(data: bytes, skipped: list[str], tail: list[str] | None = None) -> Iterator[bytes]:
+    """Reassemble records from the chunk stream; problems are appended to `skipped` and reading goes on.
+
+    A record cut off by the end of the file goes to `tail` instead, when given.
+    """
+    torn = skipped if tail is None else tail
     pos = HEADER.size
     parts: list[bytes] | None = None
     start = 0
@@ -88,7 +101,7 @@ def read_chunks(data: bytes, skipped: list[str]) -> Iterator[bytes]:
             pos += left
             continue
         if pos + CHUNK.size > len(data):
-            skipped.append(f"torn chunk header at offset {pos} ({len(data) - pos} bytes at the end of the file)")
+            torn.append(f"torn chunk header at offset {pos} ({len(data) - pos} bytes at the end of the file)")
             break
         crc, length, kind = CHUNK.unpack_from(data, pos)
         body = pos + CHUNK.size
@@ -102,7 +115,7 @@ def read_chunks(data: bytes, skipped: list[str]) -> Iterator[bytes]:
             pos += left
             continue
         if body + length > len(data):
-            skipped.append(f"torn record at offset {pos}: the chunk claims {length} bytes, {len(data) - body} are left")
+            torn.append(f"torn record at offset {pos}: the chunk claims {length} bytes, {len(data) - body} are left")
             break
         payload = data[body : body + length]
         if zlib.crc32(bytes([kind]) + payload) != crc:
@@ -128,7 +141,7 @@ def read_chunks(data: bytes, skipped: list[str]) -> Iterator[bytes]:
                 yield b"".join(parts)
                 parts = None
     if parts is not None:
-        skipped.append(f"record started at offset {start} was cut off at the end of the file; dropped")
+        torn.append(f"record started at offset {start} was cut off at the end of the file; dropped")
 
 
 def _items(items: Iterable[Any], skipped: list[str], where: str) -> dict[str, Any]:
@@ -136,10 +149,13 @@ def _items(items: Iterable[Any], skipped: list[str], where: str) -> dict[str, An
     out: dict[str, Any] = {}
     for item in items:
         path = list(item.nested_key) or [item.key]
+        if len(path) > MAX_JSON_DEPTH:
+            skipped.append(f"{where}: a key nested {len(path)} levels deep (at most {MAX_JSON_DEPTH}); skipped")
+            continue
         try:
-            value = json.loads(item.value_json)  # accepts W&B's NaN / Infinity / -Infinity
-        except ValueError:
-            skipped.append(f"{where}: value of {'/'.join(path)!r} is not JSON: {item.value_json[:80]!r}")
+            value = loads_json(item.value_json)  # accepts W&B's NaN / Infinity / -Infinity
+        except (ValueError, RecursionError) as exc:
+            skipped.append(f"{where}: value of {'/'.join(path)[:200]!r} is not usable JSON ({exc}); skipped")
             continue
         node = out
         for part in path[:-1]:
@@ -169,11 +185,19 @@ def _remove(into: dict[str, Any], items: Iterable[Any]) -> None:
             node.pop(path[-1], None)
 
 
-def read_offline_run(path: str | os.PathLike[str], *, strict: bool = False) -> OfflineRun:
+def read_offline_run(
+    path: str | os.PathLike[str],
+    *,
+    strict: bool = False,
+    root: str | None = None,
+    max_bytes: int = 4 * GIB,
+) -> OfflineRun:
     """Read history rows, summary and config from one `run-*.wandb` file.
 
-    Damage is reported in `.skipped` (or raised as `WandbFileError` with `strict=True`); a file that is
-    not a W&B run file at all always raises.
+    Damage is reported in `.skipped`, a torn tail in `.torn_tail` (or either raised as `WandbFileError`
+    with `strict=True`); a file that is not a W&B run file at all always raises. The file must be a
+    regular file of at most `max_bytes` inside the resolved folder `root` (default: its own folder);
+    `readers.files.Refused` says why not.
     """
     try:
         from wandb.proto import wandb_internal_pb2
@@ -182,8 +206,9 @@ def read_offline_run(path: str | os.PathLike[str], *, strict: bool = False) -> O
     except ImportError as exc:
         raise ImportError(f"reading W&B run files needs the wandb package: {INSTALL_HINT}") from exc
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
+    if root is None:
+        root = os.path.dirname(os.path.realpath(path))
+    data = read_regular(path, root, max_bytes=max_bytes, what="W&B run file")
     if len(data) < HEADER.size:
         raise WandbFileError(f"{path} is not a W&B run file: {len(data)} bytes, shorter than the 7-byte header")
     ident, magic, version = HEADER.unpack_from(data)
@@ -195,7 +220,7 @@ def read_offline_run(path: str | os.PathLike[str], *, strict: bool = False) -> O
     if version != VERSION:
         raise WandbFileError(f"{path}: W&B run file version {version} is not supported (only {VERSION})")
     run = OfflineRun(path=path)
-    for n, raw in enumerate(read_chunks(data, run.skipped)):
+    for n, raw in enumerate(read_chunks(data, run.skipped, run.torn_tail)):
         rec = pb.Record()
         try:
             rec.ParseFromString(raw)
@@ -228,8 +253,8 @@ def read_offline_run(path: str | os.PathLike[str], *, strict: bool = False) -> O
         elif kind == "exit":
             run.exit_code = rec.exit.exit_code
             run.finished = True
-    if strict and run.skipped:
-        raise WandbFileError(f"{path} is damaged: " + "; ".join(run.skipped))
+    if strict and (run.skipped or run.torn_tail):
+        raise WandbFileError(f"{path} is damaged: " + "; ".join(run.skipped + run.torn_tail))
     return run
 
 
@@ -247,7 +272,7 @@ def read_finished_run(path: str | os.PathLike[str], timeout: float = 60.0) -> Of
         if run.finished and run.complete:
             return run
         if time.monotonic() > deadline:
-            state = "; ".join(run.skipped) or "no exit record yet"
+            state = "; ".join(run.skipped + run.torn_tail) or "no exit record yet"
             raise WandbFileError(f"{os.fspath(path)} is not a finished run after {timeout:g} s: {state}")
         time.sleep(0.05)
 

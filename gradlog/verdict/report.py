@@ -366,8 +366,9 @@ def format_ranges(indices: Iterable[int], limit: int | None = None) -> str:
     return text
 
 
-def parse_ranges(text: str) -> tuple[int, ...]:
-    """The inverse of `format_ranges` (uncut): "0-7, 12" -> (0, 1, ..., 7, 12). Raises ValueError on anything else."""
+def parse_ranges(text: str, limit: int | None = None) -> tuple[int, ...]:
+    """The inverse of `format_ranges` (uncut): "0-7, 12" -> (0, 1, ..., 7, 12). Raises ValueError on anything else,
+    and on more than `limit` indices (a table read from disk is untrusted: "0-99999999999" must not fill memory)."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -378,6 +379,8 @@ def parse_ranges(text: str) -> tuple[int, ...]:
         b = int(hi) if sep else a
         if b < a:
             raise ValueError(f"bad index range {part!r}")
+        if limit is not None and len(out) + (b - a + 1) > limit:
+            raise ValueError(f"index range {part[:40]!r} holds more than {limit} indices")
         out.extend(range(a, b + 1))
     return tuple(out)
 

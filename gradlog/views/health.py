@@ -7,11 +7,13 @@ and tensors whose gradient norm spiked far above its own running median.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from gradlog.readers.files import shown
 from gradlog.readers.run import RunData, closed_report
 from gradlog.verdict.alerts import (
     DEFAULT_RATIO_BAND,
@@ -86,6 +88,7 @@ class Health:
     skipped: list[str] = field(default_factory=list)
     #: where the warnings come from: "close" (the alerts table the run wrote) or "series" (re-judged here)
     warnings_from: str = "series"
+    notes: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> bool:
@@ -136,6 +139,7 @@ class Health:
         return out
 
     def text(self) -> str:
+        self = escaped(self)  # every name, cell and message came from a file: printed with escapes
         lines = [
             f"gradlog report: {self.path} ({self.backend}, {self.tensors} tensors, {self.measured_steps} measured)"
         ]
@@ -196,6 +200,10 @@ class Health:
                 lines.append(_indent(format_table(["name", "kind", "first step", "detail"], rows)))
             else:
                 lines.append(f"{title}: none")
+        if self.notes:
+            lines.append("")
+            lines.append("Notes:")
+            lines += [f"  {s}" for s in self.notes]
         if self.skipped:
             lines.append("")
             lines.append("Skipped (unreadable):")
@@ -203,6 +211,24 @@ class Health:
         lines.append("")
         lines.append(self.verdict)
         return "\n".join(lines)
+
+
+_T = TypeVar("_T")
+
+
+def escaped(obj: _T) -> _T:
+    """A copy of `obj` (a dataclass, dict, list, tuple or str, nested) with every string `shown`: safe to print."""
+    value: Any = obj
+    if type(value) is str:  # not str-valued enums (gradlog.Reason): their text is gradlog's own
+        return shown(value)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: escaped(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {escaped(k): escaped(v) for k, v in value.items()}  # type: ignore[return-value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(escaped(v) for v in value)  # type: ignore[return-value]
+    return obj
 
 
 def _indent(block: str) -> str:
@@ -322,7 +348,7 @@ def analyze(
             never.append(NeverUpdatedRow(**cell))
     names = {t.split("/", 1)[1] for t in run.scalars if t.startswith(("weight_norm/", "grad_norm/", "update_ratio/"))}
     steps = {s for t, pts in run.scalars.items() if t.startswith(("grad_norm/", "weight_norm/")) for s, _ in pts}
-    measured = int(summary["measured_steps"]) if summary.get("measured_steps", "").isdigit() else len(steps)
+    measured = _count(summary.get("measured_steps", ""), default=len(steps))
     never_names = {r.name.split(" (= ", 1)[0] for r in never}
     recorded = None if rejudge or "gradlog/summary" not in run.tables else _from_table(run)
     if recorded is None and not rejudge and "gradlog/summary" in run.tables and summary.get("warnings") == "0":
@@ -352,4 +378,12 @@ def analyze(
         spikes=[w for w in warns if w.kind == SPIKE],
         skipped=list(run.skipped),
         warnings_from="series" if recorded is None else "close",
+        notes=list(run.notes),
     )
+
+
+def _count(text: str, default: int) -> int:
+    """A count from a table cell; anything else (text, a 5,000-digit number, "²") gives `default`."""
+    if not (text.isascii() and text.isdigit() and len(text) < 19):
+        return default
+    return int(text)
