@@ -31,8 +31,12 @@ def gpt2() -> nn.Module:
 
 
 def gpt2_loss(model: nn.Module, step: int) -> torch.Tensor:
-    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(step))
-    return model(input_ids=ids, labels=ids).loss  # type: ignore[no-any-return]
+    """A target at every position, as nanoGPT trains (x = chunk[:-1], y = chunk[1:]). With `labels=ids`
+    alone HF shifts inside, the last position has no target and its position-embedding row never gets a
+    gradient: gradlog rightly reports that row, so a healthy-run test must not train that way."""
+    ids = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(step))
+    x, y = ids[:, :-1], ids[:, 1:].contiguous()
+    return model(input_ids=x, labels=x, shift_labels=y).loss  # type: ignore[no-any-return]
 
 
 def vit() -> nn.Module:
@@ -220,8 +224,9 @@ class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return 16
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": ids, "labels": ids}
+        ids = torch.randint(0, 64, (17,), generator=torch.Generator().manual_seed(i))
+        # a target at every position (see gpt2_loss): the last position-embedding row learns too
+        return {"input_ids": ids[:-1], "labels": ids[:-1], "shift_labels": ids[1:].contiguous()}
 
 
 def test_planted_block_frozen_by_mistake_in_an_hf_trainer_run(tmp_path: Path) -> None:
@@ -245,6 +250,7 @@ def test_planted_block_frozen_by_mistake_in_an_hf_trainer_run(tmp_path: Path) ->
         save_strategy="no",
         disable_tqdm=True,
         seed=0,
+        remove_unused_columns=False,  # keep shift_labels
     )
     transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[cb]).train()
     assert cb.report is not None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gradlog.measure.params import Tracked, local_tensor
+from gradlog.measure.stats import _compiling
 
 
 def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -71,7 +72,7 @@ def _rows_nonzero(g: torch.Tensor) -> torch.Tensor:
     if g.device.type != "cpu" or not g.is_floating_point():
         return _magnitude(g).sum(1) != 0
     nz: torch.Tensor = torch.linalg.vector_norm(g, 2, dim=1) != 0  # NaN != 0: a NaN row counts as non-zero
-    if not bool(nz.all()):  # a host read, free on the CPU
+    if not _compiling() and not bool(nz.all()):  # a host read, free on the CPU (not while compiling: a break)
         zero = (~nz).nonzero().flatten()
         nz[zero] = (g[zero] != 0).any(1)
     return nz
@@ -80,7 +81,8 @@ def _rows_nonzero(g: torch.Tensor) -> torch.Tensor:
 def _zero_fractions(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Fraction of False in each bool vector, in a few batched ops (one segment sum), not a few per tensor."""
     lengths = [f.numel() for f in flags]
-    seg = torch.repeat_interleave(torch.arange(len(flags)), torch.tensor(lengths))
+    # output_size: the segment ids' length is known on the host (no data-dependent shape under torch.compile)
+    seg = torch.repeat_interleave(torch.arange(len(flags)), torch.tensor(lengths), output_size=sum(lengths))
     ones = torch.cat([f if f.device == device else f.to(device) for f in flags]).to(torch.float64)
     nz = torch.zeros(len(flags), dtype=torch.float64, device=device)
     nz.index_add_(0, seg.to(device, non_blocking=True), ones)
