@@ -856,17 +856,6 @@ def _median_s(work: Callable[[], object], repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def _slice_fingerprint_fn() -> Callable[[list[torch.Tensor]], object] | None:
-    """The per-slice fingerprint function of gradlog.measure.fingerprint (issue 12), whatever its name."""
-    from gradlog.measure import fingerprint as fp
-
-    for name in sorted(vars(fp)):
-        fn = vars(fp)[name]
-        if "slice" in name and callable(fn) and getattr(fn, "__module__", "") == fp.__name__ and name[0] != "_":
-            return fn  # type: ignore[no-any-return]
-    return None
-
-
 @dataclass
 class FingerprintRow:
     model: str
@@ -882,17 +871,16 @@ class FingerprintRow:
 def fingerprint_cost(bench: Bench, device: torch.device) -> FingerprintRow:
     """sum() over every tensor against gradlog's fingerprints of the same tensors, and the logger's
     construction and close() (median over the gradlog configurations of the run)."""
-    from gradlog.measure.fingerprint import fingerprints
+    from gradlog.measure.fingerprint import take  # one pass: the per-slice signatures, whole tensor included
 
     params = [p.detach() for p in bench.base.model.parameters()]
 
     def sums() -> None:
         torch.stack([p.sum() for p in params]).cpu()
 
-    per_slice = _slice_fingerprint_fn()
     sum_s = _median_s(sums)
-    whole_s = _median_s(lambda: fingerprints(params))
-    slice_s = _median_s(lambda: per_slice(params)) if per_slice is not None else None
+    whole_s = _median_s(lambda: [take(p) for p in params])
+    slice_s = whole_s  # "changed" is "any slice changed": the same pass serves both
     _sync(device)
     gl_runs = [r for r in bench.runs if isinstance(r.mon, Gradlog)]
     return FingerprintRow(
