@@ -178,7 +178,12 @@ def test_histogram_bins_and_counts(offline_run: tuple[Any, OfflineRun, Any]) -> 
     assert checked > 0 and skipped > 0
     partial = [h for step, h in mem.histograms["weight/bad"] if step > POISON_STEP]
     assert partial and all(h.nonfinite == 1 and h.count == 2 for h in partial)  # drawn without its Inf
-    logged_tags = {k for row in by_step.values() for k, v in row.items() if isinstance(v, dict)}
+    logged_tags = {
+        k
+        for row in by_step.values()
+        for k, v in row.items()
+        if isinstance(v, dict) and not k.startswith("gradlog/provisional/")  # tables, not histograms
+    }
     assert logged_tags <= set(mem.histograms)
 
 
@@ -252,7 +257,8 @@ def test_a_step_over_the_size_budget_is_split_into_rows(tmp_path: Path, monkeypa
     merged: dict[tuple[int, str], Any] = {}
     for row in rows:
         for key, value in row.items():
-            if not key.startswith("_") and key not in ("gradlog/step", "gradlog/never_updated_table"):
+            tables = ("gradlog/step", "gradlog/never_updated_table", "gradlog/provisional/")
+            if not key.startswith("_") and not key.startswith(tables):
                 assert (row["gradlog/step"], key) not in merged
                 merged[(row["gradlog/step"], key)] = value
     scalars = {(step, k): v for k, points in mem.scalars.items() for step, v in points}
@@ -278,7 +284,8 @@ def test_failing_run_log_warns_once_and_training_goes_on(tmp_path: Path, monkeyp
         report = train([gradlog.WandbWriter(), mem], after_log=finish_early)
     flush_warnings = [w for w in caught if "WandbWriter.flush failed" in str(w.message)]
     assert len(flush_warnings) == 1
-    assert "was finished before gradlog.close()" in str(flush_warnings[0].message)
+    # the writer runs on its own thread, so it meets the run either finished or finishing: both say so
+    assert "finished" in str(flush_warnings[0].message)
     assert [s for s, _ in mem.scalars["gradlog/grad_norm_total"]] == list(range(0, STEPS, EVERY))
     assert report.optimizer_steps == STEPS
 

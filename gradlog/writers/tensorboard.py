@@ -77,10 +77,10 @@ class _Sink:
                 f"writing continues in a new event file under {self.log_dir}",
             )
             self._drop_file()
+        if time.monotonic() < self.retry_at:  # an outage: drop until the next retry
+            self.dropped += len(records)
+            return
         if self.file is None:
-            if time.monotonic() < self.retry_at:
-                self.dropped += len(records)
-                return
             try:
                 self.file = EventFile(self.log_dir)
                 self.files.append(self.file.path)
@@ -96,9 +96,15 @@ class _Sink:
             self._fail(exc, records)
 
     def _fail(self, exc: OSError, records: list[bytes]) -> None:
-        """Never append after a failed write (the file may end in a torn record): retry later in a new file."""
+        """Never append after a torn record: cut the file back to its last whole record and retry in it
+        later (one event file per outage); a file that cannot be cut back is left for a new one."""
         self.dropped += len(records)
-        self._drop_file()
+        try:
+            if self.file is None:
+                raise OSError("no file")
+            self.file.rewind()
+        except OSError:
+            self._drop_file()
         self.retry_at = time.monotonic() + self.retry_secs
         self.problem(
             "io",
@@ -208,6 +214,15 @@ def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float, 
         except queue.Full:
             pass
         t.join(timeout)
+        if t.is_alive():  # a stalled disk: what is still queued will never be written
+            with q.mutex:
+                lost = sum(1 for item in q.queue if isinstance(item, tuple))
+            sink.dropped += lost
+            sink.problem(
+                "close",
+                f"gradlog: TensorBoard writing did not finish within {timeout:g} s at close() (a stalled disk?); "
+                f"{lost} queued record(s) are lost (dropped={sink.dropped})",
+            )
     else:
         sink.close()
     if emit:
@@ -227,6 +242,8 @@ class TensorBoardWriter(Writer):
     tried every `retry_secs`. Problems are warned about once each and never raise, unless
     `strict=True` (for CI): then `flush()` and `close()` raise RuntimeError with the same message.
     """
+
+    threaded = True  # its own writer thread and bounded waits: the logger calls it inline
 
     def __init__(
         self,
@@ -361,6 +378,11 @@ class TensorBoardWriter(Writer):
             self._report()
         else:
             self._finalizer()
+
+    def after_fork(self) -> None:
+        """In a forked child: the writer thread did not come along; never wait for it or write from here."""
+        self.closed = True
+        self._finalizer.detach()
 
     def __repr__(self) -> str:
         return f"TensorBoardWriter(log_dir={self.log_dir!r})"

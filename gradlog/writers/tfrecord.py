@@ -59,6 +59,7 @@ class EventFile:
             except FileExistsError:  # another process with our pid (a container restart): pick the next name
                 continue
         self.path = path
+        self.size = 0  # bytes of whole records written: where the file ends when no write is torn
 
     def write(self, data: bytes) -> None:
         """Write all of `data`; `os.write` may write less than asked, so loop."""
@@ -68,6 +69,15 @@ class EventFile:
         while view:
             n = os.write(self.fd, view)
             view = view[n:]
+        self.size += len(data)
+
+    def rewind(self) -> None:
+        """After a failed write: cut the file back to its last whole record, so it can be written again
+        (one file per outage, not one per retry). Raises OSError when that is not possible."""
+        if self.fd is None:
+            raise OSError(f"event file {self.path} is closed")
+        os.ftruncate(self.fd, self.size)
+        os.lseek(self.fd, self.size, os.SEEK_SET)
 
     def sync(self) -> None:
         if self.fd is not None:
