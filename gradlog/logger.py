@@ -165,7 +165,8 @@ class GradLogger:
         check_supported(model)
         self.amp = AmpState(optimizer, scaler)
         self._model = weakref.ref(model)  # weak: a logger never keeps a model (and its weights) alive
-        self.optimizer = optimizer
+        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        self._with_optimizer = optimizer is not None
         self.every = every
         self.histogram_every = (histogram_every or every) if histograms else 0
         self.count_zeros = count_zeros
@@ -215,6 +216,11 @@ class GradLogger:
         self._model_gone.atexit = False  # interpreter exit is the atexit hook's job
         if handle_signals:
             _install_sigterm()
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer whose steps are measured (None without one, or once it was garbage-collected)."""
+        return self._optimizer() if self._optimizer is not None else None
 
     @property
     def model(self) -> nn.Module | None:
@@ -308,7 +314,7 @@ class GradLogger:
             "count_zeros": -1 if self.count_zeros is None else int(self.count_zeros),
             "bins": bins,
             "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
-            "optimizer": self.optimizer is not None,
+            "optimizer": self._with_optimizer,
         }
 
     def _collect(self) -> Measurement | None:
@@ -331,7 +337,7 @@ class GradLogger:
             return
         if self._report is not None:
             raise RuntimeError("GradLogger.log() called after close(); create a new GradLogger for a new run")
-        if self.optimizer is None:
+        if not self._with_optimizer:
             call = self._calls
             self._calls += 1
             if call % self.every == 0:
@@ -405,10 +411,10 @@ class GradLogger:
             self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
         return Report(
             never_updated=diagnose(
-                rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
+                rows, self.ledger.evidence, changed, self._with_optimizer, skipped_steps=self.ledger.skipped_steps
             ),
             first_nonfinite=self.ledger.first_nonfinite,
-            optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
+            optimizer_steps=self.optimizer_steps if self._with_optimizer else self._calls,
             measured_steps=self.ledger.measured_steps,
             skipped_steps=self.ledger.skipped_steps,
             tracked_tensors=len(rows),
@@ -433,6 +439,8 @@ class GradLogger:
             if self.print_report:
                 print(report.table(), file=sys.stdout, flush=True)
         self.writers.close()  # logs how many records were dropped, if any (each cause was warned about once)
+        self.meter.optimizer = None  # a closed logger keeps neither the optimizer nor its tensors alive
+        self.amp.optimizer = None
         if self in _active:
             _active.remove(self)
         atexit.unregister(self._atexit)
@@ -454,7 +462,7 @@ class GradLogger:
             key = _describe(exc)
             _warn(f"gradlog: the never-updated diagnosis failed at close() ({key}); the run's data is still written")
             return Report(
-                optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
+                optimizer_steps=self.optimizer_steps if self._with_optimizer else self._calls,
                 measured_steps=self.ledger.measured_steps,
                 skipped_steps=self.ledger.skipped_steps,
                 tracked_tensors=len(self.table.live),

@@ -150,7 +150,7 @@ class ParamTable:
         self, model: nn.Module, optimizer: torch.optim.Optimizer | None, select: Selection | None = None
     ) -> None:
         self._model = weakref.ref(model)  # weak: the logger must not keep a dropped model alive
-        self._optimizer = optimizer
+        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
         self._select = select or Selection()
         self.rows: list[Tracked] = []
         self._by_id: dict[int, Tracked] = {}
@@ -169,7 +169,8 @@ class ParamTable:
         if model is None:  # garbage-collected (the logger is closing): the rows are what is left
             return False
         named = list(model.named_parameters(remove_duplicate=False))  # aliases of tied weights too
-        param_groups = self._optimizer.param_groups if self._optimizer is not None else []
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        param_groups = optimizer.param_groups if optimizer is not None else []
         layout = (
             *(n for n, _ in named),
             *(id(p) for _, p in named),
@@ -194,8 +195,8 @@ class ParamTable:
             else:
                 row.name, row.aliases, row.in_model = ns[0], tuple(ns[1:]), True
         groups: dict[int, int] = {}
-        if self._optimizer is not None:
-            for gi, group in enumerate(self._optimizer.param_groups):
+        if optimizer is not None:
+            for gi, group in enumerate(optimizer.param_groups):
                 for pi, p in enumerate(group["params"]):
                     groups[id(p)] = gi
                     if id(p) not in self._by_id:

@@ -25,6 +25,12 @@ Table = tuple[list[str], list[list[str]]]
 #: Tag prefixes gradlog writes; a run with none of them is not a gradlog run.
 GRADLOG_PREFIXES = ("grad_norm/", "update_ratio/", "weight_norm/", "grad_nonfinite/", "grad_zero_frac/", "gradlog/")
 TABLE_NAMES = ("gradlog/never_updated", "gradlog/summary", "gradlog/alerts")
+#: The answer so far, written on histogram steps: `gradlog/provisional/<name>` for `gradlog/<name>`.
+PROVISIONAL_PREFIX = "gradlog/provisional/"
+
+
+def _wanted_table(name: str) -> bool:
+    return name in TABLE_NAMES or name.startswith(PROVISIONAL_PREFIX)
 
 
 class BadInput(Exception):
@@ -41,13 +47,15 @@ class RunData:
     tables: dict[str, Table] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    #: Set when the run never closed and its tables are the last provisional ones: the step they are as of.
+    provisional_step: int | None = None
 
     @classmethod
     def from_memory(cls, writer: Any, path: str = "<memory>") -> RunData:
         """From a `MemoryWriter` (notebooks, tests): the same analysis without a file in between."""
         scalars = {tag: sorted(points) for tag, points in writer.scalars.items()}
         tables = {name: (list(cols), [list(r) for r in rows]) for name, (cols, rows) in writer.tables.items()}
-        return cls(path=path, backend="memory", scalars=scalars, tables=tables)
+        return settle_provisional(cls(path=path, backend="memory", scalars=scalars, tables=tables))
 
     def has_gradlog_data(self) -> bool:
         return any(t.startswith(GRADLOG_PREFIXES) for t in self.scalars) or any(n in self.tables for n in TABLE_NAMES)
@@ -58,7 +66,7 @@ def load(path: str) -> RunData:
     if not os.path.exists(path):
         raise BadInput(f"{path!r} does not exist; pass a TensorBoard log dir, an event file or a W&B offline run dir")
     kind, target = _detect(path)
-    run = _load_tensorboard(target) if kind == "tensorboard" else _load_wandb(target)
+    run = settle_provisional(_load_tensorboard(target) if kind == "tensorboard" else _load_wandb(target))
     if not run.has_gradlog_data():
         what = ", ".join(sorted(run.scalars)[:5]) or "no scalars"
         skipped = f"; skipped: {'; '.join(run.skipped)}" if run.skipped else ""
@@ -66,6 +74,22 @@ def load(path: str) -> RunData:
             f"{path!r} holds no gradlog data (found {what}{skipped}); "
             "pass the log dir a GradLogger wrote (log_dir=...) or its W&B offline run dir"
         )
+    return run
+
+
+def settle_provisional(run: RunData) -> RunData:
+    """The final tables win; a run that never closed gets its last provisional tables under the final
+    names, with `provisional_step` saying which step they are as of."""
+    provisional = {n: t for n, t in run.tables.items() if n.startswith(PROVISIONAL_PREFIX)}
+    for n in provisional:
+        del run.tables[n]
+    if "gradlog/summary" in run.tables or "gradlog/never_updated" in run.tables or not provisional:
+        return run
+    for n, table in provisional.items():
+        run.tables["gradlog/" + n[len(PROVISIONAL_PREFIX) :]] = table
+    summary = {r[0]: r[1] for r in run.tables.get("gradlog/summary", ([], []))[1] if len(r) >= 2}
+    step = summary.get("as_of_step", "")
+    run.provisional_step = int(step) if step.lstrip("-").isdigit() else -1
     return run
 
 
@@ -226,9 +250,9 @@ def _load_tensorboard(target: str) -> RunData:
     for tag in tags.get(ea.TENSORS, []):
         name = tag
         for suffix in _TEXT_SUFFIXES:
-            if tag.endswith(suffix) and tag[: -len(suffix)] in TABLE_NAMES:
+            if tag.endswith(suffix) and _wanted_table(tag[: -len(suffix)]):
                 name = tag[: -len(suffix)]
-        if name not in TABLE_NAMES:
+        if not _wanted_table(name):
             continue
         events = acc.Tensors(tag)
         if not events:
@@ -327,7 +351,7 @@ def _load_wandb(run_file: str) -> RunData:
                 table_files[_WANDB_TABLES.get(key, key)] = str(value["path"])
     run.scalars = {tag: sorted(p.items()) for tag, p in points.items()}
     for name, rel in table_files.items():
-        if name not in TABLE_NAMES:
+        if not _wanted_table(name):
             continue
         file = os.path.join(run_dir, "files", rel)
         try:

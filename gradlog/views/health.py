@@ -74,6 +74,8 @@ class Health:
     out_of_band: list[OutOfBand] = field(default_factory=list)
     spikes: list[Spike] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    #: The run never closed: the tables are the last provisional ones, as of this step.
+    provisional_step: int | None = None
 
     @property
     def problems(self) -> bool:
@@ -87,11 +89,13 @@ class Health:
     @property
     def healthy(self) -> bool:
         """No problems, and the run closed (so its never-updated table is known) and was read in full."""
-        return not self.problems and self.never_updated_known and not self.skipped
+        return not self.problems and self.never_updated_known and not self.skipped and self.provisional_step is None
 
     @property
     def verdict(self) -> str:
         parts = []
+        if self.provisional_step is not None:
+            parts.append(f"as of step {self.provisional_step}, run did not close")
         if not self.never_updated_known:
             parts.append("no never-updated table (the run did not close: crashed or still running)")
         elif self.never_updated:
@@ -133,9 +137,12 @@ class Health:
         if not self.never_updated_known:
             lines.append("Never updated: unknown (no gradlog/never_updated table: the run did not call close())")
         elif self.never_updated:
-            lines.append(f"Never updated ({len(self.never_updated)}):")
+            when = "" if self.provisional_step is None else f", as of step {self.provisional_step}, run did not close"
+            lines.append(f"Never updated ({len(self.never_updated)}{when}):")
             rows = [[r.name, r.shape, r.numel, r.reason, r.detail] for r in self.never_updated]
             lines.append(_indent(format_table(COLUMNS, rows)))
+        elif self.provisional_step is not None:
+            lines.append(f"Never updated: none as of step {self.provisional_step} (run did not close)")
         else:
             lines.append("Never updated: none")
         lines.append("")
@@ -280,4 +287,5 @@ def analyze(
         out_of_band=out_of_band(run, band, exclude=never_names),
         spikes=spikes(run, spike_factor),
         skipped=list(run.skipped),
+        provisional_step=run.provisional_step,
     )
