@@ -54,12 +54,18 @@ def train(log_dir: str, writer: str, steps: int | None = None, progress: str | N
         else:
             print(f"logged {step}", flush=True)
         step += 1
-        time.sleep(0.002)
+        time.sleep(float(os.environ.get("FAULT_STEP_S", "0.002")))  # the rest of a training step
     gl.close()
 
 
 def crash(root: str, runs: int, writer: str) -> None:
     rng = random.Random(int(os.environ.get("FAULT_SEED", "0")))
+    # imported once here, not in every forked run: the runs then take a fraction of a second each
+    if writer == "wandb":
+        import wandb  # noqa: F401
+    else:
+        import gradlog.writers.tb_format
+        import gradlog.writers.tfrecord  # noqa: F401
     for i in range(runs):
         run_dir = os.path.join(root, f"run{i:02d}")
         os.makedirs(run_dir)

@@ -32,6 +32,9 @@ log = logging.getLogger("gradlog")
 
 INSTALL_HINT = "pip install 'gradlog[wandb]'"
 STEP_KEY = "gradlog/step"
+#: Seconds between wandb-core's writes of a run gradlog starts to its `.wandb` file (wandb's default, 15 s,
+#: is what a kill -9 would lose); its `x_transaction_log_flush_interval` setting.
+DEFAULT_FILE_FLUSH_S = 0.1
 #: key prefixes gradlog writes; each gets `define_metric(prefix + "/*", step_metric="gradlog/step")`.
 PREFIXES = (
     "grad_norm",
@@ -186,6 +189,8 @@ class WandbWriter(Writer):
         self.run = run
         self._buffer: StepPayload | None = None
         self._open_row: int | None = None  # W&B step of gradlog's uncommitted row, if still open
+        self._owns_step = False  # nobody else commits rows: gradlog commits its own at once (durable)
+        self._next_row: int | None = None  # W&B's step after gradlog's last own commit
         self._summary: dict[str, Any] = {}
         self._warned: set[str] = set()
         self._closed = False
@@ -202,6 +207,11 @@ class WandbWriter(Writer):
         if log_dir is not None:
             kwargs.setdefault("dir", log_dir)
             os.makedirs(log_dir, exist_ok=True)  # wandb.init refuses a dir that does not exist
+        if "settings" not in kwargs:  # a crash loses what wandb-core has not written yet: write often
+            try:
+                kwargs["settings"] = self.wandb.Settings(x_transaction_log_flush_interval=DEFAULT_FILE_FLUSH_S)
+            except Exception:  # a wandb without that setting: its own default
+                pass
         try:
             return self.wandb.init(**kwargs)
         except self.wandb.errors.Error as exc:
@@ -297,11 +307,18 @@ class WandbWriter(Writer):
         if current is None:  # a run that cannot tell its step: plain committed rows
             self.run.log(row)
             return
-        if current == self._open_row:
+        if current == self._open_row:  # nobody committed gradlog's previous row: nobody else logs rows
             self.run.log({}, commit=True)
             current += 1
+            self._owns_step = True
+        elif self._owns_step and current != self._next_row:  # the program logs rows of its own (again): join them
+            self._owns_step = False
         self.run.log(row, commit=False)  # does not move the step
-        self._open_row = current
+        if self._owns_step:  # commit now, so that a crash loses at most the step in flight
+            self.run.log({}, commit=True)
+            self._open_row, self._next_row = None, current + 1
+        else:
+            self._open_row = current
 
     def _current_step(self) -> int | None:
         """W&B's step of the row being built (one round trip to wandb's service, ~0.3 ms offline).
