@@ -175,6 +175,7 @@ class GradLogger:
         self.provisional_every = provisional_every
         self._provisional_at: float | None = None  # monotonic time of the last provisional table
         self._inert = False  # a forked child's copy: does nothing
+        self._local_close = False  # close() without collectives (the model was garbage-collected)
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
         watch = Alerts(ratio_band, ratio_patience, no_grad_patience)
         self.alerts: Alerts | None = watch if alerts else None
@@ -212,7 +213,7 @@ class GradLogger:
         self._atexit: Callable[[], None] = lambda: _close_ref(ref)
         atexit.register(self._atexit)
         # the model garbage-collected: nothing more can be measured, so the run is over
-        self._model_gone = weakref.finalize(model, _close_ref, ref)
+        self._model_gone = weakref.finalize(model, _close_gone, ref)
         self._model_gone.atexit = False  # interpreter exit is the atexit hook's job
         if handle_signals:
             _install_sigterm()
@@ -340,6 +341,8 @@ class GradLogger:
         if not self._with_optimizer:
             call = self._calls
             self._calls += 1
+            if self.meter.reducer is not None:  # the collective compares it: a skipped call is caught at once
+                self.meter.reducer.call = float(call if step is None else step)
             if call % self.every == 0:
                 self._guarded(lambda: self._measure_now(call))
         self._guarded(self._collect)
@@ -453,7 +456,7 @@ class GradLogger:
         at the end of a training run (strict mode and distributed mismatches still raise)."""
         try:
             self.table.rescan()
-            return self.report()
+            return self.report(local=self._local_close)
         except DistributedMismatchError:
             raise
         except Exception as exc:
@@ -637,6 +640,15 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_gone(ref: weakref.ref[GradLogger]) -> None:
+    """The model was garbage-collected: close, at whatever point of the program that happened, so with no
+    collective (other ranks are not there to meet it): under sharding the table is this rank's own."""
+    gl = ref()
+    if gl is not None:
+        gl._local_close = True
+        _close_ref(ref)
 
 
 def _close_ref(ref: weakref.ref[GradLogger]) -> None:

@@ -150,6 +150,29 @@ def leak(runs: int) -> None:
     print(f"model gone: weight freed {ref() is None}, logger closed {gl2._report is not None}", flush=True)
 
 
+def dist_sigterm(log_dir: str) -> None:
+    """One rank of `torchrun --nproc_per_node 2` (gloo, DDP): trains until torchrun forwards a SIGTERM."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model, _ = tiny()
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.005)
+    gl = gradlog.GradLogger(ddp, opt, writer="tensorboard", log_dir=log_dir, every=2, histogram_every=4)
+    step = 0
+    while True:
+        ddp(torch.randn(3, 4)).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        if rank == 0:
+            print(f"logged {step}", flush=True)
+        step += 1
+        time.sleep(0.01)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "sigterm":
@@ -160,5 +183,7 @@ if __name__ == "__main__":
         crash(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     elif mode == "fork":
         fork(sys.argv[2])
+    elif mode == "dist_sigterm":
+        dist_sigterm(sys.argv[2])
     elif mode == "leak":
         leak(int(sys.argv[2]))

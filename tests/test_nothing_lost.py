@@ -420,3 +420,36 @@ def test_a_disk_outage_reuses_one_event_file(tmp_path: Path) -> None:
     assert size <= 12000
     run = load(str(tmp_path / "run"))  # whole records only: the torn tail was cut off
     assert run.skipped == [] and run.scalars["grad_norm/weight"][0][0] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
+def test_sigterm_under_torchrun_writes_the_final_table(tmp_path: Path) -> None:
+    """torchrun forwards SIGTERM to both ranks (DDP, gloo); rank 0 writes the final table before dying."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    proc = subprocess.Popen(
+        [sys.executable, *cmd, "--master_port", str(port), str(CHILD), "dist_sigterm", str(tmp_path / "run")],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(proc, "logged 10")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    # torchrun's own status after a SIGTERM is 1 (its SignalException); the ranks died of the signal
+    assert proc.returncode != 0 and "Sending process" in err and "closing signal SIGTERM" in err, err[-3000:]
+    assert "2 of 6 tensors never updated (frozen 2)" in out
+    run = load(str(tmp_path / "run"))
+    assert run.provisional_step is None and {r[0] for r in run.tables["gradlog/never_updated"][1]} == {
+        "2.weight",
+        "2.bias",
+    }
