@@ -60,7 +60,10 @@ def train(log_dir: str, writer: str, steps: int | None = None, progress: str | N
 
 def crash(root: str, runs: int, writer: str) -> None:
     rng = random.Random(int(os.environ.get("FAULT_SEED", "0")))
-    # imported once here, not in every forked run: the runs then take a fraction of a second each
+    # imported once here, not in every forked run (the first optimizer step imports torch._dynamo: seconds)
+    model, opt = tiny()
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
     if writer == "wandb":
         import wandb  # noqa: F401
     else:
@@ -127,7 +130,7 @@ def leak(runs: int) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2048, 2048, bias=False), nn.Linear(2048, 2))  # 16 MB weight
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, histograms=False, print_report=False)
     x = torch.randn(2, 2048)
     for i in range(runs):
         model[0].weight = nn.Parameter(torch.randn(2048, 2048) * 0.01)  # replaced, e.g. by a re-initialisation

@@ -115,6 +115,7 @@ def _detect(path: str) -> tuple[str, str]:
         )
     entries = sorted(os.listdir(path))
     if any(_is_event_file(e) for e in entries):
+        _one_run(path, [e for e in entries if _is_event_file(e)])
         return "tensorboard", path
     tb_runs = sorted({os.path.dirname(f) for f in glob.glob(os.path.join(path, "**", "*tfevents*"), recursive=True)})
     runs = [("tensorboard", r) for r in tb_runs] + [("wandb", f) for f in _wandb_files(path)]
@@ -127,6 +128,30 @@ def _detect(path: str) -> tuple[str, str]:
         )
     listed = "\n  ".join(r if kind == "tensorboard" else os.path.dirname(r) for kind, r in runs[:20])
     raise BadInput(f"{path!r} holds {len(runs)} runs; pass one of them:\n  {listed}")
+
+
+#: gradlog's TensorBoard writer ends each event file's name with `.gradlog-run-<id>` (one id per writer).
+_RUN_MARK = ".gradlog-run-"
+
+
+def _one_run(path: str, event_files: list[str]) -> None:
+    """Two GradLoggers that wrote into one folder are two runs: list them instead of merging them."""
+    runs: dict[str, list[str]] = {}
+    for name in event_files:
+        key = name.rsplit(_RUN_MARK, 1)[1] if _RUN_MARK in name else ""
+        runs.setdefault(key, []).append(name)
+    if len(runs) < 2:
+        return
+    listed = "\n  ".join(
+        f"{key or 'other writers'}: "
+        + ", ".join(os.path.join(path, n) for n in names[:3])
+        + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+        for key, names in sorted(runs.items())
+    )
+    raise BadInput(
+        f"{path!r} holds {len(runs)} runs written into the same folder (one per GradLogger); "
+        f"pass one event file of the run you want:\n  {listed}"
+    )
 
 
 # --- TensorBoard -------------------------------------------------------------------------------------

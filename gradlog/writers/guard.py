@@ -25,6 +25,8 @@ log = logging.getLogger("gradlog")
 
 #: Seconds a writer call may run before the writer counts as behind, and close() waits per writer.
 DEFAULT_TIMEOUT_S = 10.0
+#: Seconds close() waits for a writer that kept up (finishing a W&B run takes a few seconds).
+CLOSE_GRACE_S = 30.0
 #: Calls (one step's scalars, one histogram, one table, a flush) that may wait for a writer's thread.
 DEFAULT_MAX_QUEUE = 4096
 
@@ -116,7 +118,7 @@ class _Lane:
             lost = left + (1 if self.busy_since is not None else 0)  # the call in progress is lost too
             self.dropped += lost
             _warn(
-                f"gradlog: {type(self.writer).__name__} did not finish within {self.timeout:g} s at close(); "
+                f"gradlog: {type(self.writer).__name__} did not finish in time at close(); "
                 f"{lost} record(s) still queued or in progress are lost (dropped={self.dropped})"
             )
 
@@ -201,7 +203,10 @@ class GuardedWriters(Writer):
         """Close every writer; one that does not finish within `timeout` seconds is left behind, counted."""
         self._each("close", lambda w: w.close())
         for lane in self._lanes.values():
-            lane.close(time.monotonic() + self.timeout)
+            # a writer that kept up gets time to finish its run (W&B's finish() waits for wandb-core);
+            # one that fell behind, only `timeout`
+            wait = self.timeout if lane.behind else max(self.timeout, CLOSE_GRACE_S)
+            lane.close(time.monotonic() + wait)
         self._report_lane_errors()
         if self.dropped:
             msg = f"gradlog: {self.dropped} record(s) were dropped during this run (slow, stalled or failing writers)"

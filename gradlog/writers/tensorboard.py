@@ -8,6 +8,7 @@ so a `kill -9` right after `log()` loses nothing already logged.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import queue
@@ -30,6 +31,7 @@ _Item = tuple[str, int, float, Any]
 _STOP = object()
 _MAX_BATCH = 4096
 _claimed: set[str] = set()  # default run folders handed out in this process
+_writers = itertools.count(1)  # TensorBoardWriters made by this process
 
 
 def default_log_dir(root: str = "runs") -> str:
@@ -57,6 +59,7 @@ class _Sink:
     fsync: bool
     retry_secs: float
     format: Any  # the tb_format module, imported by the constructor
+    run: str = ""  # in every event file's name: this writer's files, told apart from another run's
     file: Any = None  # tfrecord.EventFile
     retry_at: float = 0.0
     dropped: int = 0
@@ -82,7 +85,7 @@ class _Sink:
             return
         if self.file is None:
             try:
-                self.file = EventFile(self.log_dir)
+                self.file = EventFile(self.log_dir, self.run)
                 self.files.append(self.file.path)
                 records = self.format.header_events(time.time()) + records
             except OSError as exc:
@@ -269,7 +272,9 @@ class TensorBoardWriter(Writer):
         self.log_dir = os.fspath(log_dir) if log_dir is not None else default_log_dir()
         self.flush_timeout = float(flush_timeout)
         self.strict = strict
-        self._sink = _Sink(self.log_dir, fsync, float(retry_secs), tb_format)
+        #: In the name of every event file this writer creates (a second run into the same folder differs).
+        self.run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_writers)}"
+        self._sink = _Sink(self.log_dir, fsync, float(retry_secs), tb_format, run=self.run)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._state = _Thread()
         self._lock = threading.Lock()

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ STEP_KEY = "gradlog/step"
 #: Seconds between wandb-core's writes of a run gradlog starts to its `.wandb` file (wandb's default, 15 s,
 #: is what a kill -9 would lose); its `x_transaction_log_flush_interval` setting.
 DEFAULT_FILE_FLUSH_S = 0.1
+#: Less free space than this where the run is written counts as a full disk (warned about once).
+MIN_FREE_BYTES = 1 << 20
 #: key prefixes gradlog writes; each gets `define_metric(prefix + "/*", step_metric="gradlog/step")`.
 PREFIXES = (
     "grad_norm",
@@ -193,6 +196,7 @@ class WandbWriter(Writer):
         self._next_row: int | None = None  # W&B's step after gradlog's last own commit
         self._summary: dict[str, Any] = {}
         self._warned: set[str] = set()
+        self._disk_checked = -math.inf
         self._closed = False
         self._last_step = 0
         self._step_known = True
@@ -269,6 +273,29 @@ class WandbWriter(Writer):
             )
         for part in parts:
             self._send(self._row(part))
+        self._check_disk()
+
+    def _check_disk(self) -> None:
+        """wandb-core writes the run file in another process and says nothing when the disk is full: look at
+        the free space of the run's folder (at most once a second) and warn when it is gone, not at close."""
+        now = time.monotonic()
+        if now - self._disk_checked < 1.0 or "disk" in self._warned:
+            return
+        self._disk_checked = now
+        folder = getattr(self.run, "dir", None)
+        if not isinstance(folder, str) or not folder:
+            return
+        try:
+            st = os.statvfs(folder)
+        except (OSError, AttributeError):  # gone, or no statvfs on this platform
+            return
+        free = st.f_bavail * st.f_frsize
+        if free < MIN_FREE_BYTES:
+            self._warn_once(
+                "disk",
+                f"gradlog: the disk holding the W&B run {folder!r} is full ({free} bytes free); W&B cannot write "
+                "this run's file, so what it logs from now on is lost. Free space; training continues",
+            )
 
     def close(self) -> None:
         """Send what is buffered, write the summary, and finish the run if gradlog started it."""
