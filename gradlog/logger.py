@@ -345,12 +345,20 @@ class GradLogger:
                 self.meter.reducer.call = float(call if step is None else step)
             if call % self.every == 0:
                 self._guarded(lambda: self._measure_now(call))
-        self._guarded(self._collect)
-        m, self._pending = self._pending, None
-        if m is None or m.index == self._last_index:
-            return
-        self._last_index = m.index
-        self._publish(m, m.index if step is None else int(step))
+        main = threading.get_ident() == threading.main_thread().ident
+        _Sigterm.busy += main  # a SIGTERM now waits until this call is done (it may hold a writer queue's lock)
+        try:
+            self._guarded(self._collect)
+            m, self._pending = self._pending, None
+            if m is None or m.index == self._last_index:
+                return
+            self._last_index = m.index
+            self._publish(m, m.index if step is None else int(step))
+        finally:
+            _Sigterm.busy -= main
+            if main and _Sigterm.deferred is not None and not _Sigterm.busy:
+                signum, _Sigterm.deferred = _Sigterm.deferred, None
+                _on_sigterm(signum, None)
 
     def _publish(self, m: Measurement, step: int) -> None:
         if not self.writers.writers:
@@ -572,15 +580,17 @@ class _Sigterm:
     installed = False
     previous: Any = None
     handling = False
+    busy = 0  # log() calls in progress on the main thread
+    deferred: int | None = None  # a SIGTERM that arrived during one: handled when it returns
 
 
 def _install_sigterm() -> None:
     """Once, from the main thread, when nobody else handles SIGTERM from C (a Python handler is chained)."""
-    if _Sigterm.installed or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         return
     try:
         previous = signal.getsignal(signal.SIGTERM)
-        if previous is _on_sigterm:  # still ours (a forked child, or restored before): nothing to chain
+        if previous is _on_sigterm:  # already ours (another logger, a forked child): nothing new to chain
             _Sigterm.installed = True
             return
         if previous is None or previous is signal.SIG_IGN:  # a C-level handler, or deliberately ignored
@@ -606,23 +616,27 @@ def _restore_sigterm() -> None:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     """Write the final tables, then do what the signal would have done without gradlog."""
+    if _Sigterm.handling:  # a second SIGTERM while the first is handled: that one is already ending the run
+        return
+    if _Sigterm.busy:  # inside log(): finish it first, then come back here
+        _Sigterm.deferred = signum
+        return
     previous = _Sigterm.previous
-    if not _Sigterm.handling:
-        _Sigterm.handling = True
-        try:
-            if callable(previous):  # the program handles SIGTERM itself and may go on: keep logging
-                for gl in list(_active):
-                    if gl.handle_signals and gl.rank_zero:
-                        gl._write_provisional(max(gl._last_index, 0))
-                        gl.writers.flush()
-            else:
-                for gl in list(_active):
-                    if gl.handle_signals:
-                        gl._close_on_signal()
-        except Exception as exc:  # the signal must still end the run
-            logger.warning("gradlog: writing the tables on SIGTERM failed: %s", _describe(exc))
-        finally:
-            _Sigterm.handling = False
+    _Sigterm.handling = True
+    try:
+        if callable(previous):  # the program handles SIGTERM itself and may go on: keep logging
+            for gl in list(_active):
+                if gl.handle_signals and gl.rank_zero:
+                    gl._write_provisional(max(gl._last_index, 0))
+                    gl.writers.flush()
+        else:
+            for gl in list(_active):
+                if gl.handle_signals:
+                    gl._close_on_signal()
+    except Exception as exc:  # the signal must still end the run
+        logger.warning("gradlog: writing the tables on SIGTERM failed: %s", _describe(exc))
+    finally:
+        _Sigterm.handling = False
     if callable(previous):
         previous(signum, frame)
         return

@@ -90,6 +90,28 @@ def crash(root: str, runs: int, writer: str) -> None:
     print("done", flush=True)
 
 
+class SignalsItself(gradlog.MemoryWriter):
+    """Sends SIGTERM to its own process from inside a writer call, i.e. from inside gl.log()."""
+
+    def log_scalars(self, scalars: object, step: int) -> None:
+        super().log_scalars(scalars, step)  # type: ignore[arg-type]
+        if step == 6 and "grad_norm/0.weight" in scalars:  # once (close() writes its counts at step 6 too)
+            os.kill(os.getpid(), signal.SIGTERM)
+            print(f"writer call for step {step} finished", flush=True)
+
+
+def inside(log_dir: str) -> None:
+    """The signal arrives inside log(): gradlog finishes that call, then closes and re-raises."""
+    model, opt = tiny()
+    gl = gradlog.GradLogger(model, opt, writer=[SignalsItself(), gradlog.TensorBoardWriter(log_dir)], every=2)
+    for step in range(100):
+        model(torch.randn(3, 4)).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        print(f"logged {step}", flush=True)
+
+
 def chained(log_dir: str) -> None:
     def mine(signum: int, frame: object) -> None:
         print("own handler ran", flush=True)
@@ -180,6 +202,8 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "sigterm":
         train(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "tensorboard")
+    elif mode == "inside":
+        inside(sys.argv[2])
     elif mode == "chained":
         chained(sys.argv[2])
     elif mode == "crash":

@@ -181,7 +181,7 @@ def test_sigterm_chains_to_the_programs_own_handler(tmp_path: Path) -> None:
 
 
 def test_sigterm_handler_only_when_asked_and_restored_at_close() -> None:
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # whatever an earlier test left
     model, opt = tiny()
     gl = gradlog.GradLogger(model, opt, writer="memory", handle_signals=False, print_report=False)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -518,3 +518,15 @@ def test_wandb_warns_about_a_full_disk_when_it_fills(small_disk: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warned at None" not in proc.stdout and "warned at" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_sigterm_inside_log_waits_for_that_call_to_finish(tmp_path: Path) -> None:
+    """A handler that ran inside log() could meet a writer queue's lock held by the code it interrupted."""
+    proc = start_child("inside", str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    lines = out.splitlines()
+    assert "writer call for step 6 finished" in lines and "logged 6" not in lines  # log(6) ended, then the signal
+    run = load(str(tmp_path / "run"))
+    assert run.provisional_step is None and [s for s, _ in run.scalars["grad_norm/0.weight"]] == [0, 2, 4, 6]
