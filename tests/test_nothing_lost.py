@@ -530,3 +530,48 @@ def test_sigterm_inside_log_waits_for_that_call_to_finish(tmp_path: Path) -> Non
     assert "writer call for step 6 finished" in lines and "logged 6" not in lines  # log(6) ended, then the signal
     run = load(str(tmp_path / "run"))
     assert run.provisional_step is None and [s for s, _ in run.scalars["grad_norm/0.weight"]] == [0, 2, 4, 6]
+
+
+def test_records_queued_when_close_gives_up_on_a_stalled_disk_are_counted(tmp_path: Path) -> None:
+    """A stalled disk, for real: the event file's descriptor is swapped for a pipe nobody reads, so the writer
+    thread's write() blocks in the kernel once the pipe's buffer is full."""
+    model = nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    tb = gradlog.TensorBoardWriter(tmp_path / "run", flush_timeout=0.5)
+    gl = gradlog.GradLogger(model, opt, writer=tb, every=1, bins=512, print_report=False)
+    steps_done = 0
+
+    def step() -> None:
+        nonlocal steps_done
+        model(torch.randn(4, 64)).pow(2).mean().backward()
+        opt.step()
+        gl.log(steps_done)
+        opt.zero_grad()
+        steps_done += 1
+
+    step()
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.dup2(write_end, tb._sink.file.fd)  # the disk stops answering
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(40):  # ~14 kB of histograms a step: the 64 kB pipe fills within a few steps
+                step()
+            gl.close()
+        messages = [str(w.message) for w in caught]
+        assert any("more than 0.5 s behind" in m for m in messages), messages
+        (lost,) = [m for m in messages if "did not finish within 0.5 s at close()" in m]
+        assert tb.dropped > 0 and f"dropped={tb.dropped}" in lost
+        assert steps_done == 41  # training went on
+    finally:
+        while True:  # let the writer thread finish, into the pipe
+            try:
+                if not os.read(read_end, 1 << 16):
+                    break
+            except BlockingIOError:
+                if not tb._state.thread or not tb._state.thread.is_alive():
+                    break
+                threading.Event().wait(0.05)
+        os.close(read_end)
+        os.close(write_end)
