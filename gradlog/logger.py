@@ -371,7 +371,8 @@ class GradLogger:
         for kind, hists in m.histograms.items():
             for pos, h in hists.items():
                 self.writers.log_histogram(f"{kind}/{m.rows[pos].name}", h, step)
-        if m.histograms and self._provisional_due():
+        # histogram steps (measured steps when histograms are off), gated by wall time
+        if (m.histograms or not self.histogram_every) and self._provisional_due():
             self._write_provisional(step)
         self.writers.flush()
 
