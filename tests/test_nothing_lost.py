@@ -107,9 +107,20 @@ def test_provisional_every_is_a_wall_time_gate() -> None:
     rare, never = Tables(), Tables()
     gl = gradlog.GradLogger(model, opt, writer=rare, every=1, provisional_every=3600.0, print_report=False)
     gl2 = gradlog.GradLogger(model, opt, writer=never, every=1, provisional_every=None, print_report=False)
-    steps(gl, model, opt, 6)
+    no_hist = Tables()
+    gl3 = gradlog.GradLogger(
+        model, opt, writer=no_hist, every=2, histograms=False, provisional_every=0, print_report=False
+    )
+    for step in range(6):
+        model(torch.randn(3, 4)).pow(2).mean().backward()
+        opt.step()
+        for g in (gl, gl2, gl3):
+            g.log(step)
+        opt.zero_grad()
+    gl3.close()
     gl2.close()
     gl.close()
+    assert len(no_hist.named("gradlog/provisional/summary")) == 3  # measured steps 0, 2, 4
     assert len(rare.named("gradlog/provisional/summary")) == 1  # the first histogram step always writes
     assert never.named("gradlog/provisional/summary") == [] and len(never.named("gradlog/summary")) == 1
     with pytest.raises(ValueError, match=r"provisional_every must be None .* got -1"):
