@@ -446,18 +446,20 @@ class GradLogger:
         self.meter.abandon()
         report = self._final_report()
         self._report = report
-        if self.rank_zero:
-            self._write_report(report)
-            if self.print_report:
-                print(report.table(), file=sys.stdout, flush=True)
-        self.writers.close()  # logs how many records were dropped, if any (each cause was warned about once)
-        self.meter.optimizer = None  # a closed logger keeps neither the optimizer nor its tensors alive
-        self.amp.optimizer = None
-        if self in _active:
-            _active.remove(self)
-        atexit.unregister(self._atexit)
-        if not any(gl.handle_signals for gl in _active):
-            _restore_sigterm()
+        try:
+            if self.rank_zero:
+                self._write_report(report)
+                if self.print_report:
+                    print(report.table(), file=sys.stdout, flush=True)
+            self.writers.close()  # logs how many records were dropped, if any (each cause was warned about once)
+        finally:  # even when a strict writer raised: a closed logger is gone from every registry
+            self.meter.optimizer = None  # a closed logger keeps neither the optimizer nor its tensors alive
+            self.amp.optimizer = None
+            if self in _active:
+                _active.remove(self)
+            atexit.unregister(self._atexit)
+            if not any(gl.handle_signals for gl in _active):
+                _restore_sigterm()
         return report
 
     def _final_report(self) -> Report:
