@@ -176,6 +176,7 @@ class GradLogger:
         self._provisional_at: float | None = None  # monotonic time of the last provisional table
         self._inert = False  # a forked child's copy: does nothing
         self._local_close = False  # close() without collectives (the model was garbage-collected)
+        self._no_collective = False  # report() stays rank-local (provisional tables, see _local_report)
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
         watch = Alerts(ratio_band, ratio_patience, no_grad_patience)
         self.alerts: Alerts | None = watch if alerts else None
@@ -393,7 +394,7 @@ class GradLogger:
         Rank-local: under sharded parameters (FSDP2, DTensor) only rank 0 gets here, so no collective
         may run; the table then speaks for rank 0's shards (said in the summary's `scope`)."""
         try:
-            report = self.report(local=True)
+            report = self._local_report()
         except DistributedMismatchError:
             raise
         except Exception as exc:  # the provisional answer is a bonus: never let it cost the step
@@ -404,15 +405,22 @@ class GradLogger:
             return
         self._write_report(report, provisional_step=step)
 
-    def report(self, local: bool = False) -> Report:
-        """The never-updated diagnosis as of now (close() calls this once more at the end).
+    def _local_report(self) -> Report:
+        """`report()` without the collective that makes it global under sharded parameters (a flag, not an
+        argument, so that `report` keeps the signature a subclass or a wrapper may rely on)."""
+        self._no_collective = True
+        try:
+            return self.report()
+        finally:
+            self._no_collective = False
 
-        `local=True` skips the collective that makes it global under sharded parameters."""
+    def report(self) -> Report:
+        """The never-updated diagnosis as of now (close() calls this once more at the end)."""
         self._collect()
         rows = self.table.live
         changed = self.ledger.changed(rows)
         reducer = self.meter.reducer
-        if local:
+        if self._no_collective:
             pass
         elif reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
             changed = reducer.changed(rows, changed)
@@ -467,7 +475,7 @@ class GradLogger:
         at the end of a training run (strict mode and distributed mismatches still raise)."""
         try:
             self.table.rescan()
-            return self.report(local=self._local_close)
+            return self._local_report() if self._local_close else self.report()
         except DistributedMismatchError:
             raise
         except Exception as exc:
