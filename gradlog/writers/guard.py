@@ -49,6 +49,7 @@ class _Lane:
         self.thread: threading.Thread | None = None
         self.inline = False  # no thread could be started (interpreter shutdown): call in the caller
         self.busy_since: float | None = None  # monotonic start of the call in progress
+        self.busy_what = ""  # which call that is
         self.errors: list[tuple[str, Exception]] = []  # appended by the thread, warned by the caller
         self.dropped = 0
         self.behind = False  # warned about falling behind (once)
@@ -58,6 +59,7 @@ class _Lane:
             what, call = self.queue.get()
             if what == "stop":
                 return
+            self.busy_what = what
             self.busy_since = time.monotonic()
             try:
                 call(self.writer)
@@ -111,7 +113,11 @@ class _Lane:
             self.queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             pass
-        t.join(max(0.0, deadline - time.monotonic()))
+        while t.is_alive() and time.monotonic() < deadline:
+            since = self.busy_since
+            if since is not None and self.busy_what != "close" and time.monotonic() - since > self.timeout:
+                break  # stuck in a record call: waiting longer would only delay the end of the run
+            t.join(0.05)
         if t.is_alive():
             with self.queue.mutex:  # what the thread will never get to: records, not flush/close/stop markers
                 left = sum(1 for what, _ in self.queue.queue if what.startswith("log_"))
@@ -204,7 +210,7 @@ class GuardedWriters(Writer):
         self._each("close", lambda w: w.close())
         for lane in self._lanes.values():
             # a writer that kept up gets time to finish its run (W&B's finish() waits for wandb-core);
-            # one that fell behind, only `timeout`
+            # one that fell behind, or whose record call runs longer than `timeout`, does not
             wait = self.timeout if lane.behind else max(self.timeout, CLOSE_GRACE_S)
             lane.close(time.monotonic() + wait)
         self._report_lane_errors()
