@@ -397,91 +397,6 @@ def test_writer_options_log_dir(tmp_path: Path) -> None:
         gradlog.GradLogger(model, opt, log_dir=str(tmp_path / "b"), writer_options={"log_dir": str(tmp_path / "c")})
 
 
-@pytest.mark.slow
-def test_a_disk_outage_reuses_one_event_file(tmp_path: Path) -> None:
-    """RLIMIT_FSIZE makes every write past 12 kB fail with EFBIG, as a full disk fails with ENOSPC."""
-    code = textwrap.dedent(
-        f"""
-        import json, resource, signal, warnings
-        import torch
-        from torch import nn
-        import gradlog
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        torch.manual_seed(0)
-        model = nn.Linear(4, 4)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        tb = gradlog.TensorBoardWriter({str(tmp_path / "run")!r}, retry_secs=0)
-        gl = gradlog.GradLogger(model, opt, writer=tb, every=1, print_report=False)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (12000, resource.RLIM_INFINITY))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for step in range(40):
-                model(torch.randn(3, 4)).sum().backward()
-                opt.step()
-                gl.log(step)
-                opt.zero_grad()
-            gl.close()
-        print(json.dumps({{"files": tb.files, "dropped": tb.dropped, "warnings": [str(w.message) for w in caught]}}))
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
-    assert len(got["files"]) == 1 and got["dropped"] > 0, got  # before: a new file at every retry
-    assert len([w for w in got["warnings"] if "cannot write" in w]) == 1
-    size = os.path.getsize(got["files"][0])
-    assert size <= 12000
-    run = load(str(tmp_path / "run"))  # whole records only: the torn tail was cut off
-    assert run.skipped == [] and run.scalars["grad_norm/weight"][0][0] == 0
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
-def test_sigterm_under_torchrun_writes_the_final_table(tmp_path: Path) -> None:
-    """torchrun forwards SIGTERM to both ranks (DDP, gloo); rank 0 writes the final table before dying."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    proc = subprocess.Popen(
-        [sys.executable, *cmd, "--master_port", str(port), str(CHILD), "dist_sigterm", str(tmp_path / "run")],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_for(proc, "logged 10")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    # torchrun's own status after a SIGTERM is 1 (its SignalException); the ranks died of the signal
-    assert proc.returncode != 0 and "Sending process" in err and "closing signal SIGTERM" in err, err[-3000:]
-    assert "2 of 6 tensors never updated (frozen 2)" in out
-    run = load(str(tmp_path / "run"))
-    assert run.provisional_step is None and {r[0] for r in run.tables["gradlog/never_updated"][1]} == {
-        "2.weight",
-        "2.bias",
-    }
-
-
-def test_two_runs_in_one_folder_are_listed_not_merged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for _ in range(2):  # a restarted job that reuses log_dir=
-        model, opt = tiny()
-        gl = gradlog.GradLogger(model, opt, log_dir=str(tmp_path / "run"), every=1, print_report=False)
-        steps(gl, model, opt, 2)
-        gl.close()
-    files = sorted((tmp_path / "run").glob("events.out.tfevents.*"))
-    assert len(files) == 2 and len({f.name.rsplit(".gradlog-run-", 1)[1] for f in files}) == 2
-    assert run_report(str(tmp_path / "run")) == 2
-    err = capsys.readouterr().err
-    assert "holds 2 runs written into the same folder" in err and all(str(f) in err for f in files)
-    assert run_report(str(files[1])) == 0  # one of them, as listed
-
-
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Any:
     """A real 4 MB filesystem (tmpfs), so a full disk is a real ENOSPC; skipped where mounting is not allowed."""
@@ -588,3 +503,65 @@ def test_records_queued_when_close_gives_up_on_a_stalled_disk_are_counted(tmp_pa
                 threading.Event().wait(0.05)
         os.close(read_end)
         os.close(write_end)
+
+
+OUTAGE_CHILD = """
+import json, resource, signal, sys, warnings
+import torch
+from torch import nn
+import gradlog
+log_dir, limit, fill = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+torch.manual_seed(0)
+model = nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+tb = gradlog.TensorBoardWriter(log_dir, retry_secs=0)
+gl = gradlog.GradLogger(model, opt, writer=tb, every=1, print_report=False)
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for step in range(40):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        if step == 2 and fill:  # the disk fills up
+            with open(fill, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+    gl.close()
+print(json.dumps({"files": tb.files, "dropped": tb.dropped, "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def outage(log_dir: Path, limit: int = 0, fill: str = "") -> dict[str, Any]:
+    cmd = [sys.executable, "-c", OUTAGE_CHILD, str(log_dir), str(limit), fill]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return got
+
+
+@pytest.mark.slow
+def test_a_full_disk_reuses_one_event_file(small_disk: Path) -> None:
+    """A real full disk (ENOSPC on a 4 MB tmpfs): retried every step, in one file cut back to whole records."""
+    got = outage(small_disk / "run", fill=str(small_disk / "filler"))
+    assert len(got["files"]) == 1 and got["dropped"] > 0, got  # before: a new event file at every retry
+    assert len([w for w in got["warnings"] if "cannot write" in w and "No space left" in w]) == 1
+    run = load(str(small_disk / "run"))  # whole records only: the torn tail was cut off
+    assert run.skipped == [] and [s for s, _ in run.scalars["grad_norm/weight"]][:3] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_moves_on_to_a_new_event_file(tmp_path: Path) -> None:
+    """EFBIG (RLIMIT_FSIZE, or a filesystem's largest file) is no outage: only a new file can go on."""
+    got = outage(tmp_path / "run", limit=12000)
+    assert len(got["files"]) > 1 and all(os.path.getsize(f) <= 12000 for f in got["files"]), got
+    run = load(str(tmp_path / "run"))  # every file ends in a whole record; only the steps that hit the limit are lost
+    steps = [s for s, _ in run.scalars["grad_norm/weight"]]
+    assert run.skipped == [] and steps[0] == 0 and len(steps) == 40 - got["dropped"] > 20, (steps, got["dropped"])

@@ -8,6 +8,7 @@ so a `kill -9` right after `log()` loses nothing already logged.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -100,19 +101,22 @@ class _Sink:
 
     def _fail(self, exc: OSError, records: list[bytes]) -> None:
         """Never append after a torn record: cut the file back to its last whole record and retry in it
-        later (one event file per outage); a file that cannot be cut back is left for a new one."""
+        later (one event file per outage, a full disk say); a file that cannot be cut back, or that hit a
+        file size limit (EFBIG: only a new file can go on), is left for a new one."""
         self.dropped += len(records)
         try:
             if self.file is None:
                 raise OSError("no file")
             self.file.rewind()
+            if exc.errno == errno.EFBIG:  # whole records only in this one, and the rest in a new one
+                self._drop_file()
         except OSError:
             self._drop_file()
         self.retry_at = time.monotonic() + self.retry_secs
         self.problem(
             "io",
             f"gradlog: TensorBoard cannot write to {self.log_dir!r} ({type(exc).__name__}: {exc}); training "
-            f"continues, records are dropped and a new event file is tried every {self.retry_secs:g} s",
+            f"continues, records are dropped and writing is tried again every {self.retry_secs:g} s",
         )
 
     def _drop_file(self) -> None:
