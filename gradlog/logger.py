@@ -494,7 +494,7 @@ class GradLogger:
         )
         steps = self.optimizer_steps if self._with_optimizer else self._calls
         facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, self.optimizer)
-        if reducer is not None and reducer.active(rows):  # shards' slices placed at their global indices
+        if not self._no_collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
             facts = global_facts(rows, facts, reducer)
         model = self.model  # None once garbage-collected: the slices' owning modules are gone with it
         partly = (
