@@ -572,4 +572,7 @@ def test_a_file_size_limit_moves_on_to_a_new_event_file(tmp_path: Path) -> None:
     assert len(got["files"]) > 1 and all(os.path.getsize(f) <= 12000 for f in got["files"]), got
     run = load(str(tmp_path / "run"))  # every file ends in a whole record; only the steps that hit the limit are lost
     steps = [s for s, _ in run.scalars["grad_norm/weight"]]
-    assert run.skipped == [] and steps[0] == 0 and len(steps) == 40 - got["dropped"] > 20, (steps, got["dropped"])
+    # `dropped` counts records (Events), and since main's packed series and run-level tags a step's values can
+    # take more than one record (and close()'s tables one of their own): at most `dropped` steps are lost
+    assert run.skipped == [] and steps[0] == 0 and 40 > len(steps) >= 40 - got["dropped"], (steps, got["dropped"])
+    assert len(steps) > 20 and steps == sorted(set(steps)), steps
