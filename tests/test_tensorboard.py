@@ -358,7 +358,7 @@ def server(run: Run) -> Iterator[str]:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "tensorboard exited"
             try:  # up, and every scalar and text tag loaded
                 tags = get(url, "/data/plugin/scalars/tags").get("run", {})
-                if set(tags) >= set(tb_scalars(run)) and len(get(url, "/data/plugin/text/tags").get("run", [])) == 5:
+                if set(tags) >= set(tb_scalars(run)) and len(get(url, "/data/plugin/text/tags").get("run", [])) == 10:
                     break
             except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
                 pass
@@ -408,6 +408,11 @@ def test_tensorboard_server_serves_scalars_histograms_text_and_layout(run: Run, 
         "gradlog/alerts/table",
         "gradlog/never_updated/table",
         "gradlog/partly_updated/table",
+        "gradlog/provisional/alerts",  # issue 15: the answer so far, from the first histogram step
+        "gradlog/provisional/never_updated",
+        "gradlog/provisional/partly_updated",
+        "gradlog/provisional/stalled",
+        "gradlog/provisional/summary",
         "gradlog/stalled/table",
         "gradlog/summary",
     ]
