@@ -139,7 +139,7 @@ def test_gradlog_report_on_a_run_that_did_not_close(tmp_path: Path, capsys: pyte
     assert "1.weight" in out and "not_in_optimizer" in out
     gl.print_report = False
     gl.close()
-    assert run_report(str(tmp_path / "run")) == 1  # the final table: still layer 1 not in the optimizer, no longer provisional
+    assert run_report(str(tmp_path / "run")) == 1  # final table: layer 1 still not in the optimizer
     out = capsys.readouterr().out
     assert "did not close" not in out
 
