@@ -560,7 +560,11 @@ def test_single_bit_flips_lose_only_the_damaged_record(tmp_path: Path) -> None:
             assert "no intact record after it" in run.skipped[0] or "truncated" in run.skipped[0]
         else:
             assert f"reading resumed at byte {records[hit + 1][0]}" in run.skipped[0], (pos, run.skipped)
-        assert ("gradlog/never_updated" in run.tables) == (hit not in tables_in)
+        if hit not in tables_in:
+            assert "gradlog/never_updated" in run.tables
+        else:  # the final table is lost; when the final summary went with it (one Event when the writer thread
+            # batched them), the run reads as unclosed and its provisional tables (issue 15) answer, saying so
+            assert "gradlog/never_updated" not in run.tables or run.provisional_step is not None, pos
 
 
 def test_garbage_between_records_and_a_zero_filled_tail(tmp_path: Path) -> None:
