@@ -5,7 +5,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -34,7 +37,8 @@ from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMN
 from gradlog.verdict.series import run_level
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
-from gradlog.writers import WriterSpec, make_writers
+from gradlog.writers import Writer, WriterSpec, make_writers
+from gradlog.writers.guard import DEFAULT_TIMEOUT_S as DEFAULT_WRITER_TIMEOUT_S
 from gradlog.writers.guard import GuardedWriters
 from gradlog.writers.overview import TAG as OVERVIEW_TAG
 from gradlog.writers.overview import Overview
@@ -44,6 +48,12 @@ logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
 
 DEFAULT_EVERY = 50
+#: Seconds of wall time between two provisional tables (written on histogram steps; the first one always).
+DEFAULT_PROVISIONAL_EVERY_S = 120.0
+#: Table names of the provisional answer: `gradlog/provisional/<name>` for each final `gradlog/<name>`.
+PROVISIONAL_PREFIX = "gradlog/provisional/"
+#: Seconds a collective at close may wait for the other ranks when a signal is ending the run.
+SIGNAL_SYNC_TIMEOUT_S = 10.0
 
 
 def _is_rank_zero() -> bool:
@@ -85,7 +95,14 @@ class GradLogger:
     at most one per 20 s, and once more at close.
 
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
-    never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten.
+    never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten, on
+    SIGTERM (``handle_signals``), and when the model is garbage-collected.
+
+    Nothing lost: on histogram steps, at most every ``provisional_every`` seconds (the first one
+    always), the tables as of that step are written as ``gradlog/provisional/...``, so a run killed
+    with ``kill -9`` or by the OOM killer still has an answer on disk. Writers other than TensorBoard
+    and memory run behind a bounded queue on a thread of their own; one slower than
+    ``writer_timeout`` seconds per call has its records dropped and counted (``dropped``).
 
     With a GradScaler and a non-fused optimizer pass ``scaler=`` so that skipped steps are counted.
     Under FSDP2/DTensor every rank must create, step, ``log()`` and ``close()`` alike: gradlog's
@@ -118,6 +135,9 @@ class GradLogger:
         no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
         spike_factor: float = DEFAULT_SPIKE_FACTOR,
         overview_every: int | None = None,
+        handle_signals: bool = True,
+        provisional_every: float | None = DEFAULT_PROVISIONAL_EVERY_S,
+        writer_timeout: float = DEFAULT_WRITER_TIMEOUT_S,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -140,14 +160,38 @@ class GradLogger:
         if isinstance(sync_timeout, bool) or not isinstance(sync_timeout, (int, float)) or not sync_timeout > 0:
             raise ValueError(f"sync_timeout must be a number of seconds > 0, got {sync_timeout!r}")
         self.overview = Overview(overview_every)  # validates overview_every
+        if provisional_every is not None and (
+            isinstance(provisional_every, bool)
+            or not isinstance(provisional_every, (int, float))
+            or not provisional_every >= 0
+        ):
+            raise ValueError(
+                "provisional_every must be None (no provisional tables) or a number of seconds >= 0 "
+                f"(0: on every histogram step), got {provisional_every!r}"
+            )
+        options = dict(writer_options or {})
+        if "log_dir" in options:  # the writers' own spelling, accepted where it cannot be ambiguous
+            opt_dir = options.pop("log_dir")
+            if log_dir is not None and os.fspath(opt_dir) != os.fspath(log_dir):
+                raise ValueError(
+                    f"log_dir={log_dir!r} and writer_options={{'log_dir': {opt_dir!r}}} disagree; pass log_dir= only"
+                )
+            log_dir = opt_dir
         check_supported(model)
         self.amp = AmpState(optimizer, scaler)
-        self.model = model
-        self.optimizer = optimizer
+        self._model = weakref.ref(model)  # weak: a logger never keeps a model (and its weights) alive
+        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        self._with_optimizer = optimizer is not None
         self.every = every
         self.histogram_every = (histogram_every or every) if histograms else 0
         self.count_zeros = count_zeros
         self.print_report = print_report
+        self.handle_signals = handle_signals
+        self.provisional_every = provisional_every
+        self._provisional_at: float | None = None  # monotonic time of the last provisional table
+        self._inert = False  # a forked child's copy: does nothing
+        self._local_close = False  # close() without collectives (the model was garbage-collected)
+        self._no_collective = False  # report() stays rank-local (provisional tables, see _local_report)
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
         watch = Alerts(ratio_band, ratio_patience, no_grad_patience, spike_factor)
         self.alerts: Alerts | None = watch if alerts else None
@@ -168,10 +212,9 @@ class GradLogger:
         self.ledger = Ledger()
         self.ledger.fingerprint_new(self.table.live)
         self.rank_zero = _is_rank_zero()
-        options = dict(writer_options or {})
         wstrict = bool(options.pop("strict", strict))  # writer_options may set the writers' own strictness
         writers = make_writers(writer, log_dir=log_dir, strict=wstrict, **options) if self.rank_zero else []
-        self.writers = GuardedWriters(writers, strict=strict)
+        self.writers = GuardedWriters(writers, strict=strict, timeout=writer_timeout)
         self.optimizer_steps = 0
         self._calls = 0
         self._pending: Measurement | None = None
@@ -187,11 +230,33 @@ class GradLogger:
         ref = weakref.ref(self)
         self._atexit: Callable[[], None] = lambda: _close_ref(ref)
         atexit.register(self._atexit)
+        # the model garbage-collected: nothing more can be measured, so the run is over
+        self._model_gone = weakref.finalize(model, _close_gone, ref)
+        self._model_gone.atexit = False  # interpreter exit is the atexit hook's job
+        if handle_signals:
+            _install_sigterm()
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer whose steps are measured (None without one, or once it was garbage-collected)."""
+        return self._optimizer() if self._optimizer is not None else None
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The model being watched (None once it was garbage-collected: the logger then closed itself)."""
+        return self._model()
+
+    @property
+    def dropped(self) -> int:
+        """Records the writers lost so far (slow, stalled or failing writers); 0 in a healthy run."""
+        return self.writers.dropped
 
     # --- hooks (the hot path: unmeasured steps only count) ---------------------------------
     def _pre_step(
         self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if self._inert:
+            return None
         if self.amp.scaler is not None:
             self._guarded(self.amp.before_step)
         index = self.optimizer_steps
@@ -227,6 +292,8 @@ class GradLogger:
         return measured_closure
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._inert:
+            return
         self._clips = []
         self._closure_pending = False
         if self.amp.fused:
@@ -264,7 +331,7 @@ class GradLogger:
             return False
         if self._closure_pending:  # inside step(closure): clipping runs in the closure, before gradlog measures
             return True
-        if self.optimizer is None:
+        if not self._with_optimizer:
             return self._calls % self.every == 0
         return self.optimizer_steps % self.every == 0
 
@@ -287,7 +354,7 @@ class GradLogger:
             "count_zeros": -1 if self.count_zeros is None else int(self.count_zeros),
             "bins": bins,
             "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
-            "optimizer": self.optimizer is not None,
+            "optimizer": self._with_optimizer,
         }
 
     def _collect(self) -> Measurement | None:
@@ -307,19 +374,31 @@ class GradLogger:
 
         Never raises because of a writer; see the class docstring for when steps are measured.
         """
+        if self._inert:
+            return
         if self._report is not None:
             raise RuntimeError("GradLogger.log() called after close(); create a new GradLogger for a new run")
-        if self.optimizer is None:
+        if not self._with_optimizer:
             call = self._calls
             self._calls += 1
+            if self.meter.reducer is not None:  # the collective compares it: a skipped call is caught at once
+                self.meter.reducer.call = float(call if step is None else step)
             if call % self.every == 0:
                 self._guarded(lambda: self._measure_now(call))
-        self._guarded(self._collect)
-        m, self._pending = self._pending, None
-        if m is None or m.index == self._last_index:
-            return
-        self._last_index = m.index
-        self._publish(m, m.index if step is None else int(step))
+        main = threading.get_ident() == threading.main_thread().ident
+        _Sigterm.busy += main  # a SIGTERM now waits until this call is done (it may hold a writer queue's lock)
+        try:
+            self._guarded(self._collect)
+            m, self._pending = self._pending, None
+            if m is None or m.index == self._last_index:
+                return
+            self._last_index = m.index
+            self._publish(m, m.index if step is None else int(step))
+        finally:
+            _Sigterm.busy -= main
+            if main and _Sigterm.deferred is not None and not _Sigterm.busy:
+                signum, _Sigterm.deferred = _Sigterm.deferred, None
+                _on_sigterm(signum, None)
 
     def _publish(self, m: Measurement, step: int) -> None:
         if not self.writers.writers:
@@ -335,6 +414,9 @@ class GradLogger:
                 self.writers.log_histogram(f"{kind}/{m.rows[pos].name}", h, step)
         if self.overview.every != 0:
             self._guarded_overview(m, step)
+        # histogram steps (measured steps when histograms are off), gated by wall time
+        if (m.histograms or not self.histogram_every) and self._provisional_due():
+            self._write_provisional(step)
         self.writers.flush()
 
     def _guarded_overview(self, m: Measurement, step: int) -> None:
@@ -355,13 +437,52 @@ class GradLogger:
                 self._failures.add(key)
                 _warn(f"gradlog: the overview image failed ({key}); training continues")
 
+    def _provisional_due(self) -> bool:
+        """Histogram steps, at most every `provisional_every` seconds: the only cost on the training path
+        outside the wall-time gate is one clock read."""
+        if self.provisional_every is None:
+            return False
+        now = time.monotonic()
+        if self._provisional_at is not None and now - self._provisional_at < self.provisional_every:
+            return False
+        self._provisional_at = now
+        return True
+
+    def _write_provisional(self, step: int) -> None:
+        """The answer so far, as `gradlog/provisional/...` tables at `step`, for a run that never closes.
+
+        Rank-local: under sharded parameters (FSDP2, DTensor) only rank 0 gets here, so no collective
+        may run; the table then speaks for rank 0's shards (said in the summary's `scope`)."""
+        try:
+            report = self._local_report()
+        except DistributedMismatchError:
+            raise
+        except Exception as exc:  # the provisional answer is a bonus: never let it cost the step
+            key = _describe(exc)
+            if key not in self._failures:
+                self._failures.add(key)
+                _warn(f"gradlog: the provisional never-updated table failed at step {step} ({key}); training continues")
+            return
+        self._write_report(report, provisional_step=step)
+
+    def _local_report(self) -> Report:
+        """`report()` without the collective that makes it global under sharded parameters (a flag, not an
+        argument, so that `report` keeps the signature a subclass or a wrapper may rely on)."""
+        self._no_collective = True
+        try:
+            return self.report()
+        finally:
+            self._no_collective = False
+
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""
         self._collect()
         rows = self.table.live
         changed = self.ledger.changed(rows)
         reducer = self.meter.reducer
-        if reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
+        if self._no_collective:
+            pass
+        elif reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
             changed = reducer.changed(rows, changed)
         elif reducer is not None and reducer.used:
             reducer.warn_local()
@@ -369,14 +490,17 @@ class GradLogger:
         if skipped is not None:
             self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
         never = diagnose(
-            rows, self.ledger.evidence, changed, self.optimizer is not None, skipped_steps=self.ledger.skipped_steps
+            rows, self.ledger.evidence, changed, self._with_optimizer, skipped_steps=self.ledger.skipped_steps
         )
-        steps = self.optimizer_steps if self.optimizer is not None else self._calls
+        steps = self.optimizer_steps if self._with_optimizer else self._calls
         facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, self.optimizer)
-        if reducer is not None and reducer.active(rows):  # shards' slices placed at their global indices
+        if not self._no_collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
             facts = global_facts(rows, facts, reducer)
-        partly = partly_updated(
-            rows, facts, self.ledger.evidence, {r.name for r in never}, self.model, self.optimizer, steps
+        model = self.model  # None once garbage-collected: the slices' owning modules are gone with it
+        partly = (
+            partly_updated(rows, facts, self.ledger.evidence, {r.name for r in never}, model, self.optimizer, steps)
+            if model is not None
+            else []
         )
         ledger = self.ledger
         stopped = stalled(
@@ -384,17 +508,17 @@ class GradLogger:
             ledger.evidence,
             ledger.steps,
             ledger.measured_steps,
-            self.optimizer is not None,
+            self._with_optimizer,
             exclude={r.name for r in never},
         )
         return Report(
             never_updated=never,
             partly_updated=partly,
             stalled=stopped,
-            hint=run_hint(rows, never, self.optimizer is not None),
+            hint=run_hint(rows, never, self._with_optimizer),
             alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,
-            optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
+            optimizer_steps=self.optimizer_steps if self._with_optimizer else self._calls,
             measured_steps=self.ledger.measured_steps,
             skipped_steps=self.ledger.skipped_steps,
             tracked_tensors=len(rows),
@@ -404,23 +528,33 @@ class GradLogger:
         """Remove the hooks, diagnose, print and write the never-updated table. Idempotent."""
         if self._report is not None:
             return self._report
+        if self._inert:
+            self._report = Report(error="closed in a forked child: the parent process owns this run")
+            return self._report
+        self._model_gone.detach()
         for h in self._handles:
             h.remove()
         self._handles = []
         self.meter.abandon()
         report = self._final_report()
         self._report = report
-        if self.rank_zero:
-            self._write_report(report)
-            if self.print_report:  # where the files went first: the verdict stays the last line
-                where = self.where()
-                if where:
-                    print(where, file=sys.stdout, flush=True)
-                print(report.table(), file=sys.stdout, flush=True)
-        self.writers.close()
-        if self in _active:
-            _active.remove(self)
-        atexit.unregister(self._atexit)
+        try:
+            if self.rank_zero:
+                self._write_report(report)
+                if self.print_report:  # where the files went first: the verdict stays the last line
+                    where = self.where()
+                    if where:
+                        print(where, file=sys.stdout, flush=True)
+                    print(report.table(), file=sys.stdout, flush=True)
+            self.writers.close()  # logs how many records were dropped, if any (each cause was warned about once)
+        finally:  # even when a strict writer raised: a closed logger is gone from every registry
+            self.meter.optimizer = None  # a closed logger keeps neither the optimizer nor its tensors alive
+            self.amp.optimizer = None
+            if self in _active:
+                _active.remove(self)
+            atexit.unregister(self._atexit)
+            if not any(gl.handle_signals for gl in _active):
+                _restore_sigterm()
         return report
 
     def where(self) -> str | None:
@@ -445,7 +579,7 @@ class GradLogger:
         at the end of a training run (strict mode and distributed mismatches still raise)."""
         try:
             self.table.rescan()
-            return self.report()
+            return self._local_report() if self._local_close else self.report()
         except DistributedMismatchError:
             raise
         except Exception as exc:
@@ -454,36 +588,40 @@ class GradLogger:
             key = _describe(exc)
             _warn(f"gradlog: the never-updated diagnosis failed at close() ({key}); the run's data is still written")
             return Report(
-                optimizer_steps=self.optimizer_steps if self.optimizer is not None else self._calls,
+                optimizer_steps=self.optimizer_steps if self._with_optimizer else self._calls,
                 measured_steps=self.ledger.measured_steps,
                 skipped_steps=self.ledger.skipped_steps,
                 tracked_tensors=len(self.table.live),
                 error=key,
             )
 
-    def _write_report(self, report: Report) -> None:
+    def _write_report(self, report: Report, provisional_step: int | None = None) -> None:
         """The three tables (never updated, partly updated, stalled), their counts, and the summary whose
-        verdict is the judge's (`gradlog.verdict.judge`), the same line close() prints."""
+        verdict is the judge's (`gradlog.verdict.judge`), the same line close() prints: final at close, or
+        provisional (`gradlog/provisional/<name>`, with `final`=False and `as_of_step` in its summary) as of
+        `provisional_step`. Every table goes through `out`, so a table added here is written in both forms."""
+        out: Writer = self.writers if provisional_step is None else _Provisional(self.writers)
         step = max(self._last_index, 0)
-        final = {
-            "gradlog/never_updated": float(len(report.never_updated)),
-            "gradlog/partly_updated": float(len(report.partly_updated)),
-            "gradlog/stalled": float(len(report.stalled)),
-        }
-        for reason, n in report.counts().items():
-            final[f"gradlog/never_updated/{reason}"] = float(n)
-        for reason, n in report.partly_counts().items():
-            final[f"gradlog/partly_updated/{reason}"] = float(n)
-        for reason, n in report.stalled_counts().items():
-            final[f"gradlog/stalled/{reason}"] = float(n)
-        self.writers.log_scalars(final, step)
-        self._write_summary(report)  # the verdict first
-        self.writers.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
-        self.writers.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
-        self.writers.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
+        if provisional_step is None:
+            final = {
+                "gradlog/never_updated": float(len(report.never_updated)),
+                "gradlog/partly_updated": float(len(report.partly_updated)),
+                "gradlog/stalled": float(len(report.stalled)),
+            }
+            for reason, n in report.counts().items():
+                final[f"gradlog/never_updated/{reason}"] = float(n)
+            for reason, n in report.partly_counts().items():
+                final[f"gradlog/partly_updated/{reason}"] = float(n)
+            for reason, n in report.stalled_counts().items():
+                final[f"gradlog/stalled/{reason}"] = float(n)
+            self.writers.log_scalars(final, step)
+        self._write_summary(report, out, provisional_step)  # the verdict first
+        out.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
+        out.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
+        out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
         if self.alerts is not None and self.alerts.fired:
-            self.writers.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
-        if self.overview.every != 0 and self.overview.steps:
+            out.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
+        if provisional_step is None and self.overview.every != 0 and self.overview.steps:
             self._final_overview(report)
 
     def _final_overview(self, report: Report) -> None:
@@ -507,7 +645,7 @@ class GradLogger:
                 raise
             _warn(f"gradlog: the final overview image failed ({_describe(exc)})")
 
-    def _write_summary(self, report: Report) -> None:
+    def _write_summary(self, report: Report, out: Writer, provisional_step: int | None) -> None:
         verdict = report.verdict
         summary = [
             ["verdict", verdict],
@@ -529,7 +667,36 @@ class GradLogger:
             ]
         if report.error is not None:
             summary.append(["error", report.error])
-        self.writers.log_table("gradlog/summary", ["key", "value"], summary)
+        if provisional_step is not None:
+            summary += [["final", "False"], ["as_of_step", str(provisional_step)]]
+            if self.meter.reducer is not None and self.meter.reducer.active(self.table.live):
+                summary.append(["scope", "rank-local"])
+        out.log_table("gradlog/summary", ["key", "value"], summary)
+
+    # --- the end of a run that does not reach close(): signals, forks ------------------------
+    def _close_on_signal(self) -> None:
+        """SIGTERM: the final tables, with bounded waits for other ranks (they may get the signal later,
+        or never): if they do not join, the answer is this rank's own, written as provisional."""
+        reducer = self.meter.reducer
+        if reducer is not None:
+            reducer.timeout_s = min(reducer.timeout_s, SIGNAL_SYNC_TIMEOUT_S)
+        try:
+            self.close()
+        except DistributedMismatchError as exc:
+            logger.warning("gradlog: ranks did not meet at close() after SIGTERM (%s); writing this rank's answer", exc)
+            self.meter.abandon()
+            if self.rank_zero:
+                self._write_provisional(max(self._last_index, 0))
+            self.writers.close()
+
+    def _after_fork(self) -> None:
+        """In a forked child (DataLoader workers, multiprocessing): the parent owns the run. No table, no
+        writes, no waiting for writer threads that did not come along."""
+        self._inert = True
+        self.print_report = False
+        self.writers.after_fork()
+        atexit.unregister(self._atexit)
+        self._model_gone.detach()
 
     def __enter__(self) -> GradLogger:
         return self
@@ -549,6 +716,114 @@ def _warn(msg: str) -> None:
     """Trouble inside gradlog: a RuntimeWarning pointing at the user's code, and the gradlog logger."""
     warnings.warn(msg, RuntimeWarning, stacklevel=4)
     logger.warning(msg)
+
+
+class _Provisional(Writer):
+    """Routes the report's tables to `gradlog/provisional/<name>`; scalars are final-only."""
+
+    threaded = True
+
+    def __init__(self, inner: Writer) -> None:
+        self.inner = inner
+
+    def log_scalars(self, scalars: Any, step: int) -> None:
+        pass
+
+    def log_histogram(self, tag: str, hist: Any, step: int) -> None:
+        pass
+
+    def log_table(self, name: str, columns: Any, rows: Any) -> None:
+        self.inner.log_table(PROVISIONAL_PREFIX + name.removeprefix("gradlog/"), columns, rows)
+
+
+# --- SIGTERM (torchrun, SLURM, Kubernetes, `kill`): atexit does not run, so gradlog closes here --------
+class _Sigterm:
+    installed = False
+    previous: Any = None
+    handling = False
+    busy = 0  # log() calls in progress on the main thread
+    deferred: int | None = None  # a SIGTERM that arrived during one: handled when it returns
+
+
+def _install_sigterm() -> None:
+    """Once, from the main thread, when nobody else handles SIGTERM from C (a Python handler is chained)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is _on_sigterm:  # already ours (another logger, a forked child): nothing new to chain
+            _Sigterm.installed = True
+            return
+        if previous is None or previous is signal.SIG_IGN:  # a C-level handler, or deliberately ignored
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter, or no SIGTERM on this platform
+        return
+    _Sigterm.previous = previous
+    _Sigterm.installed = True
+
+
+def _restore_sigterm() -> None:
+    """No logger left to close: put the previous handler back (if ours is still the one installed)."""
+    if not _Sigterm.installed or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, _Sigterm.previous)
+    except (ValueError, OSError):
+        return
+    _Sigterm.installed = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Write the final tables, then do what the signal would have done without gradlog."""
+    if _Sigterm.handling:  # a second SIGTERM while the first is handled: that one is already ending the run
+        return
+    if _Sigterm.busy:  # inside log(): finish it first, then come back here
+        _Sigterm.deferred = signum
+        return
+    previous = _Sigterm.previous
+    _Sigterm.handling = True
+    try:
+        if callable(previous):  # the program handles SIGTERM itself and may go on: keep logging
+            for gl in list(_active):
+                if gl.handle_signals and gl.rank_zero:
+                    gl._write_provisional(max(gl._last_index, 0))
+                    gl.writers.flush()
+        else:
+            for gl in list(_active):
+                if gl.handle_signals:
+                    gl._close_on_signal()
+    except Exception as exc:  # the signal must still end the run
+        logger.warning("gradlog: writing the tables on SIGTERM failed: %s", _describe(exc))
+    finally:
+        _Sigterm.handling = False
+    if callable(previous):
+        previous(signum, frame)
+        return
+    _restore_sigterm()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGTERM)  # the exit status stays the signal's (-15, or 143 in a shell)
+
+
+def _after_fork_in_child() -> None:
+    for gl in list(_active):
+        gl._after_fork()
+    _active.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_gone(ref: weakref.ref[GradLogger]) -> None:
+    """The model was garbage-collected: close, at whatever point of the program that happened, so with no
+    collective (other ranks are not there to meet it): under sharding the table is this rank's own."""
+    gl = ref()
+    if gl is not None:
+        gl._local_close = True
+        _close_ref(ref)
 
 
 def _close_ref(ref: weakref.ref[GradLogger]) -> None:

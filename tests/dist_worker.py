@@ -351,6 +351,19 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         h.remove()
     gradlog.logger._active.remove(gl)
 
+    # 4. without an optimizer, rank 1 skips the log() call for step 0: its log(1) meets rank 0's log(0) in the
+    # collective, and the step passed to log() travels in it, so both ranks raise at once (issue 15)
+    m, _ = sharded()
+    m.weight.grad = DTensor.from_local(torch.ones_like(m.weight.to_local()), mesh, [Shard(0)])
+    gl = gradlog.GradLogger(m, None, every=1, writer="memory", print_report=False, sync_timeout=60)
+    results["skipped_log"] = None
+    try:
+        for s in (0, 1) if rank == 0 else (1,):
+            gl.log(s)
+    except gradlog.DistributedMismatchError as exc:
+        results["skipped_log"] = str(exc)
+    gradlog.logger._active.remove(gl)
+
     # 3. only rank 0 measures (log() without an optimizer, called on rank 0 alone): it times out with
     # a clear error instead of hanging; rank 1 never enters a gradlog collective
     m, _ = sharded()
@@ -363,6 +376,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         except gradlog.DistributedMismatchError as exc:
             results["timeout"] = str(exc)
     gradlog.logger._active.remove(gl)
+
     _save(out, "mismatch", rank, {"results": results})
 
 

@@ -35,6 +35,10 @@ class Planted(nn.Module):
         return self.out(torch.relu(self.stall(torch.relu(self.inp(x))))).sum() + self.aux(x).sum()
 
 
+#: Models of runs left open: alive until the process ends, as in a loop still training.
+_STILL_TRAINING: list[nn.Module] = []
+
+
 def write_run(log_dir: str, close: bool = True) -> tuple[gradlog.GradLogger, dict[str, list[float]]]:
     """Train the planted model and write it; without `close` the run looks like one still training.
 
@@ -65,6 +69,7 @@ def write_run(log_dir: str, close: bool = True) -> tuple[gradlog.GradLogger, dic
         opt.zero_grad()
     if not close:
         writer.flush()
+        _STILL_TRAINING.append(model)  # gradlog closes a logger whose model is garbage-collected (issue 15)
         return gl, expected
     # The stalled table's producer is issue 12's close() (Report.stalled_rows); on a branch without it, the
     # table is written here by hand, through the writer, as close() would.

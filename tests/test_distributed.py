@@ -215,6 +215,8 @@ def test_disagreeing_ranks_get_an_error_not_a_hang(tmp_path: Path) -> None:
         assert r["index"] is not None and "step index 0 to 1" in r["index"]
     assert r0["timeout"] is not None and "never joined" in r0["timeout"]
     assert r1["timeout"] is None
+    for r in (r0, r1):  # a skipped log() without an optimizer: both ranks, at the first call after the skip
+        assert r["skipped_log"] is not None and "log() calls for different steps (0 to 1" in r["skipped_log"]
 
 
 def _partly(payload: dict[str, Any]) -> set[tuple[str, Any, tuple[int, ...], str]]:

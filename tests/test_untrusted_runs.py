@@ -560,7 +560,11 @@ def test_single_bit_flips_lose_only_the_damaged_record(tmp_path: Path) -> None:
             assert "no intact record after it" in run.skipped[0] or "truncated" in run.skipped[0]
         else:
             assert f"reading resumed at byte {records[hit + 1][0]}" in run.skipped[0], (pos, run.skipped)
-        assert ("gradlog/never_updated" in run.tables) == (hit not in tables_in)
+        if hit not in tables_in:
+            assert "gradlog/never_updated" in run.tables
+        else:  # the final table is lost; when the final summary went with it (one Event when the writer thread
+            # batched them), the run reads as unclosed and its provisional tables (issue 15) answer, saying so
+            assert "gradlog/never_updated" not in run.tables or run.provisional_step is not None, pos
 
 
 def test_garbage_between_records_and_a_zero_filled_tail(tmp_path: Path) -> None:
@@ -628,7 +632,10 @@ def test_wandb_run_killed_mid_run_is_incomplete_not_bad_input(
     captured = capsys.readouterr()
     assert code == 1 and "Traceback" not in captured.err, captured.err
     out = json.loads(captured.out)
-    assert out["verdict"].startswith("gradlog INCOMPLETE: no never-updated table") and out["skipped"] == []
+    # issue 15: the run wrote provisional tables on its first histogram step, so the answer is that one, as of
+    # then, once wandb-core wrote them before the kill (on a loaded machine it may not have: no table at all)
+    heads = ("gradlog INCOMPLETE: as of step 0, run did not close", "gradlog INCOMPLETE: no never-updated table")
+    assert out["verdict"].startswith(heads) and out["skipped"] == [], out["verdict"]
     assert any("no exit record" in n for n in out["notes"])
     steps = [s for s, _ in load(str(root)).scalars["grad_norm/0.weight"]]
     assert steps == list(range(len(steps))) and len(steps) >= 1  # whatever history was written, from the start

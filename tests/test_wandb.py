@@ -277,7 +277,7 @@ def test_a_step_over_the_size_budget_is_split_into_rows(tmp_path: Path, monkeypa
                 "gradlog/stalled_table",
                 "gradlog/overview",
             )
-            if not key.startswith("_") and key not in skip:
+            if not key.startswith(("_", "gradlog/provisional/")) and key not in skip:
                 assert (row["gradlog/step"], key) not in merged
                 merged[(row["gradlog/step"], key)] = value
     scalars = quiet(mem)
@@ -303,7 +303,8 @@ def test_failing_run_log_warns_once_and_training_goes_on(tmp_path: Path, monkeyp
         report = train([gradlog.WandbWriter(), mem], after_log=finish_early)
     flush_warnings = [w for w in caught if "WandbWriter.flush failed" in str(w.message)]
     assert len(flush_warnings) == 1
-    assert "was finished before gradlog.close()" in str(flush_warnings[0].message)
+    # the writer runs on its own thread, so it meets the run either finished or finishing: both say so
+    assert "finished" in str(flush_warnings[0].message)
     assert [s for s, _ in mem.scalars["gradlog/grad_norm_total"]] == list(range(0, STEPS, EVERY))
     assert report.optimizer_steps == STEPS
 

@@ -145,6 +145,9 @@ class Reducer:
         self.layout = {k: float(v) for k, v in layout.items()}
         self.timeout_s = timeout_s
         self._checked_rows: int | None = None
+        #: Which call of the program this measurement belongs to, compared across ranks in the header: the
+        #: step given to log() (without an optimizer, a rank that skipped a log() call pairs a later step).
+        self.call: float | None = None
         self.used = False  # a collective ran at least once: a local report at close would be wrong
 
     # --- when --------------------------------------------------------------------------------
@@ -209,7 +212,8 @@ class Reducer:
         The ranges travel on every measured step (neutral values when no histogram is due) so that
         the message size depends only on the checked layout, never on the step index.
         """
-        head = [float(step.index), -float(step.index), float(histograms), -float(histograms)]
+        call = float(step.index) if self.call is None else self.call
+        head = [float(step.index), -float(step.index), float(histograms), -float(histograms), call, -call]
         parts = [torch.tensor(head, dtype=torch.float64, device=step.device)]
         if grad_ranges is not None:
             parts += [
@@ -218,16 +222,21 @@ class Reducer:
             ]
         t = torch.cat(parts)
         self.all_reduce(t, "max", step.index)
-        got = t[:4].tolist()  # four numbers: a host read, on gloo already on the host
+        got = t[:6].tolist()  # six numbers: a host read, on gloo already on the host
         if got[0] != -got[1] or got[2] != -got[3]:
             raise DistributedMismatchError(
                 f"gradlog: ranks measure different optimizer steps (step index {-got[1]:g} to {got[0]:g} across "
                 f"ranks); {_RULE}"
             )
+        if got[4] != -got[5]:
+            raise DistributedMismatchError(
+                f"gradlog: ranks measure in log() calls for different steps ({-got[5]:g} to {got[4]:g} across "
+                f"ranks): a rank skipped or added a log() call; {_RULE}"
+            )
         if grad_ranges is None:
             return None
         n = grad_ranges.shape[0]
-        return torch.stack([-t[4 + n : 4 + 2 * n], t[4 : 4 + n]], dim=1)
+        return torch.stack([-t[6 + n : 6 + 2 * n], t[6 : 6 + n]], dim=1)
 
     def global_ranges(self, step: DistStep, ranges: torch.Tensor) -> torch.Tensor:
         """The post-hook's all_reduce(MAX) of [n, 2] (min, max) ranges; histogram steps only."""

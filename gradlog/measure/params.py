@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -41,29 +42,66 @@ def is_materialized(p: torch.Tensor) -> bool:
     return not local_tensor(p).is_meta
 
 
+def _ref(p: torch.Tensor) -> Callable[[], torch.Tensor | None]:
+    """A weak reference where the tensor type allows one (tensors do), else a strong one."""
+    try:
+        return weakref.ref(p)
+    except TypeError:
+        return lambda: p
+
+
 @dataclass(eq=False)
 class Tracked:
-    """One parameter tensor. `index` is its row in every per-step statistic."""
+    """One parameter tensor. `index` is its row in every per-step statistic.
+
+    The tensor is held weakly: a parameter the model and optimizer let go of (replaced during
+    training) is freed, and its row keeps only its name, shape and the ledger's evidence. A freed
+    tensor reads as a meta tensor of the same shape, which every statistic skips as unmaterialised.
+    """
 
     index: int
-    param: torch.Tensor
+    _param: Callable[[], torch.Tensor | None]
     name: str
     aliases: tuple[str, ...] = ()
     in_model: bool = True
     group: int | None = None  # optimizer param group index, None when not in the optimizer
     extra: dict[str, object] = field(default_factory=dict)
+    _shape: tuple[int, ...] = ()
+    _dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def of(cls, index: int, p: torch.Tensor, name: str, **kw: object) -> Tracked:
+        row = cls(index, _ref(p), name, _dtype=p.dtype, **kw)  # type: ignore[arg-type]
+        if is_materialized(p):
+            row._shape = tuple(p.shape)
+        return row
+
+    @property
+    def alive(self) -> bool:
+        return self._param() is not None
+
+    @property
+    def param(self) -> torch.Tensor:
+        p = self._param()
+        if p is None:  # released: a placeholder with no values, skipped like a meta parameter
+            return torch.empty(self._shape, dtype=self._dtype, device="meta")
+        return p
 
     @property
     def shape(self) -> tuple[int, ...]:
-        if isinstance(self.param, nn.parameter.UninitializedParameter):  # lazy, never materialised: no shape yet
+        p = self._param()
+        if isinstance(p, nn.parameter.UninitializedParameter):  # lazy, never materialised: no shape yet
             return ()
-        return tuple(self.param.shape)
+        if p is not None:
+            self._shape = tuple(p.shape)  # remembered for after it is freed
+        return self._shape
 
     @property
     def numel(self) -> int:
-        if isinstance(self.param, nn.parameter.UninitializedParameter):
-            return 0
-        return int(self.param.numel())
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        return n if self.shape else (0 if isinstance(self._param(), nn.parameter.UninitializedParameter) else 1)
 
 
 #: `include=` / `exclude=`: a glob, a list of globs, or a predicate on the tensor's (clean) name.
@@ -113,8 +151,8 @@ class ParamTable:
     def __init__(
         self, model: nn.Module, optimizer: torch.optim.Optimizer | None, select: Selection | None = None
     ) -> None:
-        self._model = model
-        self._optimizer = optimizer
+        self._model = weakref.ref(model)  # weak: the logger must not keep a dropped model alive
+        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
         self._select = select or Selection()
         self.rows: list[Tracked] = []
         self._by_id: dict[int, Tracked] = {}
@@ -129,8 +167,12 @@ class ParamTable:
         Returns True when the table grew.
         """
         before = len(self.rows)
-        named = list(self._model.named_parameters(remove_duplicate=False))  # aliases of tied weights too
-        param_groups = self._optimizer.param_groups if self._optimizer is not None else []
+        model = self._model()
+        if model is None:  # garbage-collected (the logger is closing): the rows are what is left
+            return False
+        named = list(model.named_parameters(remove_duplicate=False))  # aliases of tied weights too
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        param_groups = optimizer.param_groups if optimizer is not None else []
         layout = (
             *(n for n, _ in named),
             *(id(p) for _, p in named),
@@ -146,7 +188,7 @@ class ParamTable:
             names.setdefault(id(p), []).append(clean_name(name))
             params[id(p)] = p
         for old in self.rows:
-            old.in_model = id(old.param) in params
+            old.in_model = old.alive and self._by_id.get(id(old.param)) is old and id(old.param) in params
         for pid, param in params.items():
             ns = names[pid]
             row = self._by_id.get(pid)
@@ -155,8 +197,8 @@ class ParamTable:
             else:
                 row.name, row.aliases, row.in_model = ns[0], tuple(ns[1:]), True
         groups: dict[int, int] = {}
-        if self._optimizer is not None:
-            for gi, group in enumerate(self._optimizer.param_groups):
+        if optimizer is not None:
+            for gi, group in enumerate(optimizer.param_groups):
                 for pi, p in enumerate(group["params"]):
                     groups[id(p)] = gi
                     if id(p) not in self._by_id:
@@ -170,13 +212,17 @@ class ParamTable:
                                 stacklevel=3,
                             )
             for row in self.rows:
-                row.group = groups.get(id(row.param))
+                row.group = groups.get(id(row.param)) if row.alive else None
         return len(self.rows) > before
 
     def _add(self, p: torch.Tensor, name: str, aliases: tuple[str, ...], in_model: bool) -> None:
-        row = Tracked(index=len(self.rows), param=p, name=name, aliases=aliases, in_model=in_model)
+        row = Tracked.of(len(self.rows), p, name, aliases=aliases, in_model=in_model)
         self.rows.append(row)
         self._by_id[id(p)] = row
+        try:  # when it is freed, its id may be reused by a new tensor: forget it, and rebuild at the next scan
+            weakref.finalize(p, _forget, weakref.ref(self), id(p), row).atexit = False
+        except TypeError:
+            pass
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -206,4 +252,20 @@ class ParamTable:
         )
 
     def get(self, p: torch.Tensor) -> Tracked | None:
-        return self._by_id.get(id(p))
+        row = self._by_id.get(id(p))
+        return row if row is not None and row._param() is p else None
+
+    def released(self, pid: int, row: Tracked) -> None:
+        """`row`'s tensor was freed: it leaves the live rows now (its evidence stays in the ledger)."""
+        if self._by_id.get(pid) is row:
+            del self._by_id[pid]
+        row.in_model = False
+        row.group = None
+        self._layout = ()
+        self._live = None
+
+
+def _forget(table: weakref.ref[ParamTable], pid: int, row: Tracked) -> None:
+    t = table()
+    if t is not None:
+        t.released(pid, row)

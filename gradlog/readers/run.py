@@ -69,6 +69,12 @@ TABLE_NAMES = (
 ORDER_TAG = "gradlog/tensor_order"  # written by the TensorBoard writer (writers/tb_format.py)
 #: At most this many "Skipped (unreadable)" lines are kept; the last one counts the rest.
 MAX_SKIPPED_LINES = 200
+#: The answer so far, written on histogram steps: `gradlog/provisional/<name>` for `gradlog/<name>`.
+PROVISIONAL_PREFIX = "gradlog/provisional/"
+
+
+def _wanted_table(name: str) -> bool:
+    return name in TABLE_NAMES or name.startswith(PROVISIONAL_PREFIX)
 
 
 class BadInput(Exception):
@@ -87,13 +93,15 @@ class RunData:
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Set when the run never closed and its tables are the last provisional ones: the step they are as of.
+    provisional_step: int | None = None
 
     @classmethod
     def from_memory(cls, writer: Any, path: str = "<memory>") -> RunData:
         """From a `MemoryWriter` (notebooks, tests): the same analysis without a file in between."""
         scalars = {tag: sorted(points) for tag, points in writer.scalars.items()}
         tables = {name: (list(cols), [list(r) for r in rows]) for name, (cols, rows) in writer.tables.items()}
-        return cls(path=path, backend="memory", scalars=scalars, tables=tables)
+        return settle_provisional(cls(path=path, backend="memory", scalars=scalars, tables=tables))
 
     def has_gradlog_data(self) -> bool:
         return any(t.startswith(GRADLOG_PREFIXES) for t in self.scalars) or any(n in self.tables for n in TABLE_NAMES)
@@ -116,9 +124,11 @@ def load(path: str, *, limits: Limits | None = None) -> RunData:
     try:
         kind, target, root, files = _detect(path, st, limits)
         if kind == "tensorboard":
+            _one_run(target, [os.path.basename(f) for f in files])
             run = _load_tensorboard(target, root, files, limits)
         else:
             run = _load_wandb(target, root, limits)
+        run = settle_provisional(run)
     except Refused as exc:
         raise BadInput(str(exc)) from None
     if not run.has_gradlog_data():
@@ -131,6 +141,22 @@ def load(path: str, *, limits: Limits | None = None) -> RunData:
     if len(run.skipped) > MAX_SKIPPED_LINES:
         extra = len(run.skipped) - MAX_SKIPPED_LINES + 1
         run.skipped[MAX_SKIPPED_LINES - 1 :] = [f"... and {extra} more unreadable parts ({len(run.skipped)} in all)"]
+    return run
+
+
+def settle_provisional(run: RunData) -> RunData:
+    """The final tables win; a run that never closed gets its last provisional tables under the final
+    names, with `provisional_step` saying which step they are as of."""
+    provisional = {n: t for n, t in run.tables.items() if n.startswith(PROVISIONAL_PREFIX)}
+    for n in provisional:
+        del run.tables[n]
+    if "gradlog/summary" in run.tables or "gradlog/never_updated" in run.tables or not provisional:
+        return run
+    for n, table in provisional.items():
+        run.tables["gradlog/" + n[len(PROVISIONAL_PREFIX) :]] = table
+    summary = {r[0]: r[1] for r in run.tables.get("gradlog/summary", ([], []))[1] if len(r) >= 2}
+    step = summary.get("as_of_step", "")
+    run.provisional_step = int(step) if step.lstrip("-").isdigit() else -1
     return run
 
 
@@ -209,6 +235,30 @@ def _detect(path: str, st: os.stat_result, limits: Limits) -> tuple[str, str, st
     raise BadInput(f"{path!r} holds {len(runs)} runs; pass one of them:\n  {listed}{more}")
 
 
+#: gradlog's TensorBoard writer ends each event file's name with `.gradlog-run-<id>` (one id per writer).
+_RUN_MARK = ".gradlog-run-"
+
+
+def _one_run(path: str, event_files: list[str]) -> None:
+    """Two GradLoggers that wrote into one folder are two runs: list them instead of merging them."""
+    runs: dict[str, list[str]] = {}
+    for name in event_files:
+        key = name.rsplit(_RUN_MARK, 1)[1] if _RUN_MARK in name else ""
+        runs.setdefault(key, []).append(name)
+    if len([k for k in runs if k]) < 2:  # files of other writers (no mark) alone do not make a second run
+        return
+    listed = "\n  ".join(
+        f"{key or 'other writers'}: "
+        + ", ".join(os.path.join(path, n) for n in names[:3])
+        + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+        for key, names in sorted(runs.items())
+    )
+    raise BadInput(
+        f"{path!r} holds {len(runs)} runs written into the same folder (one per GradLogger); "
+        f"pass one event file of the run you want:\n  {listed}"
+    )
+
+
 # --- TensorBoard -------------------------------------------------------------------------------------
 #: gradlog's writer tags a table `name/table` when a scalar already holds `name` (TensorBoard keeps one kind
 #: of data per tag); torch's SummaryWriter.add_text appends `/text_summary`.
@@ -218,7 +268,7 @@ _TEXT_SUFFIXES = ("/table", "/text_summary")
 def _table_name(tag: str) -> str:
     """The table a text tag holds: `gradlog/never_updated/table` -> `gradlog/never_updated`."""
     for suffix in _TEXT_SUFFIXES:
-        if tag.endswith(suffix) and tag[: -len(suffix)] in TABLE_NAMES:
+        if tag.endswith(suffix) and _wanted_table(tag[: -len(suffix)]):
             return tag[: -len(suffix)]
     return tag
 
@@ -272,7 +322,7 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
                                 points.setdefault(v.tag, {})[step] = value
                         elif kind == "tensor" and v.tag == ORDER_TAG and v.tensor.string_val:
                             order_raw = v.tensor.string_val[0]
-                        elif kind == "tensor" and v.tensor.string_val and _table_name(v.tag) in TABLE_NAMES:
+                        elif kind == "tensor" and v.tensor.string_val and _wanted_table(_table_name(v.tag)):
                             texts[_table_name(v.tag)] = v.tensor.string_val[0]  # the last one written wins
         except Refused as exc:
             run.skipped.append(str(exc))
@@ -464,7 +514,7 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
         run.skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {first})")
     run.scalars = model_order({tag: sorted(p.items()) for tag, p in points.items()}, _tensor_order(offline.config))
     for name, rel in table_files.items():
-        if name not in TABLE_NAMES:
+        if not _wanted_table(name):
             continue
         try:
             run.tables[name] = _read_table(run_dir, root, rel, limits)

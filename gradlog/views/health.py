@@ -89,6 +89,8 @@ class Health:
     #: where the warnings come from: "close" (the alerts table the run wrote) or "series" (re-judged here)
     warnings_from: str = "series"
     notes: list[str] = field(default_factory=list)
+    #: The run never closed: the tables are the last provisional ones, as of this step.
+    provisional_step: int | None = None
 
     @property
     def problems(self) -> bool:
@@ -101,7 +103,7 @@ class Health:
     @property
     def healthy(self) -> bool:
         """No problems, and the run closed (so its never-updated table is known) and was read in full."""
-        return not self.problems and self.never_updated_known and not self.skipped
+        return not self.problems and self.never_updated_known and not self.skipped and self.provisional_step is None
 
     def _warning_part(self) -> list[str]:
         warned: dict[str, int] = {}
@@ -119,7 +121,8 @@ class Health:
         n = len(self.skipped)
         skipped = [f"{n} unreadable part{'s' * (n != 1)} skipped"] if n else []
         if self.closed is not None:
-            return f"gradlog {head}: " + "; ".join([*self.closed.parts, *skipped]) + self.closed.suffix
+            as_of = [] if self.provisional_step is None else [f"as of step {self.provisional_step}, run did not close"]
+            return f"gradlog {head}: " + "; ".join([*as_of, *self.closed.parts, *skipped]) + self.closed.suffix
         parts = []
         if self.first_nonfinite is not None:  # first: the one thing to look at before anything else
             f = self.first_nonfinite
@@ -147,9 +150,12 @@ class Health:
         if not self.never_updated_known:
             lines.append("Never updated: unknown (no gradlog/never_updated table: the run did not call close())")
         elif self.never_updated:
-            lines.append(f"Never updated ({len(self.never_updated)}):")
+            when = "" if self.provisional_step is None else f", as of step {self.provisional_step}, run did not close"
+            lines.append(f"Never updated ({len(self.never_updated)}{when}):")
             rows = [[r.name, r.shape, r.numel, r.reason, r.detail] for r in self.never_updated]
             lines.append(_indent(format_table(COLUMNS, rows)))
+        elif self.provisional_step is not None:
+            lines.append(f"Never updated: none as of step {self.provisional_step} (run did not close)")
         else:
             lines.append("Never updated: none")
         if self.never_updated_known:
@@ -373,12 +379,13 @@ def analyze(
         stalled=as_dict.get("stalled", []),
         closed=judge(report) if report is not None else None,
         summary=summary,
-        first_nonfinite=_first_nonfinite(run, summary, closed=report is not None),
+        first_nonfinite=_first_nonfinite(run, summary, closed=report is not None and run.provisional_step is None),
         out_of_band=[w for w in warns if w.kind in (RATIO_HIGH, RATIO_LOW)],
         spikes=[w for w in warns if w.kind == SPIKE],
         skipped=list(run.skipped),
         warnings_from="series" if recorded is None else "close",
         notes=list(run.notes),
+        provisional_step=run.provisional_step,
     )
 
 

@@ -11,8 +11,15 @@ from gradlog.measure.histogram import Histogram
 class Writer(abc.ABC):
     """Where gradlog's numbers go. Subclass it to send them anywhere.
 
-    `step` is the x-axis value the user passed to `log(step)`. Tables arrive once, at close.
+    `step` is the x-axis value the user passed to `log(step)`. Tables arrive at close (the final ones)
+    and, marked `gradlog/provisional/...`, on histogram steps (the answer so far, for a run that dies).
+
+    gradlog calls a writer from a background thread behind a bounded queue, so a slow one never stalls
+    training; a writer that is fast or already hands its work to a thread of its own sets `threaded = True`
+    and is called inline.
     """
+
+    threaded: bool = False
 
     @abc.abstractmethod
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:

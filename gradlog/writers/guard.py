@@ -1,46 +1,197 @@
-"""Writer trouble must never kill a training run: warn once per writer and call, then carry on."""
+"""Writer trouble must never kill, block or hang a training run.
+
+Every writer that does not already write from a thread of its own (`Writer.threaded`) runs behind a
+bounded queue on a background thread: the training thread only enqueues. A writer whose call has run
+longer than `timeout` seconds, or whose queue is full, has fallen behind: one warning, and its records
+are dropped and counted (`dropped`) until it catches up. `close()` waits at most `timeout` seconds per
+writer. Errors are warned about once per writer and call, on the training thread; `strict=True` calls
+every writer inline and raises the first error instead (tests, CI).
+"""
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any
 
 from gradlog.measure.histogram import Histogram
 from gradlog.writers.base import Writer
 
 log = logging.getLogger("gradlog")
-T = TypeVar("T")
+
+#: Seconds a writer call may run before the writer counts as behind, and close() waits per writer.
+DEFAULT_TIMEOUT_S = 10.0
+#: Seconds close() waits for a writer that kept up (finishing a W&B run takes a few seconds).
+CLOSE_GRACE_S = 30.0
+#: Calls (one step's scalars, one histogram, one table, a flush) that may wait for a writer's thread.
+DEFAULT_MAX_QUEUE = 4096
+
+_Call = tuple[str, Callable[[Writer], object]]
+_STOP: _Call = ("stop", lambda w: None)
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(msg, RuntimeWarning, stacklevel=5)
+    log.warning(msg)
+
+
+class _Lane:
+    """One writer, its queue and its thread. The thread starts at the first call."""
+
+    def __init__(self, writer: Writer, max_queue: int, timeout: float) -> None:
+        self.writer = writer
+        self.timeout = timeout
+        self.queue: queue.Queue[_Call] = queue.Queue(maxsize=max_queue)
+        self.thread: threading.Thread | None = None
+        self.inline = False  # no thread could be started (interpreter shutdown): call in the caller
+        self.busy_since: float | None = None  # monotonic start of the call in progress
+        self.busy_what = ""  # which call that is
+        self.errors: list[tuple[str, Exception]] = []  # appended by the thread, warned by the caller
+        self.dropped = 0
+        self.behind = False  # warned about falling behind (once)
+
+    def _run(self) -> None:
+        while True:
+            what, call = self.queue.get()
+            if what == "stop":
+                return
+            self.busy_what = what
+            self.busy_since = time.monotonic()
+            try:
+                call(self.writer)
+            except Exception as exc:
+                self.errors.append((what, exc))
+            finally:
+                self.busy_since = None
+
+    def _start(self) -> None:
+        name = f"gradlog-writer-{type(self.writer).__name__}"
+        t = threading.Thread(target=self._run, name=name, daemon=True)
+        try:
+            t.start()
+            self.thread = t
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            self.inline = True
+
+    def submit(self, what: str, call: Callable[[Writer], object]) -> None:
+        if self.thread is None and not self.inline:
+            self._start()
+        if self.inline:
+            try:
+                call(self.writer)
+            except Exception as exc:
+                self.errors.append((what, exc))
+            return
+        since = self.busy_since
+        if since is not None and time.monotonic() - since > self.timeout:
+            self._drop(f"one call has run for more than {self.timeout:g} s")
+            return
+        try:
+            self.queue.put_nowait((what, call))
+        except queue.Full:
+            self._drop(f"{self.queue.maxsize} calls are waiting for it")
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        if not self.behind:
+            self.behind = True
+            _warn(
+                f"gradlog: {type(self.writer).__name__} is falling behind ({why}); training does not wait for it, "
+                "its records are dropped and counted until it catches up"
+            )
+
+    def close(self, deadline: float) -> None:
+        """Let the thread finish what is queued, up to `deadline` (monotonic); count what it could not."""
+        t = self.thread
+        if t is None or not t.is_alive():
+            return
+        try:
+            self.queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Full:
+            pass
+        while t.is_alive() and time.monotonic() < deadline:
+            since = self.busy_since
+            if since is not None and self.busy_what != "close" and time.monotonic() - since > self.timeout:
+                break  # stuck in a record call: waiting longer would only delay the end of the run
+            t.join(0.05)
+        if t.is_alive():
+            with self.queue.mutex:  # what the thread will never get to: records, not flush/close/stop markers
+                left = sum(1 for what, _ in self.queue.queue if what.startswith("log_"))
+            lost = left + (1 if self.busy_since is not None else 0)  # the call in progress is lost too
+            self.dropped += lost
+            _warn(
+                f"gradlog: {type(self.writer).__name__} did not finish in time at close(); "
+                f"{lost} record(s) still queued or in progress are lost (dropped={self.dropped})"
+            )
 
 
 class GuardedWriters(Writer):
     """Fans out to several writers; a failing one is warned about once and the others go on.
 
-    With `strict=True` the first error is raised instead (useful in tests and CI).
+    Writers with `threaded = True` (TensorBoard: its own writer thread with bounded waits; memory) are
+    called inline; every other writer behind its own queue and thread (see the module docstring).
+    With `strict=True` every writer is called inline and the first error is raised (tests, CI).
     """
 
-    def __init__(self, writers: Sequence[Writer], strict: bool = False) -> None:
+    threaded = True
+
+    def __init__(
+        self,
+        writers: Sequence[Writer],
+        strict: bool = False,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"writer_timeout must be a number of seconds > 0, got {timeout!r}")
         self.writers = list(writers)
         self.strict = strict
+        self.timeout = float(timeout)
         self._warned: set[tuple[int, str]] = set()
+        self._lanes: dict[int, _Lane] = {}
+        if not strict:
+            for w in self.writers:
+                if not getattr(w, "threaded", False):
+                    self._lanes[id(w)] = _Lane(w, max_queue, self.timeout)
+
+    @property
+    def dropped(self) -> int:
+        """Records lost so far: by writers that fell behind, and by writers that count their own (TensorBoard)."""
+        own = sum(int(getattr(w, "dropped", 0) or 0) for w in self.writers if id(w) not in self._lanes)
+        return own + sum(lane.dropped for lane in self._lanes.values())
+
+    def _failed(self, w: Writer, what: str, exc: Exception) -> None:
+        if self.strict:
+            raise exc
+        key = (id(w), what)
+        if key not in self._warned:
+            self._warned.add(key)
+            _warn(
+                f"gradlog: {type(w).__name__}.{what} failed ({type(exc).__name__}: {exc}); "
+                "training continues, further errors of this kind are not shown"
+            )
+
+    def _report_lane_errors(self) -> None:
+        for lane in self._lanes.values():
+            while lane.errors:
+                what, exc = lane.errors.pop(0)
+                self._failed(lane.writer, what, exc)
 
     def _each(self, what: str, call: Callable[[Writer], object]) -> None:
+        self._report_lane_errors()
         for w in self.writers:
+            lane = self._lanes.get(id(w))
+            if lane is not None:
+                lane.submit(what, call)
+                continue
             try:
                 call(w)
             except Exception as exc:
-                if self.strict:
-                    raise
-                key = (id(w), what)
-                if key not in self._warned:
-                    self._warned.add(key)
-                    msg = (
-                        f"gradlog: {type(w).__name__}.{what} failed ({type(exc).__name__}: {exc}); "
-                        "training continues, further errors of this kind are not shown"
-                    )
-                    warnings.warn(msg, RuntimeWarning, stacklevel=4)
-                    log.warning(msg)
+                self._failed(w, what, exc)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         self._each("log_scalars", lambda w: w.log_scalars(scalars, step))
@@ -58,4 +209,23 @@ class GuardedWriters(Writer):
         self._each("flush", lambda w: w.flush())
 
     def close(self) -> None:
+        """Close every writer; one that does not finish within `timeout` seconds is left behind, counted."""
         self._each("close", lambda w: w.close())
+        for lane in self._lanes.values():
+            # a writer that kept up gets time to finish its run (W&B's finish() waits for wandb-core);
+            # one that fell behind, or whose record call runs longer than `timeout`, does not
+            wait = self.timeout if lane.behind else max(self.timeout, CLOSE_GRACE_S)
+            lane.close(time.monotonic() + wait)
+        self._report_lane_errors()
+        if self.dropped:
+            msg = f"gradlog: {self.dropped} record(s) were dropped during this run (slow, stalled or failing writers)"
+            log.warning(msg)
+
+    def after_fork(self) -> None:
+        """In a forked child: forget the parent's writers without touching their files or threads."""
+        for w in self.writers:
+            hook: Any = getattr(w, "after_fork", None)
+            if callable(hook):
+                hook()
+        self.writers = []
+        self._lanes = {}

@@ -12,6 +12,8 @@ class MemoryWriter(Writer):
     """`scalars[tag] = [(step, value), ...]`, `histograms[tag] = [(step, Histogram), ...]`,
     `tables[name] = (columns, rows)`, `images[tag] = [(step, png_bytes), ...]`."""
 
+    threaded = True  # dicts in memory: called inline, so what log() published is there when it returns
+
     def __init__(self) -> None:
         self.scalars: dict[str, list[tuple[int, float]]] = {}
         self.histograms: dict[str, list[tuple[int, Histogram]]] = {}

@@ -8,6 +8,8 @@ so a `kill -9` right after `log()` loses nothing already logged.
 
 from __future__ import annotations
 
+import errno
+import itertools
 import logging
 import os
 import queue
@@ -32,6 +34,7 @@ _Item = tuple[str, int, float, Any]
 _STOP = object()
 _MAX_BATCH = 4096
 _claimed: set[str] = set()  # default run folders handed out in this process
+_writers = itertools.count(1)  # TensorBoardWriters made by this process
 
 
 def default_log_dir(root: str = "runs") -> str:
@@ -59,6 +62,7 @@ class _Sink:
     fsync: bool
     retry_secs: float
     format: Any  # the tb_format module, imported by the constructor
+    run: str = ""  # in every event file's name: this writer's files, told apart from another run's
     file: Any = None  # tfrecord.EventFile
     retry_at: float = 0.0
     dropped: int = 0
@@ -79,12 +83,12 @@ class _Sink:
                 f"writing continues in a new event file under {self.log_dir}",
             )
             self._drop_file()
+        if time.monotonic() < self.retry_at:  # an outage: drop until the next retry
+            self.dropped += len(records)
+            return
         if self.file is None:
-            if time.monotonic() < self.retry_at:
-                self.dropped += len(records)
-                return
             try:
-                self.file = EventFile(self.log_dir)
+                self.file = EventFile(self.log_dir, self.run)
                 self.files.append(self.file.path)
                 records = self.format.header_events(time.time()) + records
             except OSError as exc:
@@ -98,14 +102,23 @@ class _Sink:
             self._fail(exc, records)
 
     def _fail(self, exc: OSError, records: list[bytes]) -> None:
-        """Never append after a failed write (the file may end in a torn record): retry later in a new file."""
+        """Never append after a torn record: cut the file back to its last whole record and retry in it
+        later (one event file per outage, a full disk say); a file that cannot be cut back, or that hit a
+        file size limit (EFBIG: only a new file can go on), is left for a new one."""
         self.dropped += len(records)
-        self._drop_file()
+        try:
+            if self.file is None:
+                raise OSError("no file")
+            self.file.rewind()
+            if exc.errno == errno.EFBIG:  # whole records only in this one, and the rest in a new one
+                self._drop_file()
+        except OSError:
+            self._drop_file()
         self.retry_at = time.monotonic() + self.retry_secs
         self.problem(
             "io",
             f"gradlog: TensorBoard cannot write to {self.log_dir!r} ({type(exc).__name__}: {exc}); training "
-            f"continues, records are dropped and a new event file is tried every {self.retry_secs:g} s",
+            f"continues, records are dropped and writing is tried again every {self.retry_secs:g} s",
         )
 
     def _drop_file(self) -> None:
@@ -217,6 +230,15 @@ def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float, 
         except queue.Full:
             pass
         t.join(timeout)
+        if t.is_alive():  # a stalled disk: what is still queued will never be written
+            with q.mutex:
+                lost = sum(1 for item in q.queue if isinstance(item, tuple))
+            sink.dropped += lost
+            sink.problem(
+                "close",
+                f"gradlog: TensorBoard writing did not finish within {timeout:g} s at close() (a stalled disk?); "
+                f"{lost} queued record(s) are lost (dropped={sink.dropped})",
+            )
     else:
         sink.close()
     if emit:
@@ -236,6 +258,8 @@ class TensorBoardWriter(Writer):
     tried every `retry_secs`. Problems are warned about once each and never raise, unless
     `strict=True` (for CI): then `flush()` and `close()` raise RuntimeError with the same message.
     """
+
+    threaded = True  # its own writer thread and bounded waits: the logger calls it inline
 
     def __init__(
         self,
@@ -261,7 +285,9 @@ class TensorBoardWriter(Writer):
         self.log_dir = os.fspath(log_dir) if log_dir is not None else default_log_dir()
         self.flush_timeout = float(flush_timeout)
         self.strict = strict
-        self._sink = _Sink(self.log_dir, fsync, float(retry_secs), tb_format)
+        #: In the name of every event file this writer creates (a second run into the same folder differs).
+        self.run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_writers)}"
+        self._sink = _Sink(self.log_dir, fsync, float(retry_secs), tb_format, run=self.run)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._state = _Thread()
         self._lock = threading.Lock()
@@ -402,6 +428,11 @@ class TensorBoardWriter(Writer):
             self._report()
         else:
             self._finalizer()
+
+    def after_fork(self) -> None:
+        """In a forked child: the writer thread did not come along; never wait for it or write from here."""
+        self.closed = True
+        self._finalizer.detach()
 
     def __repr__(self) -> str:
         return f"TensorBoardWriter(log_dir={self.log_dir!r})"

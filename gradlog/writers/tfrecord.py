@@ -20,6 +20,8 @@ _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
+#: Event file names end in `.<RUN_MARK><run>`: the files of one TensorBoardWriter share it.
+RUN_MARK = "gradlog-run-"
 _serial = itertools.count()  # distinguishes event files one process creates in the same second
 
 
@@ -46,12 +48,14 @@ class EventFile:
     of this process as soon as `write` returns; `fsync` is only needed against power loss.
     """
 
-    def __init__(self, log_dir: str) -> None:
+    def __init__(self, log_dir: str, run: str = "") -> None:
         os.makedirs(log_dir, exist_ok=True)
         host = socket.gethostname().replace(os.sep, "_") or "localhost"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
         while True:
             name = f"events.out.tfevents.{int(time.time())}.{host}.{os.getpid()}.{next(_serial)}"
+            if run:  # which writer (which run) made it: readers tell two runs in one folder apart
+                name += f".{RUN_MARK}{run}"
             path = os.path.join(log_dir, name)
             try:
                 self.fd: int | None = os.open(path, flags, 0o644)
@@ -59,6 +63,7 @@ class EventFile:
             except FileExistsError:  # another process with our pid (a container restart): pick the next name
                 continue
         self.path = path
+        self.size = 0  # bytes of whole records written: where the file ends when no write is torn
 
     def write(self, data: bytes) -> None:
         """Write all of `data`; `os.write` may write less than asked, so loop."""
@@ -68,6 +73,15 @@ class EventFile:
         while view:
             n = os.write(self.fd, view)
             view = view[n:]
+        self.size += len(data)
+
+    def rewind(self) -> None:
+        """After a failed write: cut the file back to its last whole record, so it can be written again
+        (one file per outage, not one per retry). Raises OSError when that is not possible."""
+        if self.fd is None:
+            raise OSError(f"event file {self.path} is closed")
+        os.ftruncate(self.fd, self.size)
+        os.lseek(self.fd, self.size, os.SEEK_SET)
 
     def sync(self) -> None:
         if self.fd is not None:

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ log = logging.getLogger("gradlog")
 
 INSTALL_HINT = "pip install 'gradlog[wandb]'"
 STEP_KEY = "gradlog/step"
+#: Seconds between wandb-core's writes of a run gradlog starts to its `.wandb` file (wandb's default, 15 s,
+#: is what a kill -9 would lose); its `x_transaction_log_flush_interval` setting.
+DEFAULT_FILE_FLUSH_S = 0.1
+#: Less free space than this where the run is written counts as a full disk (warned about once).
+MIN_FREE_BYTES = 1 << 20
 #: key prefixes gradlog writes; each gets `define_metric(prefix + "/*", step_metric="gradlog/step")`.
 PREFIXES = (
     "grad_norm",
@@ -210,8 +216,11 @@ class WandbWriter(Writer):
         self.run = run
         self._buffer: StepPayload | None = None
         self._open_row: int | None = None  # W&B step of gradlog's uncommitted row, if still open
+        self._owns_step = False  # nobody else commits rows: gradlog commits its own at once (durable)
+        self._next_row: int | None = None  # W&B's step after gradlog's last own commit
         self._summary: dict[str, Any] = {}
         self._warned: set[str] = set()
+        self._disk_checked = -math.inf
         self._closed = False
         self._last_step = 0
         self._step_known = True
@@ -231,6 +240,11 @@ class WandbWriter(Writer):
         if log_dir is not None:
             kwargs.setdefault("dir", log_dir)
             os.makedirs(log_dir, exist_ok=True)  # wandb.init refuses a dir that does not exist
+        if "settings" not in kwargs:  # a crash loses what wandb-core has not written yet: write often
+            try:
+                kwargs["settings"] = self.wandb.Settings(x_transaction_log_flush_interval=DEFAULT_FILE_FLUSH_S)
+            except Exception:  # a wandb without that setting: its own default
+                pass
         try:
             return self.wandb.init(**kwargs)
         except self.wandb.errors.Error as exc:
@@ -305,6 +319,29 @@ class WandbWriter(Writer):
             )
         for part in parts:
             self._send(self._row(part))
+        self._check_disk()
+
+    def _check_disk(self) -> None:
+        """wandb-core writes the run file in another process and says nothing when the disk is full: look at
+        the free space of the run's folder (at most once a second) and warn when it is gone, not at close."""
+        now = time.monotonic()
+        if now - self._disk_checked < 1.0 or "disk" in self._warned:
+            return
+        self._disk_checked = now
+        folder = getattr(self.run, "dir", None)
+        if not isinstance(folder, str) or not folder:
+            return
+        try:
+            st = os.statvfs(folder)
+        except (OSError, AttributeError):  # gone, or no statvfs on this platform
+            return
+        free = st.f_bavail * st.f_frsize
+        if free < MIN_FREE_BYTES:
+            self._warn_once(
+                "disk",
+                f"gradlog: the disk holding the W&B run {folder!r} is full ({free} bytes free); W&B cannot write "
+                "this run's file, so what it logs from now on is lost. Free space; training continues",
+            )
 
     def close(self) -> None:
         """Send what is buffered, write the summary, and finish the run if gradlog started it."""
@@ -370,11 +407,18 @@ class WandbWriter(Writer):
         if current is None:  # a run that cannot tell its step: plain committed rows
             self.run.log(row)
             return
-        if current == self._open_row:
+        if current == self._open_row:  # nobody committed gradlog's previous row: nobody else logs rows
             self.run.log({}, commit=True)
             current += 1
+            self._owns_step = True
+        elif self._owns_step and current != self._next_row:  # the program logs rows of its own (again): join them
+            self._owns_step = False
         self.run.log(row, commit=False)  # does not move the step
-        self._open_row = current
+        if self._owns_step:  # commit now, so that a crash loses at most the step in flight
+            self.run.log({}, commit=True)
+            self._open_row, self._next_row = None, current + 1
+        else:
+            self._open_row = current
 
     def _current_step(self) -> int | None:
         """W&B's step of the row being built. wandb's `Run` keeps it on the client side (`_local_step`,
