@@ -35,7 +35,7 @@ from gradlog.logger import GradLogger
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter
 from gradlog.verdict.report import PARTLY_COLUMNS, PartlyUpdated, Reason, Report, format_table
-from gradlog.verdict.unchanged import describe, reduce_to_slices, slice_dims, slice_word
+from gradlog.verdict.unchanged import partly_rows, reduce_to_slices, slice_dims, slice_word
 
 LossFn = Callable[[nn.Module, Any], Any]
 _MISSING = object()
@@ -77,18 +77,7 @@ class CheckReport(Report):
         """The usual tables and verdict, then the data-dependent 'in this batch' table."""
         text = super().table()
         if self.in_batch:
-            rows = [
-                [
-                    p.name,
-                    slice_word(p.dim),
-                    str(p.never),
-                    str(p.total),
-                    describe(p.dim, p.indices, p.total),
-                    p.reason.value,
-                    p.detail,
-                ]
-                for p in self.in_batch
-            ]
+            rows = partly_rows(self.in_batch)
             text += "\n\nIn this batch only (data-dependent, not counted as problems):\n"
             text += format_table(PARTLY_COLUMNS, rows)
         return text

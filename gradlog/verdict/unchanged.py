@@ -9,7 +9,11 @@ NaN is no change (NaN != NaN would call every NaN a change).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
+
+from gradlog.verdict.report import PartlyUpdated
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -91,3 +95,20 @@ def compress(indices: list[int] | tuple[int, ...]) -> str:
 def describe(dim: int | None, indices: list[int] | tuple[int, ...], total: int) -> str:
     """'rows 50-99 (50 of 100)'."""
     return f"{slice_word(dim, len(indices))} {compress(indices)} ({len(indices)} of {total})"
+
+
+def partly_rows(records: Iterable[PartlyUpdated]) -> list[list[str]]:
+    """Table rows (`PARTLY_COLUMNS`) of slice records, their indices described: one helper for the
+    tables of `gradlog.check` and `gradlog diff`."""
+    return [
+        [
+            p.name,
+            slice_word(p.dim),
+            str(p.never),
+            str(p.total),
+            describe(p.dim, p.indices, p.total),
+            p.reason.value,
+            p.detail,
+        ]
+        for p in records
+    ]

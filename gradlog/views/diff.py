@@ -38,7 +38,7 @@ from gradlog.verdict.report import (
     Stalled,
     format_table,
 )
-from gradlog.verdict.unchanged import bits, describe, differs, slice_dims, slice_word
+from gradlog.verdict.unchanged import bits, differs, partly_rows, slice_dims
 
 #: elements per chunk: 1 MB of fp32, so the chunk's second and third reads come from cache
 CHUNK = 1 << 18
@@ -316,18 +316,7 @@ class DiffResult:
         if r.never_updated:
             out += ["", "Never changed:", format_table(COLUMNS, r.rows())]
         if r.partly_updated:
-            rows = [
-                [
-                    p.name,
-                    slice_word(p.dim),
-                    str(p.never),
-                    str(p.total),
-                    describe(p.dim, p.indices, p.total),
-                    p.reason.value,
-                    p.detail,
-                ]
-                for p in r.partly_updated
-            ]
+            rows = partly_rows(r.partly_updated)
             out += ["", "Rows/columns/elements that never changed:", format_table(PARTLY_COLUMNS, rows)]
         if r.stalled:
             rows = [[s.name, str(s.since_step), str(s.last_update_step), s.reason.value, s.detail] for s in r.stalled]
