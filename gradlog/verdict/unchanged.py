@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
-from gradlog.verdict.report import PartlyUpdated
+from gradlog.verdict.report import PartlyUpdated, format_ranges
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -73,28 +73,9 @@ def slice_word(dim: int | None, n: int = 2) -> str:
     return word if n == 1 else word + "s"
 
 
-def compress(indices: list[int] | tuple[int, ...]) -> str:
-    """Sorted indices as ranges: [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (long lists keep the first 12 ranges)."""
-    ranges: list[str] = []
-    start = prev = None
-    for i in indices:
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:  # type: ignore[operator]
-            prev = i
-        else:
-            ranges.append(f"{start}-{prev}" if prev != start else f"{start}")
-            start = prev = i
-    if start is not None:
-        ranges.append(f"{start}-{prev}" if prev != start else f"{start}")
-    if len(ranges) > 12:
-        return ", ".join(ranges[:12]) + f", ... ({len(ranges) - 12} more ranges)"
-    return ", ".join(ranges)
-
-
 def describe(dim: int | None, indices: list[int] | tuple[int, ...], total: int) -> str:
     """'rows 50-99 (50 of 100)'."""
-    return f"{slice_word(dim, len(indices))} {compress(indices)} ({len(indices)} of {total})"
+    return f"{slice_word(dim, len(indices))} {format_ranges(indices, limit=12)} ({len(indices)} of {total})"
 
 
 def partly_rows(records: Iterable[PartlyUpdated]) -> list[list[str]]:
