@@ -85,6 +85,39 @@ def test_lazy_parameters_are_skipped_until_materialised() -> None:
     assert report.never_updated == []
 
 
+def test_lazy_layer_never_run_is_shown_as_not_materialised(tmp_path: object) -> None:
+    """A lazy layer that never ran has no shape: its row says so instead of "scalar" with 0 entries,
+    and the TensorBoard table reads back the same."""
+    from gradlog.readers.run import closed_report, load
+
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = nn.Linear(3, 2)
+            self.unused = nn.LazyLinear(2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.used(x)
+            return out
+
+    torch.manual_seed(0)
+    model = Branchy()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer="tensorboard", log_dir=str(tmp_path), every=1, print_report=False)
+    for step in range(2):
+        _step(model, opt, torch.randn(5, 3))
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    rows = {r.name: r.row() for r in report.never_updated}
+    assert rows["unused.weight"][1:3] == ["not materialised", "0"]
+    assert "scalar" not in str(rows)
+    back_report = closed_report(load(str(tmp_path)))
+    assert back_report is not None
+    back = {r.name: r.row() for r in back_report.never_updated}
+    assert back["unused.weight"][1:3] == ["not materialised", "0"]
+
+
 def test_meta_model_materialised_with_to_empty_is_rescanned() -> None:
     with torch.device("meta"):
         model = nn.Linear(3, 2)

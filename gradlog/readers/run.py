@@ -562,7 +562,8 @@ def closed_report(run: RunData) -> Report | None:
     never: list[NeverUpdated] = []
     for c in _cells(run.tables["gradlog/never_updated"], TABLE_COLUMNS):
         name, _, aliases = c["name"].partition(" (= ")
-        shape = () if c["shape"] in ("scalar", "") else tuple(_int(d) for d in c["shape"].split("x"))
+        no_dims = c["shape"] in ("scalar", "not materialised", "")
+        shape = () if no_dims else tuple(_int(d) for d in c["shape"].split("x"))
         never.append(
             NeverUpdated(
                 name=name,

@@ -65,7 +65,8 @@ class NeverUpdated:
 
     def row(self) -> list[str]:
         name = self.name if not self.aliases else f"{self.name} (= {', '.join(self.aliases)})"
-        return [name, "x".join(map(str, self.shape)) or "scalar", str(self.numel), self.reason.value, self.detail]
+        shape = "x".join(map(str, self.shape)) or ("scalar" if self.numel else "not materialised")  # lazy, never run
+        return [name, shape, str(self.numel), self.reason.value, self.detail]
 
     def table_row(self) -> list[str]:
         """The row of the written table (`TABLE_COLUMNS`)."""
