@@ -476,3 +476,24 @@ def test_wandb_damaged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     # Not a W&B file at all.
     run_file.write_bytes(b"this is not a wandb file" * 10)
     _bad([str(run_dir)], capsys, "is not a W&B run file")
+
+
+def test_lost_summary_table_falls_back_to_the_series() -> None:
+    """The summary table is written last at close, so a cut-off file loses it first while the other final
+    tables survive: the first NaN and the step counts then come from the series, and a note says so."""
+    mem, report = planted_run(gradlog.MemoryWriter(), nan_at=30)
+    run = RunData.from_memory(mem)
+    assert "gradlog/summary" in run.tables
+    del run.tables["gradlog/summary"]
+    health = analyze(run)
+    assert report.first_nonfinite is not None and health.first_nonfinite is not None
+    assert (health.first_nonfinite.step, health.first_nonfinite.tensor) == (
+        report.first_nonfinite.step,
+        report.first_nonfinite.name,
+    )
+    assert health.measured_steps == report.measured_steps
+    assert health.closed is not None and f"first non-finite gradient at step {report.first_nonfinite.step}" in (
+        health.closed.text
+    )
+    assert f" optimizer steps, {report.measured_steps} measured)" in health.closed.text  # optimizer: a lower bound
+    assert "summary table written at close is missing" in " ".join(run.notes)

@@ -550,6 +550,28 @@ def _int(text: str, default: int = 0) -> int:
         return default
 
 
+def series_first_nonfinite(run: RunData) -> NonFinite | None:
+    """The first non-finite gradient as the per-tensor series show it (a count of NaN/Inf entries,
+    written from the first non-zero one on); for runs whose summary table was not written or is lost."""
+    best: tuple[int, str, int] | None = None
+    for tag, points in run.scalars.items():
+        if not tag.startswith("grad_nonfinite/"):
+            continue
+        for step, v in points:
+            if v != 0:
+                if best is None or (step, tag) < (best[0], best[1]):
+                    best = (step, tag, int(v) if v == v and abs(v) < 2**62 else 0)
+                break
+    return None if best is None else NonFinite(step=best[0], name=best[1].split("/", 1)[1], count=best[2])
+
+
+def _summary_from_series(run: RunData) -> dict[str, str]:
+    """Step counts from the per-tensor series: the measured steps are the steps that have norms; the
+    optimizer steps are at least the last measured one + 1."""
+    steps = {s for t, pts in run.scalars.items() if t.startswith(("grad_norm/", "weight_norm/")) for s, _ in pts}
+    return {"measured_steps": str(len(steps)), "optimizer_steps": str(max(steps) + 1 if steps else 0)}
+
+
 def closed_report(run: RunData) -> Report | None:
     """The `Report` that close() returned, rebuilt from the tables it wrote (None when the run never
     closed). `gradlog report` judges it with the same function close() used, so both say the same.
@@ -610,6 +632,13 @@ def closed_report(run: RunData) -> Report | None:
         )
     names = {t.split("/", 1)[1] for t in run.scalars if t.startswith(("weight_norm/", "grad_norm/", "update_ratio/"))}
     tracked = _int(summary.get("tracked_tensors", ""), -1)
+    if not summary:  # written last at close, so the first thing a cut-off or damaged file loses
+        summary = _summary_from_series(run)
+        first = series_first_nonfinite(run)
+        run.notes.append(
+            "the summary table written at close is missing (the file was cut off or damaged): step counts "
+            "and the first non-finite gradient come from the logged series"
+        )
     return Report(
         never_updated=never,
         partly_updated=partly,

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from gradlog.readers.files import shown
-from gradlog.readers.run import RunData, closed_report
+from gradlog.readers.run import RunData, closed_report, series_first_nonfinite
 from gradlog.verdict.alerts import (
     DEFAULT_RATIO_BAND,
     DEFAULT_SPIKE_FACTOR,
@@ -318,19 +318,11 @@ def _first_nonfinite(run: RunData, summary: dict[str, str], closed: bool) -> Fir
             pass
     if closed:
         return None
-    best: tuple[int, str] | None = None
-    for name in _names(run, "grad_nonfinite/"):
-        for step, v in run.scalars[f"grad_nonfinite/{name}"]:
-            if v != 0:  # a count of NaN/Inf entries (itself never NaN)
-                if best is None or step < best[0]:
-                    best = (step, name)
-                break
-    return None if best is None else FirstNonFinite(*best)
+    first = series_first_nonfinite(run)
+    return None if first is None else FirstNonFinite(first.step, first.name)
 
 
-def analyze(
-    run: RunData, band: Sequence[float] | None = None, spike_factor: float | None = None
-) -> Health:
+def analyze(run: RunData, band: Sequence[float] | None = None, spike_factor: float | None = None) -> Health:
     """The health report of one run read back from disk (or from a MemoryWriter).
 
     Warnings: for a run that closed with alerts on, the alerts table it wrote (so the report says what
@@ -360,6 +352,7 @@ def analyze(
     if recorded is None and not rejudge and "gradlog/summary" in run.tables and summary.get("warnings") == "0":
         recorded = []  # closed with no warning (or with alerts off): nothing to re-judge against
     report = closed_report(run)
+    closed = report is not None and run.provisional_step is None and bool(summary)  # else the series answer
     alerts = recorded if recorded is not None else replay(run, band, spike_factor, exclude=never_names)
     if report is not None:
         report.alerts = alerts  # the judge then counts exactly the warnings listed here
@@ -379,7 +372,7 @@ def analyze(
         stalled=as_dict.get("stalled", []),
         closed=judge(report) if report is not None else None,
         summary=summary,
-        first_nonfinite=_first_nonfinite(run, summary, closed=report is not None and run.provisional_step is None),
+        first_nonfinite=_first_nonfinite(run, summary, closed=closed),
         out_of_band=[w for w in warns if w.kind in (RATIO_HIGH, RATIO_LOW)],
         spikes=[w for w in warns if w.kind == SPIKE],
         skipped=list(run.skipped),
