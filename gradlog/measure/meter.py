@@ -342,8 +342,13 @@ class Meter:
                 update = _every_row(moved, op.moving, len(op.rows))
                 if op.histograms and "update" in self.histogram_kinds:
                     torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
-                    hists.append(("update", op.snapshot, op.moving))
+                    if op.dist is None:  # bucketed now, so the snapshot is gone before the weights are
+                        packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device), owned=True)
+                    else:
+                        hists.append(("update", op.snapshot, op.moving))
             sums["update"] = update
+        if op.dist is None:
+            op.snapshot = None  # the step's one copy of the weights: released before the weight histograms
         sums["weight"] = weight if weight is not None else norm_partials(weights, device, counts=False)[:, SUMSQ]
         flag = self.skipped() if self.skipped is not None else None
         if op.dist is None:
