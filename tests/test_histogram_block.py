@@ -76,3 +76,28 @@ def test_a_writer_with_only_log_histogram_gets_every_histogram_of_the_step() -> 
             assert h.count == w.numel() and sum(h.counts) == w.numel()
             assert h.sum == pytest.approx(w.sum().item(), abs=1e-6 * w.abs().sum().item())  # summed in float32
             assert (h.min, h.max) == (w.min().item(), w.max().item())
+
+
+def test_wandb_block_payloads_equal_histogram_payload_row_by_row() -> None:
+    pytest.importorskip("wandb")
+    from gradlog.writers.wandb import block_payloads, histogram_payload
+
+    torch.manual_seed(0)
+    xs = [
+        torch.randn(50),
+        torch.randn(7) * 1e30,
+        torch.full((5,), 3.0),  # constant: one tiny bucket
+        torch.full((4,), -2.5e-9),
+        torch.zeros(3),
+        torch.zeros(0),  # empty: nothing to draw
+        torch.tensor([float("nan"), float("inf")]),  # no finite value: nothing to draw
+        torch.tensor([1.0, float("nan"), -4.0, float("-inf"), 2.0]),
+        torch.tensor([-3.4e38, 3.4e38]),  # edges overflow float32 but not float64
+        torch.tensor([-1.7e308, 1.7e308], dtype=torch.float64),  # the width overflows float64: nothing to draw
+    ]
+    for bins in (1, 7, 64):
+        block = Histograms(histogram_partials(xs, bins, torch.device("cpu")), list(range(len(xs))))
+        expected = [histogram_payload(h) for h in block.values()]
+        assert block_payloads(block) == expected
+        assert [i for i, e in enumerate(expected) if e is None] == [5, 6, 9]
+    assert block_payloads(Histograms(torch.zeros(0, 69), [])) == []
