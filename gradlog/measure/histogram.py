@@ -68,7 +68,7 @@ class Histograms(Mapping[int, Histogram]):
     A read-only mapping from a tensor's row in the measurement to its `Histogram`, in row order.
     """
 
-    __slots__ = ("partials", "positions", "_index")
+    __slots__ = ("_index", "partials", "positions")
 
     def __init__(self, partials: torch.Tensor, positions: Sequence[int]) -> None:
         if partials.dim() != 2 or partials.shape[0] != len(positions):
