@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from gradlog.check import CheckReport, check
 from gradlog.logger import GradLogger, clip_grad_norm_, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
-from gradlog.measure.histogram import Histogram
+from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.verdict.report import NeverUpdated, NonFinite, PartlyUpdated, Reason, Report, Stalled
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
@@ -32,6 +32,7 @@ __all__ = [
     "DistributedMismatchError",
     "GradLogger",
     "Histogram",
+    "Histograms",
     "MemoryWriter",
     "NeverUpdated",
     "NonFinite",

@@ -410,8 +410,7 @@ class GradLogger:
             scalars["gradlog/alerts"] = float(len(self.alerts.fired))
         self.writers.log_scalars(scalars, step)
         for kind, hists in m.histograms.items():
-            for pos, h in hists.items():
-                self.writers.log_histogram(f"{kind}/{m.rows[pos].name}", h, step)
+            self.writers.log_histograms([f"{kind}/{m.rows[pos].name}" for pos in hists.positions], hists, step)
         if self.overview.every != 0:
             self._guarded_overview(m, step)
         # histogram steps (measured steps when histograms are off), gated by wall time
@@ -730,6 +729,9 @@ class _Provisional(Writer):
         pass
 
     def log_histogram(self, tag: str, hist: Any, step: int) -> None:
+        pass
+
+    def log_histograms(self, tags: Any, hists: Any, step: int) -> None:
         pass
 
     def log_table(self, name: str, columns: Any, rows: Any) -> None:

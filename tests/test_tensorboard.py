@@ -638,3 +638,33 @@ def test_reader_keeps_model_order(run: Run) -> None:
     data = load(str(run.log_dir))
     order = [n for n, _ in Planted().named_parameters()]
     assert [t.partition("/")[2] for t in data.scalars if t.startswith("weight_norm/")] == order
+
+
+def test_a_step_with_more_histograms_than_one_queue_block_is_written_whole(tmp_path: Path) -> None:
+    """300 tensors: a step's weight histograms travel as several blocks of rows (issue 17's memory
+    fix); every one reaches the file, counted and summed like the weights recorded by hand."""
+    from gradlog.writers import tensorboard as tb_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(150)])
+    assert len(list(model.parameters())) > tb_module._BLOCK_ROWS
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer="tensorboard", log_dir=str(tmp_path), every=1, print_report=False)
+    weights: list[dict[str, torch.Tensor]] = []
+    for step in range(2):
+        model(torch.randn(4, 3)).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        opt.zero_grad()
+    gl.close()
+    acc = accumulate(tmp_path)
+    for name in weights[0]:
+        for kind in ("grad", "weight", "update"):
+            assert [e.step for e in acc.Histograms(f"{kind}/{name}")] == [0, 1], (kind, name)
+        for e in acc.Histograms(f"weight/{name}"):
+            w = weights[e.step][name].double()
+            h = e.histogram_value
+            assert sum(h.bucket) == h.num == w.numel()
+            assert h.sum == pytest.approx(w.sum().item(), abs=1e-6 * w.abs().sum().item())  # summed in float32
+            assert (h.min, h.max) == (w.min().item(), w.max().item())

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
-from gradlog.measure.histogram import Histogram
+from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
 from gradlog.measure.stats import (
@@ -86,7 +86,7 @@ class Measurement:
     lr: list[float | None]
     skipped: bool
     zeros_counted: bool = True  # False: grad[:, NONZERO] only tells all-zero (0) from not (> 0)
-    histograms: dict[str, dict[int, Histogram]] = field(default_factory=dict)
+    histograms: dict[str, Histograms] = field(default_factory=dict)  # kind -> {row: Histogram}, built lazily
     skipped_total: int | None = None  # optimizer steps skipped so far (GradScaler), when known
     clip_coef: float | None = None  # the clip coefficient of this step (gradlog.clip_grad_norm_), when clipped
     dead_frac: torch.Tensor | None = None  # [n] rows with an all-zero gradient (zero-count steps; NaN: none)
@@ -267,7 +267,7 @@ class Meter:
             if dist is not None:
                 dist.add("hist/grad", h, keep=(self.bins, self.bins + 1))
             else:
-                packer.add("hist/grad", h)
+                packer.add("hist/grad", h, owned=True)
         group_lr: list[float | None] = []
         for g in self.optimizer.param_groups if self.optimizer is not None else []:
             lr = g.get("lr")
@@ -342,15 +342,20 @@ class Meter:
                 update = _every_row(moved, op.moving, len(op.rows))
                 if op.histograms and "update" in self.histogram_kinds:
                     torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
-                    hists.append(("update", op.snapshot, op.moving))
+                    if op.dist is None:  # bucketed now, so the snapshot is gone before the weights are
+                        packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device), owned=True)
+                    else:
+                        hists.append(("update", op.snapshot, op.moving))
             sums["update"] = update
+        if op.dist is None:
+            op.snapshot = None  # the step's one copy of the weights: released before the weight histograms
         sums["weight"] = weight if weight is not None else norm_partials(weights, device, counts=False)[:, SUMSQ]
         flag = self.skipped() if self.skipped is not None else None
         if op.dist is None:
             for key, t in sums.items():
                 packer.add(key, t)
             for kind, xs, _ in hists:
-                packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device))
+                packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device), owned=True)
             if flag is not None:
                 packer.add("skipped", flag.reshape(-1)[:1])
         else:
@@ -416,13 +421,13 @@ class Meter:
         self._done = None
         host = packer.fetch()
         numel = torch.tensor([float(r.numel) for r in op.rows], dtype=torch.float64)
-        hists: dict[str, dict[int, Histogram]] = {}
+        hists: dict[str, Histograms] = {}
         for kind in HISTOGRAM_KINDS:
             h = host.get(f"hist/{kind}")
             if h is None:
                 continue
             positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))
-            hists[kind] = {p: Histogram.from_partials(row, op.rows[p].numel) for p, row in zip(positions, h.tolist())}
+            hists[kind] = Histograms(h, positions)  # Histogram objects are built when a writer reaches them
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
         if "slices/done" in host:
             self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())
@@ -431,9 +436,10 @@ class Meter:
         has_grad = op.has_grad
         if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
             has_grad = [v > 0 for v in host["has_grad"].tolist()]
-            hists["grad"] = {p: h for p, h in hists.get("grad", {}).items() if has_grad[p]}
-            if not hists["grad"]:
-                del hists["grad"]
+            if "grad" in hists:
+                hists["grad"] = hists["grad"].only(has_grad)
+                if not hists["grad"]:
+                    del hists["grad"]
         return Measurement(
             index=op.index,
             rows=op.rows,

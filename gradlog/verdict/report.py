@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from gradlog.verdict.judge import judge
 
 
@@ -353,12 +355,12 @@ RANGES_SHOWN = 4
 def format_ranges(indices: Iterable[int], limit: int | None = None) -> str:
     """Sorted indices as compressed ranges, "0-7, 12, 50-99"; with `limit`, only the first `limit` ranges
     and "... (+N more ranges)". `parse_ranges` reads the uncut form back."""
-    runs: list[tuple[int, int]] = []
-    for i in sorted(set(indices)):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], i)
-        else:
-            runs.append((i, i))
+    ordered = torch.tensor(sorted(set(indices)), dtype=torch.int64)
+    # run boundaries in one pass of tensor ops (an embedding can have 800k partly-updated rows)
+    breaks = ((ordered[1:] - ordered[:-1]) != 1).nonzero().flatten() + 1 if ordered.numel() else ordered
+    starts = torch.cat([ordered.new_zeros(1), breaks]) if ordered.numel() else ordered
+    ends = torch.cat([breaks - 1, ordered.new_tensor([ordered.numel() - 1])]) if ordered.numel() else ordered
+    runs = list(zip(ordered[starts].tolist(), ordered[ends].tolist()))
     shown = runs if limit is None else runs[:limit]
     text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
     if len(shown) < len(runs):

@@ -275,21 +275,28 @@ def _records(
     if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
         question = "a gradient hook on this tensor (register_hook) zeroes them?"
     picked = never | decayed
-    groups: dict[Reason, list[int]] = {}
-    for i in picked.nonzero().flatten().tolist():
-        if dim == 0 and padding is not None and i == padding:
-            reason = Reason.PADDING_IDX
-        elif zero is not None and bool(zero[i]):
-            unseen = kind == "embedding.weight" and dim == 0 and not hooked
-            reason = Reason.NOT_IN_BATCH if unseen else Reason.ZERO_GRAD
-        elif zero is not None:
-            reason = Reason.BELOW_PRECISION
-        else:
-            reason = Reason.UNKNOWN
-        groups.setdefault(reason, []).append(i)
+    # One mask per reason (whole-tensor ops: an embedding of 800k rows is one call, not a Python loop per row),
+    # in the order of each reason's first slice.
+    masks: list[tuple[Reason, torch.Tensor]] = []
+    rest = picked
+    if dim == 0 and padding is not None and bool(picked[padding]):
+        pad = torch.zeros_like(picked)
+        pad[padding] = True
+        masks.append((Reason.PADDING_IDX, pad))
+        rest = picked & ~pad
+    if zero is not None:
+        unseen = kind == "embedding.weight" and dim == 0 and not hooked
+        masks.append((Reason.NOT_IN_BATCH if unseen else Reason.ZERO_GRAD, rest & zero))
+        masks.append((Reason.BELOW_PRECISION, rest & ~zero))
+    else:
+        masks.append((Reason.UNKNOWN, rest))
+    found = [(reason, m.nonzero().flatten()) for reason, m in masks]
+    found = sorted(((r, at) for r, at in found if at.numel()), key=lambda f: int(f[1][0]))
+    groups: dict[Reason, list[int]] = {r: at.tolist() for r, at in found}
+    never_in = {r: int(never[at].sum()) for r, at in found}
     out = []
     for reason, idx in groups.items():
-        n_never = sum(bool(never[i]) for i in idx)
+        n_never = never_in[reason]
         moved = len(idx) - n_never
         what = f"{noun if len(idx) > 1 else noun[:-1]} {format_ranges(idx, 8)} ({len(idx)} of {total})"
         if moved == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 
-from gradlog.measure.histogram import Histogram
+from gradlog.measure.histogram import Histogram, Histograms
 
 
 class Writer(abc.ABC):
@@ -28,6 +28,14 @@ class Writer(abc.ABC):
     @abc.abstractmethod
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
         """One precomputed histogram."""
+
+    def log_histograms(self, tags: Sequence[str], hists: Histograms, step: int) -> None:
+        """One kind's histograms of one step, `tags[i]` naming the i-th; gradlog calls this, not
+        `log_histogram`, so the step's histograms travel as one block. The default hands them to
+        `log_histogram` one at a time, each built just before its call; override it to keep the block.
+        """
+        for tag, hist in zip(tags, hists.values()):
+            self.log_histogram(tag, hist, step)
 
     @abc.abstractmethod
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

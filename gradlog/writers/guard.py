@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gradlog.measure.histogram import Histogram
+from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.writers.base import Writer
 
 log = logging.getLogger("gradlog")
@@ -198,6 +198,10 @@ class GuardedWriters(Writer):
 
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
         self._each("log_histogram", lambda w: w.log_histogram(tag, hist, step))
+
+    def log_histograms(self, tags: Sequence[str], hists: Histograms, step: int) -> None:
+        """One queued call per writer for the whole block (not one closure per histogram)."""
+        self._each("log_histograms", lambda w: w.log_histograms(tags, hists, step))
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         self._each("log_table", lambda w: w.log_table(name, columns, rows))

@@ -22,17 +22,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gradlog.measure.histogram import Histogram
+from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.writers.base import Writer
 from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
 log = logging.getLogger("gradlog")
 
 #: Queue items: ("s", step, wall, [(tag, value)]), ("h", step, wall, (tag, Histogram)), ("t", step, wall, (tag, md)),
-#: ("i", step, wall, (tag, png)), ("o", step, wall, [tensor names in model order]).
+#: ("i", step, wall, (tag, png)), ("o", step, wall, [tensor names in model order]),
+#: ("H", step, wall, (tags, Histograms)): up to _BLOCK_ROWS histograms of one step, built on the writer thread.
 _Item = tuple[str, int, float, Any]
 _STOP = object()
 _MAX_BATCH = 4096
+#: Histograms per "H" item, and values encoded before they are written: what the writer thread holds at once.
+_BLOCK_ROWS = 256
 _claimed: set[str] = set()  # default run folders handed out in this process
 _writers = itertools.count(1)  # TensorBoardWriters made by this process
 
@@ -150,6 +153,9 @@ def _values(fmt: Any, item: _Item) -> list[bytes]:
         return [value(tag, v) for tag, v in payload]
     if kind == "h":
         return [fmt.histogram_value(*payload)]
+    if kind == "H":
+        tags, hists = payload
+        return [fmt.histogram_value(tag, h) for tag, h in zip(tags, hists.values())]
     if kind == "i":
         return [fmt.image_value(*payload)]
     if kind == "o":
@@ -177,16 +183,41 @@ def _encode(fmt: Any, items: list[_Item]) -> list[bytes]:
     return records
 
 
+def _records(item: Any) -> int:
+    """Records one queue item carries (a histogram block: one per histogram)."""
+    return len(item[3][0]) if isinstance(item, tuple) and item[0] == "H" else 1
+
+
+def _pieces(items: list[_Item]) -> list[list[_Item]]:
+    """Consecutive runs of items of at most ~MAX_VALUES_PER_EVENT records: each is encoded and written
+    before the next is built, so the thread never holds a whole step of serialized histograms at once."""
+    out: list[list[_Item]] = [[]]
+    size = 0
+    for item in items:
+        n = _records(item)
+        if out[-1] and size + n > _BLOCK_ROWS * 4:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += n
+    return out
+
+
 def _process(sink: _Sink, batch: list[Any]) -> bool:
     """Write one batch from the queue; release its flush waiters. Returns False at the stop marker."""
     items = [b for b in batch if isinstance(b, tuple)]
     waiters = [b for b in batch if isinstance(b, _Flush)]
     stop = any(b is _STOP for b in batch)
+    pending = sum(map(_records, items))
     try:
-        if items or waiters:
-            sink.write(_encode(sink.format, items) if items else [], sync=bool(waiters) or stop)
+        pieces = _pieces(items) if items else [[]]
+        for i, piece in enumerate(pieces):
+            if piece or waiters:
+                last = i == len(pieces) - 1
+                sink.write(_encode(sink.format, piece) if piece else [], sync=last and (bool(waiters) or stop))
+            pending -= sum(map(_records, piece))
     except Exception as exc:  # a bug or a bad value must not kill the thread and hang flush()
-        sink.dropped += len(items)
+        sink.dropped += pending
         sink.problem("error", f"gradlog: TensorBoard writing failed ({type(exc).__name__}: {exc}); training continues")
     finally:
         for w in waiters:
@@ -232,7 +263,7 @@ def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float, 
         t.join(timeout)
         if t.is_alive():  # a stalled disk: what is still queued will never be written
             with q.mutex:
-                lost = sum(1 for item in q.queue if isinstance(item, tuple))
+                lost = sum(_records(item) for item in q.queue if isinstance(item, tuple))
             sink.dropped += lost
             sink.problem(
                 "close",
@@ -326,7 +357,7 @@ class TensorBoardWriter(Writer):
             except RuntimeError:  # "can't create new thread at interpreter shutdown"
                 self._state.inline = True
 
-    def _put(self, item: Any) -> None:
+    def _put(self, item: _Item) -> None:
         if self.closed:
             raise RuntimeError("TensorBoardWriter is closed; create a new writer (a new run) to log again")
         if self._state.thread is None:
@@ -338,7 +369,7 @@ class TensorBoardWriter(Writer):
         try:
             self._queue.put(item, block=not self._slow, timeout=self.flush_timeout)
         except queue.Full:
-            self._sink.dropped += 1
+            self._sink.dropped += _records(item)
             self._go_slow()
 
     def _go_slow(self) -> None:
@@ -378,6 +409,14 @@ class TensorBoardWriter(Writer):
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
         self._last_step = max(self._last_step, step)
         self._put(("h", int(step), time.time(), (tag, hist)))
+
+    def log_histograms(self, tags: Sequence[str], hists: Histograms, step: int) -> None:
+        """The block as it came (views of its rows, _BLOCK_ROWS at a time): the protobufs are built on the
+        writer thread, and the queue holds a few bytes per bucket instead of Python `Histogram` objects."""
+        self._last_step = max(self._last_step, step)
+        wall = time.time()
+        for at in range(0, len(hists), _BLOCK_ROWS):
+            self._put(("H", int(step), wall, (list(tags[at : at + _BLOCK_ROWS]), hists.rows(at, at + _BLOCK_ROWS))))
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         """A markdown table in TensorBoard's Text tab at the latest step logged (after `gradlog/summary`,

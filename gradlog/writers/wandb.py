@@ -26,7 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradlog.measure.histogram import Histogram
+import torch
+
+from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.writers.base import Writer
 from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
@@ -88,7 +90,38 @@ def import_wandb() -> Any:
     return wandb
 
 
-def histogram_bytes(tag: str, hist: Histogram) -> int:
+@dataclass(frozen=True)
+class Prepared:
+    """A histogram already in the form `wandb.Histogram` takes (`histogram_payload`'s answer), made for a
+    whole block of histograms at once by `block_payloads`."""
+
+    bins: int
+    data: tuple[list[int], list[float]] | None
+
+
+def block_payloads(hists: Histograms) -> list[tuple[list[int], list[float]] | None]:
+    """`histogram_payload` of every histogram of a block, with whole-block tensor ops and one `tolist()`:
+    the same numbers (float64, the same operations per value), without building 1,200 `Histogram`
+    objects and their edges in Python for each step of a 400-tensor model."""
+    p = hists.partials
+    n, bins = p.shape[0], p.shape[1] - 5
+    if n == 0 or bins <= 0:
+        return [None] * n
+    counts = p[:, :bins].clamp(min=0.0)  # what Histogram.from_partials reads
+    total = counts.sum(1)
+    lo, hi = p[:, bins], p[:, bins + 1]
+    hi = torch.where(hi > lo, hi, lo + lo.abs().clamp(min=1.0) * 1e-6)  # Histogram.edges' constant-tensor bucket
+    step = (hi - lo) / bins
+    edges = torch.cat([lo[:, None] + torch.arange(bins, dtype=p.dtype)[None, :] * step[:, None], hi[:, None]], 1)
+    ok = torch.isfinite(total) & (total.round() > 0) & torch.isfinite(edges).all(1)
+    at = ok.nonzero().flatten().tolist()
+    out: list[tuple[list[int], list[float]] | None] = [None] * n
+    for i, c, e in zip(at, counts[ok].round().to(torch.int64).tolist(), edges[ok].tolist()):
+        out[i] = (c, e)
+    return out
+
+
+def histogram_bytes(tag: str, hist: Histogram | Prepared) -> int:
     """Upper bound of one histogram's size in a W&B history row: 3 items (`_type`, `values`, `bins`),
     each repeating the key, counts up to 12 characters, edges up to 25 (`repr` of a float64 plus comma)."""
     return 3 * (len(tag.encode()) + 16) + 40 + 12 * hist.bins + 25 * (hist.bins + 1)
@@ -133,7 +166,7 @@ class StepPayload:
 
     step: int
     scalars: dict[str, float] = field(default_factory=dict)
-    histograms: dict[str, Histogram] = field(default_factory=dict)
+    histograms: dict[str, Histogram | Prepared] = field(default_factory=dict)
     tables: dict[str, tuple[list[str], list[list[str]]]] = field(default_factory=dict)
     images: dict[str, bytes] = field(default_factory=dict)
     image_steps: dict[str, int] = field(default_factory=dict)
@@ -286,6 +319,13 @@ class WandbWriter(Writer):
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
         self._payload(step).histograms[tag] = hist
 
+    def log_histograms(self, tags: Sequence[str], hists: Histograms, step: int) -> None:
+        """A step's block in W&B's form at once (`block_payloads`); the buffer holds lists, not `Histogram`s."""
+        into = self._payload(step).histograms
+        bins = hists.partials.shape[1] - 5
+        for tag, data in zip(tags, block_payloads(hists)):
+            into[tag] = Prepared(bins, data)
+
     def log_image(self, tag: str, png: bytes, step: int) -> None:
         """A PNG as a `wandb.Image` (the overview heatmap). It is drawn in the background and arrives while a
         later step is being logged: it joins that step's row rather than reopen an older one (a row per
@@ -365,7 +405,7 @@ class WandbWriter(Writer):
         row: dict[str, Any] = {STEP_KEY: part.step}
         row.update(part.scalars)
         for tag, hist in part.histograms.items():
-            data = histogram_payload(hist)
+            data = hist.data if isinstance(hist, Prepared) else histogram_payload(hist)
             if data is not None:
                 row[tag] = self.wandb.Histogram(np_histogram=data)
         for name, (columns, rows) in part.tables.items():

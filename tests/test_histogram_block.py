@@ -1,0 +1,103 @@
+"""`Histograms`: one kind's histograms of a step kept as one block of rows, and the writers that receive it.
+
+References: `Histogram.from_partials` of each row on its own, and tensors recorded by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog.measure.histogram import Histogram, Histograms
+from gradlog.measure.stats import histogram_partials
+
+
+def test_the_block_reads_like_a_dict_of_histograms_built_row_by_row() -> None:
+    torch.manual_seed(0)
+    xs = [torch.randn(5), torch.tensor([1.0, float("nan"), 3.0]), torch.zeros(0), torch.full((4,), 2.0)]
+    rows = histogram_partials(xs, 8, torch.device("cpu"))
+    block = Histograms(rows, [3, 5, 7, 9])
+    expected = {p: Histogram.from_partials(r, 0) for p, r in zip([3, 5, 7, 9], rows.tolist())}
+    assert isinstance(block, Mapping) and len(block) == 4 and list(block) == [3, 5, 7, 9]
+    assert dict(block.items()) == expected and list(block.values()) == list(expected.values())
+    assert block[5] == expected[5] and block[5].nonfinite == 1 and block[5].count == 2
+    assert 4 not in block and block.get(4) is None
+    assert dict(block.rows(1, 3).items()) == {5: expected[5], 7: expected[7]}
+    keep = [False] * 10
+    keep[3] = keep[9] = True
+    assert dict(block.only(keep).items()) == {3: expected[3], 9: expected[9]}
+
+
+def test_bad_block_shapes_are_named() -> None:
+    with pytest.raises(ValueError, match=r"partials must be \[len\(positions\), bins \+ 5\], got \(2, 13\)"):
+        Histograms(torch.zeros(2, 13), [0, 1, 2])
+
+
+class OneByOne(gradlog.Writer):
+    """A custom writer that implements only the per-histogram call (what the docs tell users to write)."""
+
+    def __init__(self) -> None:
+        self.got: dict[tuple[str, int], Histogram] = {}
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
+        self.got[(tag, step)] = hist
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        pass
+
+
+def test_a_writer_with_only_log_histogram_gets_every_histogram_of_the_step() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    custom = OneByOne()
+    gl = gradlog.GradLogger(model, opt, writer=custom, every=2, print_report=False)
+    after: dict[int, dict[str, torch.Tensor]] = {}
+    for step in range(4):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        after[step] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.zero_grad()
+    gl.close()
+    names = [n for n, _ in model.named_parameters()]
+    assert set(custom.got) == {(f"{k}/{n}", s) for k in ("grad", "weight", "update") for n in names for s in (0, 2)}
+    for s in (0, 2):
+        for n in names:
+            w = after[s][n].double()
+            h = custom.got[(f"weight/{n}", s)]
+            assert h.count == w.numel() and sum(h.counts) == w.numel()
+            assert h.sum == pytest.approx(w.sum().item(), abs=1e-6 * w.abs().sum().item())  # summed in float32
+            assert (h.min, h.max) == (w.min().item(), w.max().item())
+
+
+def test_wandb_block_payloads_equal_histogram_payload_row_by_row() -> None:
+    pytest.importorskip("wandb")
+    from gradlog.writers.wandb import block_payloads, histogram_payload
+
+    torch.manual_seed(0)
+    xs = [
+        torch.randn(50),
+        torch.randn(7) * 1e30,
+        torch.full((5,), 3.0),  # constant: one tiny bucket
+        torch.full((4,), -2.5e-9),
+        torch.zeros(3),
+        torch.zeros(0),  # empty: nothing to draw
+        torch.tensor([float("nan"), float("inf")]),  # no finite value: nothing to draw
+        torch.tensor([1.0, float("nan"), -4.0, float("-inf"), 2.0]),
+        torch.tensor([-3.4e38, 3.4e38]),  # edges overflow float32 but not float64
+        torch.tensor([-1.7e308, 1.7e308], dtype=torch.float64),  # the width overflows float64: nothing to draw
+    ]
+    for bins in (1, 7, 64):
+        block = Histograms(histogram_partials(xs, bins, torch.device("cpu")), list(range(len(xs))))
+        expected = [histogram_payload(h) for h in block.values()]
+        assert block_payloads(block) == expected
+        assert [i for i, e in enumerate(expected) if e is None] == [5, 6, 9]
+    assert block_payloads(Histograms(torch.zeros(0, 69), [])) == []
