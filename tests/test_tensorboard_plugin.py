@@ -3,6 +3,7 @@ planted run (a layer whose lr goes to 0, a NaN gradient), then headless Chromium
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import json
@@ -20,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_run
+from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_old_style, write_run
 
+from gradlog.readers.run import load
 from gradlog.views.tensorboard_plugin import data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,8 +68,13 @@ def test_unknown_metric_is_refused() -> None:
 
 
 def test_names_follow_the_written_model_order_then_the_rest() -> None:
-    tags = ["update_ratio/b", "grad_norm/a", "weight_norm/c", "train/loss"]
-    assert data.tensor_names(tags, ["c", "a", "gone"]) == ["c", "a", "b"]
+    tags = ["weights/update_ratio/b", "weights/grad_norm/a", "weights/weight_norm/c", "train/loss", "grad_norm/x"]
+    assert data.tensor_names(tags, ["c", "a", "gone"]) == ["c", "a", "b"]  # grad_norm/x: the user's own
+    assert data.metric_prefix(tags, "grad_norm") == "weights/grad_norm/"
+    old = [t[len("weights/") :] for t in tags[:3]] + ["train/loss"]  # a run written before the weights/ group
+    assert data.tensor_names(old, ["c", "a", "gone"]) == ["c", "a", "b"]
+    assert data.metric_prefix(old, "grad_norm") == "grad_norm/"
+    assert data.has_tensor_series(old) and data.has_tensor_series(tags) and not data.has_tensor_series(["train/loss"])
 
 
 def test_marks_keep_the_strongest_finding() -> None:
@@ -153,31 +160,28 @@ class Server:
         return json.loads(_get(self.base, path))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("tbplugin")
-    logdir = tmp / "runs"
-    _, expected = write_run(str(logdir / "planted"))
-    training = [sys.executable, str(ROOT / "tests" / "tb_plugin_run.py"), "--training", str(logdir / "training")]
-    subprocess.run(training, check=True, env=_env(None), timeout=120, capture_output=True)  # no close(): no tables
+@contextlib.contextmanager
+def _tensorboard(logdir: Path, tmp: Path, runs: set[str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real `tensorboard` process on 127.0.0.1 serving `logdir`, up once gradlog's tab lists `runs`."""
     port = _free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--reload_interval", "1"]
-    log = open(tmp / "tensorboard.log", "wb")
+    log_path = tmp / f"tensorboard-{port}.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(_entry_point_shim(tmp)))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while True:  # bounded wait: the server is up and has loaded both runs
-            assert proc.poll() is None, (tmp / "tensorboard.log").read_text()
+        while True:  # bounded wait: the server is up and has loaded every run
+            assert proc.poll() is None, log_path.read_text()
             try:
-                if set(json.loads(_get(base, "/data/plugin/gradlog/runs", 5))) == {"planted", "training"}:
+                if set(json.loads(_get(base, "/data/plugin/gradlog/runs", 5))) == runs:
                     break
             except (urllib.error.URLError, OSError, ValueError):
                 pass
-            assert time.monotonic() < deadline, "tensorboard did not serve both runs within 120 s"
+            assert time.monotonic() < deadline, f"tensorboard did not serve {sorted(runs)} within 120 s"
             time.sleep(0.5)
-        yield Server(base, logdir, expected, proc)
+        yield base, proc
     finally:
         proc.terminate()
         try:
@@ -186,6 +190,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             proc.kill()
             proc.wait(15)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("tbplugin")
+    logdir = tmp / "runs"
+    _, expected = write_run(str(logdir / "planted"))
+    training = [sys.executable, str(ROOT / "tests" / "tb_plugin_run.py"), "--training", str(logdir / "training")]
+    subprocess.run(training, check=True, env=_env(None), timeout=120, capture_output=True)  # no close(): no tables
+    planted = load(str(logdir / "planted"))
+    write_old_style(planted.scalars, planted.tables, str(logdir / "old"))
+    with _tensorboard(logdir, tmp, {"planted", "training", "old"}) as (base, proc):
+        yield Server(base, logdir, expected, proc)
 
 
 @pytest.mark.slow
@@ -246,6 +263,25 @@ def test_series_and_a_run_still_training(server: Server) -> None:
     assert ov["marks"][STALLED] == "no_update" and ov["marks"][NAN_TENSOR] == "nonfinite"
     with pytest.raises(urllib.error.HTTPError, match="400"):
         _get(server.base, "/data/plugin/gradlog/heatmap?run=planted&metric=loss")
+
+
+@pytest.mark.slow
+def test_a_run_with_the_old_tag_names_shows_the_same(server: Server) -> None:
+    """A run written before the `weights/` group (`update_ratio/<name>` ...; no packed rows, so the tab reads
+    the scalars) is listed and gives the planted run's findings, heatmap cells and series."""
+    ov, planted = (server.json(f"/data/plugin/gradlog/overview?run={r}") for r in ("old", "planted"))
+    assert sorted(ov["names"]) == sorted(planted["names"]) and ov["metrics"] == planted["metrics"]
+    assert ov["verdict"] == planted["verdict"] and ov["marks"] == planted["marks"]
+    for metric in ("update_ratio", "grad_nonfinite"):
+        cells = {}
+        for run in ("old", "planted"):
+            header, values = data.decode(_get(server.base, f"/data/plugin/gradlog/heatmap?run={run}&metric={metric}"))
+            n = len(header["steps"])
+            rows = enumerate(header["names"])
+            cells[run] = {name: [repr(v) for v in values[i * n : (i + 1) * n]] for i, name in rows}
+        assert cells["old"] == cells["planted"], metric
+    series = server.json(f"/data/plugin/gradlog/series?run=old&name={STALLED}")
+    assert series == server.json(f"/data/plugin/gradlog/series?run=planted&name={STALLED}")
 
 
 # --- a real browser ------------------------------------------------------------------------------------------
