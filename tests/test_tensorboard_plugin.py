@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_old_style, write_run
 
+import gradlog
 from gradlog.readers.run import load
 from gradlog.views.tensorboard_plugin import data
 
@@ -293,8 +294,10 @@ def _chromium() -> tuple[str, str] | None:
     return (browser, driver) if browser and driver else None
 
 
-@pytest.mark.slow
-def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _browser(tmp_path: Path) -> Iterator[Any]:
+    """Headless Chromium through chromedriver; skipped where they are missing, except in CI (.ci/run installs
+    them), where a missing browser fails the test."""
     found = _chromium()
     if found is None:
         if os.environ.get("CI"):
@@ -302,8 +305,6 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
         pytest.skip("headless chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
     options.binary_location = found[0]
@@ -316,6 +317,17 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
     driver = webdriver.Chrome(service=Service(found[1]), options=options)
     driver.set_page_load_timeout(60)
     try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.mark.slow
+def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: Path) -> None:
+    with _browser(tmp_path) as driver:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
         driver.get(server.base + "/#gradlog")
         frame = WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe"))
         driver.switch_to.frame(frame)
@@ -348,8 +360,75 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
         driver.switch_to.default_content()
         driver.save_screenshot(str(tmp_path / "gradlog-tab.png"))
         assert (tmp_path / "gradlog-tab.png").stat().st_size > 10_000
-    finally:
-        driver.quit()
+
+
+#: The user's own tags in the wide run: PyTorch's tutorial style, a bare one, Hugging Face / Lightning style.
+USER_TAGS = ("Loss/train", "lr", "train/loss", "val/acc")
+
+
+def _write_wide_run(log_dir: Path, blocks: int = 150) -> int:
+    """A run of `2 * blocks` tensors written by gradlog's TensorBoard writer, with the user's own tags
+    (USER_TAGS) written beside it by torch's SummaryWriter, as a training script would. Returns the tensor count."""
+    import torch
+    from torch import nn
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(2, 2) for _ in range(blocks)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gl = gradlog.GradLogger(model, opt, log_dir=str(log_dir), every=1, print_report=False)
+    own = SummaryWriter(str(log_dir))
+    for step in range(3):
+        loss = model(torch.randn(4, 2)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        for tag in USER_TAGS:
+            own.add_scalar(tag, loss.item(), step)
+    own.close()
+    gl.close()
+    return 2 * blocks
+
+
+@pytest.mark.slow
+def test_time_series_lists_run_level_and_user_groups_first(tmp_path: Path) -> None:
+    """TensorBoard's own Time Series and Scalars pages, rendered in Chromium for a 300-tensor run plus the
+    user's tags: the run-level `gradlog` group and the user's groups come before the per-tensor group
+    (`weights`, every per-tensor series), and the two groups Time Series opens are not per-tensor ones."""
+    n = _write_wide_run(tmp_path / "runs" / "wide")
+    with _browser(tmp_path) as driver, _tensorboard(tmp_path / "runs", tmp_path, {"wide"}) as (base, _):
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        assert len(json.loads(_get(base, "/data/plugin/gradlog/overview?run=wide"))["names"]) == n
+        driver.get(base + "/#timeseries")
+        groups = "metrics-card-groups .card-group"
+        WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, groups)) >= 6)
+        order = [e.get_attribute("title") for e in driver.find_elements(By.CSS_SELECTOR, groups + " .group-title")]
+        opened = [
+            e.find_element(By.CSS_SELECTOR, ".group-title").get_attribute("title")
+            for e in driver.find_elements(By.CSS_SELECTOR, groups)
+            if e.find_elements(By.CSS_SELECTOR, '.expand-group-icon mat-icon[svgicon="expand_less_24px"]')
+        ]
+        driver.save_screenshot(str(tmp_path / "time-series.png"))
+        # Scalars (Polymer, inside shadow roots): its prefix groups, skipping the tag-filter results group
+        driver.get(base + "/#scalars")
+        script = """
+            const out = [];
+            const walk = (root) => root.querySelectorAll('*').forEach((el) => {
+              if (el.localName === 'tf-category-paginated-view' && el.category && el.category.metadata.type === 1)
+                out.push(el.category.name);
+              if (el.shadowRoot) walk(el.shadowRoot);
+            });
+            walk(document);
+            return out;"""
+        WebDriverWait(driver, 60).until(lambda d: len(d.execute_script(script)) >= 6)
+        scalars = driver.execute_script(script)
+    assert order.index("gradlog") < order.index("weights") and order.index("train") < order.index("weights")
+    assert order == ["Loss", "gradlog", "lr", "train", "val", "weights"]  # TensorBoard's order: code units
+    assert opened == ["Loss", "gradlog"]  # Time Series opens the first two groups only
+    assert scalars == order
 
 
 def test_gradient_norms_are_read_only_where_they_change_a_cell() -> None:
