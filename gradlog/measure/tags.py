@@ -9,8 +9,9 @@ sort before every other character. Time Series opens only its first two groups. 
 metric (`grad_norm/`, `update_ratio/`, ...), each holding hundreds of cards, the run-level `gradlog/`
 group and the user's own tags (`loss`, `train/loss`, `val/acc`) came after four of them. `weights` sorts
 after every group starting with a to v (`eval`, `gradlog`, `loss`, `lr`, `train`, `train_loss`, `val`)
-and after upper case (`Loss/train`), in code-unit order as in any locale's collation (W&B's section
-order), and it reads as what the series are about. Checked in a real browser by
+and after upper case (`Loss/train`), in code-unit order as in a locale's alphabetical order (W&B's
+section order is one of the two; a symbol such as `~` would sort last in one and first in the other),
+and it reads as what the series are about. Checked in a real browser by
 tests/test_tensorboard_plugin.py::test_time_series_lists_run_level_and_user_groups_first.
 
 Runs written before (`grad_norm/<name>`, `grad/<name>`, ...) still read back: `old_to_new` maps them.
