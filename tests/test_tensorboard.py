@@ -175,7 +175,7 @@ def test_histograms_count_exactly_the_finite_entries(run: Run) -> None:
     checked = 0
     for kind, by_step in run.refs.items():
         for name in by_step[0]:
-            tag = f"{kind}/{name}"
+            tag = f"weights/{kind}/{name}"
             events = acc.Histograms(tag)
             assert [e.step for e in events] == MEASURED, tag
             for e in events:

@@ -461,9 +461,9 @@ def test_packed_rows_give_the_same_cells_as_the_scalars(tmp_path: Path, metric: 
 
     def series(family: str) -> dict[str, list[tuple[int, float]]]:
         return {
-            n: [(e.step, e.value) for e in acc.Scalars(f"{family}/{n}")]
+            n: [(e.step, e.value) for e in acc.Scalars(f"weights/{family}/{n}")]
             for n in order
-            if f"{family}/{n}" in acc.Tags()["scalars"]
+            if f"weights/{family}/{n}" in acc.Tags()["scalars"]
         }
 
     ref_steps, ref = data.heatmap(order, metric, series(metric), series("grad_norm"))
