@@ -50,14 +50,14 @@ def write_run(log_dir: str, tensors: int, steps: int, packed: bool = True) -> st
     for s in range(steps):
         scalars: dict[str, float] = {}
         for n in names:
-            scalars[f"grad_norm/{n}"] = base[n] * 100 * (1 + 0.1 * rng.random())
+            scalars[f"weights/grad_norm/{n}"] = base[n] * 100 * (1 + 0.1 * rng.random())
         for n in names:
             r = base[n] * (1 + 0.2 * rng.random())
             if n == stalled and s >= steps // 2:
                 r = 0.0
             if n == nan and s >= steps - steps // 10:
                 r = math.nan
-            scalars[f"update_ratio/{n}"] = r
+            scalars[f"weights/update_ratio/{n}"] = r
         if packed:
             scalars["gradlog/grad_norm_total"] = 1.0  # marks a measured step: the writer adds its packed row
         w.log_scalars(scalars, s)
@@ -102,7 +102,7 @@ def main() -> None:
             try:
                 with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=10) as r:
                     tags = json.loads(r.read()).get("big", {})
-                last = tags.get(f"update_ratio/{last_name}")
+                last = tags.get(f"weights/update_ratio/{last_name}")
                 if len(tags) >= 2 * args.tensors and last is not None:
                     with urllib.request.urlopen(f"{base}/data/plugin/gradlog/overview?run=big", timeout=120) as r:
                         ov = json.loads(r.read())

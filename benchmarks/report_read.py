@@ -30,10 +30,11 @@ def write_run(log_dir: str, tensors: int, steps: int) -> None:
     hists = [Histogram.from_partials(r, 4096) for r in rows]
     writer = TensorBoardWriter(log_dir)
     for step in range(steps):
-        writer.log_scalars({f"{m}/layer{i}.weight": float(step + i) for m in METRICS for i in range(tensors)}, step)
+        row = {f"weights/{m}/layer{i}.weight": float(step + i) for m in METRICS for i in range(tensors)}
+        writer.log_scalars(row, step)
         for i in range(tensors):
             for kind in ("grad", "weight", "update"):
-                writer.log_histogram(f"{kind}/layer{i}.weight", hists[i % len(hists)], step)
+                writer.log_histogram(f"weights/{kind}/layer{i}.weight", hists[i % len(hists)], step)
         writer.flush()
     writer.log_table("gradlog/never_updated", ["name", "shape", "numel", "reason", "detail"], [])
     writer.close()

@@ -29,7 +29,8 @@ def inputs() -> tuple[dict[str, float], list[tuple[str, Histogram, torch.Tensor]
     tensors = [torch.randn(64, 64) for _ in range(N_HIST)]
     rows = histogram_partials(tensors, BINS, torch.device("cpu")).tolist()
     hists = [
-        (f"grad/layer{i}.weight", Histogram.from_partials(r, 4096), t) for i, (r, t) in enumerate(zip(rows, tensors))
+        (f"weights/grad/layer{i}.weight", Histogram.from_partials(r, 4096), t)
+        for i, (r, t) in enumerate(zip(rows, tensors))
     ]
     return scalars, hists
 

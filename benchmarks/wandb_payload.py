@@ -26,11 +26,11 @@ def step_payload(tensors: int, bins: int) -> StepPayload:
     for t in range(tensors):
         name = f"model.layers.{t}.mlp.down_proj.weight"
         for metric in ("grad_norm", "update_ratio", "grad_zero_frac", "grad_nonfinite", "weight_norm"):
-            payload.scalars[f"{metric}/{name}"] = float(torch.rand(()).item())
+            payload.scalars[f"weights/{metric}/{name}"] = float(torch.rand(()).item())
         for kind in ("grad", "weight", "update"):
             x = torch.randn(4096) * 1e-3
             counts = torch.histc(x, bins=bins, min=float(x.min()), max=float(x.max()))
-            payload.histograms[f"{kind}/{name}"] = Histogram(
+            payload.histograms[f"weights/{kind}/{name}"] = Histogram(
                 tuple(counts.tolist()), float(x.min()), float(x.max()), float(x.sum()), float((x * x).sum()), 4096, 0
             )
     return payload

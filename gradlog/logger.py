@@ -17,12 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradlog.measure import tags
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DEFAULT_TIMEOUT_S, DistributedMismatchError, Reducer, check_supported
 from gradlog.measure.histogram import MAX_BINS
-from gradlog.measure.meter import HISTOGRAM_KINDS, Clip, Measurement, Meter
+from gradlog.measure.meter import Clip, Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
+from gradlog.measure.tags import HISTOGRAM_KINDS
 from gradlog.verdict.alerts import (
     ALERT_COLUMNS,
     DEFAULT_NO_GRAD_PATIENCE,
@@ -410,7 +412,7 @@ class GradLogger:
             scalars["gradlog/alerts"] = float(len(self.alerts.fired))
         self.writers.log_scalars(scalars, step)
         for kind, hists in m.histograms.items():
-            self.writers.log_histograms([f"{kind}/{m.rows[pos].name}" for pos in hists.positions], hists, step)
+            self.writers.log_histograms([tags.tag(kind, m.rows[pos].name) for pos in hists.positions], hists, step)
         if self.overview.every != 0:
             self._guarded_overview(m, step)
         # histogram steps (measured steps when histograms are off), gated by wall time
@@ -852,8 +854,8 @@ def clip_grad_norm_(
     """`torch.nn.utils.clip_grad_norm_`, same arguments and result, that also tells every open GradLogger.
 
     Clipping changes the gradients before the optimizer step, where gradlog reads them: without this,
-    `grad_norm/...` would read the clipped norms (pinned at max_norm), and a spike would go unseen. With
-    it, the measured step reports the norms before clipping (per tensor and `gradlog/grad_norm_total`)
+    `weights/grad_norm/...` would read the clipped norms (pinned at max_norm), and a spike would go unseen.
+    With it, the measured step reports the norms before clipping (per tensor and `gradlog/grad_norm_total`)
     and `gradlog/clip_coef`, computed from the clipped gradients and this total: no extra pass.
     """
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)

@@ -95,7 +95,7 @@ class SignalsItself(gradlog.MemoryWriter):
 
     def log_scalars(self, scalars: object, step: int) -> None:
         super().log_scalars(scalars, step)  # type: ignore[arg-type]
-        if step == 6 and "grad_norm/0.weight" in scalars:  # once (close() writes its counts at step 6 too)
+        if step == 6 and "weights/grad_norm/0.weight" in scalars:  # once (close() writes its counts at step 6 too)
             os.kill(os.getpid(), signal.SIGTERM)
             print(f"writer call for step {step} finished", flush=True)
 

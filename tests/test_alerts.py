@@ -191,7 +191,7 @@ def test_update_ratio_of_nan_weights_is_nan_not_zero() -> None:
         gl.log(step)
         opt.zero_grad()
     gl.close()
-    ratios = [v for _, v in mem.scalars["update_ratio/weight"]]
+    ratios = [v for _, v in mem.scalars["weights/update_ratio/weight"]]
     assert ratios[0] > 0 and all(v != v for v in ratios[1:])
 
 

@@ -80,7 +80,7 @@ def test_non_fused_grad_norms_are_unscaled_and_skips_counted(name: str, unscale_
     mem, report, by_hand, weights = run_scaled(NON_FUSED[name], skip, 9, pass_scaler=True, unscale_first=unscale_first)
     ran = [s for s in range(9) if s not in skip]
     for tensor in ("a.weight", "a.bias", "b.weight"):
-        series = mem.scalars[f"grad_norm/{tensor}"]
+        series = mem.scalars[f"weights/grad_norm/{tensor}"]
         assert [s for s, _ in series] == ran  # a skipped step is never published
         for s, v in series:
             assert v == pytest.approx(by_hand[s][tensor], rel=1e-5)
@@ -103,20 +103,20 @@ def test_non_fused_every_step_skipped_is_nonfinite_grad() -> None:
         n: Reason.NONFINITE_GRAD for n in ("a.weight", "a.bias", "b.weight", "b.bias")
     }
     assert "skipped all 4 steps" in report.never_updated[0].detail
-    assert not any(t.startswith("update_ratio/") for t in mem.scalars)
+    assert not any(t.startswith("weights/update_ratio/") for t in mem.scalars)
 
 
 def test_fused_adamw_grad_norms_are_unscaled_and_skip_is_no_update() -> None:
     fused = lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True)  # noqa: E731
     mem, report, by_hand, weights = run_scaled(fused, {3}, 6, pass_scaler=False)
     for tensor in ("a.weight", "b.bias"):
-        series = dict(mem.scalars[f"grad_norm/{tensor}"])
+        series = dict(mem.scalars[f"weights/grad_norm/{tensor}"])
         assert sorted(series) == list(range(6))  # fused optimizers' hooks fire on skipped steps too
         for s in (0, 1, 2, 4, 5):
             assert series[s] == pytest.approx(by_hand[s][tensor], rel=1e-5)
-        assert dict(mem.scalars[f"grad_nonfinite/{tensor}"])[3] > 0
-        assert dict(mem.scalars[f"update_ratio/{tensor}"])[3] == 0.0  # not reported as an update
-        assert dict(mem.scalars[f"update_ratio/{tensor}"])[4] > 0.0
+        assert dict(mem.scalars[f"weights/grad_nonfinite/{tensor}"])[3] > 0
+        assert dict(mem.scalars[f"weights/update_ratio/{tensor}"])[3] == 0.0  # not reported as an update
+        assert dict(mem.scalars[f"weights/update_ratio/{tensor}"])[4] > 0.0
     assert torch.equal(weights[3]["a.weight"], weights[2]["a.weight"])
     assert [v for _, v in mem.scalars["gradlog/skipped_steps"]] == [0, 0, 0, 1, 1, 1]
     assert report.skipped_steps == 1 and report.never_updated == []
@@ -125,7 +125,7 @@ def test_fused_adamw_grad_norms_are_unscaled_and_skip_is_no_update() -> None:
 def test_fused_adamw_with_scaler_passed_and_unscale_first_is_not_divided_twice() -> None:
     fused = lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True)  # noqa: E731
     mem, report, by_hand, _ = run_scaled(fused, {2}, 4, pass_scaler=True, unscale_first=True)
-    for s, v in mem.scalars["grad_norm/a.weight"]:
+    for s, v in mem.scalars["weights/grad_norm/a.weight"]:
         if s != 2:
             assert v == pytest.approx(by_hand[s]["a.weight"], rel=1e-5)
     assert report.skipped_steps == 1
@@ -143,7 +143,7 @@ def test_optimizer_stepped_directly_with_scaled_grads_is_unscaled() -> None:
     opt.step()  # bypasses scaler.step: the gradients still carry the scale
     gl.log(0)
     gl.close()
-    assert mem.last("grad_norm/a.weight") == pytest.approx(want, rel=1e-6)
+    assert mem.last("weights/grad_norm/a.weight") == pytest.approx(want, rel=1e-6)
 
 
 def test_scaler_argument_is_checked() -> None:
@@ -200,7 +200,7 @@ def test_fp32_same_tiny_lr_is_not_reported() -> None:
 def test_low_precision_update_ratio_matches_fp64_reference(dtype: torch.dtype) -> None:
     mem, report, ratios = _train_dtype(dtype, lr=0.05)
     for name in ("a.weight", "b.bias"):
-        for (step, v), want in zip(mem.scalars[f"update_ratio/{name}"], ratios):
+        for (step, v), want in zip(mem.scalars[f"weights/update_ratio/{name}"], ratios):
             assert want[name] > 0
             assert v == pytest.approx(want[name], rel=1e-4), (name, step)
     assert report.never_updated == []
@@ -357,5 +357,5 @@ def test_compiled_optimizer_step_breaks_the_graph_only_where_torch_itself_does(h
     frames = [f.filename for reason in explained.break_reasons for f in reason.user_stack]
     assert frames and not [f for f in frames if "/gradlog/" in f.replace("\\", "/")], frames
     assert all(f.replace("\\", "/").endswith("torch/optim/optimizer.py") for f in frames)
-    assert mem.last("grad_norm/a.weight") == pytest.approx(expected, rel=1e-5)
+    assert mem.last("weights/grad_norm/a.weight") == pytest.approx(expected, rel=1e-5)
     torch._dynamo.reset()

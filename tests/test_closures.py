@@ -47,8 +47,8 @@ def test_closure_step_measures_the_gradients_the_closure_made(as_kwarg: bool) ->
             opt.step(closure)
         gl.log(step)
     report = gl.close()
-    assert [v for _, v in mem.scalars["grad_norm/0.weight"]] == pytest.approx(want_norms, rel=1e-6)
-    assert [v for _, v in mem.scalars["update_ratio/0.weight"]] == pytest.approx(want_ratios, rel=1e-5)
+    assert [v for _, v in mem.scalars["weights/grad_norm/0.weight"]] == pytest.approx(want_norms, rel=1e-6)
+    assert [v for _, v in mem.scalars["weights/update_ratio/0.weight"]] == pytest.approx(want_ratios, rel=1e-5)
     assert report.never_updated == []
 
 
@@ -73,6 +73,6 @@ def test_lbfgs_measures_the_whole_step_from_its_starting_point() -> None:
     gl.log(0)
     gl.close()
     assert len(calls) > 2  # several evaluations inside one step
-    assert mem.last("grad_norm/2.weight") == pytest.approx(calls[0], rel=1e-6)  # the gradient at the start
+    assert mem.last("weights/grad_norm/2.weight") == pytest.approx(calls[0], rel=1e-6)  # the gradient at the start
     moved = torch.linalg.vector_norm(model[2].weight.detach() - before) / torch.linalg.vector_norm(before)
-    assert mem.last("update_ratio/2.weight") == pytest.approx(moved.item(), rel=1e-5)  # the whole step's update
+    assert mem.last("weights/update_ratio/2.weight") == pytest.approx(moved.item(), rel=1e-5)  # the whole step's update

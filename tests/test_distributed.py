@@ -133,7 +133,7 @@ def test_ddp_with_no_sync_accumulation_equals_one_process(main_run: Any, referen
     rank0, rank1 = runs["ddp"]
     assert all(n.startswith("module.") for n in rank0["raw_names"])  # DDP's prefix, cleaned by gradlog
     assert_same_metrics(rank0, reference_accumulated)
-    assert rank0["scalars"]["grad_norm/gate"][0][1] > 0  # not a vacuous comparison
+    assert rank0["scalars"]["weights/grad_norm/gate"][0][1] > 0  # not a vacuous comparison
     assert same_report(rank0["report"], reference_accumulated["report"])
     assert same_report(rank1["report"], reference_accumulated["report"])
     assert _reasons(rank0) == {
@@ -247,6 +247,6 @@ def test_partly_updated_is_global_and_equals_one_process(
 
 def test_dead_frac_of_sharded_tensors_is_global(main_run: Any, reference: Any) -> None:
     _, runs = main_run
-    got = runs["fsdp2"][0]["scalars"]["dead_frac/inp.weight"]
-    assert [tuple(x) for x in got] == reference["scalars"]["dead_frac/inp.weight"]
+    got = runs["fsdp2"][0]["scalars"]["weights/dead_frac/inp.weight"]
+    assert [tuple(x) for x in got] == reference["scalars"]["weights/dead_frac/inp.weight"]
     assert [v for _, v in got] == [len(W.DEAD) / 16] * (W.STEPS // 2)  # rank 0 holds only 1 of the 3 dead rows

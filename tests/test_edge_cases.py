@@ -35,10 +35,10 @@ def test_sparse_embedding_gradient() -> None:
     opt.step()
     gl.log(0)
     report = gl.close()
-    assert mem.last("grad_norm/weight") == pytest.approx(torch.linalg.vector_norm(dense).item(), rel=1e-6)
+    assert mem.last("weights/grad_norm/weight") == pytest.approx(torch.linalg.vector_norm(dense).item(), rel=1e-6)
     # implicit zeros of the sparse gradient are zeros: 47 of 50 rows untouched
-    assert mem.last("grad_zero_frac/weight") == pytest.approx((dense == 0).sum().item() / dense.numel())
-    assert mem.histograms["grad/weight"][0][1].count == 12  # the explicit values only
+    assert mem.last("weights/grad_zero_frac/weight") == pytest.approx((dense == 0).sum().item() / dense.numel())
+    assert mem.histograms["weights/grad/weight"][0][1].count == 12  # the explicit values only
     assert report.never_updated == []
 
 
@@ -63,10 +63,10 @@ def test_complex_parameters() -> None:
     opt.step()
     gl.log(0)
     gl.close()
-    assert mem.last("grad_norm/w") == pytest.approx(gnorm, rel=1e-5)
+    assert mem.last("weights/grad_norm/w") == pytest.approx(gnorm, rel=1e-5)
     ratio = (torch.linalg.vector_norm(model.w.detach() - before) / torch.linalg.vector_norm(before)).item()
-    assert mem.last("update_ratio/w") == pytest.approx(ratio, rel=1e-4)
-    h = mem.histograms["weight/w"][0][1]
+    assert mem.last("weights/update_ratio/w") == pytest.approx(ratio, rel=1e-4)
+    h = mem.histograms["weights/weight/w"][0][1]
     assert h.count == 9 and h.min >= 0  # described by magnitude
 
 
@@ -81,7 +81,7 @@ def test_lazy_parameters_are_skipped_until_materialised() -> None:
         gl.log(step)
         opt.zero_grad()
     report = gl.close()
-    assert len(mem.scalars["grad_norm/0.weight"]) == 3
+    assert len(mem.scalars["weights/grad_norm/0.weight"]) == 3
     assert report.never_updated == []
 
 
@@ -181,9 +181,9 @@ def test_two_loggers_on_one_optimizer_are_independent() -> None:
         g2.log(step)
         opt.zero_grad()
     g1.close()
-    assert [s for s, _ in m1.scalars["grad_norm/weight"]] == [0, 1, 2, 3]
-    assert [s for s, _ in m2.scalars["grad_norm/weight"]] == [0, 2]
-    assert m2.scalars["grad_norm/weight"][1] == m1.scalars["grad_norm/weight"][2]
+    assert [s for s, _ in m1.scalars["weights/grad_norm/weight"]] == [0, 1, 2, 3]
+    assert [s for s, _ in m2.scalars["weights/grad_norm/weight"]] == [0, 2]
+    assert m2.scalars["weights/grad_norm/weight"][1] == m1.scalars["weights/grad_norm/weight"][2]
     _step(model, opt, torch.randn(2, 3))  # g1's hooks are gone, g2 still counts
     assert (g1.optimizer_steps, g2.optimizer_steps) == (4, 5)
     g2.close()
@@ -200,7 +200,7 @@ def test_module_level_watch_log_close() -> None:
         opt.zero_grad()
     report = gradlog.close()
     assert report is not None and report.never_updated == []
-    assert len(mem.scalars["grad_norm/weight"]) == 2
+    assert len(mem.scalars["weights/grad_norm/weight"]) == 2
     assert mem.closed and "gradlog/never_updated" in mem.tables
     with pytest.raises(RuntimeError, match=r"gradlog\.watch"):
         gradlog.log(3)
@@ -290,7 +290,7 @@ def test_a_failing_writer_warns_once_and_training_continues() -> None:
     scalar_warnings = [w for w in caught if "Exploding.log_scalars failed" in str(w.message)]
     assert len(scalar_warnings) == 1 and "No space left" in str(scalar_warnings[0].message)
     assert bad.calls == 4  # three steps and the final counts: it kept being called
-    assert len(mem.scalars["grad_norm/weight"]) == 3  # the healthy writer got everything
+    assert len(mem.scalars["weights/grad_norm/weight"]) == 3  # the healthy writer got everything
     assert report.never_updated == []
 
 
@@ -393,5 +393,5 @@ def test_frozen_tensors_are_never_copied_for_the_update_snapshot() -> None:
     gl.close()
     assert seen == [[(2, 64), (2,)]]
     # frozen: not read at all on a measured step (no update ratio, no weight norm)
-    assert "update_ratio/0.weight" not in mem.scalars and "weight_norm/0.weight" not in mem.scalars
-    assert mem.last("update_ratio/1.weight") > 0
+    assert "weights/update_ratio/0.weight" not in mem.scalars and "weights/weight_norm/0.weight" not in mem.scalars
+    assert mem.last("weights/update_ratio/1.weight") > 0

@@ -31,8 +31,8 @@ def test_update_ratio_and_signed_update_histogram_match_sgd_by_hand() -> None:
     gl.close()
     update = -0.1 * grad  # SGD without momentum
     expected_ratio = (torch.linalg.vector_norm(update) / torch.linalg.vector_norm(before)).item()
-    assert mem.last("update_ratio/0.weight") == pytest.approx(expected_ratio, rel=1e-5)
-    h: Histogram = mem.histograms["update/0.weight"][-1][1]
+    assert mem.last("weights/update_ratio/0.weight") == pytest.approx(expected_ratio, rel=1e-5)
+    h: Histogram = mem.histograms["weights/update/0.weight"][-1][1]
     assert h.min == pytest.approx(update.min().item(), rel=1e-5)
     assert h.max == pytest.approx(update.max().item(), rel=1e-5)
     assert h.sum == pytest.approx(update.sum().item(), rel=1e-4, abs=1e-7)
@@ -62,13 +62,13 @@ def test_nan_and_inf_gradients_are_counted_and_kept_out_of_histograms() -> None:
     opt.step()
     gl.log(0)
     gl.close()
-    assert mem.last("grad_nonfinite/2.weight") == 3
-    assert mem.last("grad_nonfinite/0.weight") == 0
+    assert mem.last("weights/grad_nonfinite/2.weight") == 3
+    assert mem.last("weights/grad_nonfinite/0.weight") == 0
     assert mem.last("gradlog/nonfinite_tensors") == 1
-    h: Histogram = mem.histograms["grad/2.weight"][-1][1]
+    h: Histogram = mem.histograms["weights/grad/2.weight"][-1][1]
     assert (h.count, h.nonfinite) == (finite.numel(), 3)
     lo, hi = min(finite.min().item(), 0.0), max(finite.max().item(), 0.0)  # NaN/Inf stand at 0 for the range
     assert (h.min, h.max) == (pytest.approx(lo), pytest.approx(hi))
     assert math.isfinite(h.sum) and h.sum == pytest.approx(finite.sum().item(), rel=1e-5, abs=1e-6)
-    wh: Histogram = mem.histograms["weight/2.weight"][-1][1]  # SGD wrote the NaN/Inf into the weights
+    wh: Histogram = mem.histograms["weights/weight/2.weight"][-1][1]  # SGD wrote the NaN/Inf into the weights
     assert wh.nonfinite == 3 and wh.count == g.numel() - 3

@@ -68,11 +68,13 @@ def test_a_writer_with_only_log_histogram_gets_every_histogram_of_the_step() -> 
         opt.zero_grad()
     gl.close()
     names = [n for n, _ in model.named_parameters()]
-    assert set(custom.got) == {(f"{k}/{n}", s) for k in ("grad", "weight", "update") for n in names for s in (0, 2)}
+    assert set(custom.got) == {
+        (f"weights/{k}/{n}", s) for k in ("grad", "weight", "update") for n in names for s in (0, 2)
+    }
     for s in (0, 2):
         for n in names:
             w = after[s][n].double()
-            h = custom.got[(f"weight/{n}", s)]
+            h = custom.got[(f"weights/weight/{n}", s)]
             assert h.count == w.numel() and sum(h.counts) == w.numel()
             assert h.sum == pytest.approx(w.sum().item(), abs=1e-6 * w.abs().sum().item())  # summed in float32
             assert (h.min, h.max) == (w.min().item(), w.max().item())

@@ -66,7 +66,7 @@ def test_trainer_with_accumulation_logs_every_real_optimizer_step(tmp_path) -> N
     )
     trainer = transformers.Trainer(model=Regressor(), args=args, train_dataset=Data(), callbacks=[cb, ref])
     trainer.train()
-    got = mem.scalars["grad_norm/body.weight"]
+    got = mem.scalars["weights/grad_norm/body.weight"]
     assert [s for s, _ in got] == [1, 2, 3, 4]  # 64 samples / (8 x 2): 4 optimizer steps, at HF's global_step
     # The Trainer's own logged grad_norm is the norm before clipping: gradlog's total equals it.
     theirs = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
@@ -149,4 +149,6 @@ def test_check_first_runs_on_the_first_batch_and_changes_nothing(tmp_path) -> No
     assert plain.keys() == checked.keys()
     for k in plain:
         assert torch.equal(plain[k], checked[k]), k  # same data order, dropout masks and updates
-    assert mem.scalars["grad_norm/body.weight"] == plain_mem.scalars["grad_norm/body.weight"]  # check not counted
+    assert (
+        mem.scalars["weights/grad_norm/body.weight"] == plain_mem.scalars["weights/grad_norm/body.weight"]
+    )  # check not counted

@@ -63,7 +63,7 @@ def test_lightning_fit_with_accumulation_measures_the_gradients_of_each_step(tmp
     mem = gradlog.MemoryWriter()
     cb, ref = GradlogCallback(writer=mem, every=1, print_report=False), HandReference()
     _trainer(tmp_path, [cb, ref], accumulate_grad_batches=2).fit(Regressor(), _loader())
-    got = mem.scalars["grad_norm/body.weight"]
+    got = mem.scalars["weights/grad_norm/body.weight"]
     assert len(ref.norms) == 4  # 8 batches, 2 per optimizer step
     assert [s for s, _ in got] == [1, 2, 3, 4]  # at Lightning's global_step after each step
     assert [v for _, v in got] == pytest.approx(ref.norms, rel=1e-6)  # measured after the closure ran
@@ -104,7 +104,7 @@ def test_check_first_on_the_first_batch_changes_nothing(tmp_path) -> None:  # ty
     }
     for k in plain:
         assert torch.equal(plain[k], checked[k]), k
-    assert mem.scalars["grad_norm/body.weight"] == plain_mem.scalars["grad_norm/body.weight"]
+    assert mem.scalars["weights/grad_norm/body.weight"] == plain_mem.scalars["weights/grad_norm/body.weight"]
     assert trainer.global_step == 3
 def test_gradient_clip_val_norms_are_reported_before_clipping(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Lightning clips after on_before_optimizer_step: gradlog reports the norms from before, and the coefficient."""
@@ -124,7 +124,7 @@ def test_gradient_clip_val_norms_are_reported_before_clipping(tmp_path) -> None:
     _trainer(tmp_path, [cb, ref, totals], gradient_clip_val=0.05).fit(Regressor(), _loader())
     assert max(totals.totals) > 0.05  # clipping really happened
     assert [v for _, v in mem.scalars["gradlog/grad_norm_total"]] == pytest.approx(totals.totals, rel=1e-5)
-    assert [v for _, v in mem.scalars["grad_norm/body.weight"]] == pytest.approx(ref.norms, rel=1e-5)
+    assert [v for _, v in mem.scalars["weights/grad_norm/body.weight"]] == pytest.approx(ref.norms, rel=1e-5)
     coef = [v for _, v in mem.scalars["gradlog/clip_coef"]]
     assert coef == pytest.approx([min(1.0, 0.05 / (t + 1e-6)) for t in totals.totals], rel=1e-5)
 

@@ -85,15 +85,15 @@ def test_metrics_equal_hand_reference(opt_name: str, zero_first: bool, micro: in
             opt.zero_grad()
     gl.close()
     measured = [0, 2, 4]
-    assert [s for s, _ in mem.scalars["grad_norm/a.weight"]] == measured
+    assert [s for s, _ in mem.scalars["weights/grad_norm/a.weight"]] == measured
     for i, step in enumerate(measured):
         ref, total = refs[step]
         for name, (gnorm, zfrac, nonfinite, ratio, wnorm) in ref.items():
-            assert mem.scalars[f"grad_norm/{name}"][i] == (step, pytest.approx(gnorm, rel=1e-5))
-            assert mem.scalars[f"grad_zero_frac/{name}"][i] == (step, pytest.approx(zfrac, abs=1e-12))
-            assert mem.scalars[f"grad_nonfinite/{name}"][i] == (step, nonfinite)
-            assert mem.scalars[f"update_ratio/{name}"][i] == (step, pytest.approx(ratio, rel=1e-4))
-            assert mem.scalars[f"weight_norm/{name}"][i] == (step, pytest.approx(wnorm, rel=1e-5))
+            assert mem.scalars[f"weights/grad_norm/{name}"][i] == (step, pytest.approx(gnorm, rel=1e-5))
+            assert mem.scalars[f"weights/grad_zero_frac/{name}"][i] == (step, pytest.approx(zfrac, abs=1e-12))
+            assert mem.scalars[f"weights/grad_nonfinite/{name}"][i] == (step, nonfinite)
+            assert mem.scalars[f"weights/update_ratio/{name}"][i] == (step, pytest.approx(ratio, rel=1e-4))
+            assert mem.scalars[f"weights/weight_norm/{name}"][i] == (step, pytest.approx(wnorm, rel=1e-5))
         assert mem.scalars["gradlog/grad_norm_total"][i] == (step, pytest.approx(total, rel=1e-5))
 
 
@@ -112,9 +112,9 @@ def test_zero_fractions_are_counted_on_histogram_steps_only() -> None:
         opt.zero_grad()
         gl.log(step)
     gl.close()
-    assert [s for s, _ in mem.scalars["grad_norm/a.weight"]] == [0, 2, 4, 6, 8]
-    assert mem.scalars["grad_zero_frac/a.weight"] == [(s, pytest.approx(zero_fracs[s])) for s in (0, 4, 8)]
-    assert [s for s, _ in mem.scalars["grad_nonfinite/a.weight"]] == [0, 2, 4, 6, 8]
+    assert [s for s, _ in mem.scalars["weights/grad_norm/a.weight"]] == [0, 2, 4, 6, 8]
+    assert mem.scalars["weights/grad_zero_frac/a.weight"] == [(s, pytest.approx(zero_fracs[s])) for s in (0, 4, 8)]
+    assert [s for s, _ in mem.scalars["weights/grad_nonfinite/a.weight"]] == [0, 2, 4, 6, 8]
 
 
 @pytest.mark.parametrize(("histograms", "count_zeros", "counted"), [(False, True, [0, 2, 4]), (True, False, [])])
@@ -135,7 +135,9 @@ def test_count_zeros_overrides_the_histogram_schedule(histograms: bool, count_ze
         opt.zero_grad()
         gl.log(step)
     gl.close()
-    assert mem.scalars.get("grad_zero_frac/b.weight", []) == [(s, pytest.approx(zero_fracs[s])) for s in counted]
+    assert mem.scalars.get("weights/grad_zero_frac/b.weight", []) == [
+        (s, pytest.approx(zero_fracs[s])) for s in counted
+    ]
 
 
 def test_count_zeros_must_be_a_bool_or_none() -> None:
@@ -158,14 +160,14 @@ def test_weight_norms_of_frozen_and_unoptimised_tensors_beside_moving_ones() -> 
         gl.log(step)
         for n, p in model.named_parameters():
             if not p.requires_grad:  # frozen: not read on measured steps (fingerprinted at start and close only)
-                assert f"weight_norm/{n}" not in mem.scalars and f"update_ratio/{n}" not in mem.scalars
+                assert f"weights/weight_norm/{n}" not in mem.scalars and f"weights/update_ratio/{n}" not in mem.scalars
                 continue
-            assert mem.last(f"weight_norm/{n}") == pytest.approx(torch.linalg.vector_norm(p).item(), rel=1e-6)
+            assert mem.last(f"weights/weight_norm/{n}") == pytest.approx(torch.linalg.vector_norm(p).item(), rel=1e-6)
             if p.requires_grad and any(p is q for q in opt.param_groups[0]["params"]):
                 want = torch.linalg.vector_norm(p.detach() - before[n]) / torch.linalg.vector_norm(before[n])
-                assert mem.last(f"update_ratio/{n}") == pytest.approx(want.item(), rel=1e-4), n
+                assert mem.last(f"weights/update_ratio/{n}") == pytest.approx(want.item(), rel=1e-4), n
             else:
-                assert f"update_ratio/{n}" not in mem.scalars, n
+                assert f"weights/update_ratio/{n}" not in mem.scalars, n
         opt.zero_grad()
     gl.close()
 
@@ -182,7 +184,7 @@ def test_default_x_axis_is_the_measured_optimizer_step_index() -> None:
         opt.zero_grad()
         gl.log()
     gl.close()
-    assert [s for s, _ in mem.scalars["grad_norm/b.bias"]] == [0, 3, 6]
+    assert [s for s, _ in mem.scalars["weights/grad_norm/b.bias"]] == [0, 3, 6]
 
 
 def test_histograms_match_finite_values_and_count_nonfinite() -> None:
@@ -198,7 +200,7 @@ def test_histograms_match_finite_values_and_count_nonfinite() -> None:
     opt.step()
     gl.log(0)
     gl.close()
-    h = mem.histograms["grad/weight"][0][1]
+    h = mem.histograms["weights/grad/weight"][0][1]
     finite = g[torch.isfinite(g)]
     assert h.nonfinite == 7
     assert h.count == finite.numel() == sum(h.counts)
@@ -210,13 +212,13 @@ def test_histograms_match_finite_values_and_count_nonfinite() -> None:
     # bucket edges are computed the same way; allow values sitting exactly on an edge to move by one bucket
     assert sum(abs(a - b) for a, b in zip(h.counts, ref.tolist())) <= 2
     assert len(h.edges) == 17
-    assert mem.scalars["grad_nonfinite/weight"][0][1] == 7
+    assert mem.scalars["weights/grad_nonfinite/weight"][0][1] == 7
     assert mem.scalars["gradlog/nonfinite_tensors"][0][1] == 1
-    assert math.isnan(mem.scalars["grad_norm/weight"][0][1])
+    assert math.isnan(mem.scalars["weights/grad_norm/weight"][0][1])
     # lr 0 times a NaN gradient is NaN: SGD writes the 7 NaN/Inf into the weights, and the update shows them
-    w = mem.histograms["weight/weight"][0][1]
+    w = mem.histograms["weights/weight/weight"][0][1]
     assert (w.count, w.nonfinite) == (1993, 7)
-    u = mem.histograms["update/weight"][0][1]
+    u = mem.histograms["weights/update/weight"][0][1]
     assert (u.count, u.nonfinite) == (1993, 7)
     assert u.min == u.max == 0.0  # a constant update lands in one bucket
     assert u.counts[0] == 1993
@@ -232,7 +234,7 @@ def test_histogram_of_all_nan_gradient_is_empty_not_poisoned() -> None:
     opt.step()
     gl.log(0)
     gl.close()
-    h = mem.histograms["grad/weight"][0][1]
+    h = mem.histograms["weights/grad/weight"][0][1]
     assert (h.count, h.nonfinite, sum(h.counts)) == (0, 6, 0)
     assert all(math.isfinite(v) for v in (h.min, h.max, h.sum, h.sum_squares))
 
@@ -248,7 +250,7 @@ def test_update_ratio_of_zero_initialised_tensor_is_finite() -> None:
     gl.log(0)
     gl.close()
     # measured against the weights after the step: the bias moved by its whole size
-    assert mem.last("update_ratio/bias") == pytest.approx(1.0)
+    assert mem.last("weights/update_ratio/bias") == pytest.approx(1.0)
 
 
 def test_optimizer_none_measures_gradients_at_log_time() -> None:
@@ -265,8 +267,8 @@ def test_optimizer_none_measures_gradients_at_log_time() -> None:
         opt.step()
         opt.zero_grad()
     report = gl.close()
-    assert mem.scalars["grad_norm/a.weight"] == [(0, pytest.approx(norms[0])), (2, pytest.approx(norms[2]))]
-    assert not any(t.startswith("update_ratio/") for t in mem.scalars)
+    assert mem.scalars["weights/grad_norm/a.weight"] == [(0, pytest.approx(norms[0])), (2, pytest.approx(norms[2]))]
+    assert not any(t.startswith("weights/update_ratio/") for t in mem.scalars)
     assert report.never_updated == []
 
 
@@ -295,7 +297,7 @@ def test_clip_grad_norm_is_torchs_and_reports_norms_from_before_clipping(norm_ty
             coef = min(1.0, 0.5 / (want.item() + 1e-6))
             assert coef < 1 and mem.last("gradlog/clip_coef") == pytest.approx(coef, rel=1e-6)
             for n, v in before.items():
-                assert mem.last(f"grad_norm/{n}") == pytest.approx(v, rel=1e-5), n
+                assert mem.last(f"weights/grad_norm/{n}") == pytest.approx(v, rel=1e-5), n
         opt.zero_grad()
         twin_opt.zero_grad()
     gl.close()

@@ -229,7 +229,7 @@ def test_tied_embeddings_healthy_are_not_reported_and_counted_once() -> None:
     report = train(model, opt, gl=gl, loss_fn=_lm_loss)
     assert reported(report) == {}
     assert report.tracked_tensors == 3  # emb.weight (= head.weight), norm.weight, norm.bias
-    assert "grad_norm/emb.weight" in mem.scalars and "grad_norm/head.weight" not in mem.scalars
+    assert "weights/grad_norm/emb.weight" in mem.scalars and "weights/grad_norm/head.weight" not in mem.scalars
 
 
 def test_tied_embeddings_frozen_are_reported_once_with_alias() -> None:

@@ -232,7 +232,7 @@ def check_crashed(run_dir: Path, target: Path) -> tuple[int, int]:
     assert run.provisional_step is not None and run.provisional_step % 4 == 0, run_dir
     assert {r[0] for r in run.tables["gradlog/never_updated"][1]} == {"2.weight", "2.bias"}, run_dir
     measured = [s for s in logged if s % 2 == 0]
-    on_disk = [s for s, _ in run.scalars["grad_norm/0.weight"]]
+    on_disk = [s for s, _ in run.scalars["weights/grad_norm/0.weight"]]
     return len(set(measured) - set(on_disk)), len(measured)
 
 
@@ -354,7 +354,7 @@ def test_a_writer_that_blocks_in_every_call_never_slows_training() -> None:
     finally:
         stuck.release.set()
     assert during == (1, 0) and after_close == 0
-    assert len(mem.scalars["grad_norm/0.weight"]) == 51 and report.measured_steps == 51
+    assert len(mem.scalars["weights/grad_norm/0.weight"]) == 51 and report.measured_steps == 51
     behind = [w for w in caught if "Stuck is falling behind" in str(w.message)]
     lost = [w for w in caught if "Stuck did not finish in time at close()" in str(w.message)]
     assert len(behind) == 1 and len(lost) == 1
@@ -392,7 +392,7 @@ def test_a_forked_childs_logger_is_inert(tmp_path: Path) -> None:
     assert "child exit 0" in proc.stdout and "child logged in 0." in proc.stdout  # no wait for the parent's thread
     assert proc.stdout.count("tensors never updated") == 1, proc.stdout  # the parent's table only
     run = load(str(tmp_path / "run"))
-    assert [s for s, _ in run.scalars["grad_norm/0.weight"]] == [0]  # the child wrote nothing
+    assert [s for s, _ in run.scalars["weights/grad_norm/0.weight"]] == [0]  # the child wrote nothing
 
 
 def test_writer_options_log_dir(tmp_path: Path) -> None:
@@ -465,7 +465,7 @@ def test_sigterm_inside_log_waits_for_that_call_to_finish(tmp_path: Path) -> Non
     lines = out.splitlines()
     assert "writer call for step 6 finished" in lines and "logged 6" not in lines  # log(6) ended, then the signal
     run = load(str(tmp_path / "run"))
-    assert run.provisional_step is None and [s for s, _ in run.scalars["grad_norm/0.weight"]] == [0, 2, 4, 6]
+    assert run.provisional_step is None and [s for s, _ in run.scalars["weights/grad_norm/0.weight"]] == [0, 2, 4, 6]
 
 
 def test_records_queued_when_close_gives_up_on_a_stalled_disk_are_counted(tmp_path: Path) -> None:
@@ -562,7 +562,7 @@ def test_a_full_disk_reuses_one_event_file(small_disk: Path) -> None:
     assert len(got["files"]) == 1 and got["dropped"] > 0, got  # before: a new event file at every retry
     assert len([w for w in got["warnings"] if "cannot write" in w and "No space left" in w]) == 1
     run = load(str(small_disk / "run"))  # whole records only: the torn tail was cut off
-    assert run.skipped == [] and [s for s, _ in run.scalars["grad_norm/weight"]][:3] == [0, 1, 2]
+    assert run.skipped == [] and [s for s, _ in run.scalars["weights/grad_norm/weight"]][:3] == [0, 1, 2]
 
 
 @pytest.mark.slow
@@ -571,7 +571,7 @@ def test_a_file_size_limit_moves_on_to_a_new_event_file(tmp_path: Path) -> None:
     got = outage(tmp_path / "run", limit=12000)
     assert len(got["files"]) > 1 and all(os.path.getsize(f) <= 12000 for f in got["files"]), got
     run = load(str(tmp_path / "run"))  # every file ends in a whole record; only the steps that hit the limit are lost
-    steps = [s for s, _ in run.scalars["grad_norm/weight"]]
+    steps = [s for s, _ in run.scalars["weights/grad_norm/weight"]]
     # `dropped` counts records (Events), and since main's packed series and run-level tags a step's values can
     # take more than one record (and close()'s tables one of their own): at most `dropped` steps are lost
     assert run.skipped == [] and steps[0] == 0 and 40 > len(steps) >= 40 - got["dropped"], (steps, got["dropped"])

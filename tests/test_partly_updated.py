@@ -322,9 +322,9 @@ def test_dead_frac_is_the_fraction_of_all_zero_gradient_rows_per_step() -> None:
         seen.append(float((g.abs().amax(1) == 0).double().mean()))
 
     _, _, mem = run(model, torch.optim.Adam(model.parameters(), lr=1e-2), normal16, steps=4, every=2, spy=spy)
-    assert [v for _, v in mem.scalars["dead_frac/fc1.weight"]] == [seen[0], seen[2]] == [0.25, 0.25]
-    assert [v for _, v in mem.scalars["dead_frac/fc1.bias"]] == [0.25, 0.25]
-    assert [v for _, v in mem.scalars["dead_frac/fc2.weight"]] == [0.0, 0.0]
+    assert [v for _, v in mem.scalars["weights/dead_frac/fc1.weight"]] == [seen[0], seen[2]] == [0.25, 0.25]
+    assert [v for _, v in mem.scalars["weights/dead_frac/fc1.bias"]] == [0.25, 0.25]
+    assert [v for _, v in mem.scalars["weights/dead_frac/fc2.weight"]] == [0.0, 0.0]
 
 
 def test_dead_frac_only_on_zero_count_steps() -> None:
@@ -336,7 +336,7 @@ def test_dead_frac_only_on_zero_count_steps() -> None:
     opt.step()
     gl.log()
     gl.close()
-    assert not any(tag.startswith("dead_frac/") for tag in mem.scalars)
+    assert not any(tag.startswith("weights/dead_frac/") for tag in mem.scalars)
 
 
 def test_evidence_and_fingerprints_take_at_most_32_bytes_per_slice() -> None:
@@ -465,7 +465,7 @@ def test_zero_element_scalar_fp16_lazy_and_complex_tensors_work() -> None:
     report = gl.close()
     assert report.partly_updated == []
     assert {r.name for r in report.never_updated} == {"empty"}
-    assert mem.scalars["dead_frac/lazy.weight"][-1][1] == 0.0
+    assert mem.scalars["weights/dead_frac/lazy.weight"][-1][1] == 0.0
 
 
 def test_lazy_parameters_materialised_after_the_logger_are_fingerprinted_then() -> None:

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 import torch
+from tb_plugin_run import write_old_style
 from torch import nn
 
 import gradlog
 from gradlog.cli.entry import main
+from gradlog.measure import tags
 from gradlog.readers.run import RunData, load, parse_markdown_table
 from gradlog.verdict.report import COLUMNS, WARNING_KINDS
 from gradlog.views.health import analyze
@@ -142,7 +144,10 @@ def assert_matches_close(out: dict[str, Any], report: gradlog.Report, mem: gradl
     never = set(PLANTED)
     nan_from = report.first_nonfinite.step
     for tag, pts in mem.scalars.items():
-        kind, name = tag.split("/", 1)
+        per_tensor = tags.split(tag)
+        if per_tensor is None:
+            continue
+        kind, name = per_tensor
         if name in never:
             continue
         pts = [(st, v) for st, v in pts if st < nan_from]  # NaN steps are the non-finite finding
@@ -174,6 +179,41 @@ def test_tensorboard_readback_equals_the_report_close_returned(
     assert code == 1 and [(s["name"], s["step"]) for s in rejudged["spikes"]] == [
         (s["name"], s["step"]) for s in out["spikes"]
     ]
+
+
+def test_a_run_written_with_the_old_tag_names_reads_back_the_same(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run written before the rename (`grad_norm/<name>`, `update_ratio/<name>`, ...: tb_plugin_run's
+    write_old_style) gives the same report as today's names."""
+    mem, report = planted_run("tensorboard", tmp_path / "new", nan_at=30, spike_at=12)
+    write_old_style(mem.scalars, mem.tables, str(tmp_path / "old"))
+    old, new = load(str(tmp_path / "old")), load(str(tmp_path / "new"))
+    assert any(t.startswith("grad_norm/") for t in tags_on_disk(tmp_path / "old"))  # really the old names
+
+    def f32(v: float) -> str:  # TensorBoard stores float32; NaN == NaN by repr
+        return repr(struct.unpack("<f", struct.pack("<f", v))[0])
+
+    # every series under today's name, with the values written (the TensorBoard writer leaves out the zero
+    # non-finite counts that the old run, written from the MemoryWriter, holds)
+    read = {t: [(s, repr(v)) for s, v in pts] for t, pts in old.scalars.items()}
+    assert read == {t: [(s, f32(v)) for s, v in pts] for t, pts in mem.scalars.items()}
+    assert all(read[t] == [(s, repr(v)) for s, v in pts] for t, pts in new.scalars.items() if "nonfinite/" not in t)
+    code, out = report_json(tmp_path / "old", capsys)
+    assert code == 1 and out["skipped"] == []
+    assert_matches_close(out, report, mem)
+    _, today = report_json(tmp_path / "new", capsys)
+    for key in ("never_updated", "stalled", "first_nonfinite", "spikes", "out_of_band", "verdict", "tensors"):
+        assert out[key] == today[key], key
+
+
+def tags_on_disk(log_dir: Path) -> set[str]:
+    """Every scalar tag in a log dir's event files, read with TensorBoard's own loader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
 
 
 def test_healthy_run_exits_0_and_says_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -239,7 +279,7 @@ def test_plot_labels_never_overlap_with_few_or_many_tensors(tmp_path: Path, bloc
         ordered = sorted(boxes, key=lambda b: b.y0)
         assert all(a.y1 <= b.y0 + 0.5 for a, b in zip(ordered, ordered[1:])), "tick labels overlap"
     # frozen tensors have no series (not measured), but the plot still names them as never updated
-    n_tensors = len({t.split("/", 1)[1] for t in mem.scalars if t.startswith("weight_norm/")} | set(never))
+    n_tensors = len({t.split("/", 2)[2] for t in mem.scalars if t.startswith("weights/weight_norm/")} | set(never))
     if blocks == 1:
         assert len(left) == n_tensors  # few tensors: every one is named
         assert {t.get_text().split(" ")[1].rstrip(":") for t in right_axes[0].get_yticklabels()} == set(never)
@@ -340,8 +380,8 @@ def test_corrupt_record_in_the_middle(tmp_path: Path, capsys: pytest.CaptureFixt
     f.write_bytes(bytes(data))
     run = load(str(log_dir))
     assert len(run.skipped) == 1 and "corrupt record" in run.skipped[0] and "reading resumed at byte" in run.skipped[0]
-    written = dict(mem.scalars["grad_norm/head.weight"])
-    read = dict(run.scalars["grad_norm/head.weight"])
+    written = dict(mem.scalars["weights/grad_norm/head.weight"])
+    read = dict(run.scalars["weights/grad_norm/head.weight"])
     assert set(read) < set(written) and len(written) - len(read) == 1  # one step's record is lost, no more
     # The points that were read are the points that were written (float32 on disk).
     for step, value in read.items():

@@ -39,7 +39,8 @@ def _train(**kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Report, Net, lis
 
 
 def _tensors(mem: gradlog.MemoryWriter, metric: str) -> set[str]:
-    return {t.split("/", 1)[1] for t in mem.scalars if t.startswith(metric + "/")}
+    head = f"weights/{metric}/"
+    return {t[len(head) :] for t in mem.scalars if t.startswith(head)}
 
 
 def test_include_glob_measures_writes_and_diagnoses_only_matching_tensors() -> None:
@@ -47,7 +48,7 @@ def test_include_glob_measures_writes_and_diagnoses_only_matching_tensors() -> N
     encoder = {n for n, _ in model.named_parameters() if n.startswith("encoder.")}
     for metric in ("grad_norm", "weight_norm", "update_ratio", "grad_nonfinite"):
         assert _tensors(mem, metric) == encoder, metric
-    assert {t.split("/", 1)[1] for t in mem.histograms if t.startswith("grad/")} == encoder
+    assert {t.split("/", 2)[2] for t in mem.histograms if t.startswith("weights/grad/")} == encoder
     assert [v for _, v in mem.scalars["gradlog/grad_norm_total"]] == pytest.approx(totals, rel=1e-6)
     assert report.never_updated == [] and report.tracked_tensors == len(encoder)  # the unused layer is not watched
 

@@ -39,4 +39,4 @@ def test_grad_norm_matches_vector_norm() -> None:
     opt.step()
     gl.log(0)
     gl.close()
-    assert abs(mem.last("grad_norm/weight") - expected) < 1e-6 * max(expected, 1)
+    assert abs(mem.last("weights/grad_norm/weight") - expected) < 1e-6 * max(expected, 1)

@@ -135,7 +135,7 @@ def finite(t: torch.Tensor) -> torch.Tensor:
 
 def quiet(tag: str, series: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """What TensorBoard gets of a series: a `grad_nonfinite/` one only from its first non-zero value on."""
-    if not tag.startswith("grad_nonfinite/"):
+    if not tag.startswith("weights/grad_nonfinite/"):
         return series
     first = next((i for i, (_, v) in enumerate(series) if v != 0), len(series))
     return series[first:]
@@ -151,20 +151,22 @@ def test_every_scalar_equals_what_the_memory_writer_got(run: Run) -> None:
     acc = accumulate(run.log_dir)
     expected = tb_scalars(run)
     assert set(acc.Tags()["scalars"]) == set(expected)
-    assert {"grad_norm/lin.weight", "update_ratio/head.bias", "gradlog/grad_norm_total"} <= set(run.mem.scalars)
+    assert {"weights/grad_norm/lin.weight", "weights/update_ratio/head.bias", "gradlog/grad_norm_total"} <= set(
+        run.mem.scalars
+    )
     # per-tensor NaN/Inf counts only for the tensors that had some: 400 flat-zero charts are noise
-    assert {t for t in expected if t.startswith("grad_nonfinite/")} == {
-        "grad_nonfinite/nan_part",
-        "grad_nonfinite/nan_all",
-        "grad_nonfinite/inf_part",
+    assert {t for t in expected if t.startswith("weights/grad_nonfinite/")} == {
+        "weights/grad_nonfinite/nan_part",
+        "weights/grad_nonfinite/nan_all",
+        "weights/grad_nonfinite/inf_part",
     }
     for tag, series in expected.items():
         got = [(e.step, e.value) for e in acc.Scalars(tag)]
         assert [s for s, _ in got] == [s for s, _ in series], tag
         assert all(same(a, b) for (_, a), (_, b) in zip(got, series)), (tag, got, series)
     # NaN and Inf are written as they are
-    assert math.isnan(acc.Scalars("grad_norm/nan_all")[0].value)
-    assert acc.Scalars("grad_norm/inf_part")[0].value == math.inf
+    assert math.isnan(acc.Scalars("weights/grad_norm/nan_all")[0].value)
+    assert acc.Scalars("weights/grad_norm/inf_part")[0].value == math.inf
 
 
 def test_histograms_count_exactly_the_finite_entries(run: Run) -> None:
@@ -173,7 +175,7 @@ def test_histograms_count_exactly_the_finite_entries(run: Run) -> None:
     checked = 0
     for kind, by_step in run.refs.items():
         for name in by_step[0]:
-            tag = f"{kind}/{name}"
+            tag = f"weights/{kind}/{name}"
             events = acc.Histograms(tag)
             assert [e.step for e in events] == MEASURED, tag
             for e in events:
@@ -192,15 +194,24 @@ def test_histograms_count_exactly_the_finite_entries(run: Run) -> None:
 
 def test_degenerate_histograms_are_well_formed(run: Run) -> None:
     acc = accumulate(run.log_dir)
-    for tag in ("grad/nan_all", "weight/nan_all", "grad/empty", "weight/empty"):  # no finite value at all
+    for tag in (
+        "weights/grad/nan_all",
+        "weights/weight/nan_all",
+        "weights/grad/empty",
+        "weights/weight/empty",
+    ):  # no finite value at all
         for e in acc.Histograms(tag):
             h = e.histogram_value
             assert (h.num, h.min, h.max, sum(h.bucket)) == (0, 0, 0, 0), tag
-    for tag, value in (("weight/const", 2.5), ("grad/const", 0.0), ("update/const", 0.0)):  # min == max
+    for tag, value in (
+        ("weights/weight/const", 2.5),
+        ("weights/grad/const", 0.0),
+        ("weights/update/const", 0.0),
+    ):  # min == max
         for e in acc.Histograms(tag):
             h = e.histogram_value
             assert (h.min, h.max, list(h.bucket_limit), list(h.bucket)) == (value, value, [value], [7.0]), tag
-    partial = acc.Histograms("grad/nan_part")[0].histogram_value
+    partial = acc.Histograms("weights/grad/nan_part")[0].histogram_value
     assert partial.num == 5 and all(math.isfinite(v) for v in (partial.min, partial.max, partial.sum))
 
 
@@ -308,7 +319,7 @@ def test_hand_encoded_records_parse_as_tensorboard_protobufs() -> None:
     spread = gradlog.Histogram((3.0, 0.0, 2.0), -1.5, 4.5, 7.0, 30.0, 5, 2)
     const = gradlog.Histogram((4.0, 0.0), 2.5, 2.5, 10.0, 25.0, 4, 0)
     empty = gradlog.Histogram((0.0, 0.0), 0.0, 0.0, 0.0, 0.0, 0, 3)
-    long_tag = "grad_norm/" + "é" * 200  # multi-byte length prefix and UTF-8
+    long_tag = "weights/grad_norm/" + "é" * 200  # multi-byte length prefix and UTF-8
     scalars = [("a", 1.25), ("b", math.nan), ("c", -math.inf), ("d", 1e39), (long_tag, 3.0)]
     for step in (0, 7, 300, 2**40, -3):
         values = [tb_format.scalar_value(t, v) for t, v in scalars]
@@ -384,7 +395,7 @@ def get(url: str, path: str, **query: str) -> Any:
 def test_tensorboard_server_serves_scalars_histograms_text_and_layout(run: Run, server: str) -> None:
     tags = get(server, "/data/plugin/scalars/tags")
     assert set(tags["run"]) == set(tb_scalars(run))
-    for tag in ("grad_norm/lin.weight", "update_ratio/head.bias", "grad_norm/nan_all"):
+    for tag in ("weights/grad_norm/lin.weight", "weights/update_ratio/head.bias", "weights/grad_norm/nan_all"):
         got = [
             (step, float(value)) for _, step, value in get(server, "/data/plugin/scalars/scalars", run="run", tag=tag)
         ]
@@ -393,12 +404,12 @@ def test_tensorboard_server_serves_scalars_histograms_text_and_layout(run: Run, 
 
     assert set(get(server, "/data/plugin/histograms/tags")["run"]) == set(run.mem.histograms)
     for name in ("lin.weight", "nan_part", "nan_all", "empty", "const"):
-        series = get(server, "/data/plugin/histograms/histograms", run="run", tag=f"grad/{name}")
+        series = get(server, "/data/plugin/histograms/histograms", run="run", tag=f"weights/grad/{name}")
         assert [step for _, step, _ in series] == MEASURED
         for _, step, buckets in series:
             assert sum(c for _, _, c in buckets) == finite(run.refs["grad"][step][name]).numel(), name
             assert all(left <= right for left, right, _ in buckets), name
-    const = get(server, "/data/plugin/histograms/histograms", run="run", tag="weight/const")
+    const = get(server, "/data/plugin/histograms/histograms", run="run", tag="weights/weight/const")
     assert all(buckets == [[2.5, 2.5, 7.0]] for _, _, buckets in const)
 
     text = get(server, "/data/plugin/text/text", run="run", tag="gradlog/summary")
@@ -452,9 +463,9 @@ def test_kill_9_loses_no_logged_step(tmp_path: Path) -> None:
     assert proc.returncode == -signal.SIGKILL
     acc = accumulate(tmp_path / "run")
     assert last == 12
-    for tag in ("grad_norm/0.weight", "update_ratio/15.bias", "gradlog/grad_norm_total"):
+    for tag in ("weights/grad_norm/0.weight", "weights/update_ratio/15.bias", "gradlog/grad_norm_total"):
         assert [e.step for e in acc.Scalars(tag)] == list(range(13)), tag
-    for tag in ("grad/0.weight", "weight/15.bias", "update/15.bias"):
+    for tag in ("weights/grad/0.weight", "weights/weight/15.bias", "weights/update/15.bias"):
         assert [e.step for e in acc.Histograms(tag)] == list(range(13)), tag
 
 
@@ -464,7 +475,7 @@ def test_closed_at_interpreter_exit_when_forgotten(tmp_path: Path) -> None:
     proc.communicate(timeout=120)
     assert proc.returncode == 0
     acc = accumulate(tmp_path / "run")
-    assert [e.step for e in acc.Scalars("grad_norm/0.weight")] == [0, 1, 2, 3, 4]
+    assert [e.step for e in acc.Scalars("weights/grad_norm/0.weight")] == [0, 1, 2, 3, 4]
     assert {"gradlog/never_updated/table", "gradlog/summary"} <= set(acc.Tags()["tensors"])
     bare = accumulate(tmp_path / "bare")
     assert [(e.step, e.value) for e in bare.Scalars("bare/y")] == [(7, -2.0)]
@@ -497,7 +508,7 @@ def test_unwritable_log_dir_warns_once_and_training_completes(tmp_path: Path) ->
         report = tiny_training([mem, tb])
     messages = gradlog_warnings(caught)
     assert len(messages) == 1 and "cannot write" in messages[0] and "a_file" in messages[0], messages
-    assert report.measured_steps == 6 and [s for s, _ in mem.scalars["grad_norm/weight"]] == list(range(6))
+    assert report.measured_steps == 6 and [s for s, _ in mem.scalars["weights/grad_norm/weight"]] == list(range(6))
     assert tb.files == [] and tb.dropped > 0
 
 
@@ -542,7 +553,7 @@ def test_vanished_log_dir_warns_once_and_continues_in_a_new_file(tmp_path: Path)
     assert len(messages) == 1 and "deleted" in messages[0], messages
     assert len(tb.files) == 3 and [Path(f).exists() for f in tb.files] == [False, False, True]
     acc = accumulate(tmp_path / "run")
-    assert [e.step for e in acc.Scalars("grad_norm/weight")] == [6, 7]
+    assert [e.step for e in acc.Scalars("weights/grad_norm/weight")] == [6, 7]
     assert "gradlog/summary" in acc.Tags()["tensors"] and "custom_scalars__config__" in acc.Tags()["tensors"]
 
 
@@ -558,7 +569,7 @@ def test_restart_writes_a_new_file_and_never_touches_the_old(tmp_path: Path) -> 
     assert len(second.files) == 1 and second.files[0] != first.files[0]
     assert old.stat().st_size == size + 6
     acc = accumulate(tmp_path)  # the reader sees both runs' files
-    assert sorted(e.step for e in acc.Scalars("grad_norm/weight")) == [0, 0, 1, 1, 2, 2, 3, 4]
+    assert sorted(e.step for e in acc.Scalars("weights/grad_norm/weight")) == [0, 0, 1, 1, 2, 2, 3, 4]
 
 
 def test_default_writer_is_tensorboard_in_one_new_run_folder_per_logger(
@@ -570,7 +581,7 @@ def test_default_writer_is_tensorboard_in_one_new_run_folder_per_logger(
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2 and all(socket.gethostname() in r.name for r in runs)
     for r in runs:
-        assert [e.step for e in accumulate(r).Scalars("grad_norm/weight")] == [0, 1]
+        assert [e.step for e in accumulate(r).Scalars("weights/grad_norm/weight")] == [0, 1]
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     gl = gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), print_report=False)
@@ -613,7 +624,7 @@ def test_demo_writes_under_runs_and_prints_the_command(
     out = capsys.readouterr().out
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert f"runs/{run_dir.name}" in out and "tensorboard --logdir runs" in out
-    assert [e.step for e in accumulate(run_dir).Scalars("grad_norm/head.weight")] == [0, 5, 10, 15]
+    assert [e.step for e in accumulate(run_dir).Scalars("weights/grad_norm/head.weight")] == [0, 5, 10, 15]
     assert main(["demo", "--steps", "5", "--writer", "memory"]) == 0
     assert "tensorboard --logdir" not in capsys.readouterr().out
     assert len(list((tmp_path / "runs").iterdir())) == 1
@@ -637,7 +648,7 @@ def test_reader_keeps_model_order(run: Run) -> None:
 
     data = load(str(run.log_dir))
     order = [n for n, _ in Planted().named_parameters()]
-    assert [t.partition("/")[2] for t in data.scalars if t.startswith("weight_norm/")] == order
+    assert [t.split("/", 2)[2] for t in data.scalars if t.startswith("weights/weight_norm/")] == order
 
 
 def test_a_step_with_more_histograms_than_one_queue_block_is_written_whole(tmp_path: Path) -> None:
@@ -661,8 +672,8 @@ def test_a_step_with_more_histograms_than_one_queue_block_is_written_whole(tmp_p
     acc = accumulate(tmp_path)
     for name in weights[0]:
         for kind in ("grad", "weight", "update"):
-            assert [e.step for e in acc.Histograms(f"{kind}/{name}")] == [0, 1], (kind, name)
-        for e in acc.Histograms(f"weight/{name}"):
+            assert [e.step for e in acc.Histograms(f"weights/{kind}/{name}")] == [0, 1], (kind, name)
+        for e in acc.Histograms(f"weights/weight/{name}"):
             w = weights[e.step][name].double()
             h = e.histogram_value
             assert sum(h.bucket) == h.num == w.numel()

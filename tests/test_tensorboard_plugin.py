@@ -3,6 +3,7 @@ planted run (a layer whose lr goes to 0, a NaN gradient), then headless Chromium
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import json
@@ -20,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_run
+from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_old_style, write_run
 
+import gradlog
+from gradlog.readers.run import load
 from gradlog.views.tensorboard_plugin import data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,8 +69,13 @@ def test_unknown_metric_is_refused() -> None:
 
 
 def test_names_follow_the_written_model_order_then_the_rest() -> None:
-    tags = ["update_ratio/b", "grad_norm/a", "weight_norm/c", "train/loss"]
-    assert data.tensor_names(tags, ["c", "a", "gone"]) == ["c", "a", "b"]
+    tags = ["weights/update_ratio/b", "weights/grad_norm/a", "weights/weight_norm/c", "train/loss", "grad_norm/x"]
+    assert data.tensor_names(tags, ["c", "a", "gone"]) == ["c", "a", "b"]  # grad_norm/x: the user's own
+    assert data.metric_prefix(tags, "grad_norm") == "weights/grad_norm/"
+    old = [t[len("weights/") :] for t in tags[:3]] + ["train/loss"]  # a run written before the weights/ group
+    assert data.tensor_names(old, ["c", "a", "gone"]) == ["c", "a", "b"]
+    assert data.metric_prefix(old, "grad_norm") == "grad_norm/"
+    assert data.has_tensor_series(old) and data.has_tensor_series(tags) and not data.has_tensor_series(["train/loss"])
 
 
 def test_marks_keep_the_strongest_finding() -> None:
@@ -153,31 +161,28 @@ class Server:
         return json.loads(_get(self.base, path))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("tbplugin")
-    logdir = tmp / "runs"
-    _, expected = write_run(str(logdir / "planted"))
-    training = [sys.executable, str(ROOT / "tests" / "tb_plugin_run.py"), "--training", str(logdir / "training")]
-    subprocess.run(training, check=True, env=_env(None), timeout=120, capture_output=True)  # no close(): no tables
+@contextlib.contextmanager
+def _tensorboard(logdir: Path, tmp: Path, runs: set[str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real `tensorboard` process on 127.0.0.1 serving `logdir`, up once gradlog's tab lists `runs`."""
     port = _free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--reload_interval", "1"]
-    log = open(tmp / "tensorboard.log", "wb")
+    log_path = tmp / f"tensorboard-{port}.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(_entry_point_shim(tmp)))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while True:  # bounded wait: the server is up and has loaded both runs
-            assert proc.poll() is None, (tmp / "tensorboard.log").read_text()
+        while True:  # bounded wait: the server is up and has loaded every run
+            assert proc.poll() is None, log_path.read_text()
             try:
-                if set(json.loads(_get(base, "/data/plugin/gradlog/runs", 5))) == {"planted", "training"}:
+                if set(json.loads(_get(base, "/data/plugin/gradlog/runs", 5))) == runs:
                     break
             except (urllib.error.URLError, OSError, ValueError):
                 pass
-            assert time.monotonic() < deadline, "tensorboard did not serve both runs within 120 s"
+            assert time.monotonic() < deadline, f"tensorboard did not serve {sorted(runs)} within 120 s"
             time.sleep(0.5)
-        yield Server(base, logdir, expected, proc)
+        yield base, proc
     finally:
         proc.terminate()
         try:
@@ -186,6 +191,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             proc.kill()
             proc.wait(15)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("tbplugin")
+    logdir = tmp / "runs"
+    _, expected = write_run(str(logdir / "planted"))
+    training = [sys.executable, str(ROOT / "tests" / "tb_plugin_run.py"), "--training", str(logdir / "training")]
+    subprocess.run(training, check=True, env=_env(None), timeout=120, capture_output=True)  # no close(): no tables
+    planted = load(str(logdir / "planted"))
+    write_old_style(planted.scalars, planted.tables, str(logdir / "old"))
+    with _tensorboard(logdir, tmp, {"planted", "training", "old"}) as (base, proc):
+        yield Server(base, logdir, expected, proc)
 
 
 @pytest.mark.slow
@@ -248,6 +266,25 @@ def test_series_and_a_run_still_training(server: Server) -> None:
         _get(server.base, "/data/plugin/gradlog/heatmap?run=planted&metric=loss")
 
 
+@pytest.mark.slow
+def test_a_run_with_the_old_tag_names_shows_the_same(server: Server) -> None:
+    """A run written before the `weights/` group (`update_ratio/<name>` ...; no packed rows, so the tab reads
+    the scalars) is listed and gives the planted run's findings, heatmap cells and series."""
+    ov, planted = (server.json(f"/data/plugin/gradlog/overview?run={r}") for r in ("old", "planted"))
+    assert sorted(ov["names"]) == sorted(planted["names"]) and ov["metrics"] == planted["metrics"]
+    assert ov["verdict"] == planted["verdict"] and ov["marks"] == planted["marks"]
+    for metric in ("update_ratio", "grad_nonfinite"):
+        cells = {}
+        for run in ("old", "planted"):
+            header, values = data.decode(_get(server.base, f"/data/plugin/gradlog/heatmap?run={run}&metric={metric}"))
+            n = len(header["steps"])
+            rows = enumerate(header["names"])
+            cells[run] = {name: [repr(v) for v in values[i * n : (i + 1) * n]] for i, name in rows}
+        assert cells["old"] == cells["planted"], metric
+    series = server.json(f"/data/plugin/gradlog/series?run=old&name={STALLED}")
+    assert series == server.json(f"/data/plugin/gradlog/series?run=planted&name={STALLED}")
+
+
 # --- a real browser ------------------------------------------------------------------------------------------
 
 
@@ -257,8 +294,10 @@ def _chromium() -> tuple[str, str] | None:
     return (browser, driver) if browser and driver else None
 
 
-@pytest.mark.slow
-def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _browser(tmp_path: Path) -> Iterator[Any]:
+    """Headless Chromium through chromedriver; skipped where they are missing, except in CI (.ci/run installs
+    them), where a missing browser fails the test."""
     found = _chromium()
     if found is None:
         if os.environ.get("CI"):
@@ -266,8 +305,6 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
         pytest.skip("headless chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
     options.binary_location = found[0]
@@ -280,6 +317,17 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
     driver = webdriver.Chrome(service=Service(found[1]), options=options)
     driver.set_page_load_timeout(60)
     try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.mark.slow
+def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: Path) -> None:
+    with _browser(tmp_path) as driver:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
         driver.get(server.base + "/#gradlog")
         frame = WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe"))
         driver.switch_to.frame(frame)
@@ -312,8 +360,75 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
         driver.switch_to.default_content()
         driver.save_screenshot(str(tmp_path / "gradlog-tab.png"))
         assert (tmp_path / "gradlog-tab.png").stat().st_size > 10_000
-    finally:
-        driver.quit()
+
+
+#: The user's own tags in the wide run: PyTorch's tutorial style, a bare one, Hugging Face / Lightning style.
+USER_TAGS = ("Loss/train", "lr", "train/loss", "val/acc")
+
+
+def _write_wide_run(log_dir: Path, blocks: int = 150) -> int:
+    """A run of `2 * blocks` tensors written by gradlog's TensorBoard writer, with the user's own tags
+    (USER_TAGS) written beside it by torch's SummaryWriter, as a training script would. Returns the tensor count."""
+    import torch
+    from torch import nn
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(2, 2) for _ in range(blocks)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gl = gradlog.GradLogger(model, opt, log_dir=str(log_dir), every=1, print_report=False)
+    own = SummaryWriter(str(log_dir))
+    for step in range(3):
+        loss = model(torch.randn(4, 2)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        for tag in USER_TAGS:
+            own.add_scalar(tag, loss.item(), step)
+    own.close()
+    gl.close()
+    return 2 * blocks
+
+
+@pytest.mark.slow
+def test_time_series_lists_run_level_and_user_groups_first(tmp_path: Path) -> None:
+    """TensorBoard's own Time Series and Scalars pages, rendered in Chromium for a 300-tensor run plus the
+    user's tags: the run-level `gradlog` group and the user's groups come before the per-tensor group
+    (`weights`, every per-tensor series), and the two groups Time Series opens are not per-tensor ones."""
+    n = _write_wide_run(tmp_path / "runs" / "wide")
+    with _browser(tmp_path) as driver, _tensorboard(tmp_path / "runs", tmp_path, {"wide"}) as (base, _):
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        assert len(json.loads(_get(base, "/data/plugin/gradlog/overview?run=wide"))["names"]) == n
+        driver.get(base + "/#timeseries")
+        groups = "metrics-card-groups .card-group"
+        WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, groups)) >= 6)
+        order = [e.get_attribute("title") for e in driver.find_elements(By.CSS_SELECTOR, groups + " .group-title")]
+        opened = [
+            e.find_element(By.CSS_SELECTOR, ".group-title").get_attribute("title")
+            for e in driver.find_elements(By.CSS_SELECTOR, groups)
+            if e.find_elements(By.CSS_SELECTOR, '.expand-group-icon mat-icon[svgicon="expand_less_24px"]')
+        ]
+        driver.save_screenshot(str(tmp_path / "time-series.png"))
+        # Scalars (Polymer, inside shadow roots): its prefix groups, skipping the tag-filter results group
+        driver.get(base + "/#scalars")
+        script = """
+            const out = [];
+            const walk = (root) => root.querySelectorAll('*').forEach((el) => {
+              if (el.localName === 'tf-category-paginated-view' && el.category && el.category.metadata.type === 1)
+                out.push(el.category.name);
+              if (el.shadowRoot) walk(el.shadowRoot);
+            });
+            walk(document);
+            return out;"""
+        WebDriverWait(driver, 60).until(lambda d: len(d.execute_script(script)) >= 6)
+        scalars = driver.execute_script(script)
+    assert order.index("gradlog") < order.index("weights") and order.index("train") < order.index("weights")
+    assert order == ["Loss", "gradlog", "lr", "train", "val", "weights"]  # TensorBoard's order: code units
+    assert opened == ["Loss", "gradlog"]  # Time Series opens the first two groups only
+    assert scalars == order
 
 
 def test_gradient_norms_are_read_only_where_they_change_a_cell() -> None:
@@ -346,9 +461,9 @@ def test_packed_rows_give_the_same_cells_as_the_scalars(tmp_path: Path, metric: 
 
     def series(family: str) -> dict[str, list[tuple[int, float]]]:
         return {
-            n: [(e.step, e.value) for e in acc.Scalars(f"{family}/{n}")]
+            n: [(e.step, e.value) for e in acc.Scalars(f"weights/{family}/{n}")]
             for n in order
-            if f"{family}/{n}" in acc.Tags()["scalars"]
+            if f"weights/{family}/{n}" in acc.Tags()["scalars"]
         }
 
     ref_steps, ref = data.heatmap(order, metric, series(metric), series("grad_norm"))

@@ -78,7 +78,14 @@ def tb_run(folder: Path, name: str = "w", never: list[list[str]] | None = None, 
     """A small gradlog-shaped TensorBoard run: steady series for tensor `name`, the close-time tables."""
     folder.mkdir(parents=True, exist_ok=True)
     records = [
-        scalar_event(s, {f"grad_norm/{name}": 1.0, f"update_ratio/{name}": 1e-3, f"weight_norm/{name}": 2.0})
+        scalar_event(
+            s,
+            {
+                f"weights/grad_norm/{name}": 1.0,
+                f"weights/update_ratio/{name}": 1e-3,
+                f"weights/weight_norm/{name}": 2.0,
+            },
+        )
         for s in range(steps)
     ]
     records.append(text_event(steps, "gradlog/never_updated", markdown(list(COLUMNS), never or [])))
@@ -140,7 +147,12 @@ def wandb_run(
         (folder / "files" / rel).write_text(text)
     records = [pb.Record(run=pb.RunRecord(run_id="abc", project="p"))]
     default_rows = [
-        {"gradlog/step": str(s), "grad_norm/w": "1.0", "update_ratio/w": "0.001", "weight_norm/w": "2.0"}
+        {
+            "gradlog/step": str(s),
+            "weights/grad_norm/w": "1.0",
+            "weights/update_ratio/w": "0.001",
+            "weights/weight_norm/w": "2.0",
+        }
         for s in range(8)
     ]
     for row in rows if rows is not None else default_rows:
@@ -352,7 +364,8 @@ def test_terminal_escapes_and_surrogates_in_tensor_names_and_summary(case: Path)
     evil = f"w{ESCAPE}\ud800\u202e"  # a lone surrogate fits only in JSON (protobuf keys must be valid UTF-8)
     key = f"k{ESCAPE}\u202e"
     rows = [
-        {"gradlog/step": str(s), f"grad_norm/{key}": "1.0", f"update_ratio/{key}": "5.0"} for s in range(8)
+        {"gradlog/step": str(s), f"weights/grad_norm/{key}": "1.0", f"weights/update_ratio/{key}": "5.0"}
+        for s in range(8)
     ]  # out of band: the name is printed
     never = {"columns": list(COLUMNS), "data": [[evil, "[2]", "2", "no_grad", f"detail {ESCAPE} \ud800"]]}
     wandb_run(
@@ -392,11 +405,16 @@ def test_nan_steps_and_deep_json_are_skipped_and_counted(case: Path) -> None:
     pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
     deep = "[" * 100_000 + "]" * 100_000
     rows = [
-        {"gradlog/step": str(s), "grad_norm/w": "1.0", "update_ratio/w": "0.001", "weight_norm/w": "2.0"}
+        {
+            "gradlog/step": str(s),
+            "weights/grad_norm/w": "1.0",
+            "weights/update_ratio/w": "0.001",
+            "weights/weight_norm/w": "2.0",
+        }
         for s in range(8)
     ]
-    rows += [{"gradlog/step": v, "grad_norm/w": "1e30"} for v in ("NaN", "Infinity", "-Infinity", '"7"')]
-    rows.append({"gradlog/step": "9", "grad_norm/w": deep})
+    rows += [{"gradlog/step": v, "weights/grad_norm/w": "1e30"} for v in ("NaN", "Infinity", "-Infinity", '"7"')]
+    rows.append({"gradlog/step": "9", "weights/grad_norm/w": deep})
     extra = [history(pb, {"gradlog/step": "10"}, nested={("k",) * 5000: "1"})]
     wandb_run(case, rows=rows, extra=extra)
     code, out, err = report_child(case, allowed=case)
@@ -405,6 +423,23 @@ def test_nan_steps_and_deep_json_are_skipped_and_counted(case: Path) -> None:
     assert "gradlog/step is not a number" in out
     assert "JSON nested deeper than 64 levels" in out and "nested 5000 levels deep" in out
     assert "Never updated: none" in out and "Gradient-norm spikes (> 10x the tensor's running median): none" in out
+
+
+def test_wandb_run_with_the_old_key_names_reads_under_todays(tmp_path: Path) -> None:
+    """A W&B run written before every per-tensor key moved under `weights/` (`grad_norm/w`, ...) reads
+    back under today's names; in a run with today's names a user's own `grad_norm/...` key stays as it is."""
+    old = [
+        {"gradlog/step": str(s), "grad_norm/w": "1.0", "update_ratio/w": "0.001", "weight_norm/w": "2.0", "loss": "0.5"}
+        for s in range(8)
+    ]
+    run = load(str(wandb_run(tmp_path / "old", rows=old)))
+    assert run.scalars["weights/grad_norm/w"] == [(s, 1.0) for s in range(8)]
+    assert run.scalars["weights/update_ratio/w"] == [(s, 0.001) for s in range(8)]
+    assert set(run.scalars) == {"weights/grad_norm/w", "weights/update_ratio/w", "weights/weight_norm/w", "loss"}
+    new = [{**row, "weights/grad_norm/w": "3.0"} for row in old]
+    run = load(str(wandb_run(tmp_path / "new", rows=new)))
+    assert run.scalars["weights/grad_norm/w"] == [(s, 3.0) for s in range(8)]
+    assert run.scalars["grad_norm/w"] == [(s, 1.0) for s in range(8)]  # the user's, not gradlog's
 
 
 @pytest.mark.slow
@@ -421,7 +456,7 @@ def test_huge_index_range_in_a_table_cell(case: Path) -> None:
 
 # --- in-process: the pieces ----------------------------------------------------------------------------
 def test_shown_escapes_what_a_terminal_would_act_on() -> None:
-    assert shown("grad_norm/layer.0") == "grad_norm/layer.0"
+    assert shown("weights/grad_norm/layer.0") == "weights/grad_norm/layer.0"
     assert shown("a\x1b[31mb\n\t\x7f") == "a\\x1b[31mb\\x0a\\x09\\x7f"
     assert shown("x\u202ey\ud800z\U000e0001") == "x\\u202ey\ufffdz\\U000e0001"
     assert shown("naïve 名前") == "naïve 名前"
@@ -637,7 +672,7 @@ def test_wandb_run_killed_mid_run_is_incomplete_not_bad_input(
     heads = ("gradlog INCOMPLETE: as of step 0, run did not close", "gradlog INCOMPLETE: no never-updated table")
     assert out["verdict"].startswith(heads) and out["skipped"] == [], out["verdict"]
     assert any("no exit record" in n for n in out["notes"])
-    steps = [s for s, _ in load(str(root)).scalars["grad_norm/0.weight"]]
+    steps = [s for s, _ in load(str(root)).scalars["weights/grad_norm/0.weight"]]
     assert steps == list(range(len(steps))) and len(steps) >= 1  # whatever history was written, from the start
 
 
@@ -729,9 +764,11 @@ def test_scalars_written_as_tensors_are_read(tmp_path: Path) -> None:
             tensor = tensor_pb2.TensorProto(dtype=2, tensor_content=struct.pack("<d", step / 8))
         else:
             tensor = tensor_pb2.TensorProto(dtype=1, float_val=[step / 8])
-        value = summary_pb2.Summary.Value(tag="grad_norm/w", tensor=tensor, metadata=meta if step == 0 else None)
+        value = summary_pb2.Summary.Value(
+            tag="weights/grad_norm/w", tensor=tensor, metadata=meta if step == 0 else None
+        )
         event = event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[value]))
         records.append(tfrecord(event.SerializeToString()))
     (tmp_path / "events.out.tfevents.1.host").write_bytes(b"".join(records))
     run = load(str(tmp_path))
-    assert run.scalars["grad_norm/w"] == [(s, s / 8) for s in range(4)] and run.skipped == []
+    assert run.scalars["weights/grad_norm/w"] == [(s, s / 8) for s in range(4)] and run.skipped == []

@@ -130,7 +130,7 @@ def quiet(mem: gradlog.MemoryWriter) -> dict[tuple[int, str], float]:
     from its first non-zero value on (the run-level `gradlog/nonfinite_tensors` counts the rest)."""
     out = {}
     for key, points in mem.scalars.items():
-        started = not key.startswith("grad_nonfinite/")
+        started = not key.startswith("weights/grad_nonfinite/")
         for step, value in points:
             started = started or value != 0
             if started:
@@ -141,7 +141,10 @@ def quiet(mem: gradlog.MemoryWriter) -> dict[tuple[int, str], float]:
 def test_every_scalar_matches_the_memory_writer(offline_run: tuple[Any, OfflineRun, Any]) -> None:
     mem, run, _ = offline_run
     expected = quiet(mem)
-    assert {k for _, k in expected if k.startswith("grad_nonfinite/")} == {"grad_nonfinite/bad", "grad_nonfinite/worse"}
+    assert {k for _, k in expected if k.startswith("weights/grad_nonfinite/")} == {
+        "weights/grad_nonfinite/bad",
+        "weights/grad_nonfinite/worse",
+    }
     got: dict[tuple[int, str], float] = {}
     for row in gradlog_rows(run):
         for key, value in row.items():
@@ -153,9 +156,9 @@ def test_every_scalar_matches_the_memory_writer(offline_run: tuple[Any, OfflineR
     bad = {k: (got[k], expected[k]) for k in expected if not same(got[k], expected[k])}
     assert not bad
     # the poisoned tensor really exercised the non-finite path: Inf and NaN went through W&B intact
-    assert got[(POISON_STEP, "grad_nonfinite/bad")] == 1.0
-    assert math.isinf(got[(POISON_STEP, "weight_norm/bad")])
-    assert math.isnan(got[(POISON_STEP + EVERY, "update_ratio/bad")])
+    assert got[(POISON_STEP, "weights/grad_nonfinite/bad")] == 1.0
+    assert math.isinf(got[(POISON_STEP, "weights/weight_norm/bad")])
+    assert math.isnan(got[(POISON_STEP + EVERY, "weights/update_ratio/bad")])
 
 
 def test_one_row_per_measured_step_with_gradlog_step(offline_run: tuple[Any, OfflineRun, Any]) -> None:
@@ -190,7 +193,7 @@ def test_histogram_bins_and_counts(offline_run: tuple[Any, OfflineRun, Any]) -> 
             assert sum(logged["values"]) == hist.count
             checked += 1
     assert checked > 0 and skipped > 0
-    partial = [h for step, h in mem.histograms["weight/bad"] if step > POISON_STEP]
+    partial = [h for step, h in mem.histograms["weights/weight/bad"] if step > POISON_STEP]
     assert partial and all(h.nonfinite == 1 and h.count == 2 for h in partial)  # drawn without its Inf
     logged_tags = {
         k for row in by_step.values() for k, v in row.items() if isinstance(v, dict) and v.get("_type") == "histogram"
@@ -451,15 +454,15 @@ def test_histogram_size_estimate_is_an_upper_bound() -> None:
     for bins in (1, 64, 512):
         h = Histogram(tuple(float(10**9 + i) for i in range(bins)), -1.2345678901234567e-300, 1.0, 0.0, 0.0, 1, 0)
         counts, edges = histogram_payload(h) or ([], [])
-        tag = "grad/some.module.weight"
+        tag = "weights/grad/some.module.weight"
         exact = 3 * len(tag) + len(json.dumps(counts)) + len(json.dumps(edges)) + len('"histogram"')
         assert exact <= histogram_bytes(tag, h)
 
 
 def test_split_payload_keeps_every_item_under_the_budget() -> None:
-    payload = StepPayload(7, scalars={f"grad_norm/l{i}": float(i) for i in range(50)})
-    payload.histograms = {f"grad/l{i}": hist(64) for i in range(40)}
-    budget = 3 * histogram_bytes("grad/l10", hist(64))
+    payload = StepPayload(7, scalars={f"weights/grad_norm/l{i}": float(i) for i in range(50)})
+    payload.histograms = {f"weights/grad/l{i}": hist(64) for i in range(40)}
+    budget = 3 * histogram_bytes("weights/grad/l10", hist(64))
     parts = split_payload(payload, budget)
     assert len(parts) > 10
     assert all(p.step == 7 for p in parts)
@@ -524,10 +527,10 @@ def test_overview_images_run_level_series_and_model_order(
     order = [n for n, p in Net().named_parameters() if p.requires_grad]  # frozen tensors are not measured
     assert run.config["gradlog/tensor_order"] in (order, {"value": order})
     data = load(str(Path(run.path).parent))
-    names = [t.partition("/")[2] for t in data.scalars if t.startswith("weight_norm/")]
+    names = [t.split("/", 2)[2] for t in data.scalars if t.startswith("weights/weight_norm/")]
     assert names == order
-    assert [t.partition("/")[2] for t in data.scalars if t.startswith("update_ratio/")] == [
-        n for n in order if f"update_ratio/{n}" in mem.scalars
+    assert [t.split("/", 2)[2] for t in data.scalars if t.startswith("weights/update_ratio/")] == [
+        n for n in order if f"weights/update_ratio/{n}" in mem.scalars
     ]
     # the tables and verdict W&B keeps match what TensorBoard shows
     assert data.tables["gradlog/never_updated"] == mem.tables["gradlog/never_updated"]
@@ -537,7 +540,19 @@ def test_overview_images_run_level_series_and_model_order(
 def test_model_order_sorts_each_family_by_the_recorded_order() -> None:
     from gradlog.readers.run import model_order
 
-    shuffled = {"update_ratio/c": 1, "gradlog/x": 2, "update_ratio/a": 3, "grad_norm/b": 4, "grad_norm/a": 5}
+    shuffled = {
+        "weights/update_ratio/c": 1,
+        "gradlog/x": 2,
+        "weights/update_ratio/a": 3,
+        "weights/grad_norm/b": 4,
+        "weights/grad_norm/a": 5,
+    }
     got = model_order(shuffled, ["a", "b", "c"])
-    assert list(got) == ["update_ratio/a", "update_ratio/c", "gradlog/x", "grad_norm/a", "grad_norm/b"]
+    assert list(got) == [
+        "weights/update_ratio/a",
+        "weights/update_ratio/c",
+        "gradlog/x",
+        "weights/grad_norm/a",
+        "weights/grad_norm/b",
+    ]
     assert got == shuffled and model_order(shuffled, []) is shuffled

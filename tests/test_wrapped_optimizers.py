@@ -43,12 +43,12 @@ def test_accelerate_with_gradient_accumulation_counts_real_optimizer_steps() -> 
         gl.log()
     report = gl.close()
     assert len(steps) == 4 and gl.optimizer_steps == 4  # 8 micro-batches, 4 real optimizer steps
-    got = mem.scalars["grad_norm/body.weight"]
+    got = mem.scalars["weights/grad_norm/body.weight"]
     assert [s for s, _ in got] == [0, 1, 2, 3]
     assert [v for _, v in got] == pytest.approx([n for n, _, _ in steps], rel=1e-6)
     _, before, grad = steps[-1]
     ratio = (torch.linalg.vector_norm(0.1 * grad) / torch.linalg.vector_norm(before)).item()
-    assert mem.last("update_ratio/body.weight") == pytest.approx(ratio, rel=1e-4)
+    assert mem.last("weights/update_ratio/body.weight") == pytest.approx(ratio, rel=1e-4)
     assert {r.name: r.reason for r in report.never_updated} == {
         "unused.weight": Reason.NO_GRAD,
         "unused.bias": Reason.NO_GRAD,
@@ -78,7 +78,7 @@ def test_a_holder_that_is_not_an_optimizer_is_unwrapped() -> None:
         gl.log(step)
     gl.close()
     assert gl.optimizer is inner and not inner._optimizer_step_pre_hooks  # hooked there, and unhooked by close()
-    assert [s for s, _ in mem.scalars["update_ratio/head.weight"]] == [0, 1, 2]
+    assert [s for s, _ in mem.scalars["weights/update_ratio/head.weight"]] == [0, 1, 2]
 
 
 class Lookahead(torch.optim.Optimizer):
@@ -112,7 +112,9 @@ def test_a_wrapper_that_is_a_full_optimizer_is_measured_itself() -> None:
     gl.close()
     assert gl.optimizer is opt
     moved = torch.linalg.vector_norm(model.head.weight.detach() - before) / torch.linalg.vector_norm(before)
-    assert mem.last("update_ratio/head.weight") == pytest.approx(moved.item(), rel=1e-5)  # the half step, not SGD's
+    assert mem.last("weights/update_ratio/head.weight") == pytest.approx(
+        moved.item(), rel=1e-5
+    )  # the half step, not SGD's
 
 
 def test_an_object_holding_no_optimizer_is_refused() -> None:

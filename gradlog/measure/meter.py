@@ -31,8 +31,11 @@ from gradlog.measure.stats import (
     stat_dtype,
     subtract_with_sumsq,
 )
+from gradlog.measure.tags import HISTOGRAM_KINDS, prefix
 
-HISTOGRAM_KINDS = ("grad", "weight", "update")
+#: Per-tensor tag prefixes (`weights/<metric>/`, see `gradlog.measure.tags`), built once.
+WEIGHT_NORM, GRAD_NORM, GRAD_ZERO_FRAC = prefix("weight_norm"), prefix("grad_norm"), prefix("grad_zero_frac")
+GRAD_NONFINITE, UPDATE_RATIO, DEAD_FRAC = prefix("grad_nonfinite"), prefix("update_ratio"), prefix("dead_frac")
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class Measurement:
         return torch.where((den > 0) | den.isnan(), u / den.clamp(min=1e-300), torch.zeros_like(u))
 
     def scalars(self) -> dict[str, float]:
-        """Every scalar tag of this step, for the writers."""
+        """Every scalar tag of this step, for the writers (names: `gradlog.measure.tags`)."""
         out: dict[str, float] = {}
         gnorm, nf = self.grad_norm.tolist(), self.nonfinite.tolist()
         zf = self.zero_frac.tolist() if self.zeros_counted else None
@@ -129,20 +132,20 @@ class Measurement:
         n_nograd = 0
         for i, row in enumerate(self.rows):
             name = row.name
-            out[f"weight_norm/{name}"] = wnorm[i]
+            out[WEIGHT_NORM + name] = wnorm[i]
             if self.has_grad[i]:
-                out[f"grad_norm/{name}"] = gnorm[i]
+                out[GRAD_NORM + name] = gnorm[i]
                 if zf is not None:
-                    out[f"grad_zero_frac/{name}"] = zf[i]
-                out[f"grad_nonfinite/{name}"] = nf[i]
+                    out[GRAD_ZERO_FRAC + name] = zf[i]
+                out[GRAD_NONFINITE + name] = nf[i]
                 total += sumsq[i]
                 n_nonfinite += nf[i] > 0
             elif row.param.requires_grad:
                 n_nograd += 1
             if ratios is not None and row.group is not None:
-                out[f"update_ratio/{name}"] = ratios[i]
+                out[UPDATE_RATIO + name] = ratios[i]
             if dead is not None and self.has_grad[i] and not math.isnan(dead[i]):
-                out[f"dead_frac/{name}"] = dead[i]
+                out[DEAD_FRAC + name] = dead[i]
         out["gradlog/grad_norm_total"] = math.sqrt(total) if math.isfinite(total) else total
         out["gradlog/nonfinite_tensors"] = float(n_nonfinite)
         out["gradlog/no_grad_tensors"] = float(n_nograd)

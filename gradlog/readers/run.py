@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradlog.measure import tags
 from gradlog.readers.files import (
     Limits,
     Refused,
@@ -49,16 +50,9 @@ from gradlog.verdict.report import (
 
 Table = tuple[list[str], list[list[str]]]
 
-#: Tag prefixes gradlog writes; a run with none of them is not a gradlog run.
-GRADLOG_PREFIXES = (
-    "grad_norm/",
-    "update_ratio/",
-    "weight_norm/",
-    "grad_nonfinite/",
-    "grad_zero_frac/",
-    "dead_frac/",
-    "gradlog/",
-)
+#: Tag prefixes gradlog writes (`weights/grad_norm/`, ..., `gradlog/`) or wrote before the `weights/` group
+#: (`grad_norm/`, ...); a run with none of them is not a gradlog run.
+GRADLOG_PREFIXES = (*tags.SCALAR_PREFIXES, *tags.OLD_SCALAR_PREFIXES, tags.RUN)
 TABLE_NAMES = (
     "gradlog/never_updated",
     "gradlog/partly_updated",
@@ -99,7 +93,7 @@ class RunData:
     @classmethod
     def from_memory(cls, writer: Any, path: str = "<memory>") -> RunData:
         """From a `MemoryWriter` (notebooks, tests): the same analysis without a file in between."""
-        scalars = {tag: sorted(points) for tag, points in writer.scalars.items()}
+        scalars = current_names({tag: sorted(points) for tag, points in writer.scalars.items()})
         tables = {name: (list(cols), [list(r) for r in rows]) for name, (cols, rows) in writer.tables.items()}
         return settle_provisional(cls(path=path, backend="memory", scalars=scalars, tables=tables))
 
@@ -142,6 +136,13 @@ def load(path: str, *, limits: Limits | None = None) -> RunData:
         extra = len(run.skipped) - MAX_SKIPPED_LINES + 1
         run.skipped[MAX_SKIPPED_LINES - 1 :] = [f"... and {extra} more unreadable parts ({len(run.skipped)} in all)"]
     return run
+
+
+def current_names(scalars: dict[str, Any]) -> dict[str, Any]:
+    """`scalars` under today's tag names: a run written before the `weights/` group (`grad_norm/<name>`,
+    ...) gets `weights/grad_norm/<name>`, so every view reads one set of names (`gradlog.measure.tags`)."""
+    rename = tags.old_to_new(scalars)
+    return {rename.get(t, t): v for t, v in scalars.items()} if rename else scalars
 
 
 def settle_provisional(run: RunData) -> RunData:
@@ -328,7 +329,7 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
             run.skipped.append(str(exc))
         except OSError as exc:
             run.skipped.append(f"{name}: cannot be read ({exc.strerror or exc})")
-    run.scalars = {tag: sorted(p.items()) for tag, p in points.items()}
+    run.scalars = current_names({tag: sorted(p.items()) for tag, p in points.items()})
     for table, raw in texts.items():
         try:
             run.tables[table] = parse_markdown_table(raw.decode("utf-8", "replace"))
@@ -422,15 +423,23 @@ def model_order(scalars: dict[str, Any], order: list[str]) -> dict[str, Any]:
     if not order:
         return scalars
     rank = {name: i for i, name in enumerate(order)}
-    tags = list(scalars)
-    first = {tag: i for i, tag in enumerate(tags)}
+    names = list(scalars)
+    first = {tag: i for i, tag in enumerate(names)}
+
+    def family(tag: str) -> tuple[str, str]:
+        """(metric, tensor name) of a per-tensor tag (`weights/grad_norm/fc.weight`), else (group, rest)."""
+        split = tags.split(tag)
+        if split is not None:
+            return split
+        group, _, rest = tag.partition("/")
+        return group, rest
 
     def key(tag: str) -> tuple[str, int, int]:
-        family, _, name = tag.partition("/")
-        return (family, rank.get(name, len(rank)), first[tag])
+        fam, name = family(tag)
+        return (fam, rank.get(name, len(rank)), first[tag])
 
-    families = {tag.partition("/")[0]: i for i, tag in reversed(list(enumerate(tags)))}
-    return {t: scalars[t] for t in sorted(tags, key=lambda t: (families[t.partition("/")[0]], *key(t)))}
+    families = {family(tag)[0]: i for i, tag in reversed(list(enumerate(names)))}
+    return {t: scalars[t] for t in sorted(names, key=lambda t: (families[family(t)[0]], *key(t)))}
 
 
 def _table_path(rel: Any) -> str | None:
@@ -512,7 +521,8 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
     for why, numbers in bad_steps.items():
         first = ", ".join(str(r) for r in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
         run.skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {first})")
-    run.scalars = model_order({tag: sorted(p.items()) for tag, p in points.items()}, _tensor_order(offline.config))
+    scalars = current_names({tag: sorted(p.items()) for tag, p in points.items()})
+    run.scalars = model_order(scalars, _tensor_order(offline.config))
     for name, rel in table_files.items():
         if not _wanted_table(name):
             continue
@@ -528,6 +538,9 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
 
 
 # --- the Report close() returned, rebuilt from its tables ---------------------------------------------
+#: Tags whose tensors count as tracked when the summary lacks the count.
+_NAMED_BY = (tags.prefix("weight_norm"), tags.prefix("grad_norm"), tags.prefix("update_ratio"))
+
 def _cells(table: Table, wanted: list[str]) -> Iterator[dict[str, str]]:
     """Each row of `table` as {column: cell} for the `wanted` columns (a missing cell reads as "")."""
     columns, rows = table
@@ -555,20 +568,20 @@ def series_first_nonfinite(run: RunData) -> NonFinite | None:
     written from the first non-zero one on); for runs whose summary table was not written or is lost."""
     best: tuple[int, str, int] | None = None
     for tag, points in run.scalars.items():
-        if not tag.startswith("grad_nonfinite/"):
+        if not tag.startswith(tags.prefix("grad_nonfinite")):
             continue
         for step, v in points:
             if v != 0:
                 if best is None or (step, tag) < (best[0], best[1]):
                     best = (step, tag, int(v) if v == v and abs(v) < 2**62 else 0)
                 break
-    return None if best is None else NonFinite(step=best[0], name=best[1].split("/", 1)[1], count=best[2])
+    return None if best is None else NonFinite(step=best[0], name=best[1].split("/", 2)[2], count=best[2])
 
 
 def _summary_from_series(run: RunData) -> dict[str, str]:
     """Step counts from the per-tensor series: the measured steps are the steps that have norms; the
     optimizer steps are at least the last measured one + 1."""
-    steps = {s for t, pts in run.scalars.items() if t.startswith(("grad_norm/", "weight_norm/")) for s, _ in pts}
+    steps = {s for t, pts in run.scalars.items() if t.startswith(_NAMED_BY[:2]) for s, _ in pts}
     return {"measured_steps": str(len(steps)), "optimizer_steps": str(max(steps) + 1 if steps else 0)}
 
 
@@ -630,7 +643,7 @@ def closed_report(run: RunData) -> Report | None:
             name=summary["first_nonfinite_tensor"],
             count=_int(summary.get("first_nonfinite_count", "0")),
         )
-    names = {t.split("/", 1)[1] for t in run.scalars if t.startswith(("weight_norm/", "grad_norm/", "update_ratio/"))}
+    names = {t.split("/", 2)[2] for t in run.scalars if t.startswith(_NAMED_BY)}
     tracked = _int(summary.get("tracked_tensors", ""), -1)
     if not summary:  # written last at close, so the first thing a cut-off or damaged file loses
         summary = _summary_from_series(run)

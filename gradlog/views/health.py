@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from gradlog.measure import tags
 from gradlog.readers.files import shown
 from gradlog.readers.run import RunData, closed_report, series_first_nonfinite
 from gradlog.verdict.alerts import (
@@ -272,15 +273,16 @@ def replay(run: RunData, band: Sequence[float], spike_factor: float, exclude: Co
     judge = Alerts(band, spike_factor=spike_factor, emit=False)
     series: dict[int, dict[str, Entry]] = {}
     first_ratio: set[str] = set()
-    for prefix in ("grad_norm/", "update_ratio/", "grad_nonfinite/"):
+    for metric in ("grad_norm", "update_ratio", "grad_nonfinite"):
+        prefix = tags.prefix(metric)
         for name in _names(run, prefix):
             if name in exclude:
                 continue
             for step, v in run.scalars[prefix + name]:
                 e = series.setdefault(step, {}).setdefault(name, Entry(key=name, name=name))
-                if prefix == "grad_norm/":
+                if metric == "grad_norm":
                     e.grad_norm = v
-                elif prefix == "update_ratio/":
+                elif metric == "update_ratio":
                     e.ratio = v
                 else:
                     e.nonfinite = v
@@ -344,8 +346,9 @@ def analyze(run: RunData, band: Sequence[float] | None = None, spike_factor: flo
         for r in rows:
             cell = {c: (r[index[c]] if c in index and index[c] < len(r) else "") for c in COLUMNS}
             never.append(NeverUpdatedRow(**cell))
-    names = {t.split("/", 1)[1] for t in run.scalars if t.startswith(("weight_norm/", "grad_norm/", "update_ratio/"))}
-    steps = {s for t, pts in run.scalars.items() if t.startswith(("grad_norm/", "weight_norm/")) for s, _ in pts}
+    named = (tags.prefix("weight_norm"), tags.prefix("grad_norm"), tags.prefix("update_ratio"))
+    names = {t.split("/", 2)[2] for t in run.scalars if t.startswith(named)}
+    steps = {s for t, pts in run.scalars.items() if t.startswith(named[:2]) for s, _ in pts}
     measured = _count(summary.get("measured_steps", ""), default=len(steps))
     never_names = {r.name.split(" (= ", 1)[0] for r in never}
     recorded = None if rejudge or "gradlog/summary" not in run.tables else _from_table(run)

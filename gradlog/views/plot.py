@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
+from gradlog.measure import tags
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND
 
 if TYPE_CHECKING:
@@ -89,7 +90,8 @@ def figure(
 ) -> Figure:
     """Update-ratio lines (band shaded) over a gradient-norm heatmap, never-updated tensors marked.
 
-    `first_nonfinite` (step, tensor) draws a red line where the first NaN/Inf gradient was seen.
+    `first_nonfinite` (step, tensor) draws a red line where the first NaN/Inf gradient was seen. Tags are
+    today's (`weights/update_ratio/<name>`, ...) or those of runs written before (`update_ratio/<name>`).
     """
     mpl = _require_matplotlib()
     from matplotlib import colors
@@ -101,10 +103,14 @@ def figure(
 
     lo, hi = float(band[0]), float(band[1])
     never = _never(never_updated)
-    ratio_names = _names(series, "update_ratio/")
-    grad_names = _names(series, "grad_norm/")
+    rename = tags.old_to_new(series)
+    if rename:
+        series = {rename.get(t, t): v for t, v in series.items()}
+    ratio, grad = tags.prefix("update_ratio"), tags.prefix("grad_norm")
+    ratio_names = _names(series, ratio)
+    grad_names = _names(series, grad)
     rows: list[str] = []
-    for name in [*_names(series, "weight_norm/"), *grad_names, *ratio_names, *never]:  # model order first
+    for name in [*_names(series, tags.prefix("weight_norm")), *grad_names, *ratio_names, *never]:  # model order
         if name not in rows:
             rows.append(name)
     n_rows = max(len(rows), 1)
@@ -123,15 +129,15 @@ def figure(
     ax_r.axhline(math.log10(lo), color="#2ca02c", lw=0.8, ls=":")
     ax_r.axhline(math.log10(hi), color="#2ca02c", lw=0.8, ls=":")
     curves: dict[str, tuple[list[float], list[float]]] = {}
-    positives = [v for n in ratio_names for _, v in series[f"update_ratio/{n}"] if math.isfinite(v) and v > 0]
+    positives = [v for n in ratio_names for _, v in series[ratio + n] if math.isfinite(v) and v > 0]
     floor = math.floor(math.log10(min([*positives, lo]))) - 1  # where "no update at all" is drawn
     for name in ratio_names:
-        pts = sorted(series[f"update_ratio/{name}"])
+        pts = sorted(series[ratio + name])
         xs = [float(s) for s, _ in pts]
         # ratio 0 (no update) sits on the floor line; NaN/Inf leaves a gap in the line
         ys = [math.log10(v) if math.isfinite(v) and v > 0 else (float(floor) if v == 0 else math.nan) for _, v in pts]
         curves[name] = (xs, ys)
-    scores = {n: _out_of_band_score([v for _, v in series[f"update_ratio/{n}"]], lo, hi) for n in ratio_names}
+    scores = {n: _out_of_band_score([v for _, v in series[ratio + n]], lo, hi) for n in ratio_names}
     if len(ratio_names) <= _LEGEND_MAX:
         highlighted = list(ratio_names)
     else:
@@ -209,7 +215,7 @@ def figure(
     )
 
     # --- bottom: gradient norm heatmap, tensors x steps ---------------------------------------------
-    steps = sorted({s for n in grad_names for s, _ in series[f"grad_norm/{n}"]})
+    steps = sorted({s for n in grad_names for s, _ in series[grad + n]})
     if len(steps) > _MAX_COLUMNS:
         steps = [steps[int(i * len(steps) / _MAX_COLUMNS)] for i in range(_MAX_COLUMNS)]
     col = {s: j for j, s in enumerate(steps)}
@@ -217,7 +223,7 @@ def figure(
     matrix = [[nan] * max(len(steps), 1) for _ in range(n_rows)]
     finite: list[float] = []
     for i, name in enumerate(rows):
-        for s, v in series.get(f"grad_norm/{name}", ()):
+        for s, v in series.get(grad + name, ()):
             j = col.get(s)
             if j is None:
                 continue
@@ -229,7 +235,7 @@ def figure(
     if vmax <= vmin:
         vmax = vmin * 10
     for i, name in enumerate(rows):  # zero -> under colour, NaN/Inf -> over colour, missing stays NaN (bad colour)
-        for s, v in series.get(f"grad_norm/{name}", ()):
+        for s, v in series.get(grad + name, ()):
             j = col.get(s)
             if j is not None and (v == 0 or not math.isfinite(v)):
                 matrix[i][j] = vmin / 10 if v == 0 else vmax * 10

@@ -1,6 +1,6 @@
 """Fewer, more useful series for dashboards that draw one chart per tag (TensorBoard, W&B).
 
-`grad_nonfinite/<name>` is 0 for almost every tensor on almost every step: 400 flat charts that bury
+`weights/grad_nonfinite/<name>` is 0 for almost every tensor on almost every step: 400 flat charts that bury
 the user's own. The run-level `gradlog/nonfinite_tensors` already counts them, so a tensor's own
 series is written only from the first step its count is non-zero (then on every step, so the chart
 shows when it recovered). `MemoryWriter` keeps everything: it has no screen to fill.
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-PREFIX = "grad_nonfinite/"
+from gradlog.measure.tags import TENSORS, prefix
+
+PREFIX = prefix("grad_nonfinite")
 
 
 class QuietNonfinite:
@@ -30,17 +32,19 @@ class QuietNonfinite:
         return out
 
 
-#: Prefixes whose tags carry one tensor's name after the slash, in the order the logger writes them.
-PER_TENSOR = ("weight_norm/", "grad_norm/", "grad_zero_frac/", "grad_nonfinite/", "update_ratio/")
+#: Prefixes whose tags carry one tensor's name after them, in the order the logger writes them.
+PER_TENSOR = tuple(prefix(m) for m in ("weight_norm", "grad_norm", "grad_zero_frac", "grad_nonfinite", "update_ratio"))
 
 
 def tensor_names(scalars: Mapping[str, float]) -> list[str]:
     """Tensor names in the order their tags arrive: the model order (the logger writes rows in order)."""
     seen: dict[str, None] = {}
     for tag in scalars:
-        for prefix in PER_TENSOR:
-            if tag.startswith(prefix):
-                seen.setdefault(tag[len(prefix) :], None)
+        if not tag.startswith(TENSORS):
+            continue
+        for head in PER_TENSOR:
+            if tag.startswith(head):
+                seen.setdefault(tag[len(head) :], None)
                 break
     return list(seen)
 

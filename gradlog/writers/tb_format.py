@@ -17,6 +17,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from gradlog.measure.histogram import Histogram
+from gradlog.measure.tags import prefix
 
 #: The custom-scalars tab: a few charts of run-level series, each with a handful of lines (a chart with
 #: one line per tensor, 400 in one colour, shows nothing).
@@ -182,7 +183,8 @@ def packed_value(tag: str, names: Sequence[str], scalars: dict[str, float]) -> b
     out: list[float] = []
     for metric in PACKED:
         get = scalars.get
-        out += [get(f"{metric}/{name}", PACK_MISSING) for name in names]
+        head = prefix(metric)
+        out += [get(head + name, PACK_MISSING) for name in names]
     shape = tensor_shape_pb2.TensorShapeProto(
         dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=len(PACKED)), tensor_shape_pb2.TensorShapeProto.Dim(size=n)]
     )

@@ -381,7 +381,7 @@ class TensorBoardWriter(Writer):
         )
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        """Per-tensor `grad_nonfinite/` tags only once non-zero (see writers/quiet.py); new tensor names
+        """Per-tensor `weights/grad_nonfinite/` tags only once non-zero (see writers/quiet.py); new tensor names
         also rewrite the model-order record the gradlog tab sorts its rows by."""
         self._last_step = max(self._last_step, step)
         new = []

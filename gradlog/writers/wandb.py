@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from gradlog.measure.histogram import Histogram, Histograms
+from gradlog.measure.tags import RUN, TENSORS
 from gradlog.writers.base import Writer
 from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
@@ -41,19 +42,9 @@ STEP_KEY = "gradlog/step"
 DEFAULT_FILE_FLUSH_S = 0.1
 #: Less free space than this where the run is written counts as a full disk (warned about once).
 MIN_FREE_BYTES = 1 << 20
-#: key prefixes gradlog writes; each gets `define_metric(prefix + "/*", step_metric="gradlog/step")`.
-PREFIXES = (
-    "grad_norm",
-    "update_ratio",
-    "grad_zero_frac",
-    "dead_frac",
-    "grad_nonfinite",
-    "weight_norm",
-    "gradlog",
-    "grad",
-    "weight",
-    "update",
-)
+#: key prefixes gradlog writes (every per-tensor key under `weights/`, run-level under `gradlog/`:
+#: `gradlog.measure.tags`); each gets `define_metric(prefix + "/*", step_metric="gradlog/step")`.
+PREFIXES = (TENSORS.rstrip("/"), RUN.rstrip("/"))
 #: W&B rejects a `run.log` call above ~10 MB (wandb#3701); stay well under it.
 DEFAULT_MAX_PAYLOAD_BYTES = 4_000_000
 #: tables logged under another key, because the plain name already holds a scalar (the count) in W&B.
@@ -297,7 +288,7 @@ class WandbWriter(Writer):
         return self._buffer
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        """Per-tensor `grad_nonfinite/` keys only once non-zero (see writers/quiet.py); new tensor names
+        """Per-tensor `weights/grad_nonfinite/` keys only once non-zero (see writers/quiet.py); new tensor names
         extend the model order kept in run.config."""
         payload = self._payload(step)
         new = []

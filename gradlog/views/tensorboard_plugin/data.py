@@ -16,7 +16,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-#: Metrics the heatmap can show: tag prefix -> how the browser colours it.
+from gradlog.measure import tags as names_mod
+
+#: Metrics the heatmap can show (tags `weights/<metric>/<tensor>`) -> how the browser colours it.
 METRICS: dict[str, str] = {
     "update_ratio": "log",
     "grad_norm": "log",
@@ -37,14 +39,34 @@ Series = Mapping[str, Sequence[tuple[int, float]]]
 Table = tuple[list[str], list[list[str]]]
 
 
+def tensor_group(tags: Sequence[str]) -> str:
+    """What precedes `<metric>/<tensor name>` in this run's tags: `weights/` (`gradlog.measure.tags`), or ""
+    for a run written before gradlog put every per-tensor series under that group (`grad_norm/<name>`)."""
+    return "" if names_mod.old_to_new(tags) else names_mod.TENSORS
+
+
+def metric_prefix(tags: Sequence[str], metric: str) -> str:
+    """The prefix of `metric`'s per-tensor tags in this run: `weights/update_ratio/` (or `update_ratio/`)."""
+    return f"{tensor_group(tags)}{metric}/"
+
+
+def has_tensor_series(tags: Sequence[str]) -> bool:
+    """Whether a run's tags hold any per-tensor series the heatmap can show (today's names or older)."""
+    heads = tuple(h + m + "/" for h in ("", names_mod.TENSORS) for m in METRICS)
+    return any(t.startswith(heads) for t in tags)
+
+
 def tensor_names(tags: Sequence[str], order: Sequence[str]) -> list[str]:
     """Tensor names in model order: `order` first (as written by the writer), then any others as listed."""
+    group = tensor_group(tags)
+    heads = tuple(f"{group}{m}/" for m in (*METRICS, "weight_norm"))
     seen: dict[str, None] = dict.fromkeys(order)
+    present: set[str] = set()
     for tag in tags:
-        family, _, name = tag.partition("/")
-        if family in METRICS or family == "weight_norm":
+        if tag.startswith(heads):
+            name = tag[len(group) :].partition("/")[2]
             seen.setdefault(name, None)
-    present = {t.partition("/")[2] for t in tags if t.partition("/")[0] in METRICS or t.startswith("weight_norm/")}
+            present.add(name)
     return [n for n in seen if n in present]
 
 
@@ -218,7 +240,20 @@ def verdict(
     return f"{PROVISIONAL} at step {step}: {state}. {FINAL_LATER}", False
 
 
-__all__ = ["METRICS", "NOT_MEASURED", "NO_GRAD", "ZERO_GRAD", "decode", "encode", "heatmap", "marks", "verdict"]
+__all__ = [
+    "METRICS",
+    "NOT_MEASURED",
+    "NO_GRAD",
+    "ZERO_GRAD",
+    "decode",
+    "encode",
+    "has_tensor_series",
+    "heatmap",
+    "marks",
+    "metric_prefix",
+    "tensor_group",
+    "verdict",
+]
 
 
 # --- the packed rows (gradlog's TensorBoard writer writes one per step) --------------------------------------

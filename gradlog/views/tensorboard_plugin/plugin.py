@@ -21,6 +21,7 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from gradlog.measure.tags import TENSORS
 from gradlog.readers.run import parse_markdown_table
 from gradlog.views.tensorboard_plugin import data
 
@@ -64,7 +65,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
     # --- reading ---------------------------------------------------------------------------------
     def _runs(self, ctx: RequestContext, eid: str) -> list[str]:
         listing = self._provider.list_scalars(ctx, experiment_id=eid, plugin_name="scalars")
-        out = [run for run, tags in listing.items() if any(t.partition("/")[0] in data.METRICS for t in tags)]
+        out = [run for run, tags in listing.items() if data.has_tensor_series(list(tags))]
         return sorted(out)
 
     def _scalar_tags(self, ctx: RequestContext, eid: str, run: str) -> list[str]:
@@ -88,9 +89,9 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         return {tag: [(d.step, d.value) for d in points] for tag, points in got.get(run, {}).items()}
 
     def _by_name(
-        self, series: Mapping[str, list[tuple[int, float]]], family: str
+        self, series: Mapping[str, list[tuple[int, float]]], prefix: str
     ) -> dict[str, list[tuple[int, float]]]:
-        prefix = family + "/"
+        """`{tensor name: points}` of the tags starting with `prefix` (`weights/grad_norm/`, see data.metric_prefix)."""
         return {t[len(prefix) :]: pts for t, pts in series.items() if t.startswith(prefix)}
 
     def _order(self, ctx: RequestContext, eid: str, run: str) -> list[str]:
@@ -180,14 +181,9 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             live = data.packed_live_marks(order, packed[1])
             last_step = packed[0][-1] if packed[0] else None
         else:
-            wanted = [t for t in tags if t.partition("/")[0] in ("update_ratio", "grad_norm", "grad_nonfinite")]
-            series = self._read(ctx, eid, run, wanted)
-            live = data.live_marks(
-                names,
-                self._by_name(series, "update_ratio"),
-                self._by_name(series, "grad_norm"),
-                self._by_name(series, "grad_nonfinite"),
-            )
+            heads = [data.metric_prefix(tags, m) for m in ("update_ratio", "grad_norm", "grad_nonfinite")]
+            series = self._read(ctx, eid, run, [t for t in tags if t.startswith(tuple(heads))])
+            live = data.live_marks(names, *(self._by_name(series, h) for h in heads))
         tables = self._tables(ctx, eid, run)
         summary = {r[0]: r[1] for r in tables.pop("summary", ([], []))[1] if len(r) >= 2}
         line, final = data.verdict(summary, run_level, live, last_step)
@@ -199,7 +195,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             "tables": {k: {"columns": c, "rows": r} for k, (c, r) in tables.items()},
             "marks": data.marks(tables, summary, live),
             "names": names,
-            "metrics": [m for m in data.METRICS if any(t.startswith(m + "/") for t in tags)],
+            "metrics": [m for m in data.METRICS if any(t.startswith(data.metric_prefix(tags, m)) for t in tags)],
             "scales": data.METRICS,
             "run_level": {t: pts[-1] for t, pts in run_level.items() if pts},
         }
@@ -219,14 +215,16 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             header = {"metric": metric, "scale": data.METRICS[metric], "names": order, "steps": steps_p}
             return _respond(request, data.encode(header, data.packed_heatmap(metric, mats)), "application/octet-stream")
         names = data.tensor_names(tags, order)
-        values = self._by_name(self._read(ctx, eid, run, [t for t in tags if t.startswith(metric + "/")]), metric)
+        head = data.metric_prefix(tags, metric)
+        values = self._by_name(self._read(ctx, eid, run, [t for t in tags if t.startswith(head)]), head)
         if metric == "grad_norm":
             steps, cells = data.heatmap(names, metric, values, values)
         else:
             n_steps = len({s for pts in values.values() for s, _ in pts})
             wanted = {n for n in names if data.needs_gradient(metric, values.get(n), n_steps)}
-            grad_tags = [t for t in tags if t.startswith("grad_norm/") and t[len("grad_norm/") :] in wanted]
-            grad = self._by_name(self._read(ctx, eid, run, grad_tags), "grad_norm")
+            ghead = data.metric_prefix(tags, "grad_norm")
+            grad_tags = [t for t in tags if t.startswith(ghead) and t[len(ghead) :] in wanted]
+            grad = self._by_name(self._read(ctx, eid, run, grad_tags), ghead)
             steps, cells = data.heatmap(names, metric, values, grad, wanted)
         header = {"metric": metric, "scale": data.METRICS[metric], "names": names, "steps": steps}
         return _respond(request, data.encode(header, cells), "application/octet-stream")
@@ -235,9 +233,11 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         ctx, eid = _ctx(request)
         run = _arg(request, "run")
         name = _arg(request, "name")
-        tags = [f"{m}/{name}" for m in (*data.METRICS, "weight_norm")]
-        series = self._read(ctx, eid, run, tags)
-        body = {t.partition("/")[0]: [[s, _json_float(v)] for s, v in pts] for t, pts in series.items()}
+        metrics = (*data.METRICS, "weight_norm")
+        # today's tags and those of runs written before the weights/ group: a run holds only one of the two
+        wanted = {f"{group}{m}/{name}": m for m in metrics for group in (TENSORS, "")}
+        series = self._read(ctx, eid, run, list(wanted))
+        body = {wanted[t]: [[s, _json_float(v)] for s, v in pts] for t, pts in series.items()}
         return _respond(request, json.dumps(body, allow_nan=False), "application/json")
 
 
