@@ -192,6 +192,7 @@ class GradLogger:
         self._inert = False  # a forked child's copy: does nothing
         self._local_close = False  # close() without collectives (the model was garbage-collected)
         self._no_collective = False  # report() stays rank-local (provisional tables, see _local_report)
+        self._provisional = False  # report() reuses what the evidence answers (see _provisional_report)
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
         watch = Alerts(ratio_band, ratio_patience, no_grad_patience, spike_factor)
         self.alerts: Alerts | None = watch if alerts else None
@@ -454,7 +455,7 @@ class GradLogger:
         Rank-local: under sharded parameters (FSDP2, DTensor) only rank 0 gets here, so no collective
         may run; the table then speaks for rank 0's shards (said in the summary's `scope`)."""
         try:
-            report = self._local_report()
+            report = self._provisional_report()
         except DistributedMismatchError:
             raise
         except Exception as exc:  # the provisional answer is a bonus: never let it cost the step
@@ -474,11 +475,20 @@ class GradLogger:
         finally:
             self._no_collective = False
 
+    def _provisional_report(self) -> Report:
+        """`_local_report` for a provisional table: tensors the evidence already answers for (frozen ones,
+        ones never written in place) are not fingerprinted again (`Ledger.changed`)."""
+        self._provisional = True
+        try:
+            return self._local_report()
+        finally:
+            self._provisional = False
+
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""
         self._collect()
         rows = self.table.live
-        changed = self.ledger.changed(rows)
+        changed = self.ledger.changed(rows, provisional=self._provisional)
         reducer = self.meter.reducer
         if self._no_collective:
             pass

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import gradlog
 from gradlog.cli.report import run_report
@@ -125,6 +127,80 @@ def test_provisional_every_is_a_wall_time_gate() -> None:
     assert never.named("gradlog/provisional/summary") == [] and len(never.named("gradlog/summary")) == 1
     with pytest.raises(ValueError, match=r"provisional_every must be None .* got -1"):
         gradlog.GradLogger(model, opt, writer="memory", provisional_every=-1)
+
+
+class StorageReads(TorchDispatchMode):
+    """Counts every aten op that touches the storage of the watched tensors (a view, a sum, a copy: any
+    read of their values; metadata such as requires_grad or shape dispatches nothing)."""
+
+    def __init__(self, watched: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        self.ptrs = {t.untyped_storage().data_ptr() for t in watched}
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        for a in tree_leaves((args, kwargs or {})):
+            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in self.ptrs:
+                self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_provisional_table_reads_no_frozen_tensor_and_stays_exact() -> None:
+    """Issue 13/17: frozen tensors are fingerprinted at start and close only, so a provisional table must
+    not read them; nor an unused layer that nothing wrote to. Its tables still equal the exact diagnosis
+    as of that step (`_local_report`, which fingerprints everything, as close() does)."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict(
+        dict(emb=nn.Embedding(20, 4), lin=nn.Linear(4, 4), frozen=nn.Linear(4, 4), unused=nn.Linear(4, 4))
+    )
+    model["frozen"].requires_grad_(False)
+    teacher = nn.Linear(4, 4).requires_grad_(False)  # frozen, but moved in place (an EMA): must be read
+    model["teacher"] = teacher
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, provisional_every=0, print_report=False)
+    quiet = [*model["frozen"].parameters(), *model["unused"].parameters()]
+    provisional = gl._provisional_report
+    reads: list[list[str]] = []
+    exact: list[gradlog.Report] = []
+
+    def counted() -> gradlog.Report:
+        with StorageReads(quiet) as seen:
+            got = provisional()
+        reads.append(seen.ops)
+        exact.append(gl._local_report())  # every tensor fingerprinted, at the same step
+        return got
+
+    gl._provisional_report = counted  # type: ignore[method-assign]
+    for step in range(4):
+        ids = torch.arange(10)  # rows 10-19 never in a batch
+        model["frozen"](model["lin"](model["emb"](ids))).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        if step == 2:
+            with torch.no_grad():
+                teacher.weight.mul_(0.5)
+    assert reads == [[], [], [], []]  # four provisional tables, no read of the frozen or unused layer
+    with StorageReads(quiet) as seen:  # the counter does see a fingerprint: the exact path reads them
+        gl._local_report()
+    assert seen.ops
+    tables = mem.tables
+    never, partly = tables["gradlog/provisional/never_updated"][1], tables["gradlog/provisional/partly_updated"][1]
+    assert never == exact[-1].table_rows() and partly == exact[-1].partly_rows()
+    names = {r[0]: r[3] for r in never}
+    assert names == {
+        "frozen.weight": "frozen",
+        "frozen.bias": "frozen",
+        "unused.weight": "no_grad",
+        "unused.bias": "no_grad",
+        "teacher.bias": "frozen",  # teacher.weight moved at step 2: read again, and gone from the table
+    }
+    assert [(r[0], r[1], r[4], r[5]) for r in partly] == [("emb.weight", "rows", "10-19", "not_in_batch")]
+    listed = ["teacher.weight" in {r.name for r in e.never_updated} for e in exact]
+    assert listed == [True, True, True, False]  # moved after step 2's table
+    report = gl.close()
+    assert report.table_rows() == never and report.partly_rows() == partly
 
 
 def test_gradlog_report_on_a_run_that_did_not_close(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
