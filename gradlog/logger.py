@@ -320,11 +320,22 @@ class GradLogger:
     def _begin(self, index: int, snapshot: bool) -> None:
         self._collect()  # a measurement the user never published still feeds the ledger
         self.table.rescan()  # parameters materialised or added since the last measured step
+        self._release_freed()
         self.ledger.fingerprint_new(self.table.live)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         zeros = hist if self.count_zeros is None else self.count_zeros
         clips, self._clips = self._clips, []
         self.meter.start(index, histograms=hist, snapshot=snapshot, zeros=zeros, clips=clips)
+
+    def _release_freed(self) -> None:
+        """Per-slice state of tensors freed since the last measured step (replaced parameters) goes: the
+        fingerprint and the slice evidence; their counters stay in the ledger."""
+        grads = self.meter.slice_grads
+        for index in self.table.take_freed():
+            self.ledger.release(index)
+            grads.rows.pop(index, None)
+            grads.cols.pop(index, None)
+            grads.full.discard(index)
 
     def clip_due(self) -> bool:
         """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""
@@ -416,9 +427,12 @@ class GradLogger:
         if self.overview.every != 0:
             self._guarded_overview(m, step)
         # histogram steps (measured steps when histograms are off), gated by wall time
-        if (m.histograms or not self.histogram_every) and self._provisional_due():
+        provisional = (m.histograms or not self.histogram_every) and self._provisional_due()
+        if provisional:
             self._write_provisional(step)
         self.writers.flush()
+        if provisional:  # the provisional answer is what a kill -9 leaves: handed over before training goes on
+            self.writers.sync()
 
     def _guarded_overview(self, m: Measurement, step: int) -> None:
         """Record the step for the overview image; hand over images the drawing thread finished; start the
@@ -800,6 +814,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
                 if gl.handle_signals and gl.rank_zero:
                     gl._write_provisional(max(gl._last_index, 0))
                     gl.writers.flush()
+                    gl.writers.sync()
         else:
             for gl in list(_active):
                 if gl.handle_signals:

@@ -115,6 +115,18 @@ class Ledger:
                 ev.first_fp = take(r.param)
                 ev.trainable_at_start = bool(r.param.requires_grad)
 
+    def release(self, index: int) -> None:
+        """A tracked tensor was freed (replaced during training): its fingerprint can never be compared
+        again, so it goes; the counters stay (its evidence, a few integers).
+
+        Besides the bytes, this is what keeps RSS flat when a big weight is replaced again and again: a
+        small allocation that outlives the freed weight next to it pins glibc's heap above it."""
+        ev = self.evidence.get(index)
+        if ev is not None:
+            ev.first_fp = None
+            ev.first_version = ()
+        self.slice_changes.pop(index, None)
+
     @property
     def nbytes(self) -> int:
         """Bytes held for the fingerprints (tests check the per-slice budget)."""
