@@ -463,13 +463,14 @@ class GradLogger:
         self._provisional_at = now
         return True
 
-    def _write_provisional(self, step: int) -> None:
-        """The answer so far, as `gradlog/provisional/...` tables at `step`, for a run that never closes.
+    def _write_provisional(self, step: int, exact: bool = False) -> None:
+        """The answer so far, as `gradlog/provisional/...` tables at `step`, for a run that never closes
+        (`exact`: every tensor fingerprinted, as at close, for the last answer of a run that is ending).
 
         Rank-local: under sharded parameters (FSDP2, DTensor) only rank 0 gets here, so no collective
         may run; the table then speaks for rank 0's shards (said in the summary's `scope`)."""
         try:
-            report = self._provisional_report()
+            report = self._local_report() if exact else self._provisional_report()
         except DistributedMismatchError:
             raise
         except Exception as exc:  # the provisional answer is a bonus: never let it cost the step
@@ -710,7 +711,7 @@ class GradLogger:
             logger.warning("gradlog: ranks did not meet at close() after SIGTERM (%s); writing this rank's answer", exc)
             self.meter.abandon()
             if self.rank_zero:
-                self._write_provisional(max(self._last_index, 0))
+                self._write_provisional(max(self._last_index, 0), exact=True)
             self.writers.close()
 
     def _after_fork(self) -> None:
