@@ -48,8 +48,8 @@ class Evidence:
     stalled: int = 0  # finite non-zero grad, lr > 0, not skipped, yet a zero update
     updated: int = 0  # measured steps with a non-zero update
     first_fp: Fingerprint | None = None  # per-slice signatures of the values when first seen
-    #: the tensor's in-place version counter(s) when `first_fp` was taken (see `_versions`)
-    first_version: tuple[int, ...] = ()
+    #: the tensor's in-place version count when `first_fp` was taken (see `_version`; -1: none)
+    first_version: int = -1
     trainable_at_start: bool | None = None  # requires_grad when first fingerprinted
     dtype: str = ""
     last_update: int = -1  # optimizer step of the last measured step with a non-zero update
@@ -111,7 +111,7 @@ class Ledger:
         for r in rows:
             ev = self._ev(r)
             if ev.first_fp is None and is_materialized(r.param):
-                ev.first_version = _versions(r.param)
+                ev.first_version = _version(r.param)
                 ev.first_fp = take(r.param)
                 ev.trainable_at_start = bool(r.param.requires_grad)
 
@@ -124,7 +124,7 @@ class Ledger:
         ev = self.evidence.get(index)
         if ev is not None:
             ev.first_fp = None
-            ev.first_version = ()
+            ev.first_version = -1
         self.slice_changes.pop(index, None)
 
     @property
@@ -216,7 +216,7 @@ class Ledger:
                 continue
             if provisional and ev.updated and not r.param.requires_grad:
                 continue  # `out` is set below from `updated`
-            if provisional and not ev.updated and ev.first_version and _versions(r.param) == ev.first_version:
+            if provisional and not ev.updated and ev.first_version >= 0 and _version(r.param) == ev.first_version:
                 kept[r.index] = _unchanged(first)
                 out[r.index] = False
                 continue
@@ -247,11 +247,12 @@ class Ledger:
         return out
 
 
-def _versions(t: torch.Tensor) -> tuple[int, ...]:
-    """The in-place version counters of a parameter (and of its local shard under DTensor): metadata,
-    no read of the values. Any in-place op on the tensor (an optimizer step included) bumps one."""
+def _version(t: torch.Tensor) -> int:
+    """The in-place version counter of a parameter (plus its local shard's under DTensor): metadata, no
+    read of the values. Any in-place op on the tensor (an optimizer step included) bumps it, and the
+    counters only grow, so their sum moves whenever one does."""
     local = local_tensor(t)
-    return (int(t._version),) if local is t else (int(t._version), int(local._version))
+    return int(t._version) + (0 if local is t else int(local._version))
 
 
 def _unchanged(first: Fingerprint) -> Changes:
