@@ -194,6 +194,7 @@ class GradLogger:
         self._inert = False  # a forked child's copy: does nothing
         self._local_close = False  # close() without collectives (the model was garbage-collected)
         self._no_collective = False  # report() stays rank-local (provisional tables, see _local_report)
+        self._provisional = False  # report() reuses what the evidence answers (see _provisional_report)
         # Alerts (gradlog/alerts.py) read the host-side Measurement only; thresholds are validated even when off.
         watch = Alerts(ratio_band, ratio_patience, no_grad_patience, spike_factor)
         self.alerts: Alerts | None = watch if alerts else None
@@ -321,11 +322,22 @@ class GradLogger:
     def _begin(self, index: int, snapshot: bool) -> None:
         self._collect()  # a measurement the user never published still feeds the ledger
         self.table.rescan()  # parameters materialised or added since the last measured step
+        self._release_freed()
         self.ledger.fingerprint_new(self.table.live)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         zeros = hist if self.count_zeros is None else self.count_zeros
         clips, self._clips = self._clips, []
         self.meter.start(index, histograms=hist, snapshot=snapshot, zeros=zeros, clips=clips)
+
+    def _release_freed(self) -> None:
+        """Per-slice state of tensors freed since the last measured step (replaced parameters) goes: the
+        fingerprint and the slice evidence; their counters stay in the ledger."""
+        grads = self.meter.slice_grads
+        for index in self.table.take_freed():
+            self.ledger.release(index)
+            grads.rows.pop(index, None)
+            grads.cols.pop(index, None)
+            grads.full.discard(index)
 
     def clip_due(self) -> bool:
         """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""
@@ -416,9 +428,12 @@ class GradLogger:
         if self.overview.every != 0:
             self._guarded_overview(m, step)
         # histogram steps (measured steps when histograms are off), gated by wall time
-        if (m.histograms or not self.histogram_every) and self._provisional_due():
+        provisional = (m.histograms or not self.histogram_every) and self._provisional_due()
+        if provisional:
             self._write_provisional(step)
         self.writers.flush()
+        if provisional:  # the provisional answer is what a kill -9 leaves: handed over before training goes on
+            self.writers.sync()
 
     def _guarded_overview(self, m: Measurement, step: int) -> None:
         """Record the step for the overview image; hand over images the drawing thread finished; start the
@@ -449,13 +464,14 @@ class GradLogger:
         self._provisional_at = now
         return True
 
-    def _write_provisional(self, step: int) -> None:
-        """The answer so far, as `gradlog/provisional/...` tables at `step`, for a run that never closes.
+    def _write_provisional(self, step: int, exact: bool = False) -> None:
+        """The answer so far, as `gradlog/provisional/...` tables at `step`, for a run that never closes
+        (`exact`: every tensor fingerprinted, as at close, for the last answer of a run that is ending).
 
         Rank-local: under sharded parameters (FSDP2, DTensor) only rank 0 gets here, so no collective
         may run; the table then speaks for rank 0's shards (said in the summary's `scope`)."""
         try:
-            report = self._local_report()
+            report = self._local_report() if exact else self._provisional_report()
         except DistributedMismatchError:
             raise
         except Exception as exc:  # the provisional answer is a bonus: never let it cost the step
@@ -475,11 +491,20 @@ class GradLogger:
         finally:
             self._no_collective = False
 
+    def _provisional_report(self) -> Report:
+        """`_local_report` for a provisional table: tensors the evidence already answers for (frozen ones,
+        ones never written in place) are not fingerprinted again (`Ledger.changed`)."""
+        self._provisional = True
+        try:
+            return self._local_report()
+        finally:
+            self._provisional = False
+
     def report(self) -> Report:
         """The never-updated diagnosis as of now (close() calls this once more at the end)."""
         self._collect()
         rows = self.table.live
-        changed = self.ledger.changed(rows)
+        changed = self.ledger.changed(rows, provisional=self._provisional)
         reducer = self.meter.reducer
         if self._no_collective:
             pass
@@ -687,7 +712,7 @@ class GradLogger:
             logger.warning("gradlog: ranks did not meet at close() after SIGTERM (%s); writing this rank's answer", exc)
             self.meter.abandon()
             if self.rank_zero:
-                self._write_provisional(max(self._last_index, 0))
+                self._write_provisional(max(self._last_index, 0), exact=True)
             self.writers.close()
 
     def _after_fork(self) -> None:
@@ -794,6 +819,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
                 if gl.handle_signals and gl.rank_zero:
                     gl._write_provisional(max(gl._last_index, 0))
                     gl.writers.flush()
+                    gl.writers.sync()
         else:
             for gl in list(_active):
                 if gl.handle_signals:

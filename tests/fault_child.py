@@ -6,7 +6,8 @@ python tests/fault_child.py crash LOG_DIR RUNS WRITER  forks RUNS trainings, kil
                                                        moment; each writes the steps log() returned for to
                                                        <dir>/logged (one line per step)
 python tests/fault_child.py fork LOG_DIR               a logger, then os.fork(): the child logs and exits
-python tests/fault_child.py leak RUNS                  replaces a 16 MB parameter RUNS times; prints RSS (kB)
+python tests/fault_child.py leak RUNS                  replaces a 16 MB parameter RUNS times; prints RSS (kB) and
+                                                       glibc's heap bytes in use after each replacement
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import random
 import signal
 import sys
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -148,6 +150,36 @@ def rss_kb() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+def _glibc() -> Any:
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2  # noqa: B018 (glibc >= 2.33)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def heap_in_use() -> int:
+    """Bytes of glibc's main heap held by live allocations (mallinfo2().uordblks), -1 without glibc: what
+    is alive, as opposed to RSS, which also counts freed chunks glibc has not given back."""
+    import ctypes
+
+    libc = _glibc()
+    if libc is None:
+        return -1
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (n, ctypes.c_size_t)
+            for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+        ] + [("keepcost", ctypes.c_size_t)]
+
+    libc.mallinfo2.restype = MallInfo2
+    return int(libc.mallinfo2().uordblks)
+
+
 def leak(runs: int) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2048, 2048, bias=False), nn.Linear(2048, 2))  # 16 MB weight
@@ -162,10 +194,13 @@ def leak(runs: int) -> None:
         opt.step()
         gl.log(i)
         opt.zero_grad(set_to_none=True)
-        if i in (4, runs - 1):
-            print(f"rss {i} {rss_kb()}", flush=True)
+        print(f"rss {i} {rss_kb()} {heap_in_use()}", flush=True)
     gl.close()
     print(f"rss closed {rss_kb()}", flush=True)
+    libc = _glibc()
+    if libc is not None:  # what glibc keeps but nothing uses: returned to the OS here
+        libc.malloc_trim(0)
+        print(f"rss trimmed {rss_kb()}", flush=True)
     ref = __import__("weakref").ref(model[0].weight)
     gl2 = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
     del model, opt

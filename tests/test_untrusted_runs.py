@@ -576,6 +576,8 @@ def test_single_bit_flips_lose_only_the_damaged_record(tmp_path: Path) -> None:
     records = _records(original)
     per_record = [_points(payload) for _, _, payload in records]
     tables_in = [i for i, (_, _, p) in enumerate(records) if b"gradlog/never_updated" in p and b"| name" in p]
+    (summary_in,) = [i for i, (_, _, p) in enumerate(records) if b"gradlog/summary" in p and b"provisional" not in p]
+    assert len(tables_in) == 1 and summary_in != tables_in[0]  # the final table and the verdict: two records
     rng = random.Random(0)
     positions = {0, 7, 8, 11, 12, len(original) - 1, len(original) - 4}
     for start, end, _ in records[1:6]:  # every part of a few records: length, its CRC, payload, data CRC
@@ -595,11 +597,11 @@ def test_single_bit_flips_lose_only_the_damaged_record(tmp_path: Path) -> None:
             assert "no intact record after it" in run.skipped[0] or "truncated" in run.skipped[0]
         else:
             assert f"reading resumed at byte {records[hit + 1][0]}" in run.skipped[0], (pos, run.skipped)
-        if hit not in tables_in:
-            assert "gradlog/never_updated" in run.tables
-        else:  # the final table is lost; when the final summary went with it (one Event when the writer thread
-            # batched them), the run reads as unclosed and its provisional tables (issue 15) answer, saying so
-            assert "gradlog/never_updated" not in run.tables or run.provisional_step is not None, pos
+        # every table is a record of its own: a flip loses the never-updated table or the summary, never both,
+        # so the run still reads as closed, with its final verdict
+        assert ("gradlog/never_updated" in run.tables) == (hit not in tables_in), pos
+        assert ("gradlog/summary" in run.tables) == (hit != summary_in), pos
+        assert run.provisional_step is None, pos
 
 
 def test_garbage_between_records_and_a_zero_filled_tail(tmp_path: Path) -> None:
@@ -667,10 +669,10 @@ def test_wandb_run_killed_mid_run_is_incomplete_not_bad_input(
     captured = capsys.readouterr()
     assert code == 1 and "Traceback" not in captured.err, captured.err
     out = json.loads(captured.out)
-    # issue 15: the run wrote provisional tables on its first histogram step, so the answer is that one, as of
-    # then, once wandb-core wrote them before the kill (on a loaded machine it may not have: no table at all)
-    heads = ("gradlog INCOMPLETE: as of step 0, run did not close", "gradlog INCOMPLETE: no never-updated table")
-    assert out["verdict"].startswith(heads) and out["skipped"] == [], out["verdict"]
+    # issue 15: the run wrote provisional tables on its first histogram step, and log() waited until the W&B
+    # writer's thread had handed them to wandb (GuardedWriters.sync), so the answer is that one, as of then
+    assert out["verdict"].startswith("gradlog INCOMPLETE: as of step 0, run did not close"), out["verdict"]
+    assert out["skipped"] == []
     assert any("no exit record" in n for n in out["notes"])
     steps = [s for s, _ in load(str(root)).scalars["weights/grad_norm/0.weight"]]
     assert steps == list(range(len(steps))) and len(steps) >= 1  # whatever history was written, from the start

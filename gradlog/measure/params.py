@@ -159,6 +159,7 @@ class ParamTable:
         self._warned_foreign = False
         self._layout: tuple[object, ...] = ()
         self._live: list[Tracked] | None = None
+        self.freed: list[int] = []  # appended from a finalizer; drained by `take_freed`
         self.rescan()
 
     def rescan(self) -> bool:
@@ -263,6 +264,12 @@ class ParamTable:
         row.group = None
         self._layout = ()
         self._live = None
+        self.freed.append(row.index)
+
+    def take_freed(self) -> list[int]:
+        """Indices of rows whose tensor was freed since the last call (their per-slice state can go)."""
+        out, self.freed = self.freed, []
+        return out
 
 
 def _forget(table: weakref.ref[ParamTable], pid: int, row: Tracked) -> None:

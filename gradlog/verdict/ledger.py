@@ -12,7 +12,7 @@ import torch
 
 from gradlog.measure.fingerprint import Changes, Fingerprint, changes_since, take
 from gradlog.measure.meter import Measurement
-from gradlog.measure.params import Tracked, is_materialized
+from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.verdict.report import NonFinite
 
 
@@ -48,6 +48,8 @@ class Evidence:
     stalled: int = 0  # finite non-zero grad, lr > 0, not skipped, yet a zero update
     updated: int = 0  # measured steps with a non-zero update
     first_fp: Fingerprint | None = None  # per-slice signatures of the values when first seen
+    #: the tensor's in-place version count when `first_fp` was taken (see `_version`; -1: none)
+    first_version: int = -1
     trainable_at_start: bool | None = None  # requires_grad when first fingerprinted
     dtype: str = ""
     last_update: int = -1  # optimizer step of the last measured step with a non-zero update
@@ -109,8 +111,21 @@ class Ledger:
         for r in rows:
             ev = self._ev(r)
             if ev.first_fp is None and is_materialized(r.param):
+                ev.first_version = _version(r.param)
                 ev.first_fp = take(r.param)
                 ev.trainable_at_start = bool(r.param.requires_grad)
+
+    def release(self, index: int) -> None:
+        """A tracked tensor was freed (replaced during training): its fingerprint can never be compared
+        again, so it goes; the counters stay (its evidence, a few integers).
+
+        Besides the bytes, this is what keeps RSS flat when a big weight is replaced again and again: a
+        small allocation that outlives the freed weight next to it pins glibc's heap above it."""
+        ev = self.evidence.get(index)
+        if ev is not None:
+            ev.first_fp = None
+            ev.first_version = -1
+        self.slice_changes.pop(index, None)
 
     @property
     def nbytes(self) -> int:
@@ -179,15 +194,31 @@ class Ledger:
                 if q is not None:
                     q.grad_ok += 1
 
-    def changed(self, rows: list[Tracked]) -> dict[int, bool]:
+    def changed(self, rows: list[Tracked], provisional: bool = False) -> dict[int, bool]:
         """Whether each tensor's value differs from its first fingerprint; keeps which slices did in
-        `slice_changes`. One host copy of all the flags together."""
+        `slice_changes`. One host copy of all the flags together.
+
+        `provisional` (the tables written during training): a tensor is fingerprinted again only where
+        the evidence cannot answer. Never updated at a measured step and no in-place write since its first
+        fingerprint (its version counter, which every in-place op bumps, optimizer steps included): its
+        first state stands, all slices unchanged, without reading it, so frozen tensors cost nothing.
+        Frozen now but updated once: it changed (the ledger says so), and frozen tensors have no
+        partly-updated slices. Writes through `.data` bypass the counter: the final table (always
+        fingerprinted) catches them."""
         live: list[Tracked] = []
         diffs: list[Changes] = []
         out: dict[int, bool] = {}
+        kept: dict[int, Changes] = {}
         for r in rows:
-            first = self._ev(r).first_fp
+            ev = self._ev(r)
+            first = ev.first_fp
             if first is None or not is_materialized(r.param):
+                continue
+            if provisional and ev.updated and not r.param.requires_grad:
+                continue  # `out` is set below from `updated`
+            if provisional and not ev.updated and ev.first_version >= 0 and _version(r.param) == ev.first_version:
+                kept[r.index] = _unchanged(first)
+                out[r.index] = False
                 continue
             ch = changes_since(first, r.param)
             if ch is None:  # resized in place (resize_, a new vocabulary): it changed
@@ -198,7 +229,7 @@ class Ledger:
         parts = [t for ch in diffs for t in (ch.rows, ch.cols, ch.elems) if t is not None]
         host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else torch.zeros(0, dtype=torch.bool)
         at = 0
-        self.slice_changes = {}
+        self.slice_changes = kept
         for r, ch in zip(live, diffs):
             got: list[torch.Tensor | None] = []
             for t in (ch.rows, ch.cols, ch.elems):
@@ -214,3 +245,20 @@ class Ledger:
             if self._ev(r).updated:
                 out[r.index] = True
         return out
+
+
+def _version(t: torch.Tensor) -> int:
+    """The in-place version counter of a parameter (plus its local shard's under DTensor): metadata, no
+    read of the values. Any in-place op on the tensor (an optimizer step included) bumps it, and the
+    counters only grow, so their sum moves whenever one does."""
+    local = local_tensor(t)
+    return int(t._version) + (0 if local is t else int(local._version))
+
+
+def _unchanged(first: Fingerprint) -> Changes:
+    """Host flags saying "no slice changed", shaped like `first`'s slices."""
+
+    def none(sig: torch.Tensor | None) -> torch.Tensor | None:
+        return None if sig is None else torch.zeros(sig.shape[0], dtype=torch.bool)
+
+    return Changes(none(first.rows), none(first.cols), none(first.elems))

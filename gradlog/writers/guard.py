@@ -30,6 +30,9 @@ CLOSE_GRACE_S = 30.0
 #: Calls (one step's scalars, one histogram, one table, a flush) that may wait for a writer's thread.
 DEFAULT_MAX_QUEUE = 4096
 
+#: `sync()`: a single call running longer than this means the writer is slow, and nobody waits for it.
+SYNC_PATIENCE_S = 0.5
+
 _Call = tuple[str, Callable[[Writer], object]]
 _STOP: _Call = ("stop", lambda w: None)
 
@@ -103,6 +106,23 @@ class _Lane:
                 f"gradlog: {type(self.writer).__name__} is falling behind ({why}); training does not wait for it, "
                 "its records are dropped and counted until it catches up"
             )
+
+    def sync(self, deadline: float, patience: float) -> None:
+        """Wait until the thread has done every call queued so far; give up at `deadline`, or as soon as
+        one call has run longer than `patience` (a slow writer is not waited for: it would block training)."""
+        t = self.thread
+        if t is None or not t.is_alive() or self.behind:
+            return
+        done = threading.Event()
+        try:
+            self.queue.put_nowait(("sync", lambda w: done.set()))
+        except queue.Full:
+            return
+        while not done.wait(0.01):
+            since = self.busy_since
+            now = time.monotonic()
+            if now >= deadline or (since is not None and now - since > patience) or not t.is_alive():
+                return
 
     def close(self, deadline: float) -> None:
         """Let the thread finish what is queued, up to `deadline` (monotonic); count what it could not."""
@@ -211,6 +231,17 @@ class GuardedWriters(Writer):
 
     def flush(self) -> None:
         self._each("flush", lambda w: w.flush())
+
+    def sync(self, patience: float = SYNC_PATIENCE_S) -> None:
+        """Return once the writers on background threads have done every call made so far, so that what
+        was logged is in their backends' hands (a W&B run's service process) before a kill -9 could lose
+        it. Bounded: at most `timeout` seconds in all, and no wait at all for a writer that fell behind or
+        whose current call has run longer than `patience`. The logger calls it after a provisional table
+        (at most once per `provisional_every`)."""
+        deadline = time.monotonic() + self.timeout
+        for lane in self._lanes.values():
+            lane.sync(deadline, patience)
+        self._report_lane_errors()
 
     def close(self) -> None:
         """Close every writer; one that does not finish within `timeout` seconds is left behind, counted."""

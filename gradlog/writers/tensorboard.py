@@ -167,17 +167,23 @@ def _values(fmt: Any, item: _Item) -> list[bytes]:
 
 
 def _encode(fmt: Any, items: list[_Item]) -> list[bytes]:
-    """Consecutive items of the same step share Events (up to MAX_VALUES_PER_EVENT values each)."""
+    """Consecutive items of the same step share Events (up to MAX_VALUES_PER_EVENT values each).
+
+    A text table is an Event of its own: a damaged record then loses one table, never the final
+    summary (the verdict) together with the never-updated table written beside it."""
     records: list[bytes] = []
     group: list[bytes] = []
     step, wall = 0, 0.0
     for item in items:
-        if group and item[1] != step:
+        if group and (item[1] != step or item[0] == "t"):
             records += fmt.summary_events(wall, step, group)
             group = []
         if not group:
             step, wall = item[1], item[2]
         group += _values(fmt, item)
+        if item[0] == "t":
+            records += fmt.summary_events(wall, step, group)
+            group = []
     if group:
         records += fmt.summary_events(wall, step, group)
     return records
