@@ -1,11 +1,16 @@
 """Real third-party models built from configs (no downloads): healthy runs say OK, planted bugs are found.
 
-timm is not used: every timm release imports torchvision at import time, and PyPI's torchvision wheel cannot
-load beside the CPU torch pin; the ViT here is transformers' own (ViTConfig).
+A timm ViT runs in a second venv (`.venv-timm`, built by the `timm_python` fixture): every timm release imports
+torchvision at `import timm`, and PyPI's torchvision wheel cannot load beside the project's CPU torch pin.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -265,3 +270,104 @@ def test_planted_block_frozen_by_mistake_in_an_hf_trainer_run(tmp_path: Path) ->
     transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[cb]).train()
     assert cb.report is not None and cb.report.healthy, cb.report.table()
     assert len(cb.report.never_updated) == 24 and not any(r.suspect for r in cb.report.never_updated)
+
+
+# --- timm, in a venv of its own -------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+TIMM_VENV = REPO / ".venv-timm"  # in .gitignore; ruff, mypy and pytest look only at gradlog/, tests/, ...
+#: torch and torchvision builds that load together, per machine (timm itself: any release).
+TIMM_PINS = {
+    "x86_64": ["torch==2.14.1", "torchvision==0.29.1"],
+    "AMD64": ["torch==2.14.1", "torchvision==0.29.1"],
+    "aarch64": ["torch==2.9.1", "torchvision==0.24.1"],
+    "arm64": ["torch==2.9.1", "torchvision==0.24.1"],
+}
+TIMM_PACKAGES = ["timm", "tensorboard", "crc32c"]  # gradlog's TensorBoard writer needs the last two
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _imports_timm(python: Path) -> bool:
+    if not python.exists():
+        return False
+    probe = subprocess.run(
+        [str(python), "-c", "import timm, tensorboard, crc32c"], capture_output=True, timeout=600, check=False
+    )
+    return probe.returncode == 0
+
+
+def _no_timm(why: str) -> None:
+    """CI must run the timm test; elsewhere a machine that cannot build the venv skips it."""
+    if os.environ.get("CI"):
+        pytest.fail(f"the timm venv {TIMM_VENV} could not be built: {why}")
+    pytest.skip(f"the timm venv {TIMM_VENV} could not be built: {why}")
+
+
+@pytest.fixture(scope="session")
+def timm_python() -> Path:
+    """The python of `.venv-timm`, built on first use (about 5.5 GB: torchvision needs its own torch build,
+    a CUDA one that also runs on the CPU) and reused while it still imports timm."""
+    python = _venv_python(TIMM_VENV)
+    if _imports_timm(python):
+        return python
+    pins = TIMM_PINS.get(platform.machine())
+    if pins is None:
+        _no_timm(f"no torch/torchvision pair known for machine {platform.machine()!r} (TIMM_PINS)")
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(TIMM_VENV)],
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pins, *TIMM_PACKAGES],
+    ]
+    for cmd in steps:
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _no_timm(f"{' '.join(cmd[:4])}: {exc}")
+        if done.returncode != 0:
+            _no_timm(f"{' '.join(cmd[:4])} exited {done.returncode}: {done.stderr[-2000:]}")
+    if not _imports_timm(python):
+        _no_timm("it was built but cannot import timm, tensorboard and crc32c")
+    return python
+
+
+def _timm_run(python: Path, log_dir: Path, mode: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [str(python), str(REPO / "tests" / "timm_child.py"), str(log_dir), mode],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # the first run builds the venv (minutes)
+def test_timm_vit_healthy_and_an_accidental_freeze(
+    timm_python: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """timm's own ViT (`vit_tiny_patch16_224`, 2 blocks, 32x32 images), random data, AdamW, gradlog's
+    TensorBoard writer, trained under the second venv's torch; `gradlog report` here reads the run back."""
+    healthy = _timm_run(timm_python, tmp_path / "healthy", "healthy")
+    assert healthy["healthy"] and healthy["verdict"].startswith("gradlog OK"), healthy["verdict"]
+    assert len(healthy["tensors"]) == 32 and healthy["never_updated"] == []
+    code, out = report_exit(tmp_path / "healthy", capsys)
+    assert code == 0, out
+    assert out.strip().splitlines()[-1] == healthy["verdict"]  # the same verdict and warnings as close()
+
+    # planted: blocks.1 frozen after the optimizer was built (it stays in the optimizer): a finding
+    frozen = _timm_run(timm_python, tmp_path / "frozen", "frozen")
+    block1 = [n for n in frozen["tensors"] if n.startswith("blocks.1.")]
+    assert len(block1) == 12
+    assert frozen["never_updated"] == [[n, "frozen", True] for n in block1]
+    assert not frozen["healthy"] and frozen["verdict"].startswith("gradlog PROBLEM: 12 of 32 tensors never updated")
+    code, out = report_exit(tmp_path / "frozen", capsys)
+    assert code == 1, out
+    assert out.strip().splitlines()[-1] == frozen["verdict"]
+    assert all(f"{n} " in out for n in block1) and "in optimizer param group 0" in out

@@ -58,8 +58,9 @@ def _groups(xs: Sequence[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype]
 def host_reads_free(device: torch.device) -> bool:
     """On the CPU a value can be read back for free, so work can be skipped after a look.
 
-    Elsewhere a read is a host sync, so those paths stay branch-free on the device. So does a compiled
-    ``optimizer.step()`` (``torch.compile(opt.step)`` traces gradlog's hooks): a read there is a graph break.
+    Elsewhere a read is a host sync, so those paths stay branch-free on the device. So does code that dynamo
+    traces, where a read is a graph break (a safety net: the logger's step hooks are skipped by dynamo, so a
+    compiled ``optimizer.step()`` runs them eagerly).
     """
     return device.type == "cpu" and not _compiling()
 
