@@ -28,7 +28,8 @@ _SLAB_BYTES = 1 << 20  # rows read at a time (a view, no copy): L2-sized, so the
 _MULT, _ADD = 2654435761, 40503  # Knuth's multiplicative hash of a position
 _CACHED_WEIGHTS = 1 << 16  # positions; longer weight vectors are built per call (O(n), against O(n * k) sums)
 _SMALL = 1 << 12  # elements: below this, one plain op beats a faster kernel that takes several
-_CHUNK = 1 << 17  # elements compared at a time at close (1-D): the xor lands in L2, not in fresh memory
+_SMALL_ELEMS = 1 << 16  # 1-D: up to this many, one (slow) `!=` beats the few ops of the chunked compare
+_CHUNK = 1 << 18  # elements compared at a time at close (1-D): the xor lands in L2, not in fresh memory
 
 
 @dataclass
@@ -259,10 +260,10 @@ def changes_since(first: Fingerprint, t: torch.Tensor) -> Changes | None:
         return Changes(_differ(first.rows, rows), _differ(first.cols.t(), cols, dim=0))
     bits, _ = _bits(t)
     kept = first.elems if first.elems.device == bits.device else first.elems.to(bits.device)
-    if kept.shape[1] == 1 and bits.numel() <= _SMALL:
-        return Changes(elems=torch.ne(bits, kept.view(-1)))
+    if kept.shape[1] == 1 and bits.numel() <= _SMALL_ELEMS:
+        return Changes(elems=torch.ne(bits, kept.view(-1)))  # one op: below this size the op count rules
     now = bits.view(kept.shape)
-    if now.device.type != "cpu" or now.numel() <= _SMALL:
+    if now.device.type != "cpu" or now.numel() <= _SMALL_ELEMS:
         diff = now != kept
         return Changes(elems=diff[:, 0] if diff.shape[1] == 1 else diff.any(1))
     return Changes(elems=_elems_changed(now, kept))

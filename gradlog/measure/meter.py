@@ -16,7 +16,7 @@ import torch
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.histogram import Histogram
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
-from gradlog.measure.slice_grads import SliceGrads
+from gradlog.measure.slice_grads import Observed, SliceGrads
 from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
@@ -196,6 +196,7 @@ class Meter:
         self._open: _Open | None = None
         self._done: tuple[_Open, Packer] | None = None
         self.slice_grads = SliceGrads()  # per-slice "gradient ever non-zero", on the device
+        self._slice_evidence = True  # private: benchmarks/slice_evidence.py flips it for its A/B
         self.tensor_work = 0  # number of start() calls that touched tensors; tests assert on it
 
     @property
@@ -245,7 +246,7 @@ class Meter:
         if clips and dist is None:
             self._unclip(grad, rows, clips, packer)
         # per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac
-        seen = self.slice_grads.observe(rows, grads, zeros, device)
+        seen = self.slice_grads.observe(rows, grads, zeros, device) if self._slice_evidence else Observed([], None, None)
         if seen.done is not None:
             packer.add("slices/done", seen.done)
         if seen.dead_frac is not None:
