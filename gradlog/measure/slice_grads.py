@@ -22,7 +22,12 @@ from typing import Any
 import torch
 
 from gradlog.measure.params import Tracked, local_tensor
-from gradlog.measure.stats import _compiling, np
+from gradlog.measure.stats import _compiling
+
+try:  # optional, as in stats: without numpy the torch path below does it all
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
 
 
 def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
