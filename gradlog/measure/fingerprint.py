@@ -32,7 +32,7 @@ _SLAB_BYTES = 1 << 20  # rows read at a time (a view, no copy): L2-sized, so the
 _MULT, _ADD = 2654435761, 40503  # Knuth's multiplicative hash of a position
 _CACHED_WEIGHTS = 1 << 16  # positions; longer weight vectors are built per call (O(n), against O(n * k) sums)
 _SMALL = 1 << 12  # elements: below this, one plain op beats a faster kernel that takes several
-_SMALL_ELEMS = 1 << 16  # 1-D: up to this many, one (slow) `!=` beats the few ops of the chunked compare
+_SMALL_ELEMS = 1 << 14  # 1-D: up to this many, one (slow) `!=` beats the few ops of the chunked compare
 _CHUNK = 1 << 18  # elements compared at a time at close (1-D): the xor lands in L2, not in fresh memory
 
 
@@ -287,21 +287,25 @@ def _elems_changed(now: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     chunk = _CHUNK - _CHUNK % lanes
     dense: torch.Tensor | None = None
     uniform: bool | None = None  # every element so far changed (True), none did (False)
-    for start in range(0, a.numel(), chunk):
-        m = min(chunk, a.numel() - start)
-        x = torch.bitwise_xor(a[start : start + m], b[start : start + m], out=scratch[:m])
-        f = flags[:m].copy_(x)
+    start = 0
+    for a_part, b_part in zip(a.split(chunk), b.split(chunk)):  # one op each for all the chunk views
+        m = a_part.numel()
+        if m == chunk:
+            f = flags.copy_(torch.bitwise_xor(a_part, b_part, out=scratch))
+        else:
+            f = flags[:m].copy_(torch.bitwise_xor(a_part, b_part, out=scratch[:m]))
         if lanes > 1:
             f = f.view(-1, lanes).any(1)
         low, high = (bool(v) for v in torch.aminmax(f.view(torch.uint8)))  # bool all/any are slow here
         same = low if low == high else None
         if dense is None and same is not None and uniform in (None, same):
             uniform = same
-            continue
-        if dense is None:  # the first mixed chunk: write out what the earlier chunks were
-            dense = torch.empty(n, dtype=torch.bool)
-            dense[: start // lanes] = bool(uniform)
-        dense[start // lanes : (start + m) // lanes] = f
+        else:
+            if dense is None:  # the first mixed chunk: write out what the earlier chunks were
+                dense = torch.empty(n, dtype=torch.bool)
+                dense[: start // lanes] = bool(uniform)
+            dense[start // lanes : (start + m) // lanes] = f
+        start += m
     if dense is not None:
         return dense
     return torch.full((1,), bool(uniform), dtype=torch.bool).expand(n)
