@@ -32,7 +32,7 @@ _SLAB_BYTES = 1 << 20  # rows read at a time (a view, no copy): L2-sized, so the
 _MULT, _ADD = 2654435761, 40503  # Knuth's multiplicative hash of a position
 _CACHED_WEIGHTS = 1 << 16  # positions; longer weight vectors are built per call (O(n), against O(n * k) sums)
 _SMALL = 1 << 12  # elements: below this, one plain op beats a faster kernel that takes several
-_SMALL_ELEMS = 1 << 14  # 1-D: up to this many, one (slow) `!=` beats the few ops of the chunked compare
+_SMALL_ELEMS = 1 << 16  # 1-D: up to this many, one (slow) `!=` beats the few ops of the chunked compare
 _CHUNK = 1 << 18  # elements compared at a time at close (1-D): the xor lands in L2, not in fresh memory
 
 
