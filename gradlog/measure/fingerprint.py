@@ -290,7 +290,7 @@ def _elems_changed(now: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     dense: torch.Tensor | None = None
     uniform: bool | None = None  # every element so far changed (True), none did (False)
     start = 0
-    for a_part, b_part in zip(a.split(chunk), b.split(chunk)):  # one op each for all the chunk views
+    for a_part, b_part in zip(torch.split(a, chunk), torch.split(b, chunk)):  # one call each: all the chunk views
         m = a_part.numel()
         if m == chunk:
             f = flags.copy_(torch.bitwise_xor(a_part, b_part, out=scratch))
