@@ -5,26 +5,35 @@ and per column (dim 1) of tensors with 2+ dims, two sums each (plain, and weight
 the position), kept modulo 2**32 (modulo 2**16 for 2-byte dtypes). A 1-D or 0-D tensor keeps
 its raw bits, which are an exact fingerprint of each element. Any change of one value changes
 its row's and its column's plain sum (the difference of two bit patterns is never a multiple of
-the modulus); two changes that cancel in both sums are a 1-in-2**32 accident.
+the modulus), and a swap inside a row or column changes its weighted sum; two changes that cancel
+in both sums are a 1-in-2**32 accident for arbitrary values. One structured exception: changes of
+the top bit only (x -> -x) in an even number of entries of one row cancel in both of that row's sums
+(2**31 times an even number); each of their columns still sees its single change.
 
-One pass does it all: the tensor is cut into slabs of whole rows small enough for the cache,
-and each slab gives its rows' sums and adds to every column's sums. On the CPU the sums are
-integer reductions and integer matrix-vector products (modular, so exact in any order); elsewhere
-int64 sums, reduced to the same modulus, so a fingerprint taken on one device compares with one
-taken on another. The whole-tensor answer is "any slice changed".
+One pass does it all: the tensor is cut into slabs of whole rows that fit in L2, and each slab
+gives its rows' sums (`slab @ [1, w]^T`) and adds to every column's sums (`[1, v] @ slab`): two
+integer matrix products, which wrap in the bits' own width (exact modulo 2**32 / 2**16 in any
+order). Elsewhere int64 sums, reduced to the same modulus, so a fingerprint taken on one device
+compares with one taken on another. The whole-tensor answer is "any slice changed". Measured
+against `tensor.sum()` in benchmarks/fingerprint.py.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from gradlog.measure.params import local_tensor
 
-_SLAB_BYTES = 1 << 22  # rows read at a time (a view, no copy): the second and third read of a slab hit the cache
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_SLAB_BYTES = 1 << 20  # rows read at a time (a view, no copy): L2-sized, so the second read of a slab hits it
 _MULT, _ADD = 2654435761, 40503  # Knuth's multiplicative hash of a position
+_CACHED_WEIGHTS = 1 << 16  # positions; longer weight vectors are built per call (O(n), against O(n * k) sums)
+_SMALL = 1 << 12  # elements: below this, one plain op beats a faster kernel that takes several
+_SMALL_ELEMS = 1 << 16  # 1-D: up to this many, one (slow) `!=` beats the few ops of the chunked compare
+_CHUNK = 1 << 18  # elements compared at a time at close (1-D): the xor lands in L2, not in fresh memory
 
 
 @dataclass
@@ -62,10 +71,22 @@ class Changes:
 
     def any(self) -> torch.Tensor:
         """One bool tensor (no host read): whether anything changed."""
-        parts = [t.any().reshape(1) for t in (self.rows, self.elems) if t is not None]
+        parts = [t for t in (self.rows, self.elems) if t is not None]
         if not parts:
             return torch.zeros((), dtype=torch.bool)
-        return parts[0][0] if len(parts) == 1 else torch.cat(parts).any()
+        if len(parts) == 1:
+            return _any(parts[0])
+        return torch.stack([_any(t) for t in parts]).any()
+
+
+def _any(t: torch.Tensor) -> torch.Tensor:
+    """`t.any()` for a bool vector, fast on the CPU: torch's bool `any` is ~5x a float sum per element
+    there, the max of its bytes is vectorised; an expanded vector (stride 0) is one value."""
+    if t.dim() == 1 and t.numel() and t.stride(0) == 0:
+        t = t[:1]
+    if t.numel() > _SMALL and t.device.type == "cpu" and t.dtype == torch.bool:
+        return t.view(torch.uint8).amax().bool()
+    return t.any()
 
 
 def _hash(start: int, n: int, device: torch.device, modulus: int) -> torch.Tensor:
@@ -75,99 +96,159 @@ def _hash(start: int, n: int, device: torch.device, modulus: int) -> torch.Tenso
 
 
 def _wrap(z: torch.Tensor, modulus: int) -> torch.Tensor:
-    """Exact integers (any int dtype, possibly already wrapped mod 2**32 or 2**16) -> int32 in [0, modulus)."""
+    """Exact integers (any int dtype, possibly already wrapped mod 2**32 or 2**16) -> int32 in [0, modulus)
+    read as int32 (so mod 2**32 sums of int32 bits are returned as they are)."""
+    if modulus == 1 << 32 and z.dtype == torch.int32:
+        return z
+    if modulus == 1 << 16 and z.dtype in (torch.int16, torch.int32):
+        return z.to(torch.int32) & 0xFFFF
     return (z.to(torch.int64) & (modulus - 1)).to(torch.int32)
 
 
-def _lanes(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The raw bits of `t` as integers with a trailing lane dim, and the sums' modulus.
+def _bits(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The raw bits of `t` (a local tensor) as a flat int tensor, and the sums' modulus.
 
     4- and 8-byte values become int32 lanes (a change in the high half of a double is then never a
     multiple of 2**32); 2-byte values stay int16 (summed mod 2**16); 1-byte values and bools become int32.
     """
-    t = local_tensor(t.detach())
+    t = t.detach()
     if t.is_complex():
         t = torch.view_as_real(t)
-    t = t.contiguous()
-    if t.dtype == torch.bool:
-        t = t.view(torch.uint8)
+    if not t.is_contiguous():
+        t = t.contiguous()
     size = t.element_size()
+    if size == 4:
+        return t.view(torch.int32).view(-1), 1 << 32
     if size == 2:
-        return t.view(torch.int16).unsqueeze(-1), 1 << 16
+        return t.view(torch.int16).view(-1), 1 << 16
     if size == 1:
-        return t.view(torch.uint8).to(torch.int32).unsqueeze(-1), 1 << 32
-    return t.view(_INT_OF_SIZE[size]).unsqueeze(-1).view(torch.int32), 1 << 32
+        return t.view(torch.uint8).view(-1).to(torch.int32), 1 << 32
+    return t.view(-1).view(torch.int32), 1 << 32  # 8 bytes: two int32 lanes each
 
 
 def _slab_rows(row_bytes: int) -> int:
     return max(1, _SLAB_BYTES // max(1, row_bytes))
 
 
-def _sums_cpu(
-    x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int, scratch: torch.Tensor
+def _weights(
+    start: int, n: int, itype: torch.dtype, device: torch.device, modulus: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One slab [r, C*S] of int32/int16 bits: its rows' sums [r, 2] and its columns' sums [2, C].
+    """[2, n] in the bits' own int type (ones, and the position hashes) and its transposed view. Short ones
+    are cached (a model repeats its shapes, and for a small tensor building them costs more than the sums)."""
+    if n <= _CACHED_WEIGHTS:
+        return _weights_cached(start, n, itype, device, modulus)
+    return _weights_new(start, n, itype, device, modulus)
 
-    The weighted row sums are a multiply into a reused scratch and a row sum (twice as fast as an
-    integer `mv`); both wrap in the bits' own width, which is exact modulo 2**32 / 2**16.
+
+def _weights_new(
+    start: int, n: int, itype: torch.dtype, device: torch.device, modulus: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ones = torch.ones(n, dtype=torch.int64, device=device)
+    w = torch.stack([ones, _hash(start, n, device, modulus)]).to(itype)
+    return w, w.t()  # [n, 2] as a view: an integer `mm` with a contiguous [n, 2] operand is ~50x slower
+
+
+_weights_cached = functools.lru_cache(maxsize=64)(_weights_new)  # at most 64 x 512 KiB
+
+
+def _sums_cpu(x: torch.Tensor, row0: int, col0: int, modulus: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All four sums of [R, K] int32/int16 bits as two integer matrix products per slab of rows.
+
+    Rows: `slab @ [1, w]^T` gives each row's plain and weighted sum in one read of the slab; columns:
+    `[1, v] @ slab` both column sums in a second read, from L2. Integer products wrap in the bits' own
+    width, which is exact modulo 2**32 / 2**16 in any order. (The previous scheme, a row sum, a
+    multiply into a scratch and a second row sum, then the column product, read each slab four times.)
     """
-    r = x.shape[0]
+    r, k = x.shape
     itype = x.dtype
-    weighted = torch.mul(x, w, out=scratch[: x.numel()].view(x.shape))
-    rows = torch.stack([x.sum(1, dtype=torch.int32), weighted.sum(1, dtype=torch.int32)], dim=1)
-    v = torch.stack([torch.ones(r, dtype=torch.int64), _hash(row0, r, x.device, modulus)]).to(itype)
-    cols = torch.mm(v, x)  # [2, C*S], wrapped in the bits' own width: exact mod 2**32 / 2**16
-    if cols.shape[1] != c:
-        cols = cols.view(2, c, -1).sum(2, dtype=torch.int32)
+    w = _weights(col0, k, itype, x.device, modulus)[1]
+    v = _weights(row0, r, itype, x.device, modulus)[0]
+    step = _slab_rows(k * x.element_size())
+    if step >= r:
+        return torch.mm(x, w), torch.mm(v, x)
+    rows = torch.empty(r, 2, dtype=itype, device=x.device)
+    cols = torch.zeros(2, k, dtype=itype, device=x.device)
+    for start in range(0, r, step):
+        slab = x[start : start + step]
+        torch.mm(slab, w, out=rows[start : start + step])
+        cols.add_(torch.mm(v[:, start : start + step], slab))
     return rows, cols
 
 
-def _sums_any(
-    x: torch.Tensor, c: int, row0: int, w: torch.Tensor, modulus: int, scratch: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same sums with int64 elementwise ops (accelerators have no integer matmul)."""
-    r = x.shape[0]
-    x = x.to(torch.int64)
-    rows = torch.stack([x.sum(1), (x * w).sum(1)], dim=1)
-    v = _hash(row0, r, x.device, modulus).unsqueeze(1)
-    cols = torch.stack([x.sum(0), (x * v).sum(0)])
-    if cols.shape[1] != c:
-        cols = cols.view(2, c, -1).sum(2)
+def _sums_any(x: torch.Tensor, row0: int, col0: int, modulus: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same sums with int64 elementwise ops (accelerators have no integer matmul), by slabs."""
+    r, k = x.shape
+    rows = torch.zeros(r, 2, dtype=torch.int64, device=x.device)
+    cols = torch.zeros(2, k, dtype=torch.int64, device=x.device)
+    w = _hash(col0, k, x.device, modulus)
+    step = _slab_rows(k * 8)
+    for start in range(0, r, step):
+        slab = x[start : start + step].to(torch.int64)
+        v = _hash(row0 + start, slab.shape[0], x.device, modulus).unsqueeze(1)
+        rows[start : start + step] = torch.stack([slab.sum(1), (slab * w).sum(1)], dim=1) & (modulus - 1)
+        cols += torch.stack([slab.sum(0), (slab * v).sum(0)]) & (modulus - 1)
     return rows, cols
 
 
-@torch.no_grad()
 def take(t: torch.Tensor, row_offset: int = 0, col_offset: int = 0, generic: bool = False) -> Fingerprint:
     """The fingerprint of `t` (its local shard under DTensor; offsets give its global position).
 
     `generic=True` forces the int64 path that accelerators use (tests compare the two).
     """
-    shape = tuple(local_tensor(t).shape)
-    bits, modulus = _lanes(t)
+    t = local_tensor(t)
+    shape = tuple(t.shape)
+    bits, modulus = _bits(t)
     if len(shape) < 2:
         n = shape[0] if shape else 1
-        flat = bits.reshape(n, -1) if n else bits.new_zeros((0, 1))
-        return Fingerprint(shape, elems=flat.clone())
+        return Fingerprint(shape, elems=bits.view(n, -1).clone() if n else bits.new_zeros((0, 1)))
     r, c = shape[0], shape[1]
-    dev = bits.device
-    k = bits.numel() // r if r else 0
-    x = bits.reshape(r, k)
-    s = k // c if c else 0
-    rows = torch.zeros(r, 2, dtype=torch.int32, device=dev)
-    cols = torch.zeros(2, c, dtype=torch.int64, device=dev)
-    if x.numel():
-        # weight of each position in a row: its global column, then its place inside that column
-        w = _hash(col_offset * s, k, dev, modulus)
-        cpu = dev.type == "cpu" and not generic
-        sums = _sums_cpu if cpu else _sums_any
-        step = _slab_rows(k * x.element_size())
-        scratch = torch.empty(min(r, step) * k if cpu else 0, dtype=x.dtype, device=dev)
-        w = w.to(x.dtype) if cpu else w
-        for start in range(0, r, step):
-            part_rows, part_cols = sums(x[start : start + step], c, row_offset + start, w, modulus, scratch)
-            rows[start : start + step] = _wrap(part_rows, modulus)
-            cols += part_cols.to(torch.int64) & (modulus - 1)
-    return Fingerprint(shape, rows=_wrap(rows, modulus), cols=_wrap(cols.t(), modulus).contiguous())
+    if not bits.numel():
+        zeros = torch.zeros(r, 2, dtype=torch.int32, device=bits.device)
+        return Fingerprint(shape, rows=zeros, cols=torch.zeros(c, 2, dtype=torch.int32, device=bits.device))
+    rows, cols = _signatures(t, row_offset, col_offset, generic, (bits, modulus))
+    return Fingerprint(shape, rows=rows, cols=cols.t().contiguous())
+
+
+def _signatures(
+    t: torch.Tensor,
+    row_offset: int = 0,
+    col_offset: int = 0,
+    generic: bool = False,
+    lanes: tuple[torch.Tensor, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [R, 2] and columns [2, C] (int32 in [0, modulus)) of a non-empty local tensor with 2+ dims."""
+    bits, modulus = lanes or _bits(t)
+    r, c = t.shape[0], t.shape[1]
+    x = bits.view(r, -1)
+    k = x.shape[1]
+    # weight of each position in a row: its global column, then its place inside that column
+    cpu = bits.device.type == "cpu" and not generic
+    rows, cols = (_sums_cpu if cpu else _sums_any)(x, row_offset, col_offset * (k // c), modulus)
+    if k != c:
+        cols = cols.view(2, c, -1).sum(2, dtype=cols.dtype)  # wraps in the same width: still exact
+    return _wrap(rows, modulus), _wrap(cols, modulus)
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Per slice, whether its two signatures differ ([n, 2] with dim 1, [2, n] with dim 0); a contiguous
+    [n, 2] pair of int32 is compared at once as one int64."""
+    a = a if a.device == b.device else a.to(b.device)
+    if dim == 1 and a.dtype == torch.int32 and a.is_contiguous() and b.is_contiguous():
+        return torch.ne(a.view(torch.int64), b.view(torch.int64)).view(-1)
+    d = torch.ne(a, b)
+    return torch.logical_or(d[0], d[1]) if dim == 0 else torch.logical_or(d[:, 0], d[:, 1])  # bool any is slow
+
+
+_LOCAL = threading.local()
+
+
+def _scratch(dtype: torch.dtype) -> torch.Tensor:
+    """A reused 1 MiB-ish buffer per thread and dtype: fresh memory costs its page faults (~10x a read)."""
+    bufs: dict[torch.dtype, torch.Tensor] = _LOCAL.__dict__.setdefault("bufs", {})
+    buf = bufs.get(dtype)
+    if buf is None:
+        buf = bufs[dtype] = torch.empty(_CHUNK, dtype=dtype)
+    return buf
 
 
 def changes_since(first: Fingerprint, t: torch.Tensor) -> Changes | None:
@@ -175,14 +256,61 @@ def changes_since(first: Fingerprint, t: torch.Tensor) -> Changes | None:
 
     1-D and 0-D tensors are compared with their kept bits directly (no second copy at close).
     """
-    if tuple(local_tensor(t).shape) != first.shape:
+    t = local_tensor(t)
+    if tuple(t.shape) != first.shape:
         return None
     if first.elems is None:
-        return compare(first, take(t))
-    bits, _ = _lanes(t)
-    now = bits.reshape(first.elems.shape)
-    diff = now != first.elems.to(now.device)
-    return Changes(elems=diff[:, 0] if diff.shape[1] == 1 else diff.any(1))
+        if first.rows is None or first.cols is None or not t.numel():
+            return compare(first, take(t))
+        rows, cols = _signatures(t)  # compared as they come out: no [C, 2] copy of the columns
+        return Changes(_differ(first.rows, rows), _differ(first.cols.t(), cols, dim=0))
+    bits, _ = _bits(t)
+    kept = first.elems if first.elems.device == bits.device else first.elems.to(bits.device)
+    if kept.shape[1] == 1 and bits.numel() <= _SMALL_ELEMS:
+        return Changes(elems=torch.ne(bits, kept.view(-1)))  # one op: below this size the op count rules
+    now = bits.view(kept.shape)
+    if now.device.type != "cpu" or now.numel() <= _SMALL_ELEMS:
+        diff = now != kept
+        return Changes(elems=diff[:, 0] if diff.shape[1] == 1 else diff.any(1))
+    return Changes(elems=_elems_changed(now, kept))
+
+
+def _elems_changed(now: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Per element of a 1-D tensor (CPU), whether its bits differ from the kept ones.
+
+    `!=` on int16/int32 is not vectorised on the CPU (~10x a sum); an xor into a reused cache-sized
+    scratch and a cast to bool (a vectorised "non-zero") per chunk is ~2x, and exact: xor is 0 iff
+    equal. A tensor whose every element changed (or none did) answers with one expanded bool, no
+    fresh memory: a fresh n-byte mask costs its page faults, ~2.5x a sum of fp32 values on its own.
+    """
+    n, lanes = kept.shape
+    a, b = now.reshape(-1), kept.reshape(-1)
+    scratch, flags = _scratch(a.dtype), _scratch(torch.bool)
+    chunk = _CHUNK - _CHUNK % lanes
+    dense: torch.Tensor | None = None
+    uniform: bool | None = None  # every element so far changed (True), none did (False)
+    start = 0
+    for a_part, b_part in zip(torch.split(a, chunk), torch.split(b, chunk)):  # one call each: all the chunk views
+        m = a_part.numel()
+        if m == chunk:
+            f = flags.copy_(torch.bitwise_xor(a_part, b_part, out=scratch))
+        else:
+            f = flags[:m].copy_(torch.bitwise_xor(a_part, b_part, out=scratch[:m]))
+        if lanes > 1:
+            f = f.view(-1, lanes).any(1)
+        low, high = (bool(v) for v in torch.aminmax(f.view(torch.uint8)))  # bool all/any are slow here
+        same = low if low == high else None
+        if dense is None and same is not None and uniform in (None, same):
+            uniform = same
+        else:
+            if dense is None:  # the first mixed chunk: write out what the earlier chunks were
+                dense = torch.empty(n, dtype=torch.bool)
+                dense[: start // lanes] = bool(uniform)
+            dense[start // lanes : (start + m) // lanes] = f
+        start += m
+    if dense is not None:
+        return dense
+    return torch.full((1,), bool(uniform), dtype=torch.bool).expand(n)
 
 
 def compare(first: Fingerprint, now: Fingerprint) -> Changes:
@@ -193,7 +321,8 @@ def compare(first: Fingerprint, now: Fingerprint) -> Changes:
     def diff(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
         if a is None or b is None:
             return None
-        d = a.to(b.device) != b  # [n, k] signatures -> [n]
-        return d[:, 0] if d.shape[1] == 1 else d.any(1)
+        if a.shape[1] == 1:
+            return torch.ne(a if a.device == b.device else a.to(b.device), b)[:, 0]
+        return _differ(a, b)
 
     return Changes(diff(first.rows, now.rows), diff(first.cols, now.cols), diff(first.elems, now.elems))

@@ -16,7 +16,7 @@ import torch
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
-from gradlog.measure.slice_grads import SliceGrads
+from gradlog.measure.slice_grads import Observed, SliceGrads
 from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
@@ -27,6 +27,7 @@ from gradlog.measure.stats import (
     histogram_bucket,
     histogram_partials,
     histogram_ranges,
+    host_reads_free,
     norm_partials,
     stat_dtype,
     subtract_with_sumsq,
@@ -49,6 +50,7 @@ class Clip:
     def coef(self) -> torch.Tensor:
         """The factor the gradients were multiplied by, as torch.nn.utils.clip_grads_with_norm_ computes it."""
         return torch.clamp(self.max_norm / (self.total.detach().double() + 1e-6), max=1.0)
+
 
 #: Returns 1/scale (a device tensor) when the gradients the optimizer sees are scaled, else None.
 ScaleFn = Callable[[], "torch.Tensor | None"]
@@ -199,6 +201,7 @@ class Meter:
         self._open: _Open | None = None
         self._done: tuple[_Open, Packer] | None = None
         self.slice_grads = SliceGrads()  # per-slice "gradient ever non-zero", on the device
+        self._slice_evidence = True  # private: benchmarks/slice_evidence.py flips it for its A/B
         self.tensor_work = 0  # number of start() calls that touched tensors; tests assert on it
 
     @property
@@ -247,8 +250,20 @@ class Meter:
         dist = self.reducer.open(index, rows, device, tracked=len(live)) if self.reducer and active else None
         if clips and dist is None:
             self._unclip(grad, rows, clips, packer)
-        # per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac
-        seen = self.slice_grads.observe(rows, grads, zeros, device)
+        # per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac.
+        # A gradient whose zero count is 0 has every slice non-zero: on the CPU that is read from the
+        # counts just taken, and those tensors need no per-slice pass at all.
+        dense: list[bool] | None = None
+        if zeros and xs and dist is None and host_reads_free(device):
+            counts = grad[:, NONZERO].tolist()
+            dense = [
+                g is not None and g.layout == torch.strided and counts[i] == g.numel() for i, g in enumerate(grads)
+            ]
+        seen = (
+            self.slice_grads.observe(rows, grads, zeros, device, keep_rows=dist is not None, dense=dense)
+            if self._slice_evidence
+            else Observed([], None, None)
+        )
         if seen.done is not None:
             packer.add("slices/done", seen.done)
         if seen.dead_frac is not None:

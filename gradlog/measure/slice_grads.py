@@ -14,13 +14,20 @@ with a non-zero value; absent rows stay zero.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from gradlog.measure.params import Tracked, local_tensor
 from gradlog.measure.stats import _compiling
+
+try:  # optional, as in stats: without numpy the torch path below does it all
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
 
 
 def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -54,6 +61,21 @@ def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tenso
         return _rows_nonzero(g.reshape(r, -1)), None
     a = _magnitude(g)  # one temporary |g|, read twice from cache
     return a.reshape(r, -1).sum(1) != 0, a.reshape(r, g.shape[1], -1).sum((0, 2)) != 0
+
+
+def _host_mask(g: torch.Tensor) -> Any:
+    """ "Entry non-zero" of a dense CPU float gradient as a numpy bool array (`g`'s shape), else None.
+
+    On the CPU numpy's `!=` and reductions cost a fraction of torch's per call and per entry: the
+    mask is one pass, "all non-zero" a byte min over it, and rows/columns an `any` each only when
+    some entry is zero. bf16 has no numpy dtype: its bits are non-zero past the sign bit."""
+    if g.device.type != "cpu" or g.layout != torch.strided or not g.numel() or g.is_conj() or g.is_neg():
+        return None
+    if g.dtype in (torch.float32, torch.float64, torch.float16):
+        return g.numpy() != 0  # NaN != 0: a NaN entry counts as non-zero, as on the device path
+    if g.dtype == torch.bfloat16:
+        return (g.view(torch.int16).numpy() & 0x7FFF) != 0
+    return None
 
 
 def _magnitude(g: torch.Tensor) -> torch.Tensor:
@@ -102,6 +124,16 @@ class Observed:
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+_TRUE = torch.ones(1, dtype=torch.bool)
+
+
+@functools.lru_cache(maxsize=256)
+def _all_true(n: int) -> torch.Tensor:
+    """Every slice non-zero, known on the host (CPU): a shared expanded view (read-only: never OR-ed into,
+    a complete tensor is skipped from then on; an in-place op on it would raise, not corrupt)."""
+    return _TRUE.expand(n)
+
+
 class SliceGrads:
     """The OR-accumulated evidence of every watched tensor, keyed by its `Tracked.index`."""
 
@@ -115,34 +147,68 @@ class SliceGrads:
         return sum(t.numel() * t.element_size() for d in (self.rows, self.cols) for t in d.values())
 
     def observe(
-        self, rows: list[Tracked], grads: list[torch.Tensor | None], dead: bool, device: torch.device
+        self,
+        rows: list[Tracked],
+        grads: list[torch.Tensor | None],
+        dead: bool,
+        device: torch.device,
+        keep_rows: bool = True,
+        dense: list[bool] | None = None,
     ) -> Observed:
-        """OR this step's gradients into the evidence; see `Observed` for what comes back."""
+        """OR this step's gradients into the evidence; see `Observed` for what comes back (`Observed.rows`
+        only with `keep_rows`: sharded tensors need them, the others only their `dead_frac`). `dense[i]`:
+        the caller knows gradient i has no zero entry (its zero count), so every slice of it is non-zero."""
         local: dict[int, torch.Tensor] = {}
         fresh: list[int] = []
         flags: list[torch.Tensor] = []
         fracs: list[torch.Tensor] = []
         frac_pos: list[int] = []
+        dense_pos: list[int] = []  # zero-count steps: gradients with no zero entry (no row all zero)
+        host = np is not None and not _compiling()  # numpy on the CPU (looked up once, not per tensor)
         for i, (row, g) in enumerate(zip(rows, grads)):
-            if g is None or row.param.dim() == 0:  # a 0-D tensor has no slices: the whole-tensor report covers it
+            if g is None or g.dim() == 0:  # a 0-D tensor has no slices: the whole-tensor report covers it
                 continue
             key = row.index
             track = key not in self.full
             if not track and not dead:
                 continue
-            r_nz, c_nz = slice_nonzero(g, rows_only=not track)
+            g = local_tensor(g.detach() if g.requires_grad else g)
+            known = host and dense is not None and dense[i] and g.device.type == "cpu"
+            mask = None if known or not host else _host_mask(g)
+            if known or (mask is not None and mask.view(np.uint8).min()):  # every entry non-zero: every slice is
+                if dead:
+                    dense_pos.append(i)
+                    if keep_rows:
+                        local[i] = _all_true(g.shape[0])
+                if track:  # complete, known on the host: skipped from now on, no device flag needed
+                    self.rows[key] = _all_true(g.shape[0])
+                    if g.dim() >= 2:
+                        self.cols[key] = _all_true(g.shape[1])
+                    self.full.add(key)
+                continue
+            if mask is not None:
+                r_nz = torch.from_numpy(mask if mask.ndim == 1 else mask.reshape(g.shape[0], -1).any(1))
+                c_nz = (
+                    torch.from_numpy(mask.reshape(g.shape[0], g.shape[1], -1).any((0, 2)))
+                    if track and g.dim() >= 2
+                    else None
+                )
+            else:
+                r_nz, c_nz = slice_nonzero(g, rows_only=not track)
             if dead:
-                local[i] = r_nz
+                if keep_rows:
+                    local[i] = r_nz
                 frac_pos.append(i)
                 fracs.append(r_nz)
             if not track:
                 continue
             acc = self.rows.get(key)
-            self.rows[key] = r_nz.clone() if acc is None or acc.shape != r_nz.shape else acc.logical_or_(r_nz)
+            fresh_rows = r_nz.clone() if dead and keep_rows else r_nz  # `local` keeps this step's own
+            self.rows[key] = fresh_rows if acc is None or acc.shape != r_nz.shape else acc.logical_or_(r_nz)
             done = self.rows[key].all()
             if c_nz is not None:
                 acc = self.cols.get(key)
-                self.cols[key] = c_nz.clone() if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
+                self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
                 done = done & self.cols[key].all()
             fresh.append(key)
             flags.append(done.reshape(1).to(device))
@@ -151,6 +217,8 @@ class SliceGrads:
             dead_frac = torch.full((len(rows),), math.nan, dtype=torch.float64, device=device)
             if fracs:
                 dead_frac[torch.tensor(frac_pos).to(device, non_blocking=True)] = _zero_fractions(fracs, device)
+            if dense_pos:
+                dead_frac[torch.tensor(dense_pos).to(device, non_blocking=True)] = 0.0
         done_t = torch.cat(flags).to(torch.float64) if flags else None
         return Observed(fresh, done_t, dead_frac, local)
 

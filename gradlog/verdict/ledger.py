@@ -227,20 +227,33 @@ class Ledger:
             live.append(r)
             diffs.append(ch)
         parts = [t for ch in diffs for t in (ch.rows, ch.cols, ch.elems) if t is not None]
-        host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else torch.zeros(0, dtype=torch.bool)
+        dev = parts[0].device if parts else None
+        host = (
+            torch.cat([p if p.device == dev else p.to(dev) for p in parts]).cpu()
+            if parts
+            else torch.zeros(0, dtype=torch.bool)
+        )
         at = 0
         self.slice_changes = kept
+        spans: list[int] = []  # per tensor, start and end in `host` of its rows (or elements): "changed" is any of them
         for r, ch in zip(live, diffs):
             got: list[torch.Tensor | None] = []
+            span = [at, at]
             for t in (ch.rows, ch.cols, ch.elems):
                 if t is None:
                     got.append(None)
                     continue
+                if t is not ch.cols:
+                    span = [at, at + t.numel()]
                 got.append(host[at : at + t.numel()])
                 at += t.numel()
-            host_ch = Changes(*got)
-            self.slice_changes[r.index] = host_ch
-            out[r.index] = bool(host_ch.any())
+            spans += span
+            self.slice_changes[r.index] = Changes(*got)
+        # changed slices before each start and end, in a few ops for all tensors (not a few per tensor)
+        below = torch.cat([torch.zeros(1, dtype=torch.int64), host.to(torch.int64).cumsum(0)])
+        counts = below[spans].tolist() if spans else []
+        for k, r in enumerate(live):
+            out[r.index] = counts[2 * k + 1] > counts[2 * k]
         for r in rows:
             if self._ev(r).updated:
                 out[r.index] = True

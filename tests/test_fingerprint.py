@@ -1,0 +1,115 @@
+"""Per-slice fingerprints are exact: every single-bit change and every swap is found, in its slice only.
+
+The expected slices come from the test's own edit (which element it flipped or swapped), never from
+gradlog; both the CPU path (integer matrix products, chunked xor) and the accelerator path (int64
+elementwise sums) are checked, and must give the same signatures.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradlog.measure import fingerprint as fp
+
+_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def _flip(x: torch.Tensor, at: tuple[int, ...], bit: int) -> torch.Tensor:
+    """A copy of `x` with one bit of one element's raw bits flipped."""
+    y = x.clone()
+    bits = y.view(_INT[y.element_size()])
+    bits[at] = bits[at] ^ torch.tensor(1, dtype=bits.dtype).bitwise_left_shift(bit)
+    return y
+
+
+def _changed(first: fp.Fingerprint, y: torch.Tensor, generic: bool) -> fp.Changes:
+    if generic:
+        return fp.compare(first, fp.take(y, generic=True))
+    ch = fp.changes_since(first, y)
+    assert ch is not None
+    return ch
+
+
+def _where(t: torch.Tensor | None) -> list[int]:
+    assert t is not None
+    return t.contiguous().nonzero().flatten().tolist()
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu", "accelerator-path"])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(5, 4), (4, 3, 1, 2), (9,)])
+def test_every_single_bit_flip_of_every_element_is_found_in_its_row_and_column(
+    dtype: torch.dtype, shape: tuple[int, ...], generic: bool
+) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen).to(dtype)
+    first = fp.take(x, generic=generic)
+    assert not bool(_changed(first, x.clone(), generic).any())
+    for flat in range(x.numel()):
+        at = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape))
+        for bit in range(8 * x.element_size()):
+            ch = _changed(first, _flip(x, at, bit), generic)
+            assert bool(ch.any()), (at, bit)
+            if x.dim() == 1:
+                assert _where(ch.elems) == [at[0]], (at, bit)
+            else:
+                assert _where(ch.rows) == [at[0]], (at, bit)
+                assert _where(ch.cols) == [at[1]], (at, bit)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu", "accelerator-path"])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_swapped_values_within_a_row_or_a_column_are_found(dtype: torch.dtype, generic: bool) -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 7, generator=gen).to(dtype)
+    first = fp.take(x, generic=generic)
+    for a in range(7):
+        for b in range(a + 1, 7):
+            y = x.clone()
+            y[2, a], y[2, b] = x[2, b], x[2, a]  # a row's plain sum is unchanged: its weighted sum is not
+            ch = _changed(first, y, generic)
+            assert _where(ch.rows) == [2] and _where(ch.cols) == [a, b], (a, b)
+    for a in range(6):
+        for b in range(a + 1, 6):
+            y = x.clone()
+            y[a, 3], y[b, 3] = x[b, 3], x[a, 3]  # the same inside a column
+            ch = _changed(first, y, generic)
+            assert _where(ch.cols) == [3] and _where(ch.rows) == [a, b], (a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_many_slabs_give_the_accelerator_paths_numbers_and_find_a_change_in_the_last_one(dtype: torch.dtype) -> None:
+    # 3,000 rows of 400 values: several 1 MiB slabs of rows on the CPU path
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3000, 400, generator=gen).to(dtype)
+    cpu, generic = fp.take(x), fp.take(x, generic=True)
+    assert cpu.rows is not None and cpu.cols is not None and generic.rows is not None and generic.cols is not None
+    assert torch.equal(cpu.rows, generic.rows) and torch.equal(cpu.cols, generic.cols)
+    y = _flip(x, (2999, 17), 0)
+    ch = fp.changes_since(cpu, y)
+    assert ch is not None and _where(ch.rows) == [2999] and _where(ch.cols) == [17]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_large_1d_tensor_compared_in_chunks_finds_exactly_the_changed_elements(dtype: torch.dtype) -> None:
+    n = 700_000  # above the one-op size: chunks of the xor compare, some uniform, one mixed
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(n, generator=gen).to(dtype)
+    first = fp.take(x)
+    same = fp.changes_since(first, x.clone())
+    assert same is not None and same.elems is not None
+    assert not bool(same.any()) and same.elems.shape == (n,)
+    moved = fp.changes_since(first, x + 1)
+    assert moved is not None and moved.elems is not None
+    assert bool(moved.any()) and bool(moved.elems.all()) and moved.elems.shape == (n,)
+    picked = [0, 262_143, 400_001, n - 1]
+    y = x.clone()
+    for i in picked:
+        y = _flip(y, (i,), 3)
+    some = fp.changes_since(first, y)
+    assert some is not None and _where(some.elems) == picked
+    last = fp.changes_since(first, _flip(x, (n - 1,), 0))  # two unchanged chunks, then a mixed one
+    assert last is not None and _where(last.elems) == [n - 1]
+    assert not bool(fp.changes_since(first, x).any())  # type: ignore[union-attr]  # the scratch is reused
