@@ -578,10 +578,20 @@ def series_first_nonfinite(run: RunData) -> NonFinite | None:
     return None if best is None else NonFinite(step=best[0], name=best[1].split("/", 2)[2], count=best[2])
 
 
+def series_names(run: RunData) -> set[str]:
+    """The tensors the per-tensor series name (weight norm, grad norm or update ratio)."""
+    return {t.split("/", 2)[2] for t in run.scalars if t.startswith(_NAMED_BY)}
+
+
+def series_steps(run: RunData) -> set[int]:
+    """The measured steps as the series show them: the steps that have norms."""
+    return {s for t, pts in run.scalars.items() if t.startswith(_NAMED_BY[:2]) for s, _ in pts}
+
+
 def _summary_from_series(run: RunData) -> dict[str, str]:
     """Step counts from the per-tensor series: the measured steps are the steps that have norms; the
     optimizer steps are at least the last measured one + 1."""
-    steps = {s for t, pts in run.scalars.items() if t.startswith(_NAMED_BY[:2]) for s, _ in pts}
+    steps = series_steps(run)
     return {"measured_steps": str(len(steps)), "optimizer_steps": str(max(steps) + 1 if steps else 0)}
 
 
@@ -643,7 +653,7 @@ def closed_report(run: RunData) -> Report | None:
             name=summary["first_nonfinite_tensor"],
             count=_int(summary.get("first_nonfinite_count", "0")),
         )
-    names = {t.split("/", 2)[2] for t in run.scalars if t.startswith(_NAMED_BY)}
+    names = series_names(run)
     tracked = _int(summary.get("tracked_tensors", ""), -1)
     if not summary:  # written last at close, so the first thing a cut-off or damaged file loses
         summary = _summary_from_series(run)

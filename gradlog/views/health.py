@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from gradlog.measure import tags
 from gradlog.readers.files import shown
-from gradlog.readers.run import RunData, closed_report, series_first_nonfinite
+from gradlog.readers.run import RunData, closed_report, series_first_nonfinite, series_names, series_steps
 from gradlog.verdict.alerts import (
     DEFAULT_RATIO_BAND,
     DEFAULT_SPIKE_FACTOR,
@@ -346,10 +346,8 @@ def analyze(run: RunData, band: Sequence[float] | None = None, spike_factor: flo
         for r in rows:
             cell = {c: (r[index[c]] if c in index and index[c] < len(r) else "") for c in COLUMNS}
             never.append(NeverUpdatedRow(**cell))
-    named = (tags.prefix("weight_norm"), tags.prefix("grad_norm"), tags.prefix("update_ratio"))
-    names = {t.split("/", 2)[2] for t in run.scalars if t.startswith(named)}
-    steps = {s for t, pts in run.scalars.items() if t.startswith(named[:2]) for s, _ in pts}
-    measured = _count(summary.get("measured_steps", ""), default=len(steps))
+    names = series_names(run)
+    measured = _count(summary.get("measured_steps", ""), default=len(series_steps(run)))
     never_names = {r.name.split(" (= ", 1)[0] for r in never}
     recorded = None if rejudge or "gradlog/summary" not in run.tables else _from_table(run)
     if recorded is None and not rejudge and "gradlog/summary" in run.tables and summary.get("warnings") == "0":
