@@ -237,15 +237,21 @@ def wait_for(proc: subprocess.Popen[str], line: str) -> list[str]:
     raise AssertionError(f"child ended before printing {line!r}: {seen[-5:]} {proc.stderr and proc.stderr.read()}")
 
 
-@pytest.mark.slow
-def test_sigterm_writes_the_final_table_and_keeps_the_signals_exit_status(tmp_path: Path) -> None:
-    proc = start_child("sigterm", str(tmp_path / "run"))
+def sigterm_after_ten_steps(kind: str, run_dir: Path) -> tuple[subprocess.Popen[str], str, str]:
+    """The child `kind` sent SIGTERM once it logged step 10; its process and output once it ended."""
+    proc = start_child(kind, str(run_dir))
     try:
         wait_for(proc, "logged 10")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
+    return proc, out, err
+
+
+@pytest.mark.slow
+def test_sigterm_writes_the_final_table_and_keeps_the_signals_exit_status(tmp_path: Path) -> None:
+    proc, out, err = sigterm_after_ten_steps("sigterm", tmp_path / "run")
     assert proc.returncode == -signal.SIGTERM, err[-2000:]
     assert "2 of 6 tensors never updated (frozen 2)" in out  # the table was printed, as close() does
     run = load(str(tmp_path / "run"))
@@ -255,13 +261,7 @@ def test_sigterm_writes_the_final_table_and_keeps_the_signals_exit_status(tmp_pa
 
 @pytest.mark.slow
 def test_sigterm_chains_to_the_programs_own_handler(tmp_path: Path) -> None:
-    proc = start_child("chained", str(tmp_path / "run"))
-    try:
-        wait_for(proc, "logged 10")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    proc, out, err = sigterm_after_ten_steps("chained", tmp_path / "run")
     assert proc.returncode == 7 and "own handler ran" in out, err[-2000:]  # the program's handler decided
     run = load(str(tmp_path / "run"))  # its sys.exit ran atexit: the final table
     assert run.provisional_step is None and "gradlog/summary" in run.tables
