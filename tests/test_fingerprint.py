@@ -1,7 +1,7 @@
 """Per-slice fingerprints are exact: every single-bit change and every swap is found, in its slice only.
 
 The expected slices come from the test's own edit (which element it flipped or swapped), never from
-gradlog; both the CPU path (integer matrix products, chunked xor) and the accelerator path (int64
+gradlog; both the CPU path (integer matrix products, chunked numpy compare) and the accelerator path (int64
 elementwise sums) are checked, and must give the same signatures.
 """
 
@@ -113,3 +113,44 @@ def test_large_1d_tensor_compared_in_chunks_finds_exactly_the_changed_elements(d
     last = fp.changes_since(first, _flip(x, (n - 1,), 0))  # two unchanged chunks, then a mixed one
     assert last is not None and _where(last.elems) == [n - 1]
     assert not bool(fp.changes_since(first, x).any())  # type: ignore[union-attr]  # the scratch is reused
+
+
+def _smaps_entry(addr: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds `addr`."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+                continue
+            if inside:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    return fields
+
+
+def test_a_big_1d_tensor_keeps_exact_bits_in_memory_advised_for_huge_pages() -> None:
+    """The kept copy of a big 1-D tensor is its exact bits, and on Linux with THP in "madvise" mode the
+    kernel marks its mapping eligible for huge pages (what keeps fresh-memory page faults off a
+    construction's cost); elsewhere only the values are checked."""
+    n = 6_000_000  # 24 MB of fp32: above hostmem's threshold
+    x = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    first = fp.take(x)
+    assert first.elems is not None
+    assert torch.equal(first.elems.view(-1), x.view(torch.int32))
+    assert first.elems.data_ptr() != x.data_ptr()
+    y = _flip(x, (n // 2,), 30)
+    ch = fp.changes_since(first, y)
+    assert ch is not None and _where(ch.elems) == [n // 2]
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+    except OSError:
+        pytest.skip("no transparent huge pages here")
+    if "[madvise]" not in mode:
+        pytest.skip(f"THP mode is {mode.strip()!r}: the advice changes nothing there")
+    fields = _smaps_entry(first.elems.data_ptr() + (4 << 20))
+    assert fields.get("THPeligible") == "1", fields

@@ -26,19 +26,25 @@ from dataclasses import dataclass
 
 import torch
 
+from gradlog.measure.hostmem import host_copy
 from gradlog.measure.params import local_tensor
+from gradlog.measure.stats import _compiling
+
+try:  # optional, as in stats: without numpy the torch `!=` does the 1-D comparison
+    import numpy as np
+except ImportError:  # pragma: no cover - torch runs without numpy
+    np = None  # type: ignore[assignment]
 
 _SLAB_BYTES = 1 << 20  # rows read at a time (a view, no copy): L2-sized, so the second read of a slab hits it
 _MULT, _ADD = 2654435761, 40503  # Knuth's multiplicative hash of a position
 _CACHED_WEIGHTS = 1 << 16  # positions; longer weight vectors are built per call (O(n), against O(n * k) sums)
 _SMALL = 1 << 12  # elements: below this, one plain op beats a faster kernel that takes several
-_SMALL_ELEMS = 1 << 16  # 1-D: up to this many, one (slow) `!=` beats the few ops of the chunked compare
-_CHUNK = 1 << 18  # elements compared at a time at close (1-D): the xor lands in L2, not in fresh memory
+_CHUNK = 1 << 18  # elements compared at a time at close (1-D): the mask lands in L2, not in fresh memory
 
 
 @dataclass
 class Fingerprint:
-    """Signatures of one tensor's slices (int32, on the tensor's device).
+    """Signatures of one tensor's slices (int32; int16 for 2-byte dtypes, on the tensor's device).
 
     `rows` [R, 2] and `cols` [C, 2] for tensors with 2+ dims; `elems` (the raw bits, one row per
     element) for 1-D and 0-D tensors. `shape` guards against comparing different tensors.
@@ -96,13 +102,13 @@ def _hash(start: int, n: int, device: torch.device, modulus: int) -> torch.Tenso
 
 
 def _wrap(z: torch.Tensor, modulus: int) -> torch.Tensor:
-    """Exact integers (any int dtype, possibly already wrapped mod 2**32 or 2**16) -> int32 in [0, modulus)
-    read as int32 (so mod 2**32 sums of int32 bits are returned as they are)."""
-    if modulus == 1 << 32 and z.dtype == torch.int32:
+    """Exact integers (any int dtype, possibly already wrapped mod 2**32 or 2**16) -> their residue in the
+    modulus' own width: int32 for 2**32, int16 for 2**16 (two's complement, so sums already wrapped in that
+    width are returned as they are, and every device's path gives the same bits)."""
+    itype = torch.int32 if modulus == 1 << 32 else torch.int16
+    if z.dtype == itype:
         return z
-    if modulus == 1 << 16 and z.dtype in (torch.int16, torch.int32):
-        return z.to(torch.int32) & 0xFFFF
-    return (z.to(torch.int64) & (modulus - 1)).to(torch.int32)
+    return (z.to(torch.int64) & (modulus - 1)).to(itype)
 
 
 def _bits(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -200,7 +206,10 @@ def take(t: torch.Tensor, row_offset: int = 0, col_offset: int = 0, generic: boo
     bits, modulus = _bits(t)
     if len(shape) < 2:
         n = shape[0] if shape else 1
-        return Fingerprint(shape, elems=bits.view(n, -1).clone() if n else bits.new_zeros((0, 1)))
+        if not n:
+            return Fingerprint(shape, elems=bits.new_zeros((0, 1)))
+        kept = bits.view(n, -1)
+        return Fingerprint(shape, elems=host_copy(kept) if kept.device.type == "cpu" else kept.clone())
     r, c = shape[0], shape[1]
     if not bits.numel():
         zeros = torch.zeros(r, 2, dtype=torch.int32, device=bits.device)
@@ -216,7 +225,7 @@ def _signatures(
     generic: bool = False,
     lanes: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows [R, 2] and columns [2, C] (int32 in [0, modulus)) of a non-empty local tensor with 2+ dims."""
+    """Rows [R, 2] and columns [2, C] (residues in the modulus' width) of a non-empty local tensor with 2+ dims."""
     bits, modulus = lanes or _bits(t)
     r, c = t.shape[0], t.shape[1]
     x = bits.view(r, -1)
@@ -231,10 +240,11 @@ def _signatures(
 
 def _differ(a: torch.Tensor, b: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """Per slice, whether its two signatures differ ([n, 2] with dim 1, [2, n] with dim 0); a contiguous
-    [n, 2] pair of int32 is compared at once as one int64."""
+    [n, 2] pair of int32 (int16) is compared at once as one int64 (int32)."""
     a = a if a.device == b.device else a.to(b.device)
-    if dim == 1 and a.dtype == torch.int32 and a.is_contiguous() and b.is_contiguous():
-        return torch.ne(a.view(torch.int64), b.view(torch.int64)).view(-1)
+    pair = {torch.int32: torch.int64, torch.int16: torch.int32}.get(a.dtype)
+    if dim == 1 and pair is not None and a.dtype == b.dtype and a.is_contiguous() and b.is_contiguous():
+        return torch.ne(a.view(pair), b.view(pair)).view(-1)
     d = torch.ne(a, b)
     return torch.logical_or(d[0], d[1]) if dim == 0 else torch.logical_or(d[:, 0], d[:, 1])  # bool any is slow
 
@@ -266,48 +276,54 @@ def changes_since(first: Fingerprint, t: torch.Tensor) -> Changes | None:
         return Changes(_differ(first.rows, rows), _differ(first.cols.t(), cols, dim=0))
     bits, _ = _bits(t)
     kept = first.elems if first.elems.device == bits.device else first.elems.to(bits.device)
-    if kept.shape[1] == 1 and bits.numel() <= _SMALL_ELEMS:
-        return Changes(elems=torch.ne(bits, kept.view(-1)))  # one op: below this size the op count rules
-    now = bits.view(kept.shape)
-    if now.device.type != "cpu" or now.numel() <= _SMALL_ELEMS:
-        diff = now != kept
-        return Changes(elems=diff[:, 0] if diff.shape[1] == 1 else diff.any(1))
-    return Changes(elems=_elems_changed(now, kept))
+    if bits.device.type == "cpu" and np is not None and bits.numel() and not _compiling():
+        if kept.shape[1] == 1:
+            return Changes(elems=_elems_changed(bits, kept.view(-1)))
+        return Changes(elems=_elems_changed(_one_lane(bits.view(kept.shape)), _one_lane(kept)))
+    diff = bits.view(kept.shape) != kept
+    return Changes(elems=diff[:, 0] if diff.shape[1] == 1 else diff.any(1))
+
+
+def _one_lane(bits: torch.Tensor) -> torch.Tensor:
+    """[n, 2] int32 lanes (8-byte values) -> [n] int64, one integer per element."""
+    return bits.contiguous().view(torch.int64).view(-1)
 
 
 def _elems_changed(now: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """Per element of a 1-D tensor (CPU), whether its bits differ from the kept ones.
+    """Per element of a 1-D CPU tensor, whether its bits differ from the kept ones (exact: integer `!=`).
 
-    `!=` on int16/int32 is not vectorised on the CPU (~10x a sum); an xor into a reused cache-sized
-    scratch and a cast to bool (a vectorised "non-zero") per chunk is ~2x, and exact: xor is 0 iff
-    equal. A tensor whose every element changed (or none did) answers with one expanded bool, no
-    fresh memory: a fresh n-byte mask costs its page faults, ~2.5x a sum of fp32 values on its own.
+    numpy's integer `!=` writes the bool mask in one vectorised pass (torch's int16/int32 `!=` is not
+    vectorised on the CPU: ~10x a sum), into a reused cache-sized scratch, a chunk at a time. A tensor
+    whose every element changed (or none did) answers with one expanded bool and no fresh memory: a
+    fresh n-byte mask costs its page faults, ~2.5x a sum of fp32 values on its own.
     """
-    n, lanes = kept.shape
-    a, b = now.reshape(-1), kept.reshape(-1)
-    scratch, flags = _scratch(a.dtype), _scratch(torch.bool)
-    chunk = _CHUNK - _CHUNK % lanes
+    n = now.shape[0]
+    a, b = now.numpy(), kept.numpy()
+    if n <= _CHUNK:  # one pass; below this size the fixed cost per call rules
+        mask = np.not_equal(a, b)
+        changed = int(np.count_nonzero(mask))  # one vectorised call: none, all, or some changed
+        if changed in (0, n):
+            return torch.full((1,), changed > 0, dtype=torch.bool).expand(n)
+        return torch.from_numpy(mask)
+    flags = _scratch(torch.bool).numpy()
     dense: torch.Tensor | None = None
+    dense_np = flags
     uniform: bool | None = None  # every element so far changed (True), none did (False)
-    start = 0
-    for a_part, b_part in zip(torch.split(a, chunk), torch.split(b, chunk)):  # one call each: all the chunk views
-        m = a_part.numel()
-        if m == chunk:
-            f = flags.copy_(torch.bitwise_xor(a_part, b_part, out=scratch))
-        else:
-            f = flags[:m].copy_(torch.bitwise_xor(a_part, b_part, out=scratch[:m]))
-        if lanes > 1:
-            f = f.view(-1, lanes).any(1)
-        low, high = (bool(v) for v in torch.aminmax(f.view(torch.uint8)))  # bool all/any are slow here
-        same = low if low == high else None
+    for start in range(0, n, _CHUNK):
+        m = min(_CHUNK, n - start)
+        if dense is not None:  # past the first mixed chunk: straight into the result
+            np.not_equal(a[start : start + m], b[start : start + m], out=dense_np[start : start + m])
+            continue
+        f = np.not_equal(a[start : start + m], b[start : start + m], out=flags[:m])
+        changed = int(np.count_nonzero(f))
+        same = changed > 0 if changed in (0, m) else None
         if dense is None and same is not None and uniform in (None, same):
             uniform = same
-        else:
-            if dense is None:  # the first mixed chunk: write out what the earlier chunks were
-                dense = torch.empty(n, dtype=torch.bool)
-                dense[: start // lanes] = bool(uniform)
-            dense[start // lanes : (start + m) // lanes] = f
-        start += m
+            continue
+        dense = torch.empty(n, dtype=torch.bool)  # the first mixed chunk: write out what the earlier ones were
+        dense_np = dense.numpy()
+        dense_np[:start] = bool(uniform)
+        dense_np[start : start + m] = f
     if dense is not None:
         return dense
     return torch.full((1,), bool(uniform), dtype=torch.bool).expand(n)
