@@ -488,3 +488,64 @@ def test_lazy_parameters_materialised_after_the_logger_are_fingerprinted_then() 
         ("0.bias", None, (0, 1), Reason.ZERO_GRAD),
         ("2.weight", 1, (0, 1), Reason.ZERO_GRAD),
     }
+
+
+def _planted_gradients(shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Gradients with zeros where the evidence's cheap probe looks (the wrapped diagonals) and where it
+    does not: the probe may only ever skip reading a gradient whose every slice is non-zero."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    base = torch.randn(shape, generator=gen).to(dtype)
+    out = {"dense": base.clone()}
+    if len(shape) == 1:
+        g = base.clone()
+        g[shape[0] // 2] = 0
+        out["one zero"] = g
+        g = base.clone()
+        g[0] = -0.0
+        out["negative zero"] = g
+        return out
+    r, c = shape[0], shape[1]
+    g = base.clone()
+    g[r // 2] = 0
+    out["zero row"] = g
+    g = base.clone()
+    g[:, c - 1] = 0
+    out["zero column"] = g
+    g = base.clone()  # every probed entry zero, yet no row or column is all zero when the plane is wide enough
+    plane = g.view(r, c, -1)
+    for k in range(max(r, c)):
+        plane[k % r, k % c, 0] = 0
+    out["zeros on the probe"] = g
+    g = base.clone()
+    g.view(r, c, -1)[0, 0, 0] = -0.0
+    out["negative zero on the probe"] = g
+    g = base.clone()
+    g.view(r, c, -1)[r - 1, c - 1, 0] = float("nan")
+    out["nan"] = g
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(7, 7), (9, 4), (4, 9), (13, 3), (3, 13, 2), (5, 2, 3, 3), (1, 6), (6, 1), (11,)])
+def test_slice_evidence_equals_nonzero_slices_by_hand(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """One measured step's evidence (rows, columns, elements with a non-zero gradient entry) equals
+    `(g != 0).any(...)` computed here, for dense gradients and gradients with zeros planted on and off
+    the probe entries that let a healthy gradient skip the full read."""
+    from gradlog.measure.params import Tracked
+    from gradlog.measure.slice_grads import SliceGrads
+
+    for what, g in _planted_gradients(shape, dtype).items():
+        p = nn.Parameter(torch.zeros(shape, dtype=dtype))
+        sg = SliceGrads()
+        seen = sg.observe([Tracked.of(0, p, "w")], [g], False, torch.device("cpu"))
+        nz = (g != 0) | g.isnan()  # NaN counts as a non-zero gradient
+        want_rows = nz.reshape(shape[0], -1).any(1)
+        assert torch.equal(sg.rows[0].reshape(-1), want_rows), (what, shape, dtype)
+        if len(shape) >= 2:
+            want_cols = nz.transpose(0, 1).reshape(shape[1], -1).any(1)
+            assert torch.equal(sg.cols[0].reshape(-1), want_cols), (what, shape, dtype)
+        complete = bool(want_rows.all()) and (len(shape) < 2 or bool(want_cols.all()))
+        if seen.done is not None:
+            assert bool(seen.done.all()) == complete, (what, shape, dtype)
+        else:
+            assert complete and 0 in sg.full, (what, shape, dtype)

@@ -63,6 +63,9 @@ def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tenso
     return a.reshape(r, -1).sum(1) != 0, a.reshape(r, g.shape[1], -1).sum((0, 2)) != 0
 
 
+_NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
 def _host_mask(g: torch.Tensor) -> Any:
     """ "Entry non-zero" of a dense CPU float gradient as a numpy bool array (`g`'s shape), else None.
 
@@ -76,6 +79,63 @@ def _host_mask(g: torch.Tensor) -> Any:
     if g.dtype == torch.bfloat16:
         return (g.view(torch.int16).numpy() & 0x7FFF) != 0
     return None
+
+
+def _probe_views(g: torch.Tensor) -> list[Any] | None:
+    """numpy views of a few entries of a dense CPU float gradient that hit every row and every column
+    of it at least once (a 1-D gradient: all of it); None when `g` is not such a gradient.
+
+    The entries are the wrapped diagonals of the first [rows, columns] plane: (b*C + i, i) when there
+    are more rows than columns (R >= C), (i, b*R + i) otherwise, max(R, C) entries in all. If none of
+    them is zero, every row and every column has a non-zero entry: the tensor's evidence is complete
+    without reading the rest of it. bf16 comes as its int16 bits (the caller masks the sign bit).
+    """
+    if g.layout != torch.strided or not g.dim() or g.dtype not in _NUMPY_FLOATS or g.is_neg():
+        return None
+    if not g.is_contiguous() or not g.numel():
+        return None
+    a = g.numpy() if g.dtype != torch.bfloat16 else g.view(torch.int16).numpy()
+    if g.dim() == 1:  # elements are the slices: every one must be non-zero
+        return [a]
+    r, c = g.shape[0], g.shape[1]
+    item = a.itemsize
+    s_r, s_c = g.stride(0) * item, g.stride(1) * item
+    big, small, s_big, s_small = (r, c, s_r, s_c) if r >= c else (c, r, s_c, s_r)
+    q, rem = divmod(big, small)
+    if q == 1:  # a square plane (the common case): its diagonal
+        views = [np.ndarray((small,), a.dtype, a, 0, (s_big + s_small,))]
+    else:
+        views = [np.ndarray((q, small), a.dtype, a, 0, (small * s_big, s_big + s_small))]
+    if rem:
+        views.append(np.ndarray((rem,), a.dtype, a, q * small * s_big, (s_big + s_small,)))
+    return views
+
+
+def _probe_complete(grads: dict[int, torch.Tensor]) -> set[int]:
+    """The keys of the gradients whose probe entries (`_probe_views`) are all non-zero: every row and
+    column of those is non-zero. One concatenation and one `!=` per dtype for all of them, so a healthy
+    model's first measured step reads a few entries per tensor instead of every gradient."""
+    by_dtype: dict[Any, tuple[list[int], list[Any], list[int]]] = {}
+    for key, g in grads.items():
+        views = _probe_views(g)
+        if views is None:
+            continue
+        keys, parts, sizes = by_dtype.setdefault(views[0].dtype, ([], [], []))
+        keys.append(key)
+        parts.extend(views)
+        sizes.append(sum(v.size for v in views))
+    done: set[int] = set()
+    for dtype, (keys, parts, sizes) in by_dtype.items():
+        flat = np.concatenate(parts, axis=None)
+        if dtype == np.int16:
+            flat &= 0x7FFF  # bf16 bits: the sign bit alone is -0.0
+        nz = flat != 0  # NaN is non-zero here, as in `_host_mask`
+        if nz.all():
+            done.update(keys)
+            continue
+        starts = np.cumsum([0, *sizes[:-1]])
+        done.update(k for k, ok in zip(keys, np.logical_and.reduceat(nz, starts)) if ok)
+    return done
 
 
 def _magnitude(g: torch.Tensor) -> torch.Tensor:
@@ -165,6 +225,15 @@ class SliceGrads:
         frac_pos: list[int] = []
         dense_pos: list[int] = []  # zero-count steps: gradients with no zero entry (no row all zero)
         host = np is not None and not _compiling()  # numpy on the CPU (looked up once, not per tensor)
+        probed: set[int] = set()
+        if host:  # tensors not yet complete whose few probe entries already prove every slice non-zero
+            probed = _probe_complete(
+                {
+                    i: local_tensor(g.detach() if g.requires_grad else g)
+                    for i, (row, g) in enumerate(zip(rows, grads))
+                    if g is not None and (dead or row.index not in self.full) and not (dense is not None and dense[i])
+                }
+            )
         for i, (row, g) in enumerate(zip(rows, grads)):
             if g is None or g.dim() == 0:  # a 0-D tensor has no slices: the whole-tensor report covers it
                 continue
@@ -173,7 +242,7 @@ class SliceGrads:
             if not track and not dead:
                 continue
             g = local_tensor(g.detach() if g.requires_grad else g)
-            known = host and dense is not None and dense[i] and g.device.type == "cpu"
+            known = host and g.device.type == "cpu" and ((dense is not None and dense[i]) or i in probed)
             mask = None if known or not host else _host_mask(g)
             if known or (mask is not None and mask.view(np.uint8).min()):  # every entry non-zero: every slice is
                 if dead:
