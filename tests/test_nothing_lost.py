@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -669,3 +670,44 @@ def test_a_file_size_limit_moves_on_to_a_new_event_file(tmp_path: Path) -> None:
     # take more than one record (and close()'s tables one of their own): at most `dropped` steps are lost
     assert run.skipped == [] and steps[0] == 0 and 40 > len(steps) >= 40 - got["dropped"], (steps, got["dropped"])
     assert len(steps) > 20 and steps == sorted(set(steps)), steps
+
+
+def test_sync_waits_again_for_a_writer_that_fell_behind_and_caught_up() -> None:
+    """A writer that once fell behind (records dropped, one warning) and has since drained its queue is
+    waited for again by sync(): a provisional table logged after that is in its hands when sync returns."""
+    from gradlog.writers.guard import GuardedWriters
+
+    class OnceStuck(Tables):
+        threaded = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = threading.Event()
+            self.count = 0
+
+        def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+            self.count += 1
+            if self.count == 1:
+                self.release.wait(10)  # the first call hangs until released
+            else:
+                threading.Event().wait(0.2)  # later ones are slow but well within patience
+            super().log_table(name, columns, rows)
+
+    w = OnceStuck()
+    guard = GuardedWriters([w], timeout=0.3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guard.log_table("first", ["a"], [["1"]])
+        threading.Event().wait(0.5)  # its first call has run longer than the timeout
+        guard.log_table("dropped", ["a"], [["2"]])  # dropped: it is behind
+        w.release.set()
+        deadline = time.monotonic() + 5
+        while not w.named("first") and time.monotonic() < deadline:
+            threading.Event().wait(0.01)
+        guard.log_table("provisional", ["a"], [["3"]])  # it has caught up: queued again
+        guard.sync()
+        synced = bool(w.named("provisional"))
+        guard.close()
+    assert [str(c.message) for c in caught if "falling behind" in str(c.message)] != []
+    assert not w.named("dropped") and guard.dropped == 1
+    assert synced

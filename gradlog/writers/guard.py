@@ -55,7 +55,8 @@ class _Lane:
         self.busy_what = ""  # which call that is
         self.errors: list[tuple[str, Exception]] = []  # appended by the thread, warned by the caller
         self.dropped = 0
-        self.behind = False  # warned about falling behind (once)
+        self.behind = False  # dropping records now: set on a drop, cleared once it has caught up
+        self.warned = False  # about falling behind (once per run)
 
     def _run(self) -> None:
         while True:
@@ -93,6 +94,8 @@ class _Lane:
         if since is not None and time.monotonic() - since > self.timeout:
             self._drop(f"one call has run for more than {self.timeout:g} s")
             return
+        if self.behind and since is None and self.queue.empty():
+            self.behind = False  # caught up: syncs wait for it again
         try:
             self.queue.put_nowait((what, call))
         except queue.Full:
@@ -100,8 +103,9 @@ class _Lane:
 
     def _drop(self, why: str) -> None:
         self.dropped += 1
-        if not self.behind:
-            self.behind = True
+        self.behind = True
+        if not self.warned:
+            self.warned = True
             _warn(
                 f"gradlog: {type(self.writer).__name__} is falling behind ({why}); training does not wait for it, "
                 "its records are dropped and counted until it catches up"
