@@ -359,10 +359,12 @@ class Meter:
                     moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
                 update = _every_row(moved, op.moving, len(op.rows))
                 if op.histograms and "update" in self.histogram_kinds:
-                    torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
+                    # the snapshot holds before - after; the histogram is of the update, its negation
                     if op.dist is None:  # bucketed now, so the snapshot is gone before the weights are
-                        packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device), owned=True)
+                        update_rows = histogram_partials(op.snapshot, self.bins, device, negate=True)
+                        packer.add("hist/update", update_rows, owned=True)
                     else:
+                        torch._foreach_neg_(op.snapshot)
                         hists.append(("update", op.snapshot, op.moving))
             sums["update"] = update
         if op.dist is None:
