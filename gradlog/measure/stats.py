@@ -7,8 +7,10 @@ reducer can combine shards before the final norms and ratios are taken.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -387,47 +389,61 @@ def _host_histograms(
     done = _batched_histograms(xs, bins, out, flips)
     rest = [i for i, d in enumerate(done) if not d]
     parts = [m for i in rest if xs[i].numel() for m in _moments(xs[i])]
-    host = torch.stack(parts).double().tolist() if parts else []  # stack promotes fp32 + fp64
+    host = iter(torch.stack(parts).double().tolist() if parts else [])  # stack promotes fp32 + fp64
     rows = out.numpy() if np is not None else None  # a view: a numpy row write costs a fraction of torch's
     scratch: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
-    at = 0
-    for i in rest:
-        x = xs[i]
-        if x.numel() == 0:
-            out[i] = 0
-            continue
-        lo, hi, s, s2 = host[at : at + 4]
-        at += 4
-        flip = flips is not None and flips[i]  # -x's buckets are counted from x: its min is -max(x), x's positions hi - x
+    # numpy's floating-point error settings are the user's (np.seterr): a subnormal product must not raise here
+    with np.errstate(all="ignore") if np is not None else contextlib.nullcontext():
+        for i in rest:
+            _host_row(xs[i], i, bins, out, rows, flips is not None and flips[i], host, scratch)
+
+
+def _host_row(
+    x: torch.Tensor,
+    i: int,
+    bins: int,
+    out: torch.Tensor,
+    rows: Any,
+    flip: bool,
+    host: Iterator[float],
+    scratch: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """Row `i` of `out` (through `rows`, its numpy view, where numpy is there) for the flat tensor `x`, whose
+    min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`, counted from x: its min
+    is -max(x), its sum -sum(x) (rounding is symmetric) and its positions `(max(x) - x) * scale`."""
+    if x.numel() == 0:
+        out[i] = 0
+        return
+    lo, hi, s, s2 = (next(host) for _ in range(4))
+    if flip:
+        lo, hi, s = -hi, -lo, -s
+    nonfinite = 0
+    if not all(math.isfinite(v) for v in (lo, hi, s, s2)):  # NaN/Inf inside (or an overflowed sum)
+        z = x[torch.isfinite(x)]
         if flip:
-            lo, hi, s = -hi, -lo, -s  # a sum of negated values is the negated sum (rounding is symmetric)
-        nonfinite = 0
-        if not all(math.isfinite(v) for v in (lo, hi, s, s2)):  # NaN/Inf inside (or an overflowed sum)
-            z = x[torch.isfinite(x)]
-            if flip:
-                z.neg_()  # a masked copy already: negated in place, bucketed as it is
-                flip = False
-            nonfinite = x.numel() - z.numel()
-            if z.numel() == 0:
-                out[i] = 0
-                out[i, bins + 4] = float(nonfinite)
-                continue
-            lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
-            lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
-            x = z
-        if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
-            x = x.double()
-        scale = bins / (hi - lo) if hi > lo else 0.0
-        count = _bucket_counts(x, lo, scale, bins, flip, scratch)
-        if rows is not None:
-            row, c = rows[i], count.numpy()
-            row[:bins] = c[:bins]
-            row[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
-            row[bins:] = (lo, hi, s, s2, nonfinite)
-        else:
-            count[bins - 1] += count[bins]
-            out[i, :bins] = count[:bins]
-            out[i, bins:] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=out.dtype)
+            z.neg_()  # a masked copy already: negated in place, then bucketed as it is
+            flip = False
+        nonfinite = x.numel() - z.numel()
+        if z.numel() == 0:
+            out[i] = 0
+            out[i, bins + 4] = float(nonfinite)
+            return
+        lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
+        lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
+        x = z
+    if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
+        x = x.double()
+    scale = bins / (hi - lo) if hi > lo else 0.0
+    count = _bucket_counts(x, lo, scale, bins, flip, scratch)
+    if rows is not None:
+        row, c = rows[i], count.numpy()
+        row[:bins] = c[:bins]
+        row[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
+        row[bins:] = (lo, hi, s, s2, nonfinite)
+    else:
+        count[bins - 1] += count[bins]
+        out[i, :bins] = count[:bins]
+        out[i, bins:] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=out.dtype)
 
 
 def _bucket_counts(
@@ -447,33 +463,39 @@ def _bucket_counts(
     integers. The arithmetic is the same IEEE operations on the same rounded scalars, so the buckets are
     those of `_positions`, which remains the path without numpy.
     """
-    small = torch.uint8 if bins < 255 else torch.int16
-    if np is None or x.dtype not in (torch.float32, torch.float64):
+    # a range so narrow (subnormal) that the scale overflows x's dtype: positions are NaN/Inf and their
+    # integer conversion is torch's own business; torch's path keeps its answer
+    if np is None or x.dtype not in (torch.float32, torch.float64) or not _finite_in(scale, x.dtype):
         pieces = _host_chunks(x.neg() if flip else x)
         count = torch.bincount(_positions(pieces[0], lo, scale, bins), minlength=bins + 1)
         for piece in pieces[1:]:
             count += torch.bincount(_positions(piece, lo, scale, bins), minlength=bins + 1)
         return count
+    small = torch.uint8 if bins < 255 else torch.int16
     a = x.detach().resolve_neg().numpy()
     step = max(1, _CACHE_BYTES // a.itemsize)
     if x.dtype not in scratch:
         scratch[x.dtype] = (torch.empty(step, dtype=x.dtype), torch.empty(step, dtype=small))
     fbuf, pbuf = (t.numpy() for t in scratch[x.dtype])
     edge, mul = a.dtype.type(-lo if flip else lo), a.dtype.type(scale)  # rounded as torch rounds its scalars
-    count: torch.Tensor | None = None
+    total: torch.Tensor | None = None
     for start in range(0, a.size, step):
-        piece = a[start : start + step]
-        f, pos = fbuf[: piece.size], pbuf[: piece.size]
+        part = a[start : start + step]
+        f, pos = fbuf[: part.size], pbuf[: part.size]
         if flip:
-            np.subtract(edge, piece, out=f)
+            np.subtract(edge, part, out=f)
         else:
-            np.subtract(piece, edge, out=f)
+            np.subtract(part, edge, out=f)
         np.multiply(f, mul, out=f)
         np.copyto(pos, f, casting="unsafe")  # truncation, as torch's conversion; 0 <= f <= bins (+ rounding)
         got = torch.bincount(torch.from_numpy(pos), minlength=bins + 1)
-        count = got if count is None else count.add_(got)
-    assert count is not None
-    return count
+        total = got if total is None else total.add_(got)
+    assert total is not None
+    return total
+
+
+def _finite_in(v: float, dtype: torch.dtype) -> bool:
+    return math.isfinite(v) and abs(v) <= torch.finfo(dtype).max
 
 
 def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
