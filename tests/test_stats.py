@@ -294,6 +294,7 @@ def test_tiny_cache_slices_and_histograms_in_pieces_give_the_same_numbers(monkey
     monkeypatch.setattr(stats, "_CACHE_BYTES", 1 << 20)
     hist_whole = histogram_partials(xs, 64, CPU)
     monkeypatch.setattr(stats, "_CACHE_BYTES", 64)
+    monkeypatch.setattr(stats, "_GROUP_BYTES", 64)  # and each tensor's moments read back on their own
     hist_cut = histogram_partials(xs, 64, CPU)
     assert torch.equal(hist_cut[:, :64], hist_whole[:, :64])  # bucket counts are exact
     torch.testing.assert_close(hist_cut[:, 64:], hist_whole[:, 64:], rtol=1e-5, atol=1e-6, equal_nan=True)
@@ -359,6 +360,7 @@ def test_negated_histograms_are_those_of_the_negated_tensors(path: str, bins: in
     if path == "host":
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(stats, "_CACHE_BYTES", 1024)
+            mp.setattr(stats, "_GROUP_BYTES", 1024)  # moments read back a few tensors at a time
             cut = histogram_partials(xs, bins, CPU, negate=True)
         assert torch.equal(cut[:, :bins], want[:, :bins])
         torch.testing.assert_close(cut[:, bins:], want[:, bins:], rtol=1e-5, atol=1e-6, equal_nan=True)
