@@ -294,6 +294,7 @@ def test_tiny_cache_slices_and_histograms_in_pieces_give_the_same_numbers(monkey
     monkeypatch.setattr(stats, "_CACHE_BYTES", 1 << 20)
     hist_whole = histogram_partials(xs, 64, CPU)
     monkeypatch.setattr(stats, "_CACHE_BYTES", 64)
+    monkeypatch.setattr(stats, "_GROUP_BYTES", 64)  # and each tensor's moments read back on their own
     hist_cut = histogram_partials(xs, 64, CPU)
     assert torch.equal(hist_cut[:, :64], hist_whole[:, :64])  # bucket counts are exact
     torch.testing.assert_close(hist_cut[:, 64:], hist_whole[:, 64:], rtol=1e-5, atol=1e-6, equal_nan=True)
@@ -330,3 +331,36 @@ def test_small_tensors_bucketed_in_batches_match_one_by_one_and_numpy(
             assert np.abs(batched[i, :bins].numpy() - ref).sum() <= 2 * _near_edge(v, lo, hi, bins), i
         else:
             assert batched[i, 0].item() == v.size
+
+
+@pytest.mark.parametrize("bins", [1, 64, 300])
+def test_negated_histograms_are_those_of_the_negated_tensors(path: str, bins: int) -> None:
+    """`negate=True` (the update histogram, from the negated update the meter holds) gives exactly the rows
+    of `-x`, negated by hand first: same buckets, min, max, sum and sum of squares, NaN/Inf counts; on the
+    CPU x itself is neither copied nor changed. Big tensors, strided views, many small ones bucketed as a
+    block, a block mixing real and integer tensors, and the mixed set above."""
+    torch.manual_seed(12)
+    xs = [
+        *_mixed(),
+        torch.randn(70_000) * 0.01,  # one by one, cut into cache-sized pieces by the 1 KB limit below
+        _poisoned((300, 7), torch.float32, 13),
+        torch.randn(3000)[::3],  # strided: sums follow a contiguous copy's order, as -x's would
+        torch.randn(50, 40).t(),
+        torch.tensor([-0.0, 0.0, 2.0, -1.0]),
+        torch.zeros(20_000).index_fill_(0, torch.tensor([5]), 1e-44),  # subnormal range: the scale overflows fp32
+        *[torch.randn(8, 4) * 10.0**k for k in range(-3, 4)],
+        torch.randint(-9, 9, (32,)),
+        torch.full((32,), -2.0),
+    ]
+    before = [x.clone() for x in xs]
+    want = histogram_partials([-x for x in xs], bins, CPU)
+    got = histogram_partials(xs, bins, CPU, negate=True)
+    assert torch.equal(got.nan_to_num(nan=-7.0), want.nan_to_num(nan=-7.0))
+    assert all(torch.equal(x.nan_to_num(nan=-7.0), b.nan_to_num(nan=-7.0)) for x, b in zip(xs, before))
+    if path == "host":
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(stats, "_CACHE_BYTES", 1024)
+            mp.setattr(stats, "_GROUP_BYTES", 1024)  # moments read back a few tensors at a time
+            cut = histogram_partials(xs, bins, CPU, negate=True)
+        assert torch.equal(cut[:, :bins], want[:, :bins])
+        torch.testing.assert_close(cut[:, bins:], want[:, bins:], rtol=1e-5, atol=1e-6, equal_nan=True)

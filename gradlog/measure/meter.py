@@ -359,10 +359,17 @@ class Meter:
                     moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
                 update = _every_row(moved, op.moving, len(op.rows))
                 if op.histograms and "update" in self.histogram_kinds:
-                    torch._foreach_neg_(op.snapshot)  # the sign matters only to the histogram
+                    # The snapshot holds before - after; the histogram is of the update, its negation. The
+                    # CPU counts it without negating (one pass fewer); elsewhere it is negated in place, as
+                    # the device path would otherwise make a negated copy of each tensor.
                     if op.dist is None:  # bucketed now, so the snapshot is gone before the weights are
-                        packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device), owned=True)
+                        on_host = host_reads_free(device)
+                        if not on_host:
+                            torch._foreach_neg_(op.snapshot)
+                        update_rows = histogram_partials(op.snapshot, self.bins, device, negate=on_host)
+                        packer.add("hist/update", update_rows, owned=True)
                     else:
+                        torch._foreach_neg_(op.snapshot)
                         hists.append(("update", op.snapshot, op.moving))
             sums["update"] = update
         if op.dist is None:

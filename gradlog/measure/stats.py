@@ -7,8 +7,10 @@ reducer can combine shards before the final norms and ratios are taken.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -306,24 +308,29 @@ def _host_chunks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (x,) if n <= step else tuple(x[i : i + step] for i in range(0, n, step))
 
 
-def _moments(x: torch.Tensor) -> torch.Tensor:
-    """[min, max, sum, sum of squares] of a flat tensor, a cache-sized piece at a time."""
-    parts = [torch.stack([*torch.aminmax(c), c.sum(), torch.dot(c, c)]) for c in _host_chunks(x)]
-    if len(parts) == 1:
-        return parts[0]
-    p = torch.stack(parts).double()
-    return torch.stack([p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()])
+def _moments(x: torch.Tensor) -> list[torch.Tensor]:
+    """min, max, sum and sum of squares of a flat tensor (four 0-dim tensors), a cache-sized piece at a time.
+
+    Left unstacked: the caller stacks every tensor's at once (a stack per tensor cost more than the sums)."""
+    pieces = _host_chunks(x)
+    if len(pieces) == 1:
+        return [*torch.aminmax(x), x.sum(), torch.dot(x, x)]
+    p = torch.stack([torch.stack([*torch.aminmax(c), c.sum(), torch.dot(c, c)]) for c in pieces]).double()
+    return [p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()]
 
 
+_GROUP_BYTES = 4 << 20  # CPU histograms: tensors whose moments are read back together, then bucketed
 _BATCH_NUMEL = 1 << 14  # CPU: histograms of tensors up to this many entries are bucketed many at a time
 
 
-def _batched_histograms(xs: list[torch.Tensor], bins: int, out: torch.Tensor) -> list[bool]:
+def _batched_histograms(
+    xs: list[torch.Tensor], bins: int, out: torch.Tensor, flips: list[bool] | None = None
+) -> list[bool]:
     """Small tensors of one size and dtype, many at a time (stacked into a cache-sized block): a dozen
     torch calls per block instead of eight per tensor, which dominated a model of 5,000 small tensors.
     Writes the rows (`histogram_partials` layout) of the tensors whose values are all finite straight into
     `out` and returns which it wrote; the rest are left to `_host_histograms`' one-by-one path (NaN/Inf
-    masking, ranges that overflow)."""
+    masking, ranges that overflow). `flips[i]`: the row of `-xs[i]` (the block is a copy, negated in place)."""
     done = [False] * len(xs)
     groups: dict[tuple[int, torch.dtype], list[int]] = {}
     for i, x in enumerate(xs):
@@ -336,6 +343,12 @@ def _batched_histograms(xs: list[torch.Tensor], bins: int, out: torch.Tensor) ->
         for start in range(0, len(idx), per_block):
             part = idx[start : start + per_block]
             block = torch.stack([xs[i] for i in part])  # [k, n], a copy of small tensors
+            if flips is not None:
+                neg = [flips[i] for i in part]
+                if all(neg):
+                    block.neg_()
+                elif any(neg):
+                    block[torch.tensor(neg)] *= -1
             lo, hi = block.aminmax(dim=1)
             stats = torch.stack([lo, hi, block.sum(1), (block * block).sum(1)], dim=1).double()
             ok = torch.isfinite(stats).all(1) & (stats[:, 1] - stats[:, 0] <= torch.finfo(dtype).max)
@@ -364,42 +377,131 @@ def _batched_histograms(xs: list[torch.Tensor], bins: int, out: torch.Tensor) ->
     return done
 
 
-def _host_histograms(xs: list[torch.Tensor], bins: int, out: torch.Tensor) -> None:
+def _host_histograms(
+    xs: list[torch.Tensor], bins: int, out: torch.Tensor, flips: list[bool] | None = None
+) -> None:
     """CPU: small tensors in batches (`_batched_histograms`); the others one by one: min/max, sum and
-    sum of squares, then the buckets, a cache-sized piece at a time (see `_host_chunks`); the rare
+    sum of squares, then the buckets, a cache-sized piece at a time (see `_bucket_counts`); the rare
     tensor with NaN/Inf is masked first. Rows (`histogram_partials` layout) are written into `out`
-    [len(xs), bins + 5] as they are made: no per-tensor results are kept and stacked."""
-    done = _batched_histograms(xs, bins, out)
-    stats = [_moments(x) for x, d in zip(xs, done) if x.numel() and not d]
-    host = iter(torch.stack(stats).double().tolist() if stats else [])  # stack promotes fp32 + fp64
-    for i, (x, batched) in enumerate(zip(xs, done)):
-        if batched:
-            continue
-        if x.numel() == 0:
+    [len(xs), bins + 5] as they are made: no per-tensor results are kept and stacked.
+
+    `flips[i]`: the row of `-xs[i]`, without making `-xs[i]` (contiguous floating tensors only: see
+    `histogram_partials`)."""
+    done = _batched_histograms(xs, bins, out, flips)
+    rest = [xs[i] for i, d in enumerate(done) if not d]
+    at = [i for i, d in enumerate(done) if not d]
+    rows = out.numpy() if np is not None else None  # a view: a numpy row write costs a fraction of torch's
+    scratch: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+    # numpy's floating-point error settings are the user's (np.seterr): a subnormal product must not raise here
+    with np.errstate(all="ignore") if np is not None else contextlib.nullcontext():
+        # a few MB of tensors at a time: their moments in one stack and one read-back, then their buckets
+        # while they are still in the last-level cache (all moments first read every tensor from memory twice)
+        for run in _slices(rest, _GROUP_BYTES):
+            parts = [m for j in run if rest[j].numel() for m in _moments(rest[j])]
+            host = iter(torch.stack(parts).double().tolist() if parts else [])  # stack promotes fp32 + fp64
+            for j in run:
+                i = at[j]
+                _host_row(xs[i], i, bins, out, rows, flips is not None and flips[i], host, scratch)
+
+
+def _host_row(
+    x: torch.Tensor,
+    i: int,
+    bins: int,
+    out: torch.Tensor,
+    rows: Any,
+    flip: bool,
+    host: Iterator[float],
+    scratch: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """Row `i` of `out` (through `rows`, its numpy view, where numpy is there) for the flat tensor `x`, whose
+    min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`, counted from x: its min
+    is -max(x), its sum -sum(x) (rounding is symmetric) and its positions `(max(x) - x) * scale`."""
+    if x.numel() == 0:
+        out[i] = 0
+        return
+    lo, hi, s, s2 = (next(host) for _ in range(4))
+    if flip:
+        lo, hi, s = -hi, -lo, -s
+    nonfinite = 0
+    if not all(math.isfinite(v) for v in (lo, hi, s, s2)):  # NaN/Inf inside (or an overflowed sum)
+        z = x[torch.isfinite(x)]
+        if flip:
+            z.neg_()  # a masked copy already: negated in place, then bucketed as it is
+            flip = False
+        nonfinite = x.numel() - z.numel()
+        if z.numel() == 0:
             out[i] = 0
-            continue
-        lo, hi, s, s2 = next(host)
-        nonfinite = 0
-        if not all(math.isfinite(v) for v in (lo, hi, s, s2)):  # NaN/Inf inside (or an overflowed sum)
-            z = x[torch.isfinite(x)]
-            nonfinite = x.numel() - z.numel()
-            if z.numel() == 0:
-                out[i] = 0
-                out[i, bins + 4] = float(nonfinite)
-                continue
-            lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
-            lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
-            x = z
-        if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
-            x = x.double()
-        scale = bins / (hi - lo) if hi > lo else 0.0
-        pieces = _host_chunks(x)
+            out[i, bins + 4] = float(nonfinite)
+            return
+        lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
+        lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
+        x = z
+    if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
+        x = x.double()
+    scale = bins / (hi - lo) if hi > lo else 0.0
+    count = _bucket_counts(x, lo, scale, bins, flip, scratch)
+    if rows is not None:
+        row, c = rows[i], count.numpy()
+        row[:bins] = c[:bins]
+        row[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
+        row[bins:] = (lo, hi, s, s2, nonfinite)
+    else:
+        count[bins - 1] += count[bins]
+        out[i, :bins] = count[:bins]
+        out[i, bins:] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=out.dtype)
+
+
+def _bucket_counts(
+    x: torch.Tensor,
+    lo: float,
+    scale: float,
+    bins: int,
+    flip: bool,
+    scratch: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
+    """[bins + 1] counts of a flat tensor's bucket positions `(x - lo) * scale` in x's dtype (`flip`: of
+    `(-lo - x) * scale`, which are -x's positions when `lo` is -x's minimum), truncated to integers.
+
+    With numpy, each cache-sized piece goes through one reused scratch buffer: subtract, multiply and the
+    integer conversion are numpy's vectorised loops (torch's float->uint8 conversion alone cost more than
+    all three, and every torch temporary was a fresh allocation), then `torch.bincount` counts the small
+    integers. The arithmetic is the same IEEE operations on the same rounded scalars, so the buckets are
+    those of `_positions`, which remains the path without numpy.
+    """
+    # a range so narrow (subnormal) that the scale overflows x's dtype: positions are NaN/Inf and their
+    # integer conversion is torch's own business; torch's path keeps its answer
+    if np is None or x.dtype not in (torch.float32, torch.float64) or not _finite_in(scale, x.dtype):
+        pieces = _host_chunks(x.neg() if flip else x)
         count = torch.bincount(_positions(pieces[0], lo, scale, bins), minlength=bins + 1)
         for piece in pieces[1:]:
             count += torch.bincount(_positions(piece, lo, scale, bins), minlength=bins + 1)
-        count[bins - 1] += count[bins]  # the maximum itself sits on the closed right edge
-        out[i, :bins] = count[:bins]
-        out[i, bins:] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=out.dtype)
+        return count
+    small = torch.uint8 if bins < 255 else torch.int16
+    a = x.detach().resolve_neg().numpy()
+    step = max(1, _CACHE_BYTES // a.itemsize)
+    if x.dtype not in scratch:
+        scratch[x.dtype] = (torch.empty(step, dtype=x.dtype), torch.empty(step, dtype=small))
+    fbuf, pbuf = (t.numpy() for t in scratch[x.dtype])
+    edge, mul = a.dtype.type(-lo if flip else lo), a.dtype.type(scale)  # rounded as torch rounds its scalars
+    total: torch.Tensor | None = None
+    for start in range(0, a.size, step):
+        part = a[start : start + step]
+        f, pos = fbuf[: part.size], pbuf[: part.size]
+        if flip:
+            np.subtract(edge, part, out=f)
+        else:
+            np.subtract(part, edge, out=f)
+        np.multiply(f, mul, out=f)
+        np.copyto(pos, f, casting="unsafe")  # truncation, as torch's conversion; 0 <= f <= bins (+ rounding)
+        got = torch.bincount(torch.from_numpy(pos), minlength=bins + 1)
+        total = got if total is None else total.add_(got)
+    assert total is not None
+    return total
+
+
+def _finite_in(v: float, dtype: torch.dtype) -> bool:
+    return math.isfinite(v) and abs(v) <= torch.finfo(dtype).max
 
 
 def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -424,18 +526,34 @@ def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.T
     return counts, moments
 
 
-def histogram_partials(xs: Sequence[torch.Tensor], bins: int, device: torch.device) -> torch.Tensor:
+def histogram_partials(
+    xs: Sequence[torch.Tensor], bins: int, device: torch.device, negate: bool = False
+) -> torch.Tensor:
     """[n, bins + 5]: bucket counts of the finite values, then min, max, sum, sum of squares, NaN/Inf count.
 
     Buckets are fixed-width between each tensor's own min and max; NaN/Inf are counted and never
     reach the buckets or the sums, but stand at 0 for the range (so a tensor with any NaN/Inf has
     0 inside [min, max], as the sharded two-phase path has it). A constant tensor puts everything
     in bucket 0. On the CPU values are read back to skip work; elsewhere nothing is read back.
+
+    `negate`: the rows of `-x` for each x (the update histogram from the negated update the meter holds).
+    On the CPU, x is not touched: -x's min is -max(x), its sum -sum(x) and its bucket positions
+    `(max(x) - x) * scale`, the same rounded numbers as negating first, without a pass that writes.
     """
     dt = stat_dtype(device)
     if not xs:
         return torch.zeros(0, bins + 5, dtype=dt, device=device)
     flat = [_hist_input(x) for x in xs]
+    flips: list[bool] | None = None
+    if negate:
+        # Floating tensors are negated where they are bucketed; a contiguous copy of a strided one keeps
+        # its sums in the order of the copy `-x` was. |-z| = |z|: a complex tensor's magnitudes need nothing;
+        # other values (integers, read as float64) are negated here.
+        flips = [x.is_floating_point() for x in xs]
+        flat = [
+            f.contiguous() if flip else f if x.is_complex() else f.neg()
+            for x, f, flip in zip(xs, flat, flips)
+        ]
     by_device: dict[torch.device, list[int]] = {}
     for i, x in enumerate(flat):
         by_device.setdefault(x.device, []).append(i)
@@ -443,20 +561,20 @@ def histogram_partials(xs: Sequence[torch.Tensor], bins: int, device: torch.devi
         # the CPU: one output block, filled row by row (a 5,000-tensor model's histograms are 2.8 MB per
         # kind; stacking per-tensor results made three more copies of that at the step's peak)
         out = torch.empty(len(flat), bins + 5, dtype=dt)
-        _host_histograms(flat, bins, out)
+        _host_histograms(flat, bins, out, flips)
         return out
     counts: list[torch.Tensor] = [torch.empty(0)] * len(flat)
     moments: list[torch.Tensor] = [torch.empty(0)] * len(flat)
     for dev, idx in by_device.items():
         if host_reads_free(dev):
             part = torch.empty(len(idx), bins + 5, dtype=dt)
-            _host_histograms([flat[i] for i in idx], bins, part)
+            _host_histograms([flat[i] for i in idx], bins, part, None if flips is None else [flips[i] for i in idx])
             for j, i in enumerate(idx):  # already folded: bucket `bins` is empty
                 counts[i] = torch.cat([part[j, :bins], part.new_zeros(1)])
                 moments[i] = part[j, bins:]
         else:
             for i in idx:
-                counts[i], moments[i] = _device_histogram(flat[i], bins)
+                counts[i], moments[i] = _device_histogram(flat[i].neg() if flips and flips[i] else flat[i], bins)
     if len(by_device) == 1:
         c_all = torch.stack(counts).to(device, dt)
         m_all = torch.stack(moments).to(device, dt)
