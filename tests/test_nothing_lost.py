@@ -354,11 +354,12 @@ def test_replacing_a_16_mb_parameter_100_times_keeps_rss_flat() -> None:
             rss[at] = int(kb) / 1024
             if used:
                 heap[int(at)] = int(used[0])
-    # glibc keeps a few freed 16 MB chunks around (which ones varies from run to run: +-3 weights): compare
-    # the medians of ten steps; a leak of one weight per replacement would add 50 x 16 MB = 800 MB
+    # glibc keeps a few freed 16 MB chunks around (which ones varies from run to run: +-3 weights, +5 seen
+    # once on a loaded machine): compare the medians of ten steps against 8 weights; a leak of one weight
+    # per replacement would add 50 x 16 MB = 800 MB, and a small leak per replacement shows in the heap below
     early = sorted(rss[str(i)] for i in range(40, 50))[5]
     late = sorted(rss[str(i)] for i in range(90, 100))[5]
-    assert late - early < 3 * 16, (rss, proc.stdout)
+    assert late - early < 8 * 16, (rss, proc.stdout)
     if heap[99] >= 0:  # glibc: the bytes in use do not grow with the replacements (before: 36 kB per replacement)
         assert heap[99] - heap[49] < 256 * 1024, (heap[49], heap[99])
     assert "model gone: weight freed True, logger closed True" in proc.stdout
