@@ -78,6 +78,18 @@ def _state_nonzero(param: torch.Tensor, optimizer: torch.optim.Optimizer | None)
     return None
 
 
+def _state_matters(row: Tracked, grads: SliceGrads, optimizer: torch.optim.Optimizer | None) -> bool:
+    """Whether `partly_updated` can use this tensor's optimizer-state slices: only to tell decay-only slices
+    (weight decay on, some slice with no non-zero gradient yet) and for their caveat. A 5,000-tensor model
+    otherwise paid a per-slice pass over every tensor's state at close for nothing. Sharded tensors always
+    take part: their evidence is combined over ranks, which must all send the same items."""
+    if is_dtensor(row.param):
+        return True
+    if not row.param.requires_grad or (optimizer is not None and row.group is None):
+        return False  # partly_updated skips these tensors
+    return row.index not in grads.full and _weight_decay(row, optimizer) > 0
+
+
 def slice_facts(
     rows: Sequence[Tracked],
     changes: dict[int, Changes],
@@ -94,7 +106,7 @@ def slice_facts(
             if t is not None:
                 keys.append((row.index, dim))
                 parts.append(t)
-        if row.index in changes and row.param.dim() > 0:
+        if row.index in changes and row.param.dim() > 0 and _state_matters(row, grads, optimizer):
             for dim, t in enumerate(_state_nonzero(row.param, optimizer) or []):
                 keys.append((row.index, 10 + dim))  # 10, 11: the state's rows and columns
                 parts.append(t)
@@ -221,9 +233,13 @@ def partly_updated(
         kind = _kind(owner)
         padding = _padding_idx(owner, row.shape[0]) if kind == "embedding.weight" else None
         for dim, changed in f.changed.items():
+            nonzero = f.nonzero.get(dim)
+            # every slice changed and none can be decay-only: nothing to report (two checks, not the
+            # eight whole-vector ops below, per tensor and dim of a 5,000-tensor model)
+            if bool(changed.all()) and (nonzero is None or with_grad <= 0 or not wd > 0 or bool(nonzero.all())):
+                continue
             if not bool(changed.any()):  # the whole tensor never changed: never_updated's job
                 continue
-            nonzero = f.nonzero.get(dim)
             zero = ~nonzero if nonzero is not None and with_grad > 0 else None
             decayed = changed & zero if zero is not None and wd > 0 else torch.zeros_like(changed)
             in_state = f.state.get(dim)
