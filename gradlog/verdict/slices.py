@@ -218,28 +218,50 @@ def partly_updated(
 ) -> list[PartlyUpdated]:
     """One record per tensor, dim and reason, in model order; `whole` names the tensors already in
     `never_updated` (their slices are not repeated)."""
-    owners = _owners(model)
-    out: list[PartlyUpdated] = []
+    candidates: list[tuple[Tracked, SliceFacts]] = []
     for row in rows:
         f = facts.get(row.index)
         if f is None or row.name in whole or not row.param.requires_grad or row.param.dim() == 0:
             continue
         if optimizer is not None and row.group is None:
             continue
+        candidates.append((row, f))
+    # "every slice changed" and "every slice had a gradient" for all tensors and dims in a few whole-array ops:
+    # most tensors of a healthy model are settled by these two facts, and a 5,000-tensor model paid ~10 torch
+    # calls per tensor and dim for them
+    checks: list[torch.Tensor] = []
+    for _, f in candidates:
+        for dim, changed in f.changed.items():
+            checks.append(changed)
+            nz = f.nonzero.get(dim)
+            if nz is not None:
+                checks.append(nz)
+    every = iter(_all_each(checks))
+    owners: dict[int, tuple[nn.Module, str]] | None = None
+    out: list[PartlyUpdated] = []
+    for row, f in candidates:
         ev = evidence.get(row.index, Evidence())
         with_grad = ev.measured - ev.grad_none
         wd = _weight_decay(row, optimizer)
+        todo: list[int | None] = []
+        for dim in f.changed:
+            all_changed = next(every)
+            all_nonzero = next(every) if f.nonzero.get(dim) is not None else True
+            # every slice changed and none can be decay-only: nothing to report
+            if not (all_changed and (with_grad <= 0 or not wd > 0 or all_nonzero)):
+                todo.append(dim)
+        if not todo:
+            continue
+        if owners is None:
+            owners = _owners(model)
         owner = owners.get(id(row.param))
         kind = _kind(owner)
         padding = _padding_idx(owner, row.shape[0]) if kind == "embedding.weight" else None
-        for dim, changed in f.changed.items():
-            nonzero = f.nonzero.get(dim)
-            # every slice changed and none can be decay-only: nothing to report (two checks, not the
-            # eight whole-vector ops below, per tensor and dim of a 5,000-tensor model)
-            if bool(changed.all()) and (nonzero is None or with_grad <= 0 or not wd > 0 or bool(nonzero.all())):
-                continue
+        for dim in todo:
+            changed = f.changed[dim]
             if not bool(changed.any()):  # the whole tensor never changed: never_updated's job
                 continue
+            nonzero = f.nonzero.get(dim)
             zero = ~nonzero if nonzero is not None and with_grad > 0 else None
             decayed = changed & zero if zero is not None and wd > 0 else torch.zeros_like(changed)
             in_state = f.state.get(dim)
@@ -252,6 +274,17 @@ def partly_updated(
             caveat = "" if in_state is not None else _caveat(ev, optimizer_steps)
             out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat)
     return out
+
+
+def _all_each(flags: list[torch.Tensor]) -> list[bool]:
+    """`bool(t.all())` of each host bool tensor, from one concatenation and one running count."""
+    if not flags:
+        return []
+    flat = torch.cat([t.reshape(-1).cpu() for t in flags]).to(torch.bool)
+    missing = torch.cat([torch.zeros(1, dtype=torch.int64), (~flat).to(torch.int64).cumsum(0)])
+    lengths = torch.tensor([t.numel() for t in flags], dtype=torch.int64)
+    ends = lengths.cumsum(0)
+    return (missing[ends] == missing[ends - lengths]).tolist()
 
 
 def _caveat(ev: Evidence, optimizer_steps: int) -> str:
