@@ -110,12 +110,18 @@ def slice_facts(
             for dim, t in enumerate(_state_nonzero(row.param, optimizer) or []):
                 keys.append((row.index, 10 + dim))  # 10, 11: the state's rows and columns
                 parts.append(t)
-    host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else torch.zeros(0, dtype=torch.bool)
+    # host vectors are used as they are (read only below); the others come over in one copy
     seen: dict[tuple[int, int | None], torch.Tensor] = {}
-    at = 0
+    away = [(key, t) for key, t in zip(keys, parts) if t.device.type != "cpu"]
     for key, t in zip(keys, parts):
-        seen[key] = host[at : at + t.numel()]
-        at += t.numel()
+        if t.device.type == "cpu":
+            seen[key] = t
+    if away:
+        host = torch.cat([t.to(away[0][1].device) for _, t in away]).cpu()
+        at = 0
+        for key, t in away:
+            seen[key] = host[at : at + t.numel()]
+            at += t.numel()
     out: dict[int, SliceFacts] = {}
     for row in rows:
         ch = changes.get(row.index)
