@@ -344,6 +344,7 @@ class GradLogger:
             grads.rows.pop(index, None)
             grads.cols.pop(index, None)
             grads.full.discard(index)
+            grads.rows_full.discard(index)
 
     def clip_due(self) -> bool:
         """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""

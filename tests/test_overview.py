@@ -38,6 +38,36 @@ def test_heatmap_cells_marks_and_log_scale() -> None:
         assert im.getpixel((2, ch + ch // 2)) == png.MARKS["stalled"] and im.getpixel((2, ch // 2)) == png.MISSING
 
 
+def test_whole_array_heatmap_draws_the_same_pixels_as_the_per_cell_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy path (used when numpy is installed) against the pure-Python loop that calls nothing but
+    `cell_colour`'s arithmetic: every special cell, ragged rows, marks, and values across 9 decades."""
+    gen = torch.Generator().manual_seed(0)
+    specials: list[float | None] = [None, 0.0, -1.0, float("nan"), float("inf"), float("-inf"), 1e-300, 5e-324]
+    values: list[list[float | None]] = []
+    states: list[list[str | None]] = []
+    for r in range(40):
+        n = int(torch.randint(0, 13, (1,), generator=gen))
+        row: list[float | None] = [float(10 ** (torch.rand(1, generator=gen) * 9 - 8)) for _ in range(n)]
+        for c in range(0, n, 3):
+            row[c] = specials[(r + c) % len(specials)]
+        values.append(row)
+        states.append([("none", "zero", None, "other")[(r * c) % 4] for c in range(int(n * 0.7))])
+    marks = {0: "stalled", 3: "never_updated", 7: "unknown kind", 99: "stalled"}
+    assert png.np is not None
+    fast = png.heatmap_png(values, marks, states)
+    monkeypatch.setattr(png, "np", None)
+    slow = png.heatmap_png(values, marks, states)
+    assert fast == slow
+    with Image.open(io.BytesIO(slow)) as im:  # and the loop is cell_colour's: spot-check one cell
+        im = im.convert("RGB")
+        lo, hi = png.log_range(values)
+        v = values[1][1]
+        if v is not None:
+            want = png.cell_colour(v, lo, hi - lo, states[1][1] if len(states[1]) > 1 else None)
+            cw = (im.width - 8) // max(len(r) for r in values)
+            assert im.getpixel((8 + cw + cw // 2, im.height // 40)) == want
+
+
 def train(steps: int, **kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Report]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))

@@ -549,3 +549,31 @@ def test_slice_evidence_equals_nonzero_slices_by_hand(shape: tuple[int, ...], dt
             assert bool(seen.done.all()) == complete, (what, shape, dtype)
         else:
             assert complete and 0 in sg.full, (what, shape, dtype)
+
+
+def test_column_evidence_after_every_row_had_a_gradient_keeps_accumulating() -> None:
+    """Once every row of a weight has had a non-zero gradient only its columns are looked at (blocks of rows):
+    an input that is zero for a while and then fires must still be marked, one never non-zero must not."""
+    torch.manual_seed(0)
+    lin = nn.Linear(200, 700)  # 140k entries: several row blocks
+    opt = torch.optim.SGD(lin.parameters(), lr=1e-4)
+    gl = gradlog.GradLogger(lin, opt, writer="memory", every=1, histograms=False, print_report=False)
+    seen = torch.zeros(200, dtype=torch.bool)
+    for step in range(6):
+        x = torch.randn(8, 200)
+        x[:, 150:] = 0  # inputs 150.. never fire ...
+        x[:, 10] = 0 if step < 4 else 1.0  # ... input 10 only from step 4 on, after the rows are complete,
+        x[:, 20] = 1.0 if step == 2 else 0  # and input 20 at step 2 only
+        lin(x).square().sum().backward()
+        seen |= (lin.weight.grad != 0).any(0)
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    row = gl.table.get(lin.weight)
+    assert row is not None
+    evidence = gl.meter.slice_grads
+    assert row.index in evidence.rows_full and row.index not in evidence.full
+    assert torch.equal(evidence.cols[row.index], seen) and bool(seen[10] & seen[20]) and not bool(seen[150:].any())
+    report = gl.close()
+    cols = [r for r in report.partly_updated if r.name == "weight" and r.dim == 1]
+    assert len(cols) == 1 and cols[0].indices == tuple(range(150, 200)) and cols[0].reason is Reason.ZERO_GRAD

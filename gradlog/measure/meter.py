@@ -7,6 +7,7 @@ is read back until `fetch`, which makes the step's single device-to-host copy.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,7 +97,8 @@ class Measurement:
     clip_coef: float | None = None  # the clip coefficient of this step (gradlog.clip_grad_norm_), when clipped
     dead_frac: torch.Tensor | None = None  # [n] rows with an all-zero gradient (zero-count steps; NaN: none)
 
-    @property
+    # Cached: scalars, run-level series, alerts and the overview each read these on every measured step.
+    @functools.cached_property
     def grad_norm(self) -> torch.Tensor:
         return self.grad[:, SUMSQ].sqrt()
 
@@ -109,7 +111,7 @@ class Measurement:
         numel = self.numel.clamp(min=1)
         return (self.numel - self.grad[:, NONZERO]) / numel
 
-    @property
+    @functools.cached_property
     def update_ratio(self) -> torch.Tensor | None:
         """‖Δw‖ / ‖w_before‖; a tensor that was all zero before is measured against ‖w_after‖."""
         if self.update_sumsq is None or self.before_sumsq is None:

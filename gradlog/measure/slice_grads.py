@@ -138,6 +138,32 @@ def _probe_complete(grads: dict[int, torch.Tensor]) -> set[int]:
     return done
 
 
+_BLOCK = 1 << 16  # entries compared at a time by `_host_cols`: the boolean scratch stays cache-sized
+
+
+def _host_cols(g: torch.Tensor) -> torch.Tensor | None:
+    """Per column (dim 1) of a dense CPU gradient, "some entry non-zero", a block of rows at a time (no
+    mask the size of the gradient: allocating one cost page faults on every measured step); None where
+    `_host_mask` has no numpy view of it."""
+    blocked = (
+        g.device.type == "cpu"
+        and g.layout == torch.strided
+        and g.numel() > 0
+        and not g.is_conj()
+        and not g.is_neg()
+        and g.dtype in (torch.float32, torch.float64, torch.float16)
+    )
+    if not blocked:
+        mask = _host_mask(g)
+        return None if mask is None else torch.from_numpy(mask.reshape(g.shape[0], g.shape[1], -1).any((0, 2)))
+    a = g.numpy().reshape(g.shape[0], g.shape[1], -1)
+    per = max(1, _BLOCK // (a.shape[1] * a.shape[2]))
+    cols = np.zeros(a.shape[1], dtype=bool)
+    for at in range(0, a.shape[0], per):
+        cols |= (a[at : at + per] != 0).any((0, 2))  # NaN != 0: non-zero, as in `_host_mask`
+    return torch.from_numpy(cols)
+
+
 def _magnitude(g: torch.Tensor) -> torch.Tensor:
     """|g| in a dtype whose sums never cancel: a sum of magnitudes is 0 only when every entry is."""
     if g.is_complex():
@@ -201,6 +227,9 @@ class SliceGrads:
         self.rows: dict[int, torch.Tensor] = {}  # bool [dim 0] (elements of a 1-D tensor)
         self.cols: dict[int, torch.Tensor] = {}  # bool [dim 1], tensors with 2+ dims
         self.full: set[int] = set()  # every slice seen non-zero: skipped from now on
+        #: CPU tensors whose every row has had a non-zero gradient (known from a host read): only their
+        #: columns are looked at from then on (a trained head over dead inputs never completes its columns)
+        self.rows_full: set[int] = set()
 
     @property
     def nbytes(self) -> int:
@@ -243,6 +272,14 @@ class SliceGrads:
                 continue
             g = local_tensor(g.detach() if g.requires_grad else g)
             known = host and g.device.type == "cpu" and ((dense is not None and dense[i]) or i in probed)
+            if not known and track and not dead and key in self.rows_full and g.dim() >= 2 and host:
+                acc = self.cols.get(key)
+                c_nz = _host_cols(g) if acc is not None and self.rows[key].shape[0] == g.shape[0] else None
+                if c_nz is not None:
+                    self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
+                    fresh.append(key)
+                    flags.append(self.cols[key].all().reshape(1).to(device))
+                    continue
             mask = None if known or not host else _host_mask(g)
             if known or (mask is not None and mask.view(np.uint8).min()):  # every entry non-zero: every slice is
                 if dead:
@@ -275,6 +312,8 @@ class SliceGrads:
             fresh_rows = r_nz.clone() if dead and keep_rows else r_nz  # `local` keeps this step's own
             self.rows[key] = fresh_rows if acc is None or acc.shape != r_nz.shape else acc.logical_or_(r_nz)
             done = self.rows[key].all()
+            if mask is not None:  # a free host read on this (CPU) path
+                (self.rows_full.add if bool(done) else self.rows_full.discard)(key)
             if c_nz is not None:
                 acc = self.cols.get(key)
                 self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)

@@ -150,12 +150,16 @@ def _draw(names: list[str], ratios: list[array.array[float]], grads: list[bytes]
     n = len(names)
     values: list[list[float | None]] = [[] for _ in range(n)]
     states: list[list[str | None]] = [[] for _ in range(n)]
-    for step_values, step_grad in zip(ratios, grads):
-        for r in range(n):
-            v = step_values[r] if r < len(step_values) else _NONE
-            g = step_grad[r] if r < len(step_grad) else _OK
-            values[r].append(None if v == _NONE else v)
-            states[r].append("none" if g == _NO_GRAD else "zero" if g == _ZERO_GRAD else None)
+    k = min(len(ratios), len(grads))
+    if k:
+        # steps are recorded as columns (a step may predate later rows: padded); one transpose, not a
+        # Python step per cell
+        cols = [list(sv[:n]) + [_NONE] * (n - len(sv)) for sv in ratios[:k]]
+        words = {_NO_GRAD: "none", _ZERO_GRAD: "zero"}
+        flags = [bytes(sg[:n]) + bytes([_OK]) * (n - len(sg)) for sg in grads[:k]]
+        for r, (row_values, row_grad) in enumerate(zip(zip(*cols), zip(*flags))):
+            values[r] = [None if v == _NONE else v for v in row_values]
+            states[r] = [words.get(g) for g in row_grad]
     row_marks = {r: marks[name] for r, name in enumerate(names) if name in marks}
     return heatmap_png(values, row_marks, states)
 
