@@ -27,7 +27,6 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
 def same_report(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Reports equal, alert values up to float rounding (reduced sums differ in the last bits across ranks)."""
 
@@ -38,6 +37,7 @@ def same_report(a: dict[str, Any], b: dict[str, Any]) -> bool:
     values = [(x.get("value"), y.get("value")) for x, y in zip(a.get("alerts", []), b.get("alerts", []))]
     close = all(x == y or (x is not None and y is not None and abs(x - y) <= 1e-6 * abs(y)) for x, y in values)
     return plain(a) == plain(b) and close
+
 
 def _free_port() -> int:
     with socket.socket() as s:

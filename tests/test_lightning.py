@@ -106,6 +106,8 @@ def test_check_first_on_the_first_batch_changes_nothing(tmp_path) -> None:  # ty
         assert torch.equal(plain[k], checked[k]), k
     assert mem.scalars["weights/grad_norm/body.weight"] == plain_mem.scalars["weights/grad_norm/body.weight"]
     assert trainer.global_step == 3
+
+
 def test_gradient_clip_val_norms_are_reported_before_clipping(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Lightning clips after on_before_optimizer_step: gradlog reports the norms from before, and the coefficient."""
     torch.manual_seed(0)

@@ -526,7 +526,10 @@ def _planted_gradients(shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(7, 7), (9, 4), (4, 9), (13, 3), (3, 13, 2), (5, 2, 3, 3), (1, 6), (6, 1), (11,)])
+@pytest.mark.parametrize(
+    "shape",
+    [(7, 7), (9, 4), (4, 9), (13, 3), (3, 13, 2), (5, 2, 3, 3), (1, 6), (6, 1), (11,), (600, 300), (300, 40, 3, 3)],
+)  # the last two span several of the host path's row blocks
 def test_slice_evidence_equals_nonzero_slices_by_hand(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     """One measured step's evidence (rows, columns, elements with a non-zero gradient entry) equals
     `(g != 0).any(...)` computed here, for dense gradients and gradients with zeros planted on and off

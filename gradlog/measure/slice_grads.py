@@ -66,21 +66,6 @@ def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tenso
 _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def _host_mask(g: torch.Tensor) -> Any:
-    """ "Entry non-zero" of a dense CPU float gradient as a numpy bool array (`g`'s shape), else None.
-
-    On the CPU numpy's `!=` and reductions cost a fraction of torch's per call and per entry: the
-    mask is one pass, "all non-zero" a byte min over it, and rows/columns an `any` each only when
-    some entry is zero. bf16 has no numpy dtype: its bits are non-zero past the sign bit."""
-    if g.device.type != "cpu" or g.layout != torch.strided or not g.numel() or g.is_conj() or g.is_neg():
-        return None
-    if g.dtype in (torch.float32, torch.float64, torch.float16):
-        return g.numpy() != 0  # NaN != 0: a NaN entry counts as non-zero, as on the device path
-    if g.dtype == torch.bfloat16:
-        return (g.view(torch.int16).numpy() & 0x7FFF) != 0
-    return None
-
-
 def _probe_views(g: torch.Tensor) -> list[Any] | None:
     """numpy views of a few entries of a dense CPU float gradient that hit every row and every column
     of it at least once (a 1-D gradient: all of it); None when `g` is not such a gradient.
@@ -129,7 +114,7 @@ def _probe_complete(grads: dict[int, torch.Tensor]) -> set[int]:
         flat = np.concatenate(parts, axis=None)
         if dtype == np.int16:
             flat &= 0x7FFF  # bf16 bits: the sign bit alone is -0.0
-        nz = flat != 0  # NaN is non-zero here, as in `_host_mask`
+        nz = flat != 0  # NaN is non-zero here, as in `_host_slices`
         if nz.all():
             done.update(keys)
             continue
@@ -138,30 +123,45 @@ def _probe_complete(grads: dict[int, torch.Tensor]) -> set[int]:
     return done
 
 
-_BLOCK = 1 << 16  # entries compared at a time by `_host_cols`: the boolean scratch stays cache-sized
+def _host_slices(g: torch.Tensor, need_cols: bool) -> tuple[Any, Any] | None:
+    """(rows, columns or None) of "some entry non-zero" of a dense CPU float gradient as numpy bool
+    vectors (a 1-D gradient: its elements, no columns), a block of rows at a time through one reused
+    cache-sized scratch: a gradient-sized mask was a fresh allocation (page faults, and the step's
+    peak memory) on every measured step. None where numpy has no view of `g`."""
+    if g.device.type != "cpu" or g.layout != torch.strided or not g.numel() or g.is_conj() or g.is_neg():
+        return None
+    if g.dtype not in _NUMPY_FLOATS:
+        return None
+    bf16 = g.dtype == torch.bfloat16
+    a = g.view(torch.int16).numpy() if bf16 else g.numpy()
+    if a.ndim == 1:
+        return ((a & 0x7FFF) != 0 if bf16 else a != 0), None  # NaN != 0: non-zero, as on the device path
+    a = a.reshape(a.shape[0], a.shape[1], -1)
+    r = a.shape[0]
+    per = max(1, _BLOCK // (a.shape[1] * a.shape[2]))
+    buf = np.empty(min(r, per) * a.shape[1] * a.shape[2], dtype=bool)
+    rows = np.empty(r, dtype=bool)
+    cols = np.zeros(a.shape[1], dtype=bool) if need_cols else None
+    for at in range(0, r, per):
+        part = a[at : at + per]
+        m = buf[: part.size].reshape(part.shape)
+        if bf16:
+            np.not_equal(part & 0x7FFF, 0, out=m)
+        else:
+            np.not_equal(part, 0, out=m)
+        m.any(axis=(1, 2), out=rows[at : at + part.shape[0]])
+        if cols is not None:
+            cols |= m.any(axis=(0, 2))
+    return rows, cols
+
+
+_BLOCK = 1 << 16  # entries compared at a time by `_host_slices`: the boolean scratch stays cache-sized
 
 
 def _host_cols(g: torch.Tensor) -> torch.Tensor | None:
-    """Per column (dim 1) of a dense CPU gradient, "some entry non-zero", a block of rows at a time (no
-    mask the size of the gradient: allocating one cost page faults on every measured step); None where
-    `_host_mask` has no numpy view of it."""
-    blocked = (
-        g.device.type == "cpu"
-        and g.layout == torch.strided
-        and g.numel() > 0
-        and not g.is_conj()
-        and not g.is_neg()
-        and g.dtype in (torch.float32, torch.float64, torch.float16)
-    )
-    if not blocked:
-        mask = _host_mask(g)
-        return None if mask is None else torch.from_numpy(mask.reshape(g.shape[0], g.shape[1], -1).any((0, 2)))
-    a = g.numpy().reshape(g.shape[0], g.shape[1], -1)
-    per = max(1, _BLOCK // (a.shape[1] * a.shape[2]))
-    cols = np.zeros(a.shape[1], dtype=bool)
-    for at in range(0, a.shape[0], per):
-        cols |= (a[at : at + per] != 0).any((0, 2))  # NaN != 0: non-zero, as in `_host_mask`
-    return torch.from_numpy(cols)
+    """Per column (dim 1) of a dense CPU gradient, "some entry non-zero" (see `_host_slices`)."""
+    hs = _host_slices(g, need_cols=True)
+    return None if hs is None or hs[1] is None else torch.from_numpy(hs[1])
 
 
 def _magnitude(g: torch.Tensor) -> torch.Tensor:
@@ -280,8 +280,10 @@ class SliceGrads:
                     fresh.append(key)
                     flags.append(self.cols[key].all().reshape(1).to(device))
                     continue
-            mask = None if known or not host else _host_mask(g)
-            if known or (mask is not None and mask.view(np.uint8).min()):  # every entry non-zero: every slice is
+            hs = None if known or not host else _host_slices(g, need_cols=track and g.dim() >= 2)
+            if hs is not None and hs[0].all() and (hs[1] is None or hs[1].all()):
+                known = True  # every slice non-zero (columns too where tracked)
+            if known:  # every slice non-zero, known on the host
                 if dead:
                     dense_pos.append(i)
                     if keep_rows:
@@ -292,13 +294,9 @@ class SliceGrads:
                         self.cols[key] = _all_true(g.shape[1])
                     self.full.add(key)
                 continue
-            if mask is not None:
-                r_nz = torch.from_numpy(mask if mask.ndim == 1 else mask.reshape(g.shape[0], -1).any(1))
-                c_nz = (
-                    torch.from_numpy(mask.reshape(g.shape[0], g.shape[1], -1).any((0, 2)))
-                    if track and g.dim() >= 2
-                    else None
-                )
+            if hs is not None:
+                r_nz = torch.from_numpy(hs[0])
+                c_nz = torch.from_numpy(hs[1]) if hs[1] is not None else None
             else:
                 r_nz, c_nz = slice_nonzero(g, rows_only=not track)
             if dead:
@@ -312,7 +310,7 @@ class SliceGrads:
             fresh_rows = r_nz.clone() if dead and keep_rows else r_nz  # `local` keeps this step's own
             self.rows[key] = fresh_rows if acc is None or acc.shape != r_nz.shape else acc.logical_or_(r_nz)
             done = self.rows[key].all()
-            if mask is not None:  # a free host read on this (CPU) path
+            if hs is not None:  # a free host read on this (CPU) path
                 (self.rows_full.add if bool(done) else self.rows_full.discard)(key)
             if c_nz is not None:
                 acc = self.cols.get(key)

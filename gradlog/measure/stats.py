@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -93,7 +94,7 @@ def _nonzero_counts(group: list[torch.Tensor]) -> torch.Tensor:
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.complex64, torch.complex128)
-_COUNT_SLICE = 1 << 20  # entries compared at a time: the boolean scratch stays at 1 MB
+_COUNT_SLICE = 1 << 16  # entries compared at a time: the boolean scratch stays at 64 kB (a step's peak)
 
 
 def _host_nonzero(g: torch.Tensor) -> int:
@@ -102,7 +103,13 @@ def _host_nonzero(g: torch.Tensor) -> int:
     flat = g.resolve_conj().resolve_neg().reshape(-1)
     if np is not None and flat.dtype in _NUMPY_DTYPES:
         a = flat.numpy()
-        return sum(int(np.count_nonzero(a[i : i + _COUNT_SLICE] != 0)) for i in range(0, a.size, _COUNT_SLICE))
+        if a.size <= _COUNT_SLICE:
+            return int(np.count_nonzero(a != 0))
+        buf = np.empty(_COUNT_SLICE, dtype=bool)  # one scratch for every slice
+        return sum(
+            int(np.count_nonzero(np.not_equal(a[i : i + _COUNT_SLICE], 0, out=buf[: min(_COUNT_SLICE, a.size - i)])))
+            for i in range(0, a.size, _COUNT_SLICE)
+        )
     return sum(
         int(torch.count_nonzero(torch.ne(flat[i : i + _COUNT_SLICE], 0))) for i in range(0, flat.numel(), _COUNT_SLICE)
     )
@@ -319,6 +326,19 @@ def _moments(x: torch.Tensor) -> list[torch.Tensor]:
     return [p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()]
 
 
+_BUCKET_BYTES = 1 << 18  # CPU: bucketing's scratch, a float piece (and its positions, a quarter of that)
+_LOCAL = threading.local()
+_Scratch = dict[tuple[torch.dtype, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _bucket_scratch() -> _Scratch:
+    """This thread's bucketing scratch per (value, position) dtype (see `_bucket_counts`), kept from one
+    measured step to the next: a fixed ~320 kB per dtype instead of a fresh allocation on every step (its page faults,
+    and a measured step's peak memory)."""
+    bufs: _Scratch = _LOCAL.__dict__.setdefault("bucket", {})
+    return bufs
+
+
 _GROUP_BYTES = 4 << 20  # CPU histograms: tensors whose moments are read back together, then bucketed
 _BATCH_NUMEL = 1 << 14  # CPU: histograms of tensors up to this many entries are bucketed many at a time
 
@@ -377,9 +397,7 @@ def _batched_histograms(
     return done
 
 
-def _host_histograms(
-    xs: list[torch.Tensor], bins: int, out: torch.Tensor, flips: list[bool] | None = None
-) -> None:
+def _host_histograms(xs: list[torch.Tensor], bins: int, out: torch.Tensor, flips: list[bool] | None = None) -> None:
     """CPU: small tensors in batches (`_batched_histograms`); the others one by one: min/max, sum and
     sum of squares, then the buckets, a cache-sized piece at a time (see `_bucket_counts`); the rare
     tensor with NaN/Inf is masked first. Rows (`histogram_partials` layout) are written into `out`
@@ -391,7 +409,7 @@ def _host_histograms(
     rest = [xs[i] for i, d in enumerate(done) if not d]
     at = [i for i, d in enumerate(done) if not d]
     rows = out.numpy() if np is not None else None  # a view: a numpy row write costs a fraction of torch's
-    scratch: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+    scratch = _bucket_scratch()
     # numpy's floating-point error settings are the user's (np.seterr): a subnormal product must not raise here
     with np.errstate(all="ignore") if np is not None else contextlib.nullcontext():
         # a few MB of tensors at a time: their moments in one stack and one read-back, then their buckets
@@ -412,7 +430,7 @@ def _host_row(
     rows: Any,
     flip: bool,
     host: Iterator[float],
-    scratch: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]],
+    scratch: _Scratch,
 ) -> None:
     """Row `i` of `out` (through `rows`, its numpy view, where numpy is there) for the flat tensor `x`, whose
     min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`, counted from x: its min
@@ -458,7 +476,7 @@ def _bucket_counts(
     scale: float,
     bins: int,
     flip: bool,
-    scratch: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]],
+    scratch: _Scratch,
 ) -> torch.Tensor:
     """[bins + 1] counts of a flat tensor's bucket positions `(x - lo) * scale` in x's dtype (`flip`: of
     `(-lo - x) * scale`, which are -x's positions when `lo` is -x's minimum), truncated to integers.
@@ -479,10 +497,11 @@ def _bucket_counts(
         return count
     small = torch.uint8 if bins < 255 else torch.int16
     a = x.detach().resolve_neg().numpy()
-    step = max(1, _CACHE_BYTES // a.itemsize)
-    if x.dtype not in scratch:
-        scratch[x.dtype] = (torch.empty(step, dtype=x.dtype), torch.empty(step, dtype=small))
-    fbuf, pbuf = (t.numpy() for t in scratch[x.dtype])
+    step = max(1, _BUCKET_BYTES // a.itemsize)
+    key = (x.dtype, small)
+    if key not in scratch:
+        scratch[key] = (torch.empty(step, dtype=x.dtype), torch.empty(step, dtype=small))
+    fbuf, pbuf = (t.numpy() for t in scratch[key])
     edge, mul = a.dtype.type(-lo if flip else lo), a.dtype.type(scale)  # rounded as torch rounds its scalars
     total: torch.Tensor | None = None
     for start in range(0, a.size, step):
@@ -550,10 +569,7 @@ def histogram_partials(
         # its sums in the order of the copy `-x` was. |-z| = |z|: a complex tensor's magnitudes need nothing;
         # other values (integers, read as float64) are negated here.
         flips = [x.is_floating_point() for x in xs]
-        flat = [
-            f.contiguous() if flip else f if x.is_complex() else f.neg()
-            for x, f, flip in zip(xs, flat, flips)
-        ]
+        flat = [f.contiguous() if flip else f if x.is_complex() else f.neg() for x, f, flip in zip(xs, flat, flips)]
     by_device: dict[torch.device, list[int]] = {}
     for i, x in enumerate(flat):
         by_device.setdefault(x.device, []).append(i)

@@ -541,6 +541,7 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
 #: Tags whose tensors count as tracked when the summary lacks the count.
 _NAMED_BY = (tags.prefix("weight_norm"), tags.prefix("grad_norm"), tags.prefix("update_ratio"))
 
+
 def _cells(table: Table, wanted: list[str]) -> Iterator[dict[str, str]]:
     """Each row of `table` as {column: cell} for the `wanted` columns (a missing cell reads as "")."""
     columns, rows = table

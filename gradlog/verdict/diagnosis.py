@@ -44,19 +44,27 @@ def _frozen(row: Tracked, ev: Evidence, has_optimizer: bool, trains_below: str |
     when gradlog started, or one frozen above the same tensor training in a lower layer, was meant to
     learn: a finding (suspect), usually the bug."""
     if has_optimizer and row.group is not None:
-        return Reason.FROZEN, (
-            f"requires_grad is False, yet it is in optimizer param group {row.group}: frozen by mistake, or "
-            "frozen after the optimizer was built? (a frozen backbone: build the optimizer from the trainable "
-            "parameters only)"
-        ), True
+        return (
+            Reason.FROZEN,
+            (
+                f"requires_grad is False, yet it is in optimizer param group {row.group}: frozen by mistake, or "
+                "frozen after the optimizer was built? (a frozen backbone: build the optimizer from the trainable "
+                "parameters only)"
+            ),
+            True,
+        )
     if ev.trainable_at_start:
         detail = "requires_grad was True when gradlog started and is False now: frozen during the run"
         return Reason.FROZEN, detail, True
     if trains_below is not None:
-        return Reason.FROZEN, (
-            f"requires_grad is False, yet {trains_below} in a lower layer trains: a block frozen by mistake? "
-            "(freezing on purpose usually takes the first layers, or all of them)"
-        ), True
+        return (
+            Reason.FROZEN,
+            (
+                f"requires_grad is False, yet {trains_below} in a lower layer trains: a block frozen by mistake? "
+                "(freezing on purpose usually takes the first layers, or all of them)"
+            ),
+            True,
+        )
     return Reason.FROZEN, "requires_grad is False", False
 
 

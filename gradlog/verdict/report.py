@@ -193,11 +193,7 @@ class Report:
         """The alerts that are warnings. An update-ratio alert on a tensor that never updated or stopped
         learning is left out: the table already names that tensor, with its reason."""
         found = {r.name for r in self.never_updated} | {r.name for r in self.stalled}
-        return [
-            a
-            for a in self.alerts
-            if a.kind in WARNING_KINDS and not (a.kind in RATIO_KINDS and a.name in found)
-        ]
+        return [a for a in self.alerts if a.kind in WARNING_KINDS and not (a.kind in RATIO_KINDS and a.name in found)]
 
     def warnings(self) -> dict[str, int]:
         """Alert kinds that are warnings, with their counts (the NaN alert is `first_nonfinite`)."""
