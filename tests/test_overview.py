@@ -54,6 +54,7 @@ def test_whole_array_heatmap_draws_the_same_pixels_as_the_per_cell_loop(monkeypa
         states.append([("none", "zero", None, "other")[(r * c) % 4] for c in range(int(n * 0.7))])
     marks = {0: "stalled", 3: "never_updated", 7: "unknown kind", 99: "stalled"}
     assert png.np is not None
+    monkeypatch.setattr(png, "_ROW_BLOCK", 7)  # rows coloured in several blocks, the last one short
     fast = png.heatmap_png(values, marks, states)
     monkeypatch.setattr(png, "np", None)
     slow = png.heatmap_png(values, marks, states)

@@ -404,7 +404,7 @@ class TensorBoardWriter(Writer):
             self._put(("p", int(step), time.time(), (tag, tuple(self._order), pairs)))  # packed on the writer thread
         quiet = self._quiet(scalars)
         self._scalar_tags.update(quiet)
-        self._put(("s", int(step), time.time(), [(t, v) for t, v in pairs if t in quiet]))
+        self._put(("s", int(step), time.time(), [p for p in pairs if p[0] in quiet]))  # the same tuples, not copies
 
     def log_image(self, tag: str, png: bytes, step: int) -> None:
         """A PNG in TensorBoard's Images tab (the overview heatmap)."""
