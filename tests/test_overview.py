@@ -96,13 +96,18 @@ def test_images_are_rate_limited_and_the_last_comes_at_close() -> None:
 
 def test_drawing_happens_off_the_training_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[str] = []
-    real = png.heatmap_png
+    real, real_arrays = png.heatmap_png, png.heatmap_png_arrays
 
     def spy(*args: object, **kw: object) -> bytes:
         threads.append(threading.current_thread().name)
         return real(*args, **kw)  # type: ignore[arg-type]
 
+    def spy_arrays(*args: object, **kw: object) -> bytes:
+        threads.append(threading.current_thread().name)
+        return real_arrays(*args, **kw)  # type: ignore[arg-type]
+
     monkeypatch.setattr("gradlog.writers.overview.heatmap_png", spy)
+    monkeypatch.setattr("gradlog.writers.overview.heatmap_png_arrays", spy_arrays)
     mem, _ = train(3, overview_every=1)
     # during training: the background thread (once: the 20 s limit); at close: the final one, in close()
     assert threads == ["gradlog-overview", threading.current_thread().name]
@@ -142,3 +147,35 @@ def test_run_level_series_count_by_hand() -> None:
     assert got["gradlog/update_ratio_min"] == 0.0
     assert got["gradlog/update_ratio_max"] == pytest.approx(max(ratios), rel=1e-5)
     assert got["gradlog/update_ratio_median"] == pytest.approx(statistics.median(ratios), rel=1e-5, abs=1e-12)
+
+
+def test_overview_drawn_from_arrays_equals_the_list_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overview's numpy path (recorded steps straight into [tensors, steps] arrays) draws the same PNG
+    bytes as the list path and as the pure-Python loop: steps recorded before later tensors existed,
+    unmeasured cells, NaN/Inf, zeros with each gradient state, values across decades, marks."""
+    import array
+
+    from gradlog.writers import overview
+
+    gen = torch.Generator().manual_seed(1)
+    n, k = 23, 9
+    names = [f"t{i}" for i in range(n)]
+    specials = [overview._NONE, 0.0, -2.0, float("nan"), float("inf"), 1e-12]
+    ratios: list[array.array[float]] = []
+    grads: list[bytes] = []
+    for j in range(k):
+        m = n - 2 * (k - 1 - j) if j < k - 1 else n  # early steps know fewer tensors
+        vals = [float(10 ** (torch.rand(1, generator=gen) * 8 - 7)) for _ in range(m)]
+        for i in range(0, m, 4):
+            vals[i] = specials[(i + j) % len(specials)]
+        ratios.append(array.array("d", vals))
+        grads.append(bytes(int(x) for x in torch.randint(0, 3, (m - (j % 2),), generator=gen)))
+    marks = {"t0": "stalled", "t5": "never_updated", "absent": "stalled"}
+    fast = overview._draw(names, ratios, grads, marks)
+    monkeypatch.setattr(overview, "np", None)
+    lists = overview._draw(names, ratios, grads, marks)
+    monkeypatch.setattr(png, "np", None)
+    slow = overview._draw(names, ratios, grads, marks)
+    assert fast == lists == slow
+    with Image.open(io.BytesIO(fast)) as im:
+        assert im.size[1] == n * min(8, 800 // n)

@@ -47,7 +47,7 @@ def scale_colour(t: float) -> RGB:
     return (round(a[0] + (b[0] - a[0]) * f), round(a[1] + (b[1] - a[1]) * f), round(a[2] + (b[2] - a[2]) * f))
 
 
-def encode_png(width: int, height: int, rgb: bytes) -> bytes:
+def encode_png(width: int, height: int, rgb: bytes | memoryview) -> bytes:
     """An 8-bit RGB PNG from `height` rows of `width * 3` bytes (filter type 0 on every row)."""
     if len(rgb) != width * height * 3:
         raise ValueError(f"expected {width * height * 3} bytes of RGB for {width}x{height}, got {len(rgb)}")
@@ -180,6 +180,13 @@ def _cell_block(
         for r, states in enumerate(grad_state[:rows]):
             if any(x is not None for x in states):
                 g[r, : min(len(states), cols)] = [code.get(x, 0) for x in states[:cols]]  # type: ignore[arg-type]
+    return _colour(v, given, g, lo, span)
+
+
+def _colour(v: Any, given: Any, g: Any, lo: float, span: float) -> Any:
+    """[rows, cols, 3] uint8 colours of value / measured / gradient-state arrays ([rows, cols]; states 0, 1
+    "none", 2 "zero"): `cell_colour`'s arithmetic, whole-array."""
+    rows, cols = v.shape
     with np.errstate(invalid="ignore"):
         finite = given & np.isfinite(v)
         positive = finite & (v > 0)
@@ -214,7 +221,7 @@ def _cells_numpy(
     strip: int,
     lo: float,
     span: float,
-) -> bytes:
+) -> memoryview:
     """The image rows of `heatmap_png`, whole-array: a 5,000-tensor x 50-step image at close took ~1 s of
     per-cell Python. Every pixel equals `cell_colour`'s: log10 is Python's own, and the rest is the same
     IEEE arithmetic in float64 (numpy's rint rounds half to even, as Python's round does)."""
@@ -224,15 +231,54 @@ def _cells_numpy(
         stop = min(rows, start + _ROW_BLOCK)
         states = grad_state[start:stop] if grad_state is not None else None
         out[start:stop] = _cell_block(values[start:stop], states, cols, lo, span)
-    left = np.empty((rows, strip + 2, 3), dtype=np.uint8)
-    left[...] = MISSING
+    return _frame(out, marks, cw, ch, strip)
+
+
+def heatmap_png_arrays(
+    values: Any,
+    measured: Any,
+    grad_state: Any,
+    marks: Mapping[int, str] | None = None,
+    max_width: int = 320,
+    max_height: int = 800,
+) -> bytes:
+    """`heatmap_png` from numpy arrays ([rows, cols]: float64 values, bool "measured", uint8 gradient states
+    0 / 1 "none" / 2 "zero"), the same pixels without a Python float per cell (a 5,000-tensor overview's
+    lists were most of a measured step's extra memory). Needs numpy."""
+    rows, cols = values.shape
+    if rows == 0 or cols == 0:
+        return encode_png(1, 1, bytes(MISSING))
+    cw = max(1, min(8, max_width // cols))
+    ch = max(1, min(8, max_height // rows))
+    strip = 6
+    with np.errstate(invalid="ignore"):
+        positive = values[measured & (values > 0) & (values < math.inf)]
+    if positive.size:
+        a, b = math.log10(float(positive.min())), math.log10(float(positive.max()))
+        lo, hi = (a, b) if b > a else (a - 0.5, a + 0.5)
+    else:
+        lo, hi = 0.0, 1.0
+    out = np.empty((rows, cols, 3), dtype=np.uint8)
+    for start in range(0, rows, _ROW_BLOCK):
+        stop = min(rows, start + _ROW_BLOCK)
+        out[start:stop] = _colour(values[start:stop], measured[start:stop], grad_state[start:stop], lo, hi - lo)
+    return encode_png(strip + 2 + cols * cw, rows * ch, _frame(out, marks or {}, cw, ch, strip))
+
+
+def _frame(out: Any, marks: Mapping[int, str], cw: int, ch: int, strip: int) -> memoryview:
+    """The marker strip beside the cells, each cell `cw` x `ch` pixels: the image's RGB bytes, written once
+    into one array (a 5,000-tensor overview is ~4.5 MB of pixels; repeat, concatenate and a bytes copy
+    held three of them at once)."""
+    rows, cols = out.shape[0], out.shape[1]
+    img = np.empty((rows, strip + 2 + cols * cw, 3), dtype=np.uint8)
+    img[:, : strip + 2] = MISSING
     for r, kind in marks.items():
         if 0 <= r < rows:
-            left[r, :strip] = MARKS.get(kind, MISSING)
-    img: Any = np.concatenate([left, np.repeat(out, cw, axis=1)], axis=1)
-    if ch > 1:
+            img[r, :strip] = MARKS.get(kind, MISSING)
+    img[:, strip + 2 :].reshape(rows, cols, cw, 3)[...] = out[:, :, None, :]
+    if ch > 1:  # at most 800 image rows: the cells are that tall only when there are few tensors
         img = np.repeat(img, ch, axis=0)
-    return img.tobytes()  # type: ignore[no-any-return]
+    return memoryview(img).cast("B")  # type: ignore[arg-type]
 
 
-__all__ = ["MARKS", "encode_png", "heatmap_png", "scale_colour"]
+__all__ = ["MARKS", "encode_png", "heatmap_png", "heatmap_png_arrays", "scale_colour"]
