@@ -73,10 +73,23 @@ def log_range(values: Sequence[Sequence[float | None]]) -> tuple[float, float]:
         positive = [v for v in row if v is not None and 0 < v < math.inf]  # NaN fails both comparisons
         if positive:
             lo, hi = min(lo, min(positive)), max(hi, max(positive))
+    return _decades(lo, hi)
+
+
+def _decades(lo: float, hi: float) -> tuple[float, float]:
+    """log10 of the range [lo, hi] of positive values, at least one decade wide; (0, 1) when empty (lo > hi)."""
     if lo > hi:
         return 0.0, 1.0
     a, b = math.log10(lo), math.log10(hi)
     return (a, b) if b > a else (a - 0.5, a + 0.5)
+
+
+_STRIP = 6  # marker strip width, px (then 2 px of gap)
+
+
+def _cell_size(rows: int, cols: int, max_width: int, max_height: int) -> tuple[int, int]:
+    """Pixels per cell (width, height): the cells fit max_width x max_height where they can, 1-8 px each."""
+    return max(1, min(8, max_width // cols)), max(1, min(8, max_height // rows))
 
 
 def cell_colour(v: float | None, lo: float, span: float, grad: str | None = None) -> RGB:
@@ -105,15 +118,14 @@ def heatmap_png(
     cols = max((len(r) for r in values), default=0)
     if rows == 0 or cols == 0:
         return encode_png(1, 1, bytes(MISSING))
-    cw = max(1, min(8, max_width // cols))
-    ch = max(1, min(8, max_height // rows))
-    strip = 6
+    if np is not None:
+        return heatmap_png_arrays(*_as_arrays(values, grad_state, cols), marks, max_width, max_height)
+    cw, ch = _cell_size(rows, cols, max_width, max_height)
+    strip = _STRIP
     lo, hi = log_range(values)
     span = hi - lo
     marks = marks or {}
     width = strip + 2 + cols * cw
-    if np is not None:
-        return encode_png(width, rows * ch, _cells_numpy(values, marks, grad_state, cols, cw, ch, strip, lo, span))
     out = bytearray()
     # `cell_colour` inlined, with each colour's pixels made once: a 5,000-tensor x 50-step image at close
     # was ~1 s of per-cell calls. The arithmetic is the same, so every pixel is too.
@@ -154,14 +166,10 @@ def heatmap_png(
 _ROW_BLOCK = 256  # heatmap rows coloured at a time (a 5,000-tensor image's float64 temporaries were ~5 MB)
 
 
-def _cell_block(
-    values: Sequence[Sequence[float | None]],
-    grad_state: Sequence[Sequence[str | None]] | None,
-    cols: int,
-    lo: float,
-    span: float,
-) -> Any:
-    """[len(values), cols, 3] uint8 colours of some rows of the heatmap (see `_cells_numpy`)."""
+def _as_arrays(
+    values: Sequence[Sequence[float | None]], grad_state: Sequence[Sequence[str | None]] | None, cols: int
+) -> tuple[Any, Any, Any]:
+    """`heatmap_png`'s rows as `heatmap_png_arrays`' arrays: values (ragged rows padded), measured, states."""
     rows = len(values)
     flat: list[float] = []
     known: list[bool] = []
@@ -180,7 +188,7 @@ def _cell_block(
         for r, states in enumerate(grad_state[:rows]):
             if any(x is not None for x in states):
                 g[r, : min(len(states), cols)] = [code.get(x, 0) for x in states[:cols]]  # type: ignore[arg-type]
-    return _colour(v, given, g, lo, span)
+    return v, given, g
 
 
 def _colour(v: Any, given: Any, g: Any, lo: float, span: float) -> Any:
@@ -211,29 +219,6 @@ def _colour(v: Any, given: Any, g: Any, lo: float, span: float) -> Any:
     return out
 
 
-def _cells_numpy(
-    values: Sequence[Sequence[float | None]],
-    marks: Mapping[int, str],
-    grad_state: Sequence[Sequence[str | None]] | None,
-    cols: int,
-    cw: int,
-    ch: int,
-    strip: int,
-    lo: float,
-    span: float,
-) -> memoryview:
-    """The image rows of `heatmap_png`, whole-array: a 5,000-tensor x 50-step image at close took ~1 s of
-    per-cell Python. Every pixel equals `cell_colour`'s: log10 is Python's own, and the rest is the same
-    IEEE arithmetic in float64 (numpy's rint rounds half to even, as Python's round does)."""
-    rows = len(values)
-    out = np.empty((rows, cols, 3), dtype=np.uint8)
-    for start in range(0, rows, _ROW_BLOCK):  # a block of rows at a time: the float temporaries stay small
-        stop = min(rows, start + _ROW_BLOCK)
-        states = grad_state[start:stop] if grad_state is not None else None
-        out[start:stop] = _cell_block(values[start:stop], states, cols, lo, span)
-    return _frame(out, marks, cw, ch, strip)
-
-
 def heatmap_png_arrays(
     values: Any,
     measured: Any,
@@ -244,25 +229,21 @@ def heatmap_png_arrays(
 ) -> bytes:
     """`heatmap_png` from numpy arrays ([rows, cols]: float64 values, bool "measured", uint8 gradient states
     0 / 1 "none" / 2 "zero"), the same pixels without a Python float per cell (a 5,000-tensor overview's
-    lists were most of a measured step's extra memory). Needs numpy."""
+    lists were most of a measured step's extra memory). Every pixel equals `cell_colour`'s: log10 is
+    Python's own, the rest the same IEEE arithmetic in float64 (numpy's rint rounds half to even, as
+    Python's round does). Needs numpy."""
     rows, cols = values.shape
     if rows == 0 or cols == 0:
         return encode_png(1, 1, bytes(MISSING))
-    cw = max(1, min(8, max_width // cols))
-    ch = max(1, min(8, max_height // rows))
-    strip = 6
+    cw, ch = _cell_size(rows, cols, max_width, max_height)
     with np.errstate(invalid="ignore"):
         positive = values[measured & (values > 0) & (values < math.inf)]
-    if positive.size:
-        a, b = math.log10(float(positive.min())), math.log10(float(positive.max()))
-        lo, hi = (a, b) if b > a else (a - 0.5, a + 0.5)
-    else:
-        lo, hi = 0.0, 1.0
+    lo, hi = _decades(float(positive.min()), float(positive.max())) if positive.size else (0.0, 1.0)
     out = np.empty((rows, cols, 3), dtype=np.uint8)
-    for start in range(0, rows, _ROW_BLOCK):
+    for start in range(0, rows, _ROW_BLOCK):  # a block of rows at a time: the float temporaries stay small
         stop = min(rows, start + _ROW_BLOCK)
         out[start:stop] = _colour(values[start:stop], measured[start:stop], grad_state[start:stop], lo, hi - lo)
-    return encode_png(strip + 2 + cols * cw, rows * ch, _frame(out, marks or {}, cw, ch, strip))
+    return encode_png(_STRIP + 2 + cols * cw, rows * ch, _frame(out, marks or {}, cw, ch, _STRIP))
 
 
 def _frame(out: Any, marks: Mapping[int, str], cw: int, ch: int, strip: int) -> memoryview:
