@@ -113,8 +113,12 @@ def test_fused_adamw_grad_norms_are_unscaled_and_skip_is_no_update() -> None:
     for tensor in ("a.weight", "b.bias"):
         series = dict(mem.scalars[f"weights/grad_norm/{tensor}"])
         assert sorted(series) == list(range(6))  # fused optimizers' hooks fire on skipped steps too
+        hists = dict(mem.histograms[f"weights/grad/{tensor}"])
         for s in (0, 1, 2, 4, 5):
             assert series[s] == pytest.approx(by_hand[s][tensor], rel=1e-5)
+            # the gradient histogram is of the unscaled gradient too (its sums divided by the scale)
+            assert hists[s].sum_squares == pytest.approx(by_hand[s][tensor] ** 2, rel=1e-5)
+            assert max(abs(hists[s].min), abs(hists[s].max)) <= by_hand[s][tensor] * (1 + 1e-6)
         assert dict(mem.scalars[f"weights/grad_nonfinite/{tensor}"])[3] > 0
         assert dict(mem.scalars[f"weights/update_ratio/{tensor}"])[3] == 0.0  # not reported as an update
         assert dict(mem.scalars[f"weights/update_ratio/{tensor}"])[4] > 0.0

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pytest
 import torch
+from test_stats import _near_edge
 from torch import nn
 
 import gradlog
@@ -103,3 +105,65 @@ def test_wandb_block_payloads_equal_histogram_payload_row_by_row() -> None:
         assert block_payloads(block) == expected
         assert [i for i, e in enumerate(expected) if e is None] == [5, 6, 9]
     assert block_payloads(Histograms(torch.zeros(0, 69), [])) == []
+
+
+class Blocks(gradlog.Writer):
+    """Keeps each step's histogram blocks as the writers receive them."""
+
+    def __init__(self) -> None:
+        self.got: dict[tuple[str, int], Histograms] = {}
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
+        raise AssertionError("log_histograms takes the whole block")
+
+    def log_histograms(self, tags: Sequence[str], hists: Histograms, step: int) -> None:
+        self.got[(tags[0].split("/")[1], step)] = hists
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        pass
+
+
+def test_cpu_steps_hold_integer_counts_that_match_numpy_by_hand() -> None:
+    """On the CPU a step's blocks keep int32 counts (half the memory of float64 rows, held beside the
+    weight snapshot); every count still equals numpy's histogram of the tensor kept by hand."""
+    torch.manual_seed(0)
+    # 12 same-shape layers go through the batched path, the 3000-wide one through the one-by-one path
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(12)], nn.Linear(8, 3000), nn.Linear(3000, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    blocks = Blocks()
+    gl = gradlog.GradLogger(model, opt, writer=blocks, every=1, bins=16, print_report=False)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}  # type: ignore[union-attr]
+    opt.step()
+    gl.log(0)
+    gl.close()
+    names = [n for n, _ in model.named_parameters()]
+    expected = {
+        "weight": {n: p.detach().clone() for n, p in model.named_parameters()},
+        "grad": grads,
+        "update": {n: p.detach() - before[n] for n, p in model.named_parameters()},
+    }
+    for kind, values in expected.items():
+        block = blocks.got[(kind, 0)]
+        assert block.counts.dtype == torch.int32 and block.moments.dtype == torch.float64, kind
+        assert len(block) == len(names)
+        for n, h in zip(names, block.values()):
+            v = values[n].double().numpy().reshape(-1)
+            lo, hi = v.min(), v.max()
+            assert (h.min, h.max) == pytest.approx((lo, hi), rel=1e-6, abs=1e-12), (kind, n)
+            assert h.count == v.size and h.sum == pytest.approx(v.sum(), rel=1e-4, abs=1e-6), (kind, n)
+            if lo == hi:  # a constant tensor (the last bias has one entry): everything in bucket 0
+                assert h.counts[0] == v.size, (kind, n)
+                continue
+            ref, _ = np.histogram(v, bins=16, range=(h.min, h.max))
+            diff = np.abs(np.asarray(h.counts) - ref).sum()
+            assert diff <= 2 * _near_edge(v, h.min, h.max, 16), (kind, n, h.counts, ref.tolist())
+
+
+def test_integer_blocks_are_checked_for_shape() -> None:
+    with pytest.raises(ValueError, match=r"counts must be \[3, bins\] and moments \[3, 5\], got \(3, 4\) and \(2, 5\)"):
+        Histograms.of(torch.zeros(3, 4, dtype=torch.int32), torch.zeros(2, 5), [0, 1, 2])

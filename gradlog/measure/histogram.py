@@ -59,23 +59,44 @@ class Histogram:
 
 
 class Histograms(Mapping[int, Histogram]):
-    """One kind's histograms of one measured step, kept as the host block of `stats.histogram_partials`
-    rows ([n, bins + 5], one tensor) until a writer asks for them: `Histogram` objects (a tuple of Python
-    floats each, ~2 KB at 64 bins) are built one at a time and dropped after use. A model of 5,000 tensors
-    has 15,000 histograms per step; built all at once and held in the writer queues, they were most of a
-    measured step's extra memory.
+    """One kind's histograms of one measured step, kept as host blocks (bucket counts [n, bins] and moments
+    [n, 5]: min, max, sum, sum of squares, NaN/Inf count) until a writer asks for them: `Histogram` objects
+    (a tuple of Python floats each, ~2 KB at 64 bins) are built one at a time and dropped after use. A
+    model of 5,000 tensors has 15,000 histograms per step; built all at once and held in the writer
+    queues, they were most of a measured step's extra memory.
 
     A read-only mapping from a tensor's row in the measurement to its `Histogram`, in row order.
     """
 
-    __slots__ = ("_index", "partials", "positions")
+    __slots__ = ("_index", "counts", "moments", "positions")
 
     def __init__(self, partials: torch.Tensor, positions: Sequence[int]) -> None:
-        if partials.dim() != 2 or partials.shape[0] != len(positions):
+        """From a `stats.histogram_partials` block [len(positions), bins + 5] (views of it are kept)."""
+        if partials.dim() != 2 or partials.shape[0] != len(positions) or partials.shape[1] < 5:
             raise ValueError(f"partials must be [len(positions), bins + 5], got {tuple(partials.shape)}")
-        self.partials = partials.detach().to("cpu", torch.float64)
+        block = partials.detach().to("cpu", torch.float64)
+        self.counts = block[:, :-5]
+        self.moments = block[:, -5:]
         self.positions = list(positions)
         self._index: dict[int, int] | None = None
+
+    @classmethod
+    def of(cls, counts: torch.Tensor, moments: torch.Tensor, positions: Sequence[int]) -> Histograms:
+        """From `stats.host_histograms`' counts (integers or floats) and float64 moments, kept as they are."""
+        n = len(positions)
+        if counts.dim() != 2 or counts.shape[0] != n or tuple(moments.shape) != (n, 5):
+            raise ValueError(
+                f"counts must be [{n}, bins] and moments [{n}, 5], got {tuple(counts.shape)} and {tuple(moments.shape)}"
+            )
+        out = cls.__new__(cls)
+        out.counts, out.moments = counts.detach().cpu(), moments.detach().to("cpu", torch.float64)
+        out.positions = list(positions)
+        out._index = None
+        return out
+
+    @property
+    def bins(self) -> int:
+        return int(self.counts.shape[1])
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -83,24 +104,27 @@ class Histograms(Mapping[int, Histogram]):
     def __iter__(self) -> Iterator[int]:
         return iter(self.positions)
 
+    def _row(self, i: int) -> Histogram:
+        return Histogram.from_partials(self.counts[i].tolist() + self.moments[i].tolist(), 0)
+
     def __getitem__(self, pos: int) -> Histogram:
         if self._index is None:
             self._index = {p: i for i, p in enumerate(self.positions)}
-        return Histogram.from_partials(self.partials[self._index[pos]].tolist(), 0)
+        return self._row(self._index[pos])
 
     def values(self) -> Iterator[Histogram]:  # type: ignore[override]
         """Each histogram in row order, built as it is reached."""
         for i in range(len(self.positions)):
-            yield Histogram.from_partials(self.partials[i].tolist(), 0)
+            yield self._row(i)
 
     def items(self) -> Iterator[tuple[int, Histogram]]:  # type: ignore[override]
         return zip(self.positions, self.values())
 
     def rows(self, start: int, stop: int) -> Histograms:
-        """Rows `start:stop` (a view of the same block): writers hand a big step on in pieces."""
-        return Histograms(self.partials[start:stop], self.positions[start:stop])
+        """Rows `start:stop` (views of the same blocks): writers hand a big step on in pieces."""
+        return Histograms.of(self.counts[start:stop], self.moments[start:stop], self.positions[start:stop])
 
     def only(self, keep: Sequence[bool]) -> Histograms:
         """The histograms of the rows whose position `p` has `keep[p]` true."""
         at = [i for i, p in enumerate(self.positions) if keep[p]]
-        return Histograms(self.partials[at], [self.positions[i] for i in at])
+        return Histograms.of(self.counts[at], self.moments[at], [self.positions[i] for i in at])

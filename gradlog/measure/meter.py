@@ -28,8 +28,10 @@ from gradlog.measure.stats import (
     histogram_bucket,
     histogram_partials,
     histogram_ranges,
+    host_histograms,
     host_reads_free,
     norm_partials,
+    on_host,
     stat_dtype,
     subtract_with_sumsq,
 )
@@ -182,6 +184,8 @@ class _Open:
     moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
     dist: DistStep | None = None  # sharded parameters: sums pending the step's all_reduce
     slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step updated
+    # kind -> (counts, moments) of histograms made on the CPU (`stats.host_histograms`): no host copy to wait for
+    held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 class Meter:
@@ -282,8 +286,15 @@ class Meter:
             pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
             xs = [dense_values(g) if g is not None else grad.new_zeros(0) for g in grads]
         h = None
+        held: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if dist is not None:
             h = self._dist_grad_histogram(dist, xs, histograms)
+        elif histograms and "grad" in self.histogram_kinds and xs and on_host(xs, device):
+            held["grad"] = host_histograms(xs, self.bins)
+            if inv is not None:
+                moments = held["grad"][1]
+                moments[:, :3] *= inv.to(moments)
+                moments[:, 3] *= inv.to(moments) ** 2
         elif histograms and "grad" in self.histogram_kinds and xs:
             h = histogram_partials(xs, self.bins, device)
         if h is not None:
@@ -311,6 +322,7 @@ class Meter:
         self._open = _Open(
             index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist, seen.keys
         )
+        self._open.held.update(held)
 
     @staticmethod
     def _unclip(grad: torch.Tensor, rows: list[Tracked], clips: Sequence[Clip], packer: Packer) -> None:
@@ -371,11 +383,11 @@ class Meter:
                     # CPU counts it without negating (one pass fewer); elsewhere it is negated in place, as
                     # the device path would otherwise make a negated copy of each tensor.
                     if op.dist is None:  # bucketed now, so the snapshot is gone before the weights are
-                        on_host = host_reads_free(device)
-                        if not on_host:
+                        if on_host(op.snapshot, device):
+                            op.held["update"] = host_histograms(op.snapshot, self.bins, negate=True)
+                        else:
                             torch._foreach_neg_(op.snapshot)
-                        update_rows = histogram_partials(op.snapshot, self.bins, device, negate=on_host)
-                        packer.add("hist/update", update_rows, owned=True)
+                            packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device), owned=True)
                     else:
                         torch._foreach_neg_(op.snapshot)
                         hists.append(("update", op.snapshot, op.moving))
@@ -388,7 +400,10 @@ class Meter:
             for key, t in sums.items():
                 packer.add(key, t)
             for kind, xs, _ in hists:
-                packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device), owned=True)
+                if on_host(xs, device):
+                    op.held[kind] = host_histograms(xs, self.bins)
+                else:
+                    packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device), owned=True)
             if flag is not None:
                 packer.add("skipped", flag.reshape(-1)[:1])
         else:
@@ -456,11 +471,13 @@ class Meter:
         numel = torch.tensor([float(r.numel) for r in op.rows], dtype=torch.float64)
         hists: dict[str, Histograms] = {}
         for kind in HISTOGRAM_KINDS:
-            h = host.get(f"hist/{kind}")
-            if h is None:
-                continue
             positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))
-            hists[kind] = Histograms(h, positions)  # Histogram objects are built when a writer reaches them
+            # Histogram objects are built when a writer reaches them
+            h = host.get(f"hist/{kind}")
+            if h is not None:
+                hists[kind] = Histograms(h, positions)
+            elif kind in op.held:
+                hists[kind] = Histograms.of(*op.held[kind], positions)
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
         if "slices/done" in host:
             self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())

@@ -344,12 +344,12 @@ _BATCH_NUMEL = 1 << 14  # CPU: histograms of tensors up to this many entries are
 
 
 def _batched_histograms(
-    xs: list[torch.Tensor], bins: int, out: torch.Tensor, flips: list[bool] | None = None
+    xs: list[torch.Tensor], bins: int, counts: torch.Tensor, moments: torch.Tensor, flips: list[bool] | None = None
 ) -> list[bool]:
     """Small tensors of one size and dtype, many at a time (stacked into a cache-sized block): a dozen
     torch calls per block instead of eight per tensor, which dominated a model of 5,000 small tensors.
-    Writes the rows (`histogram_partials` layout) of the tensors whose values are all finite straight into
-    `out` and returns which it wrote; the rest are left to `_host_histograms`' one-by-one path (NaN/Inf
+    Writes the rows (`host_histograms` layout) of the tensors whose values are all finite straight into
+    `counts` and `moments` and returns which it wrote; the rest are left to `_host_histograms`' one-by-one path (NaN/Inf
     masking, ranges that overflow). `flips[i]`: the row of `-xs[i]` (the block is a copy, negated in place)."""
     done = [False] * len(xs)
     groups: dict[tuple[int, torch.dtype], list[int]] = {}
@@ -387,28 +387,30 @@ def _batched_histograms(
             found = torch.bincount(pos.reshape(-1), minlength=len(part) * (bins + 1)).view(len(part), bins + 1)
             del pos
             at = torch.tensor(part)
-            rows = torch.zeros(len(part), bins + 5, dtype=out.dtype)
-            rows[:, :bins] = found[:, :bins]
-            rows[:, bins - 1] += found[:, bins]  # the maximum itself sits on the closed right edge
-            rows[:, bins : bins + 4] = stats
-            out[at] = rows
+            found[:, bins - 1] += found[:, bins]  # the maximum itself sits on the closed right edge
+            counts[at] = found[:, :bins].to(counts.dtype)
+            moments[at, :4] = stats
+            moments[at, 4] = 0.0
             for i in part:
                 done[i] = True
     return done
 
 
-def _host_histograms(xs: list[torch.Tensor], bins: int, out: torch.Tensor, flips: list[bool] | None = None) -> None:
+def _host_histograms(
+    xs: list[torch.Tensor], bins: int, counts: torch.Tensor, moments: torch.Tensor, flips: list[bool] | None = None
+) -> None:
     """CPU: small tensors in batches (`_batched_histograms`); the others one by one: min/max, sum and
     sum of squares, then the buckets, a cache-sized piece at a time (see `_bucket_counts`); the rare
-    tensor with NaN/Inf is masked first. Rows (`histogram_partials` layout) are written into `out`
-    [len(xs), bins + 5] as they are made: no per-tensor results are kept and stacked.
+    tensor with NaN/Inf is masked first. Rows (`host_histograms` layout) are written into `counts`
+    [len(xs), bins] and `moments` [len(xs), 5] as they are made: no per-tensor results are kept and stacked.
 
     `flips[i]`: the row of `-xs[i]`, without making `-xs[i]` (contiguous floating tensors only: see
     `histogram_partials`)."""
-    done = _batched_histograms(xs, bins, out, flips)
+    done = _batched_histograms(xs, bins, counts, moments, flips)
     rest = [xs[i] for i, d in enumerate(done) if not d]
     at = [i for i, d in enumerate(done) if not d]
-    rows = out.numpy() if np is not None else None  # a view: a numpy row write costs a fraction of torch's
+    # numpy views: a numpy row write costs a fraction of torch's
+    rows = (counts.numpy(), moments.numpy()) if np is not None else None
     scratch = _bucket_scratch()
     # numpy's floating-point error settings are the user's (np.seterr): a subnormal product must not raise here
     with np.errstate(all="ignore") if np is not None else contextlib.nullcontext():
@@ -419,24 +421,27 @@ def _host_histograms(xs: list[torch.Tensor], bins: int, out: torch.Tensor, flips
             host = iter(torch.stack(parts).double().tolist() if parts else [])  # stack promotes fp32 + fp64
             for j in run:
                 i = at[j]
-                _host_row(xs[i], i, bins, out, rows, flips is not None and flips[i], host, scratch)
+                _host_row(xs[i], i, bins, (counts, moments), rows, flips is not None and flips[i], host, scratch)
 
 
 def _host_row(
     x: torch.Tensor,
     i: int,
     bins: int,
-    out: torch.Tensor,
+    out: tuple[torch.Tensor, torch.Tensor],
     rows: Any,
     flip: bool,
     host: Iterator[float],
     scratch: _Scratch,
 ) -> None:
-    """Row `i` of `out` (through `rows`, its numpy view, where numpy is there) for the flat tensor `x`, whose
-    min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`, counted from x: its min
-    is -max(x), its sum -sum(x) (rounding is symmetric) and its positions `(max(x) - x) * scale`."""
+    """Row `i` of `out` (counts, moments; through `rows`, their numpy views, where numpy is there) for the
+    flat tensor `x`, whose min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`,
+    counted from x: its min is -max(x), its sum -sum(x) (rounding is symmetric) and its positions
+    `(max(x) - x) * scale`."""
+    counts, moments = out
     if x.numel() == 0:
-        out[i] = 0
+        counts[i] = 0
+        moments[i] = 0.0
         return
     lo, hi, s, s2 = (next(host) for _ in range(4))
     if flip:
@@ -449,8 +454,9 @@ def _host_row(
             flip = False
         nonfinite = x.numel() - z.numel()
         if z.numel() == 0:
-            out[i] = 0
-            out[i, bins + 4] = float(nonfinite)
+            counts[i] = 0
+            moments[i] = 0.0
+            moments[i, 4] = float(nonfinite)
             return
         lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
         lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
@@ -459,15 +465,13 @@ def _host_row(
         x = x.double()
     scale = bins / (hi - lo) if hi > lo else 0.0
     count = _bucket_counts(x, lo, scale, bins, flip, scratch)
+    count[bins - 1] += count[bins]  # the maximum itself sits on the closed right edge
     if rows is not None:
-        row, c = rows[i], count.numpy()
-        row[:bins] = c[:bins]
-        row[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
-        row[bins:] = (lo, hi, s, s2, nonfinite)
+        rows[0][i] = count.numpy()[:bins]
+        rows[1][i] = (lo, hi, s, s2, nonfinite)
     else:
-        count[bins - 1] += count[bins]
-        out[i, :bins] = count[:bins]
-        out[i, bins:] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=out.dtype)
+        counts[i] = count[:bins]
+        moments[i] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=moments.dtype)
 
 
 def _bucket_counts(
@@ -545,6 +549,41 @@ def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.T
     return counts, moments
 
 
+def _histogram_inputs(xs: Sequence[torch.Tensor], negate: bool) -> tuple[list[torch.Tensor], list[bool] | None]:
+    """Flat values to bucket, and (`negate`) which are counted as their negation where they are bucketed.
+
+    Floating tensors are negated where they are bucketed; a contiguous copy of a strided one keeps its sums
+    in the order of the copy `-x` was. |-z| = |z|: a complex tensor's magnitudes need nothing; other values
+    (integers, read as float64) are negated here."""
+    flat = [_hist_input(x) for x in xs]
+    if not negate:
+        return flat, None
+    flips = [x.is_floating_point() for x in xs]
+    flat = [f.contiguous() if flip else f if x.is_complex() else f.neg() for x, f, flip in zip(xs, flat, flips)]
+    return flat, flips
+
+
+def on_host(xs: Sequence[torch.Tensor], device: torch.device) -> bool:
+    """Whether `host_histograms` applies: every tensor on the CPU, where reading values back is free."""
+    return host_reads_free(device) and all(x.device == device for x in xs)
+
+
+def host_histograms(xs: Sequence[torch.Tensor], bins: int, negate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU tensors (`on_host`): the `histogram_partials` numbers as bucket counts [n, bins] and moments
+    [n, 5] (min, max, sum, sum of squares, NaN/Inf count; float64).
+
+    Why apart: the counts are integers, int32 (int64 from 2^31 values in one tensor), half the memory of
+    float64 rows. A measured step holds the gradient and update histograms beside the weight snapshot,
+    which on a 5,000-tensor model was its peak (2.8 MB per kind as float64 rows)."""
+    flat, flips = _histogram_inputs(xs, negate)
+    wide = any(x.numel() >= 2**31 for x in flat)
+    counts = torch.empty(len(flat), bins, dtype=torch.int64 if wide else torch.int32)
+    moments = torch.empty(len(flat), 5, dtype=torch.float64)
+    if flat:
+        _host_histograms(flat, bins, counts, moments, flips)
+    return counts, moments
+
+
 def histogram_partials(
     xs: Sequence[torch.Tensor], bins: int, device: torch.device, negate: bool = False
 ) -> torch.Tensor:
@@ -553,7 +592,8 @@ def histogram_partials(
     Buckets are fixed-width between each tensor's own min and max; NaN/Inf are counted and never
     reach the buckets or the sums, but stand at 0 for the range (so a tensor with any NaN/Inf has
     0 inside [min, max], as the sharded two-phase path has it). A constant tensor puts everything
-    in bucket 0. On the CPU values are read back to skip work; elsewhere nothing is read back.
+    in bucket 0. On the CPU values are read back to skip work (`host_histograms`); elsewhere nothing
+    is read back.
 
     `negate`: the rows of `-x` for each x (the update histogram from the negated update the meter holds).
     On the CPU, x is not touched: -x's min is -max(x), its sum -sum(x) and its bucket positions
@@ -562,35 +602,24 @@ def histogram_partials(
     dt = stat_dtype(device)
     if not xs:
         return torch.zeros(0, bins + 5, dtype=dt, device=device)
-    flat = [_hist_input(x) for x in xs]
-    flips: list[bool] | None = None
-    if negate:
-        # Floating tensors are negated where they are bucketed; a contiguous copy of a strided one keeps
-        # its sums in the order of the copy `-x` was. |-z| = |z|: a complex tensor's magnitudes need nothing;
-        # other values (integers, read as float64) are negated here.
-        flips = [x.is_floating_point() for x in xs]
-        flat = [f.contiguous() if flip else f if x.is_complex() else f.neg() for x, f, flip in zip(xs, flat, flips)]
     by_device: dict[torch.device, list[int]] = {}
-    for i, x in enumerate(flat):
+    for i, x in enumerate(xs):
         by_device.setdefault(x.device, []).append(i)
-    if len(by_device) == 1 and host_reads_free(flat[0].device) and flat[0].device == device:
-        # the CPU: one output block, filled row by row (a 5,000-tensor model's histograms are 2.8 MB per
-        # kind; stacking per-tensor results made three more copies of that at the step's peak)
-        out = torch.empty(len(flat), bins + 5, dtype=dt)
-        _host_histograms(flat, bins, out, flips)
-        return out
-    counts: list[torch.Tensor] = [torch.empty(0)] * len(flat)
-    moments: list[torch.Tensor] = [torch.empty(0)] * len(flat)
+    counts: list[torch.Tensor] = [torch.empty(0)] * len(xs)
+    moments: list[torch.Tensor] = [torch.empty(0)] * len(xs)
     for dev, idx in by_device.items():
         if host_reads_free(dev):
-            part = torch.empty(len(idx), bins + 5, dtype=dt)
-            _host_histograms([flat[i] for i in idx], bins, part, None if flips is None else [flips[i] for i in idx])
+            c, m = host_histograms([xs[i] for i in idx], bins, negate)
+            part = torch.cat([c.to(dt), m.to(dt)], dim=1)
+            if len(by_device) == 1:
+                return part.to(device)
             for j, i in enumerate(idx):  # already folded: bucket `bins` is empty
                 counts[i] = torch.cat([part[j, :bins], part.new_zeros(1)])
                 moments[i] = part[j, bins:]
         else:
-            for i in idx:
-                counts[i], moments[i] = _device_histogram(flat[i].neg() if flips and flips[i] else flat[i], bins)
+            flat, flips = _histogram_inputs([xs[i] for i in idx], negate)
+            for j, i in enumerate(idx):
+                counts[i], moments[i] = _device_histogram(flat[j].neg() if flips and flips[j] else flat[j], bins)
     if len(by_device) == 1:
         c_all = torch.stack(counts).to(device, dt)
         m_all = torch.stack(moments).to(device, dt)

@@ -94,16 +94,16 @@ def block_payloads(hists: Histograms) -> list[tuple[list[int], list[float]] | No
     """`histogram_payload` of every histogram of a block, with whole-block tensor ops and one `tolist()`:
     the same numbers (float64, the same operations per value), without building 1,200 `Histogram`
     objects and their edges in Python for each step of a 400-tensor model."""
-    p = hists.partials
-    n, bins = p.shape[0], p.shape[1] - 5
+    m = hists.moments
+    n, bins = len(hists), hists.bins
     if n == 0 or bins <= 0:
         return [None] * n
-    counts = p[:, :bins].clamp(min=0.0)  # what Histogram.from_partials reads
+    counts = hists.counts.double().clamp(min=0.0)  # what Histogram.from_partials reads
     total = counts.sum(1)
-    lo, hi = p[:, bins], p[:, bins + 1]
+    lo, hi = m[:, 0], m[:, 1]
     hi = torch.where(hi > lo, hi, lo + lo.abs().clamp(min=1.0) * 1e-6)  # Histogram.edges' constant-tensor bucket
     step = (hi - lo) / bins
-    edges = torch.cat([lo[:, None] + torch.arange(bins, dtype=p.dtype)[None, :] * step[:, None], hi[:, None]], 1)
+    edges = torch.cat([lo[:, None] + torch.arange(bins, dtype=m.dtype)[None, :] * step[:, None], hi[:, None]], 1)
     ok = torch.isfinite(total) & (total.round() > 0) & torch.isfinite(edges).all(1)
     at = ok.nonzero().flatten().tolist()
     out: list[tuple[list[int], list[float]] | None] = [None] * n
@@ -313,7 +313,7 @@ class WandbWriter(Writer):
     def log_histograms(self, tags: Sequence[str], hists: Histograms, step: int) -> None:
         """A step's block in W&B's form at once (`block_payloads`); the buffer holds lists, not `Histogram`s."""
         into = self._payload(step).histograms
-        bins = hists.partials.shape[1] - 5
+        bins = hists.bins
         for tag, data in zip(tags, block_payloads(hists)):
             into[tag] = Prepared(bins, data)
 
