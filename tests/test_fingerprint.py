@@ -154,3 +154,31 @@ def test_a_big_1d_tensor_keeps_exact_bits_in_memory_advised_for_huge_pages() -> 
         pytest.skip(f"THP mode is {mode.strip()!r}: the advice changes nothing there")
     fields = _smaps_entry(first.elems.data_ptr() + (4 << 20))
     assert fields.get("THPeligible") == "1", fields
+
+
+def test_take_all_gives_take_s_bits_and_sees_one_changed_value() -> None:
+    """Same-shape small tensors are fingerprinted from one stack (a 5,000-layer model's construction); the
+    result must be `take`'s, bit for bit, for every dtype and shape, mixed with tensors `take` handles alone."""
+    torch.manual_seed(0)
+    ts: list[torch.Tensor] = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.bool, torch.complex64):
+        for shape in [(32, 32), (7,), (3, 4, 5), (16, 1), (1, 16), (5, 3, 2, 2)]:
+            for _ in range(3):
+                x = torch.randn(shape) * 10
+                ts.append((torch.complex(x, x + 1) if dtype.is_complex else x).to(dtype))
+    ts += [torch.randn(300, 300), torch.randn(()), torch.zeros(0, 4), torch.randn(40000)]  # one of a kind, big
+    batched = fp.take_all(ts)
+    for t, got in zip(ts, batched):
+        want = fp.take(t)
+        assert got.shape == want.shape
+        for part in ("rows", "cols", "elems"):
+            a, b = getattr(got, part), getattr(want, part)
+            assert (a is None) == (b is None), (t.shape, t.dtype, part)
+            if a is not None:
+                assert a.dtype == b.dtype and torch.equal(a, b), (t.shape, t.dtype, part)
+    for t, first in zip(ts, batched):
+        if t.numel() and t.dtype.is_floating_point and t.dim() >= 1:
+            moved = t.clone()
+            moved.view(-1)[t.numel() // 2] += 1.0
+            assert bool(fp.changes_since(first, moved).any()), (t.shape, t.dtype)
+            assert not bool(fp.changes_since(first, t).any()), (t.shape, t.dtype)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.fingerprint import Changes, Fingerprint, changes_since, take
+from gradlog.measure.fingerprint import Changes, Fingerprint, changes_since, take_all
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.verdict.report import NonFinite
@@ -108,12 +108,16 @@ class Ledger:
 
     def fingerprint_new(self, rows: list[Tracked]) -> None:
         """Remember the starting values of tensors seen materialised for the first time."""
+        new: list[tuple[Evidence, torch.Tensor]] = []
         for r in rows:
             ev = self._ev(r)
-            if ev.first_fp is None and is_materialized(r.param):
-                ev.first_version = _version(r.param)
-                ev.first_fp = take(r.param)
-                ev.trainable_at_start = bool(r.param.requires_grad)
+            p = r.param
+            if ev.first_fp is None and is_materialized(p):
+                new.append((ev, p))
+        for (ev, p), fp in zip(new, take_all([p for _, p in new])):  # many small tensors at once
+            ev.first_version = _version(p)
+            ev.first_fp = fp
+            ev.trainable_at_start = bool(p.requires_grad)
 
     def release(self, index: int) -> None:
         """A tracked tensor was freed (replaced during training): its fingerprint can never be compared
