@@ -28,8 +28,10 @@ Columns:
 - peak MB over baseline: memory growth during one logged step minus the same for a baseline
   step, in two windows, the larger reported: the whole step, and the optimizer step with the
   monitor's work around it (activations are gone by then, so a parameter snapshot shows there
-  even when it does not raise the step's overall peak). CPU: measured after all timing, with
-  glibc told to serve every block above 64 KiB by mmap (so freed memory leaves RSS at once) and
+  even when it does not raise the step's overall peak), the minimum of 4 rounds in which every
+  configuration takes its turn with the baseline. Measured after all timing, each model in a fresh
+  process of this script (`--memory-only`, same flags). CPU: glibc is told to serve every block
+  above 64 KiB by mmap (so freed memory leaves RSS at once) and
   trimmed first; a thread samples RSS from /proc/self/statm every 0.2 ms. CUDA:
   torch.cuda.max_memory_allocated.
 """
@@ -41,9 +43,11 @@ import contextlib
 import ctypes
 import gc
 import inspect
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -831,10 +835,46 @@ def measure_memory(bench: Bench, args: argparse.Namespace, device: torch.device)
         for run in bench.runs:
             samples[run.spec.key].append(peak_growth_mb(run, device, sampler, libc))
     growth = {key: (min(w for w, _ in got), min(o for _, o in got)) for key, got in samples.items()}
+    for key, got in samples.items():  # the spread behind each minimum, for whoever reads the log
+        print(f"  {bench.model.name} memory {key}: " + " ".join(f"{w:.1f}/{o:.1f}" for w, o in got), file=sys.stderr)
     base_whole, base_window = growth["baseline"]
     for run in bench.runs:
         whole, window = growth[run.spec.key]
         run.peak_mb = max(whole - base_whole, window - base_window)
+
+
+def memory_phase(bench: Bench, args: argparse.Namespace) -> None:
+    """The model's peak memory, measured in a fresh process of this script (`--memory-only`) with the same
+    flags: its configurations are built, warmed up and sampled there (`measure_memory`).
+
+    Why a process of its own: the sampling fixes glibc's malloc settings for the rest of the process, so
+    models timed after it were timed under them (every block from 64 kB a fresh mmap); and a peak read after
+    other models had come and gone depended on that history, not on the model: the 5,000-tensor model's
+    default configuration read 11-12 MB on its own and 19-42 MB after the 400-tensor MLP, the same code."""
+    keys = [row.key for row in bench.rows]
+    cmd = [sys.executable, os.path.abspath(__file__), *args.argv, "--models", bench.model.name]
+    cmd += ["--configs", ",".join(keys), "--memory-only", "--no-growth", "--no-fingerprints"]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        print(f"  {bench.model.name}: the memory process failed (exit {done.returncode})", file=sys.stderr)
+        return
+    peaks = json.loads(lines[-1])
+    for row in bench.rows:
+        row.peak_mb = peaks.get(row.key)
+
+
+def memory_only(args: argparse.Namespace, models: dict[str, ModelSpec], device: torch.device, tmp: str) -> None:
+    """`--memory-only`: one model's configurations built, warmed up and sampled; the peaks as one JSON line."""
+    (name,) = args.models
+    bench = bench_model(models[name], args, device, tmp, configs=args.configs, rounds=0, quiet=True)
+    measure_memory(bench, args, device)
+    peaks = {run.spec.key: run.peak_mb for run in bench.runs}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for run in bench.runs:
+            run.mon.close()
+    print(json.dumps(peaks), flush=True)
 
 
 def finish(bench: Bench) -> str:
@@ -1099,7 +1139,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-growth", dest="growth", action="store_false", help="skip the growth table")
     p.add_argument("--growth-rounds", type=int, default=None, help="rounds per growth model (default 3; quick 2)")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)  # see memory_phase
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     args.configs_given = args.configs is not None
     args.configs = [c.strip() for c in (args.configs or ",".join(keys)).split(",") if c.strip()]
     bad = [c for c in args.configs if c not in keys]
@@ -1145,6 +1187,9 @@ def main(argv: list[str] | None = None) -> None:
         f"`{command.strip()}` - gradlog {gradlog.__version__}, torch {torch.__version__}, {args.device}, "
         f"{torch.get_num_threads()} threads, {args.rounds} rounds x {args.steps} steps (+{args.warmup} warm-up)"
     )
+    if args.memory_only:
+        memory_only(args, models, device, tmp)
+        return
     print(header, file=sys.stderr)
     parts = [header]
     if device.type == "cuda" and args.check_sync:
@@ -1159,16 +1204,20 @@ def main(argv: list[str] | None = None) -> None:
     # W&B: monitors of one model may share one run, owned by the first; finish() closes in order.
     for name in args.models:
         bench = bench_model(models[name], args, device, tmp)
-        if args.memory:
-            measure_memory(bench, args, device)
-        text = finish(bench)
-        print(text + "\n", flush=True)
-        texts.append(text)
+        finish(bench)
         if args.fingerprints:
             fps.append(fingerprint_cost(bench, device))
         bench.runs = [bench.base]  # drop the other models' copies; the rows are kept
         benches.append(bench)
         gc.collect()
+    growth = growth_table(args, device, tmp) if args.growth else None
+    # Memory last, each model in a process of its own (`memory_phase`).
+    for bench in benches:
+        if args.memory:
+            memory_phase(bench, args)
+        text = table(bench, bench.rows)
+        print(text + "\n", flush=True)
+        texts.append(text)
     parts += texts
     if fps:
         text = fingerprint_table(fps)
@@ -1177,10 +1226,9 @@ def main(argv: list[str] | None = None) -> None:
     text = targets_table(benches, fps)
     print(text + "\n", flush=True)
     parts.append(text)
-    if args.growth:
-        text = growth_table(args, device, tmp)
-        print(text + "\n", flush=True)
-        parts.append(text)
+    if growth is not None:
+        print(growth + "\n", flush=True)
+        parts.append(growth)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n\n".join(parts) + "\n")
