@@ -1,10 +1,11 @@
 """Large fresh host buffers backed by transparent huge pages, where the kernel offers them.
 
-A kept copy of a big 1-D tensor (its exact per-element fingerprint) is written into fresh memory,
-and on Linux fresh memory costs one page fault per 4 KiB page, each zeroing its page: for 200 MB
-that is ~10x a `sum()` over the same bytes. With `madvise(MADV_HUGEPAGE)` on the buffer before it
-is first touched, the kernel maps 2 MiB pages instead (512x fewer faults): ~3-4x a `sum()`. Kernels
-with THP "always" do this anyway, "never" ignores it; elsewhere (no libc, other OS) it is a plain
+A kept copy of a big 1-D tensor (its exact per-element fingerprint) and the weight snapshot of each
+measured step are written into fresh memory, and on Linux fresh memory costs one page fault per
+4 KiB page, each zeroing its page: for 200 MB that is ~10x a `sum()` over the same bytes. With
+`madvise(MADV_HUGEPAGE)` on the buffer before it is first touched, the kernel maps 2 MiB pages
+instead (512x fewer faults): ~3-4x a `sum()`. Kernels with THP "always" do this anyway, "never"
+ignores it; elsewhere (no libc, other OS) it is a plain
 `torch.empty`, so this only ever changes speed, never a value.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 _HUGE = 1 << 21  # 2 MiB, the x86-64 / arm64 (4 KiB base page) huge page
-_MIN_BYTES = 8 << 20  # below this a buffer is a handful of huge pages at best: not worth a syscall
+_MIN_BYTES = 2 << 20  # below this no 2 MiB page fits inside: not worth a syscall
 _MADV_HUGEPAGE = 14  # the same value on every Linux architecture
 
 
