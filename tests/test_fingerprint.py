@@ -12,7 +12,7 @@ import torch
 
 from gradlog.measure import fingerprint as fp
 
-_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
 
@@ -182,3 +182,41 @@ def test_take_all_gives_take_s_bits_and_sees_one_changed_value() -> None:
             moved.view(-1)[t.numel() // 2] += 1.0
             assert bool(fp.changes_since(first, moved).any()), (t.shape, t.dtype)
             assert not bool(fp.changes_since(first, t).any()), (t.shape, t.dtype)
+
+
+def test_changes_all_answers_as_changes_since_slice_for_slice() -> None:
+    """close() compares small same-shape tensors from one stack; every slice's answer must be the one
+    `changes_since` gives alone, and both must see exactly the test's own edits."""
+    torch.manual_seed(1)
+    ts: list[torch.Tensor] = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.complex64):
+        for shape in [(32, 32), (7,), (3, 4, 5), (16, 1), (1, 16)]:
+            for _ in range(3):
+                x = torch.randn(shape) * 10
+                ts.append((torch.complex(x, x + 1) if dtype.is_complex else x).to(dtype))
+    ts += [torch.randn(300, 300), torch.randn(()), torch.randn(40000)]
+    firsts = [fp.take(t) for t in ts[: len(ts) // 2]] + fp.take_all(ts[len(ts) // 2 :])  # both kinds of first
+    now: list[torch.Tensor] = []
+    edited: list[tuple[int, ...] | None] = []
+    for k, t in enumerate(ts):
+        if k % 3 == 0 or t.dim() == 0:
+            now.append(t.clone())
+            edited.append(None)
+            continue
+        at = tuple(min(1, d - 1) for d in t.shape)
+        now.append(_flip(t, at, 3))
+        edited.append(at)
+    batched = fp.changes_all(firsts, now)
+    for t, first, n, got, at in zip(ts, firsts, now, batched, edited):
+        want = fp.changes_since(first, n)
+        assert got is not None and want is not None
+        for part in ("rows", "cols", "elems"):
+            a, b = getattr(got, part), getattr(want, part)
+            assert (a is None) == (b is None), (t.shape, t.dtype, part)
+            if a is not None:
+                assert torch.equal(a.expand(b.shape), b), (t.shape, t.dtype, part)
+        assert bool(got.any()) == (at is not None), (t.shape, t.dtype)
+        if at is not None and got.rows is not None:
+            assert _where(got.rows) == [at[0]] and _where(got.cols) == [at[1]], (t.shape, t.dtype)
+        if at is not None and got.elems is not None:
+            assert _where(got.elems) == [at[0]], (t.shape, t.dtype)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.fingerprint import Changes, Fingerprint, changes_since, take_all
+from gradlog.measure.fingerprint import Changes, Fingerprint, changes_all, take_all
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.verdict.report import NonFinite
@@ -213,18 +213,21 @@ class Ledger:
         diffs: list[Changes] = []
         out: dict[int, bool] = {}
         kept: dict[int, Changes] = {}
+        todo: list[tuple[Tracked, Fingerprint, torch.Tensor]] = []
         for r in rows:
             ev = self._ev(r)
             first = ev.first_fp
-            if first is None or not is_materialized(r.param):
+            p = r.param
+            if first is None or not is_materialized(p):
                 continue
-            if provisional and ev.updated and not r.param.requires_grad:
+            if provisional and ev.updated and not p.requires_grad:
                 continue  # `out` is set below from `updated`
-            if provisional and not ev.updated and ev.first_version >= 0 and _version(r.param) == ev.first_version:
+            if provisional and not ev.updated and ev.first_version >= 0 and _version(p) == ev.first_version:
                 kept[r.index] = _unchanged(first)
                 out[r.index] = False
                 continue
-            ch = changes_since(first, r.param)
+            todo.append((r, first, p))
+        for (r, _, _), ch in zip(todo, changes_all([f for _, f, _ in todo], [p for _, _, p in todo])):
             if ch is None:  # resized in place (resize_, a new vocabulary): it changed
                 out[r.index] = True
                 continue
