@@ -914,9 +914,9 @@ class FingerprintRow:
 
 def fingerprint_cost(bench: Bench, device: torch.device) -> FingerprintRow:
     """sum() over every tensor against gradlog's fingerprint passes over the same tensors (construction's
-    `take_all`, close's `changes_since` of each), and the logger's construction and close() (median over
+    `take_all`, close's `changes_all`), and the logger's construction and close() (median over
     the gradlog configurations of the run)."""
-    from gradlog.measure.fingerprint import changes_since, take_all
+    from gradlog.measure.fingerprint import changes_all, take_all
 
     params = [p.detach() for p in bench.base.model.parameters()]
 
@@ -924,7 +924,7 @@ def fingerprint_cost(bench: Bench, device: torch.device) -> FingerprintRow:
         torch.stack([p.sum() for p in params]).cpu()
 
     def compare() -> None:
-        changed = [changes_since(f, p) for f, p in zip(first, params)]
+        changed = changes_all(first, params)
         torch.stack([c.any() for c in changed if c is not None]).cpu()  # the answer read back, as close() does
 
     sum_s = _median_s(sums)
@@ -951,7 +951,7 @@ def fingerprint_table(rows: list[FingerprintRow]) -> str:
         "",
         "`sum()`: `p.sum()` of every parameter, one host copy; fingerprints at construction: `gradlog.measure."
         "fingerprint.take_all` of every parameter (the per-slice signatures; the whole-tensor answer comes from "
-        "the same pass); at close: `changes_since` of each against them, the answer read back; construction "
+        "the same pass); at close: `changes_all` against them, the answer read back; construction "
         "and close(): `GradLogger(...)` and `close()` after training (median over the model's gradlog "
         "configurations; close includes the diagnosis and the writers' close).",
         "",
