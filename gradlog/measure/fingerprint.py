@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -231,21 +231,26 @@ def take_all(ts: Sequence[torch.Tensor]) -> list[Fingerprint]:
     tensor's row and column sums in two batched integer products, which wrap exactly as `take`'s per-tensor
     products do: the same bits. The fingerprints are views of the stack's results."""
     out: list[Fingerprint | None] = [None] * len(ts)
+    for shape, part in _stacks(ts, [_stackable(t) for t in ts]):
+        for i, fp in zip(part, _take_stacked([ts[i] for i in part], shape)):
+            out[i] = fp
+    return [fp if fp is not None else take(t) for fp, t in zip(out, ts)]
+
+
+def _stacks(ts: Sequence[torch.Tensor], eligible: list[bool]) -> Iterator[tuple[tuple[int, ...], list[int]]]:
+    """Positions of the eligible tensors, by shape and dtype, in stacks of at most `_STACK_BYTES` (a shape
+    and dtype only one tensor has is left to the per-tensor path)."""
     groups: dict[tuple[tuple[int, ...], torch.dtype], list[int]] = {}
     if not _compiling():
-        for i, t in enumerate(ts):
-            if _stackable(t):
+        for i, (t, ok) in enumerate(zip(ts, eligible)):
+            if ok:
                 groups.setdefault((tuple(t.shape), t.dtype), []).append(i)
     for (shape, _), idx in groups.items():
         if len(idx) < 2:
             continue
-        size = ts[idx[0]].numel() * ts[idx[0]].element_size()
-        per = max(2, _STACK_BYTES // size)
+        per = max(2, _STACK_BYTES // (ts[idx[0]].numel() * ts[idx[0]].element_size()))
         for start in range(0, len(idx), per):
-            part = idx[start : start + per]
-            for i, fp in zip(part, _take_stacked([ts[i] for i in part], shape)):
-                out[i] = fp
-    return [fp if fp is not None else take(t) for fp, t in zip(out, ts)]
+            yield shape, idx[start : start + per]
 
 
 def _stacked(ts: list[torch.Tensor], shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
@@ -385,23 +390,10 @@ def changes_all(firsts: Sequence[Fingerprint], ts: Sequence[torch.Tensor]) -> li
     at a time, their signatures taken from one stack (as `take_all` does at construction): a model of
     thousands of small layers spent close() on per-tensor calls. Same answers, slice for slice."""
     out: list[Changes | None] = [None] * len(ts)
-    groups: dict[tuple[tuple[int, ...], torch.dtype], list[int]] = {}
-    if not _compiling():
-        for i, (f, t) in enumerate(zip(firsts, ts)):
-            if _stackable(t) and _comparable(f, t):
-                groups.setdefault((tuple(t.shape), t.dtype), []).append(i)
-    done = [False] * len(ts)
-    for (shape, _), idx in groups.items():
-        if len(idx) < 2:
-            continue
-        size = ts[idx[0]].numel() * ts[idx[0]].element_size()
-        per = max(2, _STACK_BYTES // size)
-        for start in range(0, len(idx), per):
-            part = idx[start : start + per]
-            for i, ch in zip(part, _changed_stacked([firsts[i] for i in part], [ts[i] for i in part], shape)):
-                out[i] = ch
-                done[i] = True
-    return [out[i] if done[i] else changes_since(firsts[i], ts[i]) for i in range(len(ts))]
+    for shape, part in _stacks(ts, [_stackable(t) and _comparable(f, t) for f, t in zip(firsts, ts)]):
+        for i, ch in zip(part, _changed_stacked([firsts[i] for i in part], [ts[i] for i in part], shape)):
+            out[i] = ch
+    return [ch if ch is not None else changes_since(f, t) for ch, f, t in zip(out, firsts, ts)]
 
 
 def _one_lane(bits: torch.Tensor) -> torch.Tensor:
