@@ -132,6 +132,20 @@ def _smaps_entry(addr: int) -> dict[str, str]:
     return fields
 
 
+def assert_huge_page_eligible(addr: int) -> None:
+    """On Linux with THP in "madvise" mode, the mapping holding `addr` must be marked THP-eligible (what the
+    advice in `gradlog.measure.hostmem` asks for); elsewhere the test is skipped here."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+    except OSError:
+        pytest.skip("no transparent huge pages here")
+    if "[madvise]" not in mode:
+        pytest.skip(f"THP mode is {mode.strip()!r}: the advice changes nothing there")
+    fields = _smaps_entry(addr)
+    assert fields.get("THPeligible") == "1", fields
+
+
 def test_a_big_1d_tensor_keeps_exact_bits_in_memory_advised_for_huge_pages() -> None:
     """The kept copy of a big 1-D tensor is its exact bits, and on Linux with THP in "madvise" mode the
     kernel marks its mapping eligible for huge pages (what keeps fresh-memory page faults off a
@@ -145,15 +159,7 @@ def test_a_big_1d_tensor_keeps_exact_bits_in_memory_advised_for_huge_pages() -> 
     y = _flip(x, (n // 2,), 30)
     ch = fp.changes_since(first, y)
     assert ch is not None and _where(ch.elems) == [n // 2]
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            mode = f.read()
-    except OSError:
-        pytest.skip("no transparent huge pages here")
-    if "[madvise]" not in mode:
-        pytest.skip(f"THP mode is {mode.strip()!r}: the advice changes nothing there")
-    fields = _smaps_entry(first.elems.data_ptr() + (4 << 20))
-    assert fields.get("THPeligible") == "1", fields
+    assert_huge_page_eligible(first.elems.data_ptr() + (4 << 20))
 
 
 def test_take_all_gives_take_s_bits_and_sees_one_changed_value() -> None:

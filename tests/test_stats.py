@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_fingerprint import _smaps_entry
+from test_fingerprint import assert_huge_page_eligible
 
 from gradlog.measure import stats
 from gradlog.measure.histogram import Histogram
@@ -375,12 +375,4 @@ def test_the_weight_snapshot_of_a_big_tensor_is_advised_for_huge_pages() -> None
     (copy,), sumsq = copy_with_sumsq([x], CPU)
     assert torch.equal(copy, x) and copy.data_ptr() != x.data_ptr()
     assert sumsq[0].item() == pytest.approx(torch.linalg.vector_norm(x.double()).item() ** 2, rel=1e-4)  # fp32 sums
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            mode = f.read()
-    except OSError:
-        pytest.skip("no transparent huge pages here")
-    if "[madvise]" not in mode:
-        pytest.skip(f"THP mode is {mode.strip()!r}: the advice changes nothing there")
-    fields = _smaps_entry(copy.data_ptr() + (3 << 20))
-    assert fields.get("THPeligible") == "1", fields
+    assert_huge_page_eligible(copy.data_ptr() + (3 << 20))
