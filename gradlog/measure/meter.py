@@ -383,11 +383,7 @@ class Meter:
                     # CPU counts it without negating (one pass fewer); elsewhere it is negated in place, as
                     # the device path would otherwise make a negated copy of each tensor.
                     if op.dist is None:  # bucketed now, so the snapshot is gone before the weights are
-                        if on_host(op.snapshot, device):
-                            op.held["update"] = host_histograms(op.snapshot, self.bins, negate=True)
-                        else:
-                            torch._foreach_neg_(op.snapshot)
-                            packer.add("hist/update", histogram_partials(op.snapshot, self.bins, device), owned=True)
+                        self._queue_histogram(op, "update", op.snapshot, negate=True)
                     else:
                         torch._foreach_neg_(op.snapshot)
                         hists.append(("update", op.snapshot, op.moving))
@@ -400,10 +396,7 @@ class Meter:
             for key, t in sums.items():
                 packer.add(key, t)
             for kind, xs, _ in hists:
-                if on_host(xs, device):
-                    op.held[kind] = host_histograms(xs, self.bins)
-                else:
-                    packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device), owned=True)
+                self._queue_histogram(op, kind, xs)
             if flag is not None:
                 packer.add("skipped", flag.reshape(-1)[:1])
         else:
@@ -413,6 +406,18 @@ class Meter:
         if total is not None:
             packer.add("skipped_total", total.reshape(-1)[:1])
         self._done = (op, packer)
+
+    def _queue_histogram(self, op: _Open, kind: str, xs: list[torch.Tensor], negate: bool = False) -> None:
+        """One kind's histograms of the step: on the CPU its counts and moments are kept on the step (`held`);
+        elsewhere its partials block joins the step's host copy. `negate`: of `-x` for each x (on the CPU
+        counted without negating; elsewhere `xs` are negated in place, not copied)."""
+        device = op.packer.device
+        if on_host(xs, device):
+            op.held[kind] = host_histograms(xs, self.bins, negate=negate)
+            return
+        if negate:
+            torch._foreach_neg_(xs)
+        op.packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device), owned=True)
 
     @staticmethod
     def _merge(
