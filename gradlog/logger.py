@@ -213,7 +213,7 @@ class GradLogger:
             skip_count=self.amp.count,
         )
         self.ledger = Ledger()
-        self.ledger.fingerprint_new(self.table.live)
+        self.ledger.fingerprint_new(self.table.live, self.table.generation)
         self.rank_zero = _is_rank_zero()
         wstrict = bool(options.pop("strict", strict))  # writer_options may set the writers' own strictness
         writers = make_writers(writer, log_dir=log_dir, strict=wstrict, **options) if self.rank_zero else []
@@ -329,7 +329,7 @@ class GradLogger:
         self._collect()  # a measurement the user never published still feeds the ledger
         self.table.rescan()  # parameters materialised or added since the last measured step
         self._release_freed()
-        self.ledger.fingerprint_new(self.table.live)
+        self.ledger.fingerprint_new(self.table.live, self.table.generation)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         zeros = hist if self.count_zeros is None else self.count_zeros
         clips, self._clips = self._clips, []

@@ -395,3 +395,41 @@ def test_frozen_tensors_are_never_copied_for_the_update_snapshot() -> None:
     # frozen: not read at all on a measured step (no update ratio, no weight norm)
     assert "weights/update_ratio/0.weight" not in mem.scalars and "weights/weight_norm/0.weight" not in mem.scalars
     assert mem.last("weights/update_ratio/1.weight") > 0
+
+
+def test_tensors_added_replaced_or_swapped_between_measured_steps_are_measured() -> None:
+    """The rescan before each measured step compares identities only (no names built), and an unchanged
+    model is not rebuilt; a layer added with its own param group, a weight replaced by assignment and a
+    bias swapped straight into `_parameters` are each measured at the next step, against norms by hand."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, histograms=False, print_report=False)
+    x = torch.randn(5, 4)
+
+    def step(i: int) -> None:
+        model(x).pow(2).mean().backward()
+        grads = {n: torch.linalg.vector_norm(p.grad).item() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        gl.log(i)
+        opt.zero_grad()
+        for name, want in grads.items():
+            assert mem.last(f"weights/grad_norm/{name}") == pytest.approx(want, rel=1e-6), (i, name)
+
+    step(0)
+    generation = gl.table.generation
+    step(1)
+    assert gl.table.generation == generation  # nothing changed: no rebuild
+    model.append(nn.Linear(3, 2))
+    opt.add_param_group({"params": list(model[2].parameters())})
+    step(2)
+    model[0].weight = nn.Parameter(torch.randn(4, 4))  # replaced; not in the optimizer (no update, a gradient)
+    step(3)
+    model[1]._parameters["bias"] = nn.Parameter(torch.zeros(3))  # swapped in without __setattr__
+    step(4)
+    assert gl.table.generation == generation + 3
+    for name in ("2.weight", "2.bias", "0.weight", "1.bias"):
+        assert len(mem.scalars[f"weights/grad_norm/{name}"]) >= 1, name
+    assert gl.table.get(model[0].weight) is not None and gl.table.get(model[1].bias) is not None
+    gl.close()

@@ -522,10 +522,17 @@ def _planted_gradients(shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, 
     g = base.clone()
     g.view(r, c, -1)[r - 1, c - 1, 0] = float("nan")
     out["nan"] = g
+    # a column whose only non-zero entry is the dtype's smallest subnormal (a square underflows to 0), and
+    # a row of negative zeros: the sign bit alone is not a value
+    g = base.clone()
+    g[:, c // 2] = 0
+    g.view(r, c, -1)[r // 2, c // 2, 0] = torch.finfo(dtype).tiny * torch.finfo(dtype).eps
+    g[r - 1] = -0.0
+    out["subnormal column, negative-zero row"] = g
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize(
     "shape",
     [(7, 7), (9, 4), (4, 9), (13, 3), (3, 13, 2), (5, 2, 3, 3), (1, 6), (6, 1), (11,), (600, 300), (300, 40, 3, 3)],

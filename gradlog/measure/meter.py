@@ -243,7 +243,9 @@ class Meter:
         # Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured
         # step they are not read at all (no norms, no histograms), however many a fine-tuning run holds.
         live = self.table.live
-        rows = [r for r in live if r.param.requires_grad and is_materialized(r.param)]
+        rows = [
+            r for r, p in zip(live, map(Tracked.held, live)) if p is not None and p.requires_grad and is_materialized(p)
+        ]
         device = self._device(rows)
         packer = Packer(device)
         grads = [r.param.grad for r in rows]

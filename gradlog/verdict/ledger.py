@@ -99,6 +99,8 @@ class Ledger:
         self.steps = StepIndex()
         #: filled by `changed`: per tensor, which rows/columns/elements differ from their first values (host)
         self.slice_changes: dict[int, Changes] = {}
+        self._fp_generation: int | None = None  # see `fingerprint_new`
+        self._unmaterialized: list[Tracked] = []
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -106,14 +108,27 @@ class Ledger:
             ev = self.evidence[row.index] = Evidence(dtype=str(row.param.dtype).replace("torch.", ""))
         return ev
 
-    def fingerprint_new(self, rows: list[Tracked]) -> None:
-        """Remember the starting values of tensors seen materialised for the first time."""
+    def fingerprint_new(self, rows: list[Tracked], generation: int | None = None) -> None:
+        """Remember the starting values of tensors seen materialised for the first time.
+
+        `generation`: the table's (`ParamTable.generation`). While it stays the same, only the rows that
+        were not materialised last time are looked at again: a frozen backbone's tensors are walked once,
+        not on every measured step."""
+        if generation is not None and generation == self._fp_generation:
+            rows = self._unmaterialized
+            if not rows:
+                return
         new: list[tuple[Evidence, torch.Tensor]] = []
+        waiting: list[Tracked] = []
         for r in rows:
             ev = self._ev(r)
-            p = r.param
-            if ev.first_fp is None and is_materialized(p):
-                new.append((ev, p))
+            if ev.first_fp is None:
+                p = r.param
+                if is_materialized(p):
+                    new.append((ev, p))
+                else:
+                    waiting.append(r)
+        self._fp_generation, self._unmaterialized = generation, waiting
         for (ev, p), fp in zip(new, take_all([p for _, p in new])):  # many small tensors at once
             ev.first_version = _version(p)
             ev.first_fp = fp
