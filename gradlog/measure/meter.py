@@ -85,6 +85,20 @@ def _every_row(values: torch.Tensor, positions: list[int], n: int) -> torch.Tens
     return out
 
 
+@dataclass(frozen=True)
+class HostLists:
+    """`Measurement.lists`: the columns the ledger, the alerts, the scalars and the overview all read."""
+
+    sumsq: list[float]
+    nonzero: list[float]
+    nonfinite: list[float]
+    grad_norm: list[float]
+    numel: list[float]
+    ratio: list[float] | None
+    before: list[float] | None
+    update: list[float] | None
+
+
 @dataclass
 class Measurement:
     """Host-side statistics of one measured step, one row per tracked tensor (`rows`)."""
@@ -114,6 +128,22 @@ class Measurement:
     def nonfinite(self) -> torch.Tensor:
         return self.grad[:, NONFINITE]
 
+    @functools.cached_property
+    def lists(self) -> HostLists:
+        """The step's per-row numbers as Python lists, read out of their tensors once for every consumer."""
+        sumsq, nonzero, nonfinite = self.grad.T.tolist() if len(self.grad) else ([], [], [])
+        ratio = self.update_ratio
+        return HostLists(
+            sumsq=sumsq,
+            nonzero=nonzero,
+            nonfinite=nonfinite,
+            grad_norm=[math.sqrt(v) if v >= 0 else math.nan for v in sumsq],  # NaN stays NaN, inf stays inf
+            numel=self.numel.tolist(),
+            ratio=ratio.tolist() if ratio is not None else None,
+            before=self.before_sumsq.tolist() if self.before_sumsq is not None else None,
+            update=self.update_sumsq.tolist() if self.update_sumsq is not None else None,
+        )
+
     @property
     def zero_frac(self) -> torch.Tensor:
         numel = self.numel.clamp(min=1)
@@ -124,20 +154,19 @@ class Measurement:
         """‖Δw‖ / ‖w_before‖; a tensor that was all zero before is measured against ‖w_after‖."""
         if self.update_sumsq is None or self.before_sumsq is None:
             return None
-        u = self.update_sumsq.sqrt()
-        den = torch.where(self.before_sumsq > 0, self.before_sumsq, self.weight_sumsq).sqrt()
-        # NaN weights give a NaN ratio, not 0: "no update" would hide the blow-up
-        return torch.where((den > 0) | den.isnan(), u / den.clamp(min=1e-300), torch.zeros_like(u))
+        den = torch.where(self.before_sumsq > 0, self.before_sumsq, self.weight_sumsq)
+        # all-zero weights before and after (so no update either): ratio 0. NaN weights stay NaN (NaN == 0 is
+        # False): "no update" would hide the blow-up. Six small ops; every consumer reads this one result.
+        den = den.masked_fill(den == 0, math.inf)
+        return (self.update_sumsq / den).sqrt_()
 
     def scalars(self) -> dict[str, float]:
         """Every scalar tag of this step, for the writers (names: `gradlog.measure.tags`)."""
         out: dict[str, float] = {}
-        gnorm, nf = self.grad_norm.tolist(), self.nonfinite.tolist()
+        host = self.lists
+        gnorm, nf, sumsq, ratios = host.grad_norm, host.nonfinite, host.sumsq, host.ratio
         zf = self.zero_frac.tolist() if self.zeros_counted else None
-        sumsq = self.grad[:, SUMSQ].tolist()
         wnorm = self.weight_sumsq.sqrt().tolist()
-        ratio = self.update_ratio
-        ratios = ratio.tolist() if ratio is not None else None
         dead = self.dead_frac.tolist() if self.dead_frac is not None else None
         total = 0.0
         n_nonfinite = 0
@@ -186,6 +215,7 @@ class _Open:
     slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step updated
     # kind -> (counts, moments) of histograms made on the CPU (`stats.host_histograms`): no host copy to wait for
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    numel: list[float] = field(default_factory=list)  # per row
 
 
 class Meter:
@@ -243,16 +273,19 @@ class Meter:
         # Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured
         # step they are not read at all (no norms, no histograms), however many a fine-tuning run holds.
         live = self.table.live
-        rows = [
-            r for r, p in zip(live, map(Tracked.held, live)) if p is not None and p.requires_grad and is_materialized(p)
+        picked = [
+            (r, p)
+            for r, p in zip(live, map(Tracked.held, live))
+            if p is not None and p.requires_grad and is_materialized(p)
         ]
+        rows = [r for r, _ in picked]
+        numel = [float(p.numel()) for _, p in picked]  # global (DTensor: the whole tensor's), as Tracked.numel
         device = self._device(rows)
         packer = Packer(device)
         grads = [r.param.grad for r in rows]
         has_grad = [g is not None for g in grads]
         pos = [i for i, h in enumerate(has_grad) if h]
         xs = [dense_values(grads[i]) for i in pos]  # type: ignore[arg-type]
-        grad = torch.zeros(len(rows), 3, dtype=stat_dtype(device), device=device)
         inv = self.grad_scale() if self.grad_scale is not None else None
         if xs:
             # Counting zeros is a pass of its own; without it "all zero" still comes from the norm.
@@ -260,6 +293,8 @@ class Meter:
             if inv is not None:
                 part[:, SUMSQ] *= inv.to(part) ** 2
             grad = _every_row(part, pos, len(rows))
+        else:
+            grad = torch.zeros(len(rows), 3, dtype=stat_dtype(device), device=device)
         active = self.reducer is not None and self.reducer.active(rows)
         dist = self.reducer.open(index, rows, device, tracked=len(live)) if self.reducer and active else None
         if clips and dist is None:
@@ -325,6 +360,7 @@ class Meter:
             index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist, seen.keys
         )
         self._open.held.update(held)
+        self._open.numel = numel
 
     @staticmethod
     def _unclip(grad: torch.Tensor, rows: list[Tracked], clips: Sequence[Clip], packer: Packer) -> None:
@@ -395,8 +431,8 @@ class Meter:
         sums["weight"] = weight if weight is not None else norm_partials(weights, device, counts=False)[:, SUMSQ]
         flag = self.skipped() if self.skipped is not None else None
         if op.dist is None:
-            for key, t in sums.items():
-                packer.add(key, t)
+            for key, t in sums.items():  # this step's own results, referenced nowhere else: no copy at fetch
+                packer.add(key, t, owned=True)
             for kind, xs, _ in hists:
                 self._queue_histogram(op, kind, xs)
             if flag is not None:
@@ -475,7 +511,7 @@ class Meter:
         op, packer = self._done
         self._done = None
         host = packer.fetch()
-        numel = torch.tensor([float(r.numel) for r in op.rows], dtype=torch.float64)
+        numel = torch.tensor(op.numel, dtype=torch.float64)
         hists: dict[str, Histograms] = {}
         for kind in HISTOGRAM_KINDS:
             positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))

@@ -288,8 +288,8 @@ class SliceGrads:
                 c_nz = _host_cols(g) if acc is not None and self.rows[key].shape[0] == g.shape[0] else None
                 if c_nz is not None:
                     self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
-                    fresh.append(key)
-                    flags.append(self.cols[key].all().reshape(1).to(device))
+                    if bool(self.cols[key].all()):  # a host read, free on this (CPU) path
+                        self.full.add(key)
                     continue
             hs = None if known or not host else _host_slices(g, need_cols=track and g.dim() >= 2)
             if hs is not None and hs[0].all() and (hs[1] is None or hs[1].all()):
@@ -327,6 +327,10 @@ class SliceGrads:
                 acc = self.cols.get(key)
                 self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
                 done = done & self.cols[key].all()
+            if host and device.type == "cpu" and done.device.type == "cpu":
+                if bool(done):  # known now, for free: no flag through the step's host copy
+                    self.full.add(key)
+                continue
             fresh.append(key)
             flags.append(done.reshape(1).to(device))
         dead_frac = None

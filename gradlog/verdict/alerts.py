@@ -181,11 +181,8 @@ class Alerts:
 
     def observe(self, m: Measurement) -> list[Alert]:
         """Judge one measured step; log (or print) and return the alerts it newly raised."""
-        nonfinite = m.nonfinite.tolist()
-        norms = m.grad_norm.tolist()
-        ratio = m.update_ratio
-        ratios = ratio.tolist() if ratio is not None else None
-        before = m.before_sumsq.tolist() if m.before_sumsq is not None else None
+        host = m.lists
+        nonfinite, norms, ratios, before = host.nonfinite, host.grad_norm, host.ratio, host.before
         entries = []
         for i, row in enumerate(m.rows):
             has_ratio = ratios is not None and row.group is not None and before is not None
@@ -221,7 +218,7 @@ class Alerts:
             if not e.has_grad:
                 if e.trainable:
                     st.no_grad += 1
-                    if st.no_grad >= self.no_grad_patience:
+                    if st.no_grad >= self.no_grad_patience and (e.key, NO_GRAD) not in self._seen:
                         fire(e, NO_GRAD, f".grad was None on {st.no_grad} measured steps in a row")
                 continue
             st.no_grad = 0
@@ -256,9 +253,9 @@ class Alerts:
             st.high = st.high + 1 if r > b_hi else 0
             st.low = st.low + 1 if r < b_lo else 0
             what = "1-D tensor band" if e.vector else "band"
-            if st.high >= self.ratio_patience:
+            if st.high >= self.ratio_patience and (e.key, RATIO_HIGH) not in self._seen:  # (no message built twice)
                 fire(e, RATIO_HIGH, f"update ratio {r:.3g} > {b_hi:g} ({what}) for {st.high} measured steps", r, b_hi)
-            if st.low >= self.ratio_patience:
+            if st.low >= self.ratio_patience and (e.key, RATIO_LOW) not in self._seen:
                 fire(e, RATIO_LOW, f"update ratio {r:.3g} < {b_lo:g} ({what}) for {st.low} measured steps", r, b_lo)
         self.fired.extend(new)
         if self.emit:
@@ -266,6 +263,8 @@ class Alerts:
         return new
 
     def _emit(self, index: int, new: list[Alert]) -> None:
+        if not new:  # the common step: no walk up the logging hierarchy
+            return
         configured = _logging_configured()
         for kind in KINDS:
             group = [a for a in new if a.kind == kind]

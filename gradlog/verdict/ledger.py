@@ -156,9 +156,8 @@ class Ledger:
         self.steps.add(m.index)
         # GradScaler skips that fired no hook are only known through the running total
         self.skipped_steps = m.skipped_total if m.skipped_total is not None else self.skipped_steps + m.skipped
-        nonzero = m.grad[:, 1].tolist()
-        nonfinite = m.grad[:, 2].tolist()
-        upd = m.update_sumsq.tolist() if m.update_sumsq is not None else None
+        host = m.lists
+        nonzero, nonfinite, upd = host.nonzero, host.nonfinite, host.update
         for i, row in enumerate(m.rows):
             ev = self._ev(row)
             ev.measured += 1

@@ -11,7 +11,6 @@ import math
 import statistics
 
 from gradlog.measure.meter import Measurement
-from gradlog.measure.stats import NONZERO
 
 #: The run-level tags, in the order a user reads them; TensorBoard shows them as the `gradlog/` group.
 RUN_LEVEL = (
@@ -34,11 +33,8 @@ def run_level(m: Measurement) -> dict[str, float]:
     not counted in `no_update_tensors` (it is in `no_grad_tensors`); NaN ratios stay out of the spread
     (they are in `nonfinite_tensors`).
     """
-    nonzero = m.grad[:, NONZERO].tolist()
-    nonfinite = m.nonfinite.tolist()
-    ratio = m.update_ratio
-    ratios = ratio.tolist() if ratio is not None else None
-    numel = m.numel.tolist()
+    host = m.lists
+    nonzero, nonfinite, ratios, numel = host.nonzero, host.nonfinite, host.ratio, host.numel
     no_update = no_grad = zero_grad = bad = 0
     spread: list[float] = []
     for i, row in enumerate(m.rows):

@@ -18,7 +18,6 @@ import time
 from collections.abc import Mapping
 
 from gradlog.measure.meter import Measurement
-from gradlog.measure.stats import NONZERO
 from gradlog.writers.png import heatmap_png, heatmap_png_arrays
 
 try:  # optional: without numpy the rows are Python lists
@@ -64,10 +63,8 @@ class Overview:
 
     def observe(self, m: Measurement, step: int) -> None:
         """Record one published step (host-side numbers only)."""
-        ratio = m.update_ratio
-        ratios = ratio.tolist() if ratio is not None else None
-        nonzero = m.grad[:, NONZERO].tolist()
-        numel = m.numel.tolist()
+        host = m.lists
+        ratios, nonzero, numel = host.ratio, host.nonzero, host.numel
         for row in m.rows:
             if row.name not in self._row:
                 self._row[row.name] = len(self.names)
