@@ -569,6 +569,7 @@ class GradLogger:
             h.remove()
         self._handles = []
         self.meter.abandon()
+        self.meter.release()
         report = self._final_report()
         self._report = report
         try:

@@ -376,3 +376,41 @@ def test_the_weight_snapshot_of_a_big_tensor_is_advised_for_huge_pages() -> None
     assert torch.equal(copy, x) and copy.data_ptr() != x.data_ptr()
     assert sumsq[0].item() == pytest.approx(torch.linalg.vector_norm(x.double()).item() ** 2, rel=1e-4)  # fp32 sums
     assert_huge_page_eligible(copy.data_ptr() + (3 << 20))
+
+
+@pytest.mark.parametrize("every", [1, 3, 50])
+def test_the_snapshot_buffers_are_reused_while_measuring_often_and_the_ratios_stay_exact(every: int) -> None:
+    """On the CPU, with measured steps at most 10 optimizer steps apart, each measured step copies the
+    weights into the buffers of the step before (no fresh memory to fault in); measured rarely, nothing is
+    held between steps; close() lets them go. Each step's update ratio is checked against copies kept here."""
+    import copy
+
+    import gradlog
+    from gradlog.measure.meter import KEEP_SNAPSHOT_EVERY
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=every, histograms=False, print_report=False)
+    ptrs: list[set[int]] = []
+    for step in range(3 * every + 1):
+        before = copy.deepcopy(model.state_dict())
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        if step % every:
+            continue
+        kept = gl.meter._kept
+        ptrs.append({t.data_ptr() for t in kept.values()})
+        assert gl.meter.kept_bytes == (0 if step == 0 or every > KEEP_SNAPSHOT_EVERY else 4 * (30 + 5 + 10 + 2))
+        for name, p in model.named_parameters():
+            want = torch.linalg.vector_norm(p.detach().double() - before[name].double()) / torch.linalg.vector_norm(
+                before[name].double()
+            )
+            assert mem.last(f"weights/update_ratio/{name}") == pytest.approx(want.item(), rel=1e-5), (step, name)
+    if every <= KEEP_SNAPSHOT_EVERY:
+        assert ptrs[1] and ptrs[1] == ptrs[2] == ptrs[3]  # the same four buffers, step after step
+    gl.close()
+    assert gl.meter.kept_bytes == 0

@@ -67,6 +67,12 @@ ScaleFn = Callable[[], "torch.Tensor | None"]
 SkipFn = Callable[[], "torch.Tensor | None"]
 
 
+#: The most snapshot memory (bytes) kept on the host between measured steps; see `Meter._keeps_snapshot`.
+KEEP_SNAPSHOT_BYTES = 256 << 20
+#: ... and only while measured steps are at most this many optimizer steps apart.
+KEEP_SNAPSHOT_EVERY = 10
+
+
 def _sumsq(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(-1)
     return torch.dot(flat, flat) if flat.numel() else flat.new_zeros(())
@@ -245,10 +251,35 @@ class Meter:
         self.slice_grads = SliceGrads()  # per-slice "gradient ever non-zero", on the device
         self._slice_evidence = True  # private: benchmarks/slice_evidence.py flips it for its A/B
         self.tensor_work = 0  # number of start() calls that touched tensors; tests assert on it
+        #: CPU: the last snapshot's buffers by row, reused by the next measured step (see `_keeps_snapshot`)
+        self._kept: dict[int, torch.Tensor] = {}
+        self._last_start = -(1 << 62)  # optimizer step of the last start() with a snapshot
 
     @property
     def busy(self) -> bool:
         return self._open is not None
+
+    @property
+    def kept_bytes(self) -> int:
+        """Host memory held between measured steps: the snapshot buffers kept for reuse."""
+        return sum(t.numel() * t.element_size() for t in self._kept.values())
+
+    def release(self) -> None:
+        """Drop the kept snapshot buffers (at close)."""
+        self._kept = {}
+
+    @staticmethod
+    def _keeps_snapshot(weights: list[torch.Tensor], device: torch.device) -> bool:
+        """On the CPU, when measured steps come often (at most KEEP_SNAPSHOT_EVERY optimizer steps apart), the
+        snapshot's buffers are kept for the next measured step if they total at most KEEP_SNAPSHOT_BYTES: a
+        fresh buffer on every measured step went through glibc's heap, which returned it to the kernel and
+        faulted it back in (with the optimizer's own temporaries: ~1,000-2,000 page faults, 1.5-2.5 ms, per
+        measured step of a 4 MB head). Measured rarely (the default every=50) that cost is spread thin and
+        the copy is not worth holding. On accelerators the caching allocator already reuses memory; bigger
+        snapshots are made fresh (in huge pages, see `hostmem`)."""
+        if device.type != "cpu":
+            return False
+        return sum(w.numel() * w.element_size() for w in weights) <= KEEP_SNAPSHOT_BYTES
 
     def _device(self, rows: list[Tracked]) -> torch.device:
         for r in rows:
@@ -354,7 +385,11 @@ class Meter:
             weights = [local_tensor(rows[i].param) for i in moving]  # no_grad here: no detach needed
             # Snapshot in the weights' own dtype: one copy, never more (finish() takes the norm of a
             # low-precision update in fp32, one tensor at a time).
-            snap, sumsq = copy_with_sumsq(weights, device)
+            keep = self._keeps_snapshot(weights, device) and index - self._last_start <= KEEP_SNAPSHOT_EVERY
+            self._last_start = index
+            into = [self._kept.get(rows[i].index) for i in moving] if keep else None
+            snap, sumsq = copy_with_sumsq(weights, device, into)
+            self._kept = {rows[i].index: c for i, c in zip(moving, snap)} if keep else {}
             before = _every_row(sumsq, moving, len(rows))
         self._open = _Open(
             index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist, seen.keys

@@ -212,6 +212,20 @@ def _slice_limit(device: torch.device) -> float:
     return _CACHE_BYTES if host_reads_free(device) else math.inf
 
 
+def _copy_into(x: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
+    """`x` copied into `buf` when it fits exactly (same shape, dtype, device, strides), else a fresh copy."""
+    if (
+        buf is not None
+        and buf.shape == x.shape
+        and buf.dtype == x.dtype
+        and buf.device == x.device
+        and buf.stride() == x.stride()
+        and type(x) in _PLAIN_TYPES
+    ):
+        return buf.copy_(x)
+    return _fresh_copy(x)
+
+
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _HUGE_MIN = 2 << 20  # `hostmem` advises nothing smaller (no 2 MiB page fits): a plain clone is cheaper
 
@@ -226,18 +240,21 @@ def _fresh_copy(x: torch.Tensor) -> torch.Tensor:
     return x.clone()
 
 
-def copy_with_sumsq(xs: Sequence[torch.Tensor], device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
+def copy_with_sumsq(
+    xs: Sequence[torch.Tensor], device: torch.device, into: Sequence[torch.Tensor | None] | None = None
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Copies of `xs` (in their own dtype) and the sum of squares of each, [n].
 
-    On the CPU a cache-sized slice at a time: the norm reads the copy it just wrote from cache, so
-    it costs a fraction of a pass over the weights.
+    `into[i]`: a buffer from an earlier step to copy `xs[i]` into when its shape, dtype, device and
+    strides match (else a fresh copy). On the CPU a cache-sized slice at a time: the norm reads the
+    copy it just wrote from cache, so it costs a fraction of a pass over the weights.
     """
     copies: list[torch.Tensor] = [torch.empty(0)] * len(xs)
 
     def work(idx: list[int]) -> tuple[torch.Tensor]:
         norms: list[torch.Tensor] = []
         for run in _slices([xs[i] for i in idx], _slice_limit(device)):
-            fresh = [_fresh_copy(xs[idx[j]]) for j in run]
+            fresh = [_copy_into(xs[idx[j]], into[idx[j]] if into is not None else None) for j in run]
             for j, c in zip(run, fresh):
                 copies[idx[j]] = c
             norms += _l2(fresh)
