@@ -91,6 +91,22 @@ def _every_row(values: torch.Tensor, positions: list[int], n: int) -> torch.Tens
     return out
 
 
+def _root(v: float) -> float:
+    return math.sqrt(v) if v >= 0 else math.nan  # a sum of squares: NaN stays NaN, inf stays inf
+
+
+def _ratios(update: list[float], before: list[float], weight: list[float]) -> list[float]:
+    """‖Δw‖ / ‖w_before‖ from sums of squares; a tensor that was all zero before is measured against
+    ‖w_after‖, and one all zero before and after (so no update either) has ratio 0. NaN weights give a
+    NaN ratio, not 0: "no update" would hide the blow-up. Plain floats: a handful of tensors took ~10
+    small torch ops, the biggest part of a measured step's bookkeeping."""
+    out = []
+    for u, b, w in zip(update, before, weight):
+        d = b if b > 0 else w
+        out.append(math.sqrt(u / d) if d > 0 or d != d else 0.0)  # d != d: NaN
+    return out
+
+
 @dataclass(frozen=True)
 class HostLists:
     """`Measurement.lists`: the columns the ledger, the alerts, the scalars and the overview all read."""
@@ -99,6 +115,7 @@ class HostLists:
     nonzero: list[float]
     nonfinite: list[float]
     grad_norm: list[float]
+    weight_norm: list[float]
     numel: list[float]
     ratio: list[float] | None
     before: list[float] | None
@@ -138,16 +155,19 @@ class Measurement:
     def lists(self) -> HostLists:
         """The step's per-row numbers as Python lists, read out of their tensors once for every consumer."""
         sumsq, nonzero, nonfinite = self.grad.T.tolist() if len(self.grad) else ([], [], [])
-        ratio = self.update_ratio
+        weight = self.weight_sumsq.tolist()
+        before = self.before_sumsq.tolist() if self.before_sumsq is not None else None
+        update = self.update_sumsq.tolist() if self.update_sumsq is not None else None
         return HostLists(
             sumsq=sumsq,
             nonzero=nonzero,
             nonfinite=nonfinite,
-            grad_norm=[math.sqrt(v) if v >= 0 else math.nan for v in sumsq],  # NaN stays NaN, inf stays inf
+            grad_norm=[_root(v) for v in sumsq],
+            weight_norm=[_root(v) for v in weight],
             numel=self.numel.tolist(),
-            ratio=ratio.tolist() if ratio is not None else None,
-            before=self.before_sumsq.tolist() if self.before_sumsq is not None else None,
-            update=self.update_sumsq.tolist() if self.update_sumsq is not None else None,
+            ratio=_ratios(update, before, weight) if update is not None and before is not None else None,
+            before=before,
+            update=update,
         )
 
     @property
@@ -157,22 +177,16 @@ class Measurement:
 
     @functools.cached_property
     def update_ratio(self) -> torch.Tensor | None:
-        """‖Δw‖ / ‖w_before‖; a tensor that was all zero before is measured against ‖w_after‖."""
-        if self.update_sumsq is None or self.before_sumsq is None:
-            return None
-        den = torch.where(self.before_sumsq > 0, self.before_sumsq, self.weight_sumsq)
-        # all-zero weights before and after (so no update either): ratio 0. NaN weights stay NaN (NaN == 0 is
-        # False): "no update" would hide the blow-up. Six small ops; every consumer reads this one result.
-        den = den.masked_fill(den == 0, math.inf)
-        return (self.update_sumsq / den).sqrt_()
+        """‖Δw‖ / ‖w_before‖ per row (`lists.ratio`, see `_ratios`), as a tensor."""
+        ratio = self.lists.ratio
+        return None if ratio is None else torch.tensor(ratio, dtype=torch.float64)
 
     def scalars(self) -> dict[str, float]:
         """Every scalar tag of this step, for the writers (names: `gradlog.measure.tags`)."""
         out: dict[str, float] = {}
         host = self.lists
-        gnorm, nf, sumsq, ratios = host.grad_norm, host.nonfinite, host.sumsq, host.ratio
+        gnorm, nf, sumsq, ratios, wnorm = host.grad_norm, host.nonfinite, host.sumsq, host.ratio, host.weight_norm
         zf = self.zero_frac.tolist() if self.zeros_counted else None
-        wnorm = self.weight_sumsq.sqrt().tolist()
         dead = self.dead_frac.tolist() if self.dead_frac is not None else None
         total = 0.0
         n_nonfinite = 0
