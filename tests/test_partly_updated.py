@@ -586,3 +586,24 @@ def test_column_evidence_after_every_row_had_a_gradient_keeps_accumulating() -> 
     report = gl.close()
     cols = [r for r in report.partly_updated if r.name == "weight" and r.dim == 1]
     assert len(cols) == 1 and cols[0].indices == tuple(range(150, 200)) and cols[0].reason is Reason.ZERO_GRAD
+
+
+@pytest.mark.parametrize("shape", [(300, 7), (50, 9, 3, 3), (1, 40)])
+def test_host_slices_in_row_blocks_equal_the_whole_tensor_at_once(
+    shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU path reduces a block of rows at a time (a 200M-entry table's per-row outputs were 6 MB of
+    temporaries at once): blocks of one or a few rows must give the rows and columns `(g != 0)` gives."""
+    from gradlog.measure import slice_grads
+
+    for what, g in _planted_gradients(shape, torch.float32).items():
+        nz = (g != 0) | g.isnan()
+        want_rows = nz.reshape(shape[0], -1).any(1)
+        want_cols = nz.transpose(0, 1).reshape(shape[1], -1).any(1)
+        for block in (1, 64, 1 << 20):
+            monkeypatch.setattr(slice_grads, "_BLOCK", block)
+            out = slice_grads._host_slices(g, need_cols=True)
+            assert out is not None
+            rows, cols = out
+            assert torch.equal(torch.from_numpy(rows), want_rows), (what, block)
+            assert torch.equal(torch.from_numpy(cols), want_cols), (what, block)

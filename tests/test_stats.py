@@ -414,3 +414,27 @@ def test_the_snapshot_buffers_are_reused_while_measuring_often_and_the_ratios_st
         assert ptrs[1] and ptrs[1] == ptrs[2] == ptrs[3]  # the same four buffers, step after step
     gl.close()
     assert gl.meter.kept_bytes == 0
+
+
+def test_a_snapshot_over_the_cap_is_made_fresh_each_measured_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept copy would be there during forward and backward too (raising the step's peak by its size):
+    above KEEP_SNAPSHOT_BYTES nothing is held between measured steps, and the ratios are the same."""
+    import gradlog
+    from gradlog.measure import meter
+
+    monkeypatch.setattr(meter, "KEEP_SNAPSHOT_BYTES", 4 * 20)  # below this model's 4 * 47 bytes
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, histograms=False, print_report=False)
+    for step in range(3):
+        before = model[0].weight.detach().clone()
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        assert gl.meter.kept_bytes == 0
+        want = torch.linalg.vector_norm(model[0].weight.detach() - before) / torch.linalg.vector_norm(before)
+        assert mem.last("weights/update_ratio/0.weight") == pytest.approx(want.item(), rel=1e-5)
+    gl.close()

@@ -68,7 +68,7 @@ SkipFn = Callable[[], "torch.Tensor | None"]
 
 
 #: The most snapshot memory (bytes) kept on the host between measured steps; see `Meter._keeps_snapshot`.
-KEEP_SNAPSHOT_BYTES = 256 << 20
+KEEP_SNAPSHOT_BYTES = 16 << 20
 #: ... and only while measured steps are at most this many optimizer steps apart.
 KEEP_SNAPSHOT_EVERY = 10
 
@@ -287,10 +287,13 @@ class Meter:
         """On the CPU, when measured steps come often (at most KEEP_SNAPSHOT_EVERY optimizer steps apart), the
         snapshot's buffers are kept for the next measured step if they total at most KEEP_SNAPSHOT_BYTES: a
         fresh buffer on every measured step went through glibc's heap, which returned it to the kernel and
-        faulted it back in (with the optimizer's own temporaries: ~1,000-2,000 page faults, 1.5-2.5 ms, per
-        measured step of a 4 MB head). Measured rarely (the default every=50) that cost is spread thin and
-        the copy is not worth holding. On accelerators the caching allocator already reuses memory; bigger
-        snapshots are made fresh (in huge pages, see `hostmem`)."""
+        faulted it back in (with the optimizer's own temporaries: ~1,000-2,000 page faults, ~1 ms, per
+        measured step of a frozen backbone's 4 MB head). The cap is small because a kept copy is there
+        during forward and backward too and raises the step's peak by its size, while a fresh one, made
+        after backward, reuses memory the activations freed (the GPT benchmark's 26 MB copy kept: peak
+        +30 MB over the baseline instead of +2). Measured rarely (the default every=50) the faults are
+        spread thin and nothing is held. On accelerators the caching allocator already reuses memory;
+        bigger snapshots are made fresh (in huge pages, see `hostmem`)."""
         if device.type != "cpu":
             return False
         return sum(w.numel() * w.element_size() for w in weights) <= KEEP_SNAPSHOT_BYTES
