@@ -33,7 +33,8 @@ Columns:
   process of this script (`--memory-only`, same flags). CPU: glibc is told to serve every block
   above 64 KiB by mmap (so freed memory leaves RSS at once) and
   trimmed first; a thread samples RSS from /proc/self/statm every 0.2 ms. CUDA:
-  torch.cuda.max_memory_allocated.
+  torch.cuda.max_memory_allocated. Memory a monitor keeps between steps (a snapshot buffer it
+  reuses) is there before the step starts, so it is added to both windows.
 """
 
 from __future__ import annotations
