@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 _HUGE = 1 << 21  # 2 MiB, the x86-64 / arm64 (4 KiB base page) huge page
-_MIN_BYTES = 2 << 20  # below this no 2 MiB page fits inside: not worth a syscall
+MIN_BYTES = 2 << 20  # below this no 2 MiB page fits inside: not worth a syscall (a plain clone is cheaper)
 _MADV_HUGEPAGE = 14  # the same value on every Linux architecture
 
 
@@ -45,7 +45,7 @@ def empty_host(n: int, dtype: torch.dtype) -> torch.Tensor:
     a failed `madvise` (old kernel, THP off) is ignored."""
     out = torch.empty(n, dtype=dtype)
     nbytes = n * out.element_size()
-    if nbytes < _MIN_BYTES:
+    if nbytes < MIN_BYTES:
         return out
     madvise = _madvise()
     if madvise is None:

@@ -142,11 +142,6 @@ class Measurement:
     clip_coef: float | None = None  # the clip coefficient of this step (gradlog.clip_grad_norm_), when clipped
     dead_frac: torch.Tensor | None = None  # [n] rows with an all-zero gradient (zero-count steps; NaN: none)
 
-    # Cached: scalars, run-level series, alerts and the overview each read these on every measured step.
-    @functools.cached_property
-    def grad_norm(self) -> torch.Tensor:
-        return self.grad[:, SUMSQ].sqrt()
-
     @property
     def nonfinite(self) -> torch.Tensor:
         return self.grad[:, NONFINITE]

@@ -65,7 +65,14 @@ def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tenso
     return a.reshape(r, -1).sum(1) != 0, a.reshape(r, g.shape[1], -1).sum((0, 2)) != 0
 
 
-_NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+#: numpy integer view of each float dtype, and the mask that drops its sign bit.
+_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
+    torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF),
+    torch.float32: (torch.int32, 0x7FFF_FFFF),
+    torch.float16: (torch.int16, 0x7FFF),
+    torch.bfloat16: (torch.int16, 0x7FFF),
+}
+_NUMPY_FLOATS = tuple(_BITS)  # the float dtypes numpy has a view of (bf16: its int16 bits)
 
 
 def _probe_views(g: torch.Tensor) -> list[Any] | None:
@@ -157,13 +164,6 @@ def _host_slices(g: torch.Tensor, need_cols: bool, need_rows: bool = True) -> tu
     return rows, cols
 
 
-#: numpy integer view of each float dtype, and the mask that drops its sign bit.
-_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
-    torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF),
-    torch.float32: (torch.int32, 0x7FFF_FFFF),
-    torch.float16: (torch.int16, 0x7FFF),
-    torch.bfloat16: (torch.int16, 0x7FFF),
-}
 #: entries reduced at a time by `_host_slices`: a 200M-entry table's per-row outputs were 6 MB of temporaries
 _BLOCK = 1 << 20
 

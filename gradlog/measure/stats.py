@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gradlog.measure.hostmem import host_copy
+from gradlog.measure.hostmem import MIN_BYTES, host_copy
 from gradlog.measure.params import local_tensor
 
 try:  # optional: torch runs without numpy, gradlog too (a little slower on the CPU)
@@ -130,10 +130,20 @@ def _flags_from_norms(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tens
     if 0.0 in vals or not math.isfinite(sum(vals)):  # norms are >= 0 or NaN: a finite sum means all finite
         for i, v in enumerate(vals):
             if v == 0.0:  # squares may have underflowed: count
-                out[i, NONZERO] = float(torch.count_nonzero(group[i]))
+                out[i, NONZERO] = _exact_nonzero(group[i])
             elif not math.isfinite(v):  # NaN/Inf inside, or a sum of squares that overflowed (count 0)
-                out[i, NONFINITE] = float(group[i].numel() - torch.isfinite(group[i]).sum())
+                out[i, NONFINITE] = _exact_nonfinite(group[i])
     return out
+
+
+def _exact_nonzero(g: torch.Tensor) -> float:
+    """Non-zero entries of a tensor whose norm read 0 (its squares may have underflowed)."""
+    return float(torch.count_nonzero(g))
+
+
+def _exact_nonfinite(g: torch.Tensor) -> float:
+    """NaN/Inf entries of a tensor whose norm read non-finite (0 when only its sum of squares overflowed)."""
+    return float(g.numel() - torch.isfinite(g).sum())
 
 
 def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
@@ -151,8 +161,8 @@ def _nonfinite_counts(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tens
         return torch.stack(out)
     out_host = torch.zeros(len(group), dtype=torch.float64, device=l2.device)
     for i, bad in enumerate((~torch.isfinite(l2)).tolist()):
-        if bad:  # NaN/Inf inside, or a sum of squares that overflowed (then the count is 0)
-            out_host[i] = group[i].numel() - torch.isfinite(group[i]).sum()
+        if bad:
+            out_host[i] = _exact_nonfinite(group[i])
     return out_host
 
 
@@ -227,14 +237,13 @@ def _copy_into(x: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-_HUGE_MIN = 2 << 20  # `hostmem` advises nothing smaller (no 2 MiB page fits): a plain clone is cheaper
 
 
 def _fresh_copy(x: torch.Tensor) -> torch.Tensor:
     """`x.clone()`; a big dense CPU tensor goes into huge-page memory (`hostmem`): the snapshot is fresh memory
     on every measured step, and its 4 KiB page faults cost the frozen backbone's 4 MB head 2-3 ms a step,
     several times the copy itself (0.65 ms with huge pages)."""
-    if type(x) in _PLAIN_TYPES and x.device.type == "cpu" and x.numel() * x.element_size() >= _HUGE_MIN:
+    if type(x) in _PLAIN_TYPES and x.device.type == "cpu" and x.numel() * x.element_size() >= MIN_BYTES:
         if x.is_contiguous():
             return host_copy(x)
     return x.clone()
@@ -276,7 +285,7 @@ def _zero_flags(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
     if host_reads_free(l2.device):
         for i, zero in enumerate((l2 == 0).tolist()):
             if zero:
-                flags[i] = float(torch.count_nonzero(group[i]))
+                flags[i] = _exact_nonzero(group[i])
     return flags
 
 
