@@ -179,3 +179,82 @@ def test_overview_drawn_from_arrays_equals_the_list_path(monkeypatch: pytest.Mon
     assert fast == lists == slow
     with Image.open(io.BytesIO(fast)) as im:
         assert im.size[1] == n * min(8, 800 // n)
+
+
+def test_long_runs_merge_overview_columns_and_each_shows_the_largest_ratio_of_its_steps() -> None:
+    """Past `MAX_COLUMNS` published steps, columns merge in pairs (memory and the image stay bounded). Every
+    column must show, per tensor, the largest ratio of the steps it spans, from ratios computed by hand; a
+    tensor whose lr goes to 0 at step 300 must read "no update" exactly in the columns wholly after it."""
+    from gradlog.writers import overview
+
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"a": nn.Linear(3, 3), "b": nn.Linear(3, 3)})
+    opt = torch.optim.SGD([{"params": model["a"].parameters()}, {"params": model["b"].parameters()}], lr=0.05)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, histograms=False, print_report=False)
+    names = [n for n, _ in model.named_parameters()]
+    by_hand: list[list[float]] = []  # per step, per tensor (named_parameters order)
+    steps = 700
+    for step in range(steps):
+        if step == 300:
+            opt.param_groups[1]["lr"] = 0.0
+        x = torch.randn(4, 3)
+        y = x.flip(1) + 1.0 + 0.1 * torch.randn(4, 3)  # noisy: the weights never settle, nor reach zero
+        ((model["a"](x) - y).square().sum() + (model["b"](x) - y).square().sum()).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.step()
+        by_hand.append(
+            [
+                (torch.linalg.vector_norm(p.detach() - b) / torch.linalg.vector_norm(b)).item()
+                for p, b in zip(model.parameters(), before)
+            ]
+        )
+        gl.log(step)
+        opt.zero_grad()
+    ov = gl.overview
+    cols = len(ov._ratios)
+    assert overview.MAX_COLUMNS // 2 < cols <= overview.MAX_COLUMNS
+    ends = ov.steps
+    assert ends == sorted(ends) and ends[-1] == steps - 1
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    rows = [ov.names.index(n) for n in names]
+    for j, (lo, hi) in enumerate(zip(starts, ends)):
+        for t, r in enumerate(rows):
+            want = max(by_hand[s][t] for s in range(lo, hi + 1))
+            assert ov._ratios[j][r] == pytest.approx(want, rel=1e-4, abs=1e-12), (names[t], lo, hi)
+        stopped = [ov._ratios[j][ov.names.index(n)] for n in ("b.weight", "b.bias")]
+        if lo >= 300:
+            assert stopped == [0.0, 0.0]
+        if hi < 300:
+            assert min(stopped) > 0
+    gl.close()
+    with Image.open(io.BytesIO(mem.images["gradlog/overview"][-1][1])) as im:
+        assert im.width <= 8 + overview.MAX_COLUMNS  # marker strip and gap, then at most one pixel per column
+
+
+def test_merged_overview_cells_keep_blow_ups_and_agree_with_and_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import array
+
+    from gradlog.writers import overview
+
+    none, ok, no_grad, zero = overview._NONE, overview._OK, overview._NO_GRAD, overview._ZERO_GRAD
+    nan, inf = float("nan"), float("inf")
+    # (a, b) -> merged value; gradient states (a, b) -> merged state. The second column is one row longer.
+    cases = [(1e-3, 2e-3, 2e-3), (0.0, 1e-4, 1e-4), (0.0, 0.0, 0.0), (none, 3e-3, 3e-3), (none, none, none)]
+    cases += [(nan, 1e-3, nan), (1e-3, inf, inf), (inf, nan, nan), (none, nan, nan), (0.0, -inf, -inf)]
+    states = [(ok, ok, ok), (no_grad, no_grad, no_grad), (zero, zero, zero), (no_grad, ok, ok), (zero, no_grad, zero)]
+    states += [(ok, zero, ok)] * 5
+    ra = array.array("d", [a for a, _, _ in cases])
+    rb = array.array("d", [b for _, b, _ in cases] + [5e-3])
+    ga = bytes(a for a, _, _ in states)
+    gb = bytes([b for _, b, _ in states] + [no_grad])
+    for use_numpy in (True, False):
+        if not use_numpy:
+            monkeypatch.setattr(overview, "np", None)
+        values, grads = overview._merge(ra, ga, rb, gb)
+        got = list(values)
+        want = [w for _, _, w in cases] + [5e-3]  # the row the first column lacks: the second's value
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert (g != g and w != w) or g == w
+        assert list(grads) == [w for _, _, w in states] + [no_grad]

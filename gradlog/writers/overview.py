@@ -1,11 +1,13 @@
 """The overview image: the update-ratio heatmap (one row per tensor in model order, one column per
-published step) with the findings marked, drawn on a background thread and handed to every writer's
-`log_image` as PNG bytes.
+published step, or per span of steps in a long run) with the findings marked, drawn on a background
+thread and handed to every writer's `log_image` as PNG bytes.
 
 Why a thread: at 1,000 tensors x 1,000 steps drawing takes a noticeable fraction of a second, which
 must not land on a training step. Why the training thread still hands the image over: writers are
 called from one thread only (W&B's buffer is not thread-safe), so a finished image waits until the
-next `log()` (or `close()`) picks it up.
+next `log()` (or `close()`) picks it up. Why columns merge (`MAX_COLUMNS`): a run publishes for as
+long as it trains, and one column per step grew ~9 bytes per tensor per step without end (5,000
+tensors logged every step: ~4.5 GB after 100,000 steps, and an image 100,000 pixels wide).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ log = logging.getLogger("gradlog")
 TAG = "gradlog/overview"
 #: At most one image per this many seconds of wall time during training (the final one always comes).
 MIN_INTERVAL_S = 20.0
+#: At most this many columns are kept: when full, neighbouring columns merge in pairs and each column
+#: from then on spans twice as many published steps (the image stays at most ~this many pixels wide).
+MAX_COLUMNS = 256
 _NONE = -1.0  # no ratio at that step (not measured, or not in the optimizer)
 _OK, _NO_GRAD, _ZERO_GRAD = 0, 1, 2
 
@@ -40,9 +45,14 @@ class Overview:
     `every`: an image every that many published steps; None: on histogram steps (every published step
     when histograms are off); 0: no images at all. Either way at most one per `min_interval` seconds
     during training, and one more, with the final findings, at close.
+
+    A column is one published step until `max_columns` are held; then columns span 2, 4, ... steps each
+    (see `_merge` for what a span shows: a cell is dark only if the tensor did not move at any of its steps).
     """
 
-    def __init__(self, every: int | None = None, min_interval: float = MIN_INTERVAL_S) -> None:
+    def __init__(
+        self, every: int | None = None, min_interval: float = MIN_INTERVAL_S, max_columns: int = MAX_COLUMNS
+    ) -> None:
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 0):
             raise ValueError(
                 f"overview_every must be None (on histogram steps), an integer >= 1 (every that many published "
@@ -52,9 +62,12 @@ class Overview:
         self.min_interval = min_interval
         self.names: list[str] = []  # model order: the order tensors were first published
         self._row: dict[str, int] = {}
-        self.steps: list[int] = []
-        self._ratios: list[array.array[float]] = []  # one per step, indexed by row
-        self._grad: list[bytes] = []  # one per step: _OK / _NO_GRAD / _ZERO_GRAD per row
+        self.max_columns = max(2, max_columns + max_columns % 2)
+        self.steps: list[int] = []  # per column, the last published step it holds
+        self._ratios: list[array.array[float]] = []  # one per column, indexed by row
+        self._grad: list[bytes] = []  # one per column: _OK / _NO_GRAD / _ZERO_GRAD per row
+        self._span = 1  # published steps per column
+        self._fill = 0  # published steps in the last column
         self._published = 0
         self._last_start = -math.inf
         self._thread: threading.Thread | None = None
@@ -79,10 +92,29 @@ class Overview:
                 grad[r] = _NO_GRAD
             elif numel[i] > 0 and nonzero[i] == 0:
                 grad[r] = _ZERO_GRAD
+        self._published += 1
+        if self._ratios and self._fill < self._span:  # the last column still has room: merge into it
+            self._ratios[-1], self._grad[-1] = _merge(self._ratios[-1], self._grad[-1], values, bytes(grad))
+            self.steps[-1] = int(step)
+            self._fill += 1
+            return
+        if len(self._ratios) >= self.max_columns:
+            self._halve()
         self.steps.append(int(step))
         self._ratios.append(values)
         self._grad.append(bytes(grad))
-        self._published += 1
+        self._fill = 1
+
+    def _halve(self) -> None:
+        """Merge neighbouring columns in pairs: half as many columns, each spanning twice the steps."""
+        ratios, grads, steps = self._ratios, self._grad, self.steps
+        pairs = range(0, len(ratios) - 1, 2)  # an even count: `max_columns` is rounded up to even
+        merged = [_merge(ratios[j], grads[j], ratios[j + 1], grads[j + 1]) for j in pairs]
+        self._ratios = [r for r, _ in merged]
+        self._grad = [g for _, g in merged]
+        self.steps = [steps[j + 1] for j in pairs]
+        self._span *= 2
+        self._fill = self._span
 
     def due(self, histogram_step: bool) -> bool:
         if self.every == 0 or not self.steps:
@@ -147,6 +179,50 @@ class Overview:
             t.join(timeout)
 
 
+def _merge(ra: array.array[float], ga: bytes, rb: array.array[float], gb: bytes) -> tuple[array.array[float], bytes]:
+    """Two columns as one spanning both (rows missing from the shorter one count as unmeasured).
+
+    Update ratio: NaN/Inf if either is (a blow-up stays visible), else the larger measured one, so a cell
+    reads "no update" only when the tensor moved at none of its steps; a stop shows from the first column
+    wholly after it. Gradient state: kept where both agree, else "ok" if either had a gradient; a mix of
+    "none" and "zero" reads "zero". A row one column lacks (published later) takes the other's."""
+    n = max(len(ra), len(rb))
+    if np is not None:
+        a = np.full(n, _NONE)
+        b = np.full(n, _NONE)
+        a[: len(ra)] = np.frombuffer(ra, dtype=np.float64)
+        b[: len(rb)] = np.frombuffer(rb, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            v = np.where(a == _NONE, b, np.where(b == _NONE, a, np.fmax(a, b)))
+            bad = ~(np.isfinite(a) & np.isfinite(b))
+            v[bad] = np.where(
+                np.isnan(a[bad]) | np.isnan(b[bad]), np.nan, np.where(np.isfinite(a[bad]), b[bad], a[bad])
+            )
+        x = np.empty(n, dtype=np.uint8)
+        y = np.empty(n, dtype=np.uint8)
+        x[: len(ga)] = np.frombuffer(ga, dtype=np.uint8)
+        y[: len(gb)] = np.frombuffer(gb, dtype=np.uint8)
+        x[len(ga) :] = y[len(ga) :]  # a row one column lacks (not published yet) takes the other's state
+        y[len(gb) :] = x[len(gb) :]
+        g = np.where(x == y, x, np.where((x == _OK) | (y == _OK), _OK, _ZERO_GRAD)).astype(np.uint8)
+        return array.array("d", v.tobytes()), g.tobytes()
+    values = array.array("d", [_NONE]) * n
+    grad = bytearray(n)
+    for i in range(n):
+        u = ra[i] if i < len(ra) else _NONE
+        w = rb[i] if i < len(rb) else _NONE
+        if math.isnan(u) or math.isnan(w):
+            values[i] = math.nan
+        elif math.isinf(u) or math.isinf(w):
+            values[i] = u if math.isinf(u) else w
+        else:
+            values[i] = w if u == _NONE else u if w == _NONE else max(u, w)
+        p = ga[i] if i < len(ga) else gb[i]  # a row one column lacks takes the other's state
+        q = gb[i] if i < len(gb) else p
+        grad[i] = p if p == q else _OK if _OK in (p, q) else _ZERO_GRAD
+    return values, bytes(grad)
+
+
 def _draw(names: list[str], ratios: list[array.array[float]], grads: list[bytes], marks: dict[str, str]) -> bytes:
     """Transpose the per-step arrays into rows (tensors) x columns (steps) and draw them."""
     n = len(names)
@@ -183,4 +259,4 @@ def _draw_arrays(n: int, ratios: list[array.array[float]], grads: list[bytes], r
     return heatmap_png_arrays(values, values != _NONE, states, row_marks)
 
 
-__all__ = ["MIN_INTERVAL_S", "TAG", "Overview"]
+__all__ = ["MAX_COLUMNS", "MIN_INTERVAL_S", "TAG", "Overview"]
