@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
+import operator
 import os
 import signal
 import sys
@@ -61,6 +63,26 @@ SIGNAL_SYNC_TIMEOUT_S = 10.0
 def _is_rank_zero() -> bool:
     dist = torch.distributed
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _whole_step(step: object) -> int:
+    """`log(step)`'s x-axis value as an int: a whole number (int, numpy integer, 2.0, a one-element tensor
+    holding one). Anything else is a bug in the loop, named at the first call rather than written as a
+    truncated or garbled axis (2.5 was silently 2, "4" a string)."""
+    value: object = step
+    if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_complex():
+        value = step.item()
+    elif hasattr(step, "__index__") and not isinstance(step, (bool, torch.Tensor)):
+        value = operator.index(step)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(
+        f"log(step={step!r}): step is the x-axis value and must be a whole number (an int, or a one-element "
+        "tensor holding one); pass your loop's step or batch index, or call log() with none to use the "
+        "optimizer step"
+    )
 
 
 class GradLogger:
@@ -399,6 +421,8 @@ class GradLogger:
             return
         if self._report is not None:
             raise RuntimeError("GradLogger.log() called after close(); create a new GradLogger for a new run")
+        if step is not None and type(step) is not int:
+            step = _whole_step(step)
         if not self._with_optimizer:
             call = self._calls
             self._calls += 1
@@ -414,7 +438,7 @@ class GradLogger:
             if m is None or m.index == self._last_index:
                 return
             self._last_index = m.index
-            self._publish(m, m.index if step is None else int(step))
+            self._publish(m, m.index if step is None else step)
         finally:
             _Sigterm.busy -= main
             if main and _Sigterm.deferred is not None and not _Sigterm.busy:

@@ -433,3 +433,28 @@ def test_tensors_added_replaced_or_swapped_between_measured_steps_are_measured()
         assert len(mem.scalars[f"weights/grad_norm/{name}"]) >= 1, name
     assert gl.table.get(model[0].weight) is not None and gl.table.get(model[1].bias) is not None
     gl.close()
+
+
+def test_log_step_must_be_a_whole_number_and_whole_numbers_of_any_kind_land_at_that_x() -> None:
+    import numpy as np
+
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, histograms=False, print_report=False)
+
+    def step_and_log(step: object) -> None:
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        gl.log(step)  # type: ignore[arg-type]
+
+    for bad, shown in [(2.5, "2.5"), ("8", "'8'"), (float("nan"), "nan"), (True, "True"), (torch.tensor([1, 2]), "")]:
+        with pytest.raises(ValueError, match=r"log\(step=" + shown.replace("(", r"\(") + r".*must be a whole number"):
+            step_and_log(bad)
+    good = [torch.tensor(40), np.int32(41), 42.0, -3, torch.tensor(44.0)]
+    for s in good:
+        step_and_log(s)
+    gl.close()
+    xs = [x for x, _ in mem.scalars["gradlog/grad_norm_total"]]
+    assert xs[-len(good) :] == [40, 41, 42, -3, 44] and all(type(x) is int for x in xs)
