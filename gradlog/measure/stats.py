@@ -121,19 +121,17 @@ def _flags_from_norms(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tens
     is non-zero (flag 1) and finite (0 NaN/Inf) unless its norm says otherwise, and only those few are
     counted exactly (as `_zero_flags` and `_nonfinite_counts` do): ~6 small ops instead of ~15, the
     fixed cost of a measured step on a model with few trainable tensors."""
-    sq = l2.double()
-    vals = sq.tolist()
-    sq.mul_(sq)  # squared in float64: a norm above ~1.8e19 no longer overflows its square
-    out = torch.zeros(len(group), 3, dtype=torch.float64)
-    out[:, SUMSQ] = sq
-    out[:, NONZERO] = 1.0
+    vals = l2.tolist()
+    # squared as Python floats (float64): a norm above ~1.8e19 does not overflow its square; one torch op
+    # at the end instead of seven small ones
+    rows = [[v * v, 1.0, 0.0] for v in vals]
     if 0.0 in vals or not math.isfinite(sum(vals)):  # norms are >= 0 or NaN: a finite sum means all finite
         for i, v in enumerate(vals):
             if v == 0.0:  # squares may have underflowed: count
-                out[i, NONZERO] = _exact_nonzero(group[i])
+                rows[i][NONZERO] = _exact_nonzero(group[i])
             elif not math.isfinite(v):  # NaN/Inf inside, or a sum of squares that overflowed (count 0)
-                out[i, NONFINITE] = _exact_nonfinite(group[i])
-    return out
+                rows[i][NONFINITE] = _exact_nonfinite(group[i])
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(vals), 3)
 
 
 def _exact_nonzero(g: torch.Tensor) -> float:
@@ -192,6 +190,13 @@ def _l2(group: list[torch.Tensor]) -> list[torch.Tensor]:
     if dtype in (torch.float16, torch.bfloat16):
         return list(torch._foreach_norm(group, 2, dtype=torch.float32))
     return list(torch._foreach_norm(group, 2))
+
+
+def _squares(norms: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Norms stacked and squared in the statistics' dtype (float64 but on MPS): a norm above ~1.8e19 does
+    not overflow, and `_by_group` has no conversion left to make."""
+    out = torch.stack(norms).to(device, stat_dtype(device))
+    return out.mul_(out)
 
 
 def _by_group(
@@ -267,8 +272,7 @@ def copy_with_sumsq(
             for j, c in zip(run, fresh):
                 copies[idx[j]] = c
             norms += _l2(fresh)
-        l2 = torch.stack(norms)
-        return (l2 * l2,)
+        return (_squares(norms, device),)
 
     (sumsq,) = _by_group(xs, device, (1,), work)
     return copies, sumsq
@@ -308,8 +312,8 @@ def subtract_with_sumsq(
             w_l2 += _l2(a)
             torch._foreach_sub_(s, a)
             u_l2 += _l2(s)
-        w, u = torch.stack(w_l2), torch.stack(u_l2)
-        return w * w, u * u
+        both = _squares(w_l2 + u_l2, device)
+        return both[: len(w_l2)], both[len(w_l2) :]
 
     weight, update = _by_group(after, device, (1, 1), work)
     return weight, update
@@ -334,10 +338,11 @@ def norm_partials(
         counting = counts and zero_counts and numeric
         l2: list[torch.Tensor] = []
         found: list[torch.Tensor] = []
-        for run in _slices(group, _slice_limit(group[0].device)):
+        # counting: a cache-sized slice at a time, so the count reads what the norm just brought into cache
+        for run in _slices(group, _slice_limit(group[0].device)) if counting else [range(len(group))]:
             chunk = [group[j] for j in run]
             l2 += _l2(chunk)
-            if counting:  # on the CPU the count reads what the norm just brought into cache
+            if counting:
                 found.append(_nonzero_counts(chunk))
         l2s = torch.stack(l2)
         if counts and numeric and not counting and host_reads_free(device) and l2s.device == device:
