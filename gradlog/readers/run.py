@@ -18,7 +18,7 @@ import os
 import posixpath
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from gradlog.readers.files import (
     real_root,
     shown,
 )
+from gradlog.readers.points import Series, SeriesBuilder
 from gradlog.verdict.report import (
     DIM_NAMES,
     PARTLY_COLUMNS,
@@ -77,12 +78,13 @@ class BadInput(Exception):
 
 @dataclass
 class RunData:
-    """`scalars[tag] = [(step, value), ...]` in step order, `tables[name] = (columns, rows)`, what was skipped
-    (damage: the report is partial) and `notes` (worth saying, not damage: a crashed run's torn tail)."""
+    """`scalars[tag]`: (step, value) points in step order (a `Series`: 16 bytes a point), `tables[name] =
+    (columns, rows)`, what was skipped (damage: the report is partial) and `notes` (worth saying, not
+    damage: a crashed run's torn tail)."""
 
     path: str
     backend: str
-    scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    scalars: dict[str, Sequence[tuple[int, float]]] = field(default_factory=dict)
     tables: dict[str, Table] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -93,7 +95,7 @@ class RunData:
     @classmethod
     def from_memory(cls, writer: Any, path: str = "<memory>") -> RunData:
         """From a `MemoryWriter` (notebooks, tests): the same analysis without a file in between."""
-        scalars = current_names({tag: sorted(points) for tag, points in writer.scalars.items()})
+        scalars = current_names({tag: Series(sorted(points)) for tag, points in writer.scalars.items()})
         tables = {name: (list(cols), [list(r) for r in rows]) for name, (cols, rows) in writer.tables.items()}
         return settle_provisional(cls(path=path, backend="memory", scalars=scalars, tables=tables))
 
@@ -285,6 +287,13 @@ def _tensor_scalar(tensor: Any) -> float | None:
     return None
 
 
+def _builder(points: dict[str, SeriesBuilder], tag: str) -> SeriesBuilder:
+    found = points.get(tag)
+    if found is None:
+        found = points[tag] = SeriesBuilder()
+    return found
+
+
 def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) -> RunData:
     try:
         from tensorboard.compat.proto import event_pb2
@@ -297,7 +306,7 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
     del event_pb2  # imported only to fail early, with the install hint
 
     run = RunData(path=target, backend="tensorboard", files=files)
-    points: dict[str, dict[int, float]] = {}
+    points: dict[str, SeriesBuilder] = {}
     texts: dict[str, bytes] = {}
     plugins: dict[str, str] = {}  # TensorBoard writes a tag's metadata on its first value only
     order_raw: bytes | None = None  # the writer's tensor names in model order (gradlog/tensor_order)
@@ -316,11 +325,11 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
                         kind = v.WhichOneof("value")
                         if kind == "simple_value":
                             # a step written twice (a resumed run): the last one wins
-                            points.setdefault(v.tag, {})[step] = float(v.simple_value)
+                            _builder(points, v.tag).add(step, float(v.simple_value))
                         elif kind == "tensor" and plugins.get(v.tag) == "scalars":
                             value = _tensor_scalar(v.tensor)
                             if value is not None:
-                                points.setdefault(v.tag, {})[step] = value
+                                _builder(points, v.tag).add(step, value)
                         elif kind == "tensor" and v.tag == ORDER_TAG and v.tensor.string_val:
                             order_raw = v.tensor.string_val[0]
                         elif kind == "tensor" and v.tensor.string_val and _wanted_table(_table_name(v.tag)):
@@ -329,7 +338,7 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
             run.skipped.append(str(exc))
         except OSError as exc:
             run.skipped.append(f"{name}: cannot be read ({exc.strerror or exc})")
-    run.scalars = current_names({tag: sorted(p.items()) for tag, p in points.items()})
+    run.scalars = current_names({tag: b.build() for tag, b in points.items()})
     for table, raw in texts.items():
         try:
             run.tables[table] = parse_markdown_table(raw.decode("utf-8", "replace"))
@@ -500,7 +509,7 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
             )
     elif not offline.finished:
         run.notes.append("the W&B run has no exit record: it was killed or is still running")
-    points: dict[str, dict[int, float]] = {}
+    points: dict[str, SeriesBuilder] = {}
     table_files: dict[str, Any] = {}
     bad_steps: dict[str, list[int]] = {}
     for n, row in enumerate(offline.history):
@@ -515,13 +524,13 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
             if key.startswith("_") or key == _STEP_KEY:
                 continue
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                points.setdefault(key, {})[int(step)] = float(value)
+                _builder(points, key).add(int(step), float(value))
             elif isinstance(value, dict) and value.get("_type") == "table-file" and "path" in value:
                 table_files[_WANDB_TABLES.get(key, key)] = value["path"]
     for why, numbers in bad_steps.items():
         first = ", ".join(str(r) for r in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
         run.skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {first})")
-    scalars = current_names({tag: sorted(p.items()) for tag, p in points.items()})
+    scalars = current_names({tag: b.build() for tag, b in points.items()})
     run.scalars = model_order(scalars, _tensor_order(offline.config))
     for name, rel in table_files.items():
         if not _wanted_table(name):
