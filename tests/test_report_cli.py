@@ -537,3 +537,19 @@ def test_lost_summary_table_falls_back_to_the_series() -> None:
     )
     assert f" optimizer steps, {report.measured_steps} measured)" in health.closed.text  # optimizer: a lower bound
     assert "summary table written at close is missing" in " ".join(run.notes)
+
+
+def test_rejudged_series_with_gaps_and_a_step_written_twice() -> None:
+    """The re-judging walks every tensor's series step by step: a tensor measured only on some steps, and a
+    step written twice (a resumed run: the last value counts), give the spikes found by hand."""
+    from gradlog.views.health import replay
+
+    a = [(s, 100.0 if s == 12 else 1.0) for s in range(20)]
+    b = [(s, 100.0 if s == 14 else 1.0) for s in range(0, 20, 2)]
+    b_written = [*b[:3], (6, 500.0), *b[3:]]  # step 6 first written as a spike, then rewritten as 1.0
+    ratio = [(s, 1e-3) for s in range(20)]
+    gn, ur = tags.prefix("grad_norm"), tags.prefix("update_ratio")
+    run = RunData(path="<hand>", backend="memory", scalars={gn + "a": a, gn + "b": b_written, ur + "a": ratio})
+    fired = replay(run, (1e-4, 1e-2), spike_factor=10.0)
+    spikes = {(x.name, x.step) for x in fired if x.kind == "grad_norm_spike"}
+    assert spikes == {("a", hand_first_spike(a, 10.0)), ("b", hand_first_spike(b, 10.0))} == {("a", 12), ("b", 14)}
