@@ -438,3 +438,22 @@ def test_a_snapshot_over_the_cap_is_made_fresh_each_measured_step(monkeypatch: p
         want = torch.linalg.vector_norm(model[0].weight.detach() - before) / torch.linalg.vector_norm(before)
         assert mem.last("weights/update_ratio/0.weight") == pytest.approx(want.item(), rel=1e-5)
     gl.close()
+
+
+@pytest.mark.parametrize("bins", [1, 64, 254, 300, 4094, 5000])
+def test_crowded_pieces_are_counted_exactly(monkeypatch: pytest.MonkeyPatch, bins: int) -> None:
+    """A piece crowded into one bucket makes the next pieces count on interleaved sets of counters; the
+    counts must stay those of one plain bincount of every position (reference: torch's own path), for
+    pieces of odd sizes, spread and crowded data in turn, and bucket counts at the int16 limit."""
+    monkeypatch.setattr(stats, "_BUCKET_BYTES", 4 * 999)  # pieces of 999 floats: odd, many per tensor
+    torch.manual_seed(bins)
+    x = torch.zeros(20_011)
+    x[5000:9000] = torch.randn(4000)  # spread between crowded stretches: the mode switches both ways
+    x[15000::3] = torch.randn(x[15000::3].numel())
+    for flip in (False, True):
+        lo, hi = (float(v) for v in torch.aminmax(x))
+        edge = -hi if flip else lo
+        scale = bins / (hi - lo)
+        got = stats._bucket_counts(x, edge, scale, bins, flip, {})
+        ref = torch.bincount(stats._positions(x.neg() if flip else x, edge, scale, bins).long(), minlength=bins + 1)
+        assert torch.equal(got, ref) and int(got.sum()) == x.numel()

@@ -397,6 +397,7 @@ def _moments(x: torch.Tensor) -> list[torch.Tensor]:
 
 
 _BUCKET_BYTES = 1 << 18  # CPU: bucketing's scratch, a float piece (and its positions, a quarter of that)
+_LANES = 8  # CPU bucketing: sets of counters for a crowded piece (see `_bucket_counts`)
 _LOCAL = threading.local()
 _Scratch = dict[tuple[torch.dtype, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
 
@@ -577,7 +578,15 @@ def _bucket_counts(
         scratch[key] = (torch.empty(step, dtype=x.dtype), torch.empty(step, dtype=small))
     fbuf, pbuf = (t.numpy() for t in scratch[key])
     edge, mul = a.dtype.type(-lo if flip else lo), a.dtype.type(scale)  # rounded as torch rounds its scalars
-    total: torch.Tensor | None = None
+    width = bins + 1
+    # bincount's increments of one bucket wait on each other: a piece crowded into a few buckets (a gradient
+    # of mostly zeros, an embedding's unseen rows) counted ~2 ns a value against ~0.45 spread out. After a
+    # crowded piece, the next are counted on _LANES interleaved sets of counters (value i on set i % _LANES,
+    # folded after): ~0.6 ns a value either way. Exact; the choice only changes the speed.
+    lanes = _LANES if width * _LANES <= 2**15 else 1
+    crowded = False
+    spread: np.ndarray[Any, Any] | None = None
+    total = torch.zeros(width, dtype=torch.int64)
     for start in range(0, a.size, step):
         part = a[start : start + step]
         f, pos = fbuf[: part.size], pbuf[: part.size]
@@ -587,9 +596,16 @@ def _bucket_counts(
             np.subtract(part, edge, out=f)
         np.multiply(f, mul, out=f)
         np.copyto(pos, f, casting="unsafe")  # truncation, as torch's conversion; 0 <= f <= bins (+ rounding)
-        got = torch.bincount(torch.from_numpy(pos), minlength=bins + 1)
-        total = got if total is None else total.add_(got)
-    assert total is not None
+        if crowded:
+            if spread is None:
+                spread = (np.arange(step, dtype=np.int16) % lanes) * np.int16(width)
+            q = fbuf.view(np.int16)[: part.size]  # the float scratch is free again: int16 fits in it
+            np.add(spread[: part.size], pos, out=q, dtype=np.int16)
+            got = torch.bincount(torch.from_numpy(q), minlength=lanes * width).view(lanes, width).sum(0)
+        else:
+            got = torch.bincount(torch.from_numpy(pos), minlength=width)
+        total += got
+        crowded = lanes > 1 and int(got.max()) * 4 > part.size  # a quarter of the piece in one bucket
     return total
 
 
