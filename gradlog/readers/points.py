@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, overload
+from typing import overload
 
 
 def _steps_array(steps: list[int]) -> array[int] | list[int]:
@@ -66,12 +66,6 @@ class Series(Sequence[tuple[int, float]]):
     def __repr__(self) -> str:
         return f"Series({list(self)!r})"
 
-    def steps(self) -> Sequence[int]:
-        return self._steps
-
-    def values(self) -> Sequence[float]:
-        return self._values
-
 
 class SeriesBuilder:
     """Collects one tag's points as they are read, in any order, then `build()` sorts them by step and keeps
@@ -104,8 +98,3 @@ class SeriesBuilder:
             [steps[i] for i in keep] if isinstance(steps, list) else array("q", (steps[i] for i in keep))
         )
         return Series._of(kept, array("d", (values[i] for i in keep)))
-
-
-def as_series(points: Any) -> Series:
-    """`points` (any iterable of (step, value)) as a `Series`, in the order given."""
-    return points if isinstance(points, Series) else Series(points)

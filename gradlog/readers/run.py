@@ -18,6 +18,7 @@ import os
 import posixpath
 import stat
 import struct
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -287,13 +288,6 @@ def _tensor_scalar(tensor: Any) -> float | None:
     return None
 
 
-def _builder(points: dict[str, SeriesBuilder], tag: str) -> SeriesBuilder:
-    found = points.get(tag)
-    if found is None:
-        found = points[tag] = SeriesBuilder()
-    return found
-
-
 def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) -> RunData:
     try:
         from tensorboard.compat.proto import event_pb2
@@ -306,7 +300,7 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
     del event_pb2  # imported only to fail early, with the install hint
 
     run = RunData(path=target, backend="tensorboard", files=files)
-    points: dict[str, SeriesBuilder] = {}
+    points: defaultdict[str, SeriesBuilder] = defaultdict(SeriesBuilder)
     texts: dict[str, bytes] = {}
     plugins: dict[str, str] = {}  # TensorBoard writes a tag's metadata on its first value only
     order_raw: bytes | None = None  # the writer's tensor names in model order (gradlog/tensor_order)
@@ -325,11 +319,11 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
                         kind = v.WhichOneof("value")
                         if kind == "simple_value":
                             # a step written twice (a resumed run): the last one wins
-                            _builder(points, v.tag).add(step, float(v.simple_value))
+                            points[v.tag].add(step, float(v.simple_value))
                         elif kind == "tensor" and plugins.get(v.tag) == "scalars":
                             value = _tensor_scalar(v.tensor)
                             if value is not None:
-                                _builder(points, v.tag).add(step, value)
+                                points[v.tag].add(step, value)
                         elif kind == "tensor" and v.tag == ORDER_TAG and v.tensor.string_val:
                             order_raw = v.tensor.string_val[0]
                         elif kind == "tensor" and v.tensor.string_val and _wanted_table(_table_name(v.tag)):
@@ -509,7 +503,7 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
             )
     elif not offline.finished:
         run.notes.append("the W&B run has no exit record: it was killed or is still running")
-    points: dict[str, SeriesBuilder] = {}
+    points: defaultdict[str, SeriesBuilder] = defaultdict(SeriesBuilder)
     table_files: dict[str, Any] = {}
     bad_steps: dict[str, list[int]] = {}
     for n, row in enumerate(offline.history):
@@ -524,7 +518,7 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
             if key.startswith("_") or key == _STEP_KEY:
                 continue
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                _builder(points, key).add(int(step), float(value))
+                points[key].add(int(step), float(value))
             elif isinstance(value, dict) and value.get("_type") == "table-file" and "path" in value:
                 table_files[_WANDB_TABLES.get(key, key)] = value["path"]
     for why, numbers in bad_steps.items():
