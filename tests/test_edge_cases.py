@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import gradlog
+import gradlog.pipeline
 from gradlog import Reason
 from gradlog.measure.params import clean_name
 from gradlog.verdict.report import PARTLY_COLUMNS
@@ -317,7 +318,7 @@ def test_a_failing_diagnosis_warns_and_close_still_cleans_up(monkeypatch: pytest
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("planted")
 
-    monkeypatch.setattr(gradlog.logger, "diagnose", broken)
+    monkeypatch.setattr(gradlog.pipeline, "diagnose", broken)
     with pytest.warns(RuntimeWarning, match="diagnosis failed at close.*KeyError"):
         report = gl.close()
     assert report.error is not None and "planted" in report.error
@@ -337,7 +338,7 @@ def test_a_failing_diagnosis_raises_in_strict_mode(monkeypatch: pytest.MonkeyPat
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("planted")
 
-    monkeypatch.setattr(gradlog.logger, "diagnose", broken)
+    monkeypatch.setattr(gradlog.pipeline, "diagnose", broken)
     with pytest.raises(KeyError, match="planted"):
         gl.close()
 
