@@ -115,7 +115,7 @@ class Events:
         self.values(step, wall_time).append(value)
 
 
-# --- a few per run: built as `Summary.Value` objects -----------------------------------------------------
+# --- the rest, a few per step at most: built as `Summary.Value` objects ---------------------------------
 
 
 def _string_tensor(data: bytes) -> Any:
