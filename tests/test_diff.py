@@ -376,29 +376,40 @@ def test_memory_stays_near_two_tensors(fmt, tmp_path):
     assert grown_mb < 160, f"anonymous memory grew by {grown_mb:.0f} MB while diffing 2 x 384 MB"
 
 
-def test_progress_line():
-    """Redrawn in place on a terminal above 64 MB; on a pipe only for inputs above 2 GB, every 10%."""
+def test_progress_line(monkeypatch):
+    """On a terminal above 64 MB: a tqdm bar, or the plain line without tqdm; on a pipe only for inputs above
+    2 GB, a plain line every 10%."""
     import io
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
 
+    pytest.importorskip("tqdm")
     tty = Tty()
     bar = Progress(200 << 20, stream=tty)
     bar.add(100 << 20)
     bar.add(100 << 20)
     bar.close()
-    assert tty.getvalue() == "\rgradlog diff:  50% of 0.21 GB\rgradlog diff: 100% of 0.21 GB\n"
+    frames = tty.getvalue().split("\r")
+    assert frames[-1].startswith("gradlog diff: 100%|") and "210M/210M" in frames[-1] and frames[-1].endswith("\n")
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # not installed: the plain line on the terminal too
+    tty = Tty()
+    bar = Progress(200 << 20, stream=tty)
+    bar.add(100 << 20)
+    bar.add(100 << 20)
+    bar.close()
+    assert tty.getvalue() == "gradlog diff: 50% of 0.21 GB\ngradlog diff: 100% of 0.21 GB\n"
     small = io.StringIO()
     bar = Progress(200 << 20, stream=small)
     bar.add(200 << 20)
     bar.close()
     assert small.getvalue() == ""
-    pipe = io.StringIO()
+    pipe = io.StringIO()  # a pipe: plain lines (tqdm is never asked)
     bar = Progress(4 << 30, stream=pipe)
     for _ in range(40):
         bar.add(100 << 20)
+    bar.close()
     lines = pipe.getvalue().splitlines()
     assert lines[0] == "gradlog diff: 2% of 4.29 GB" and lines[-1] == "gradlog diff: 90% of 4.29 GB"
     assert len(lines) == 10

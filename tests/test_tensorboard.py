@@ -313,7 +313,7 @@ def test_markdown_tables_render_as_tables_in_tensorboard() -> None:
     assert "no rows" in markdown_to_safe_html(markdown_table(["k"], []))
 
 
-def test_hand_encoded_records_parse_as_tensorboard_protobufs() -> None:
+def test_step_records_hold_tensorboard_histograms_and_float32_scalars() -> None:
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
     from gradlog.writers import tb_format
@@ -324,9 +324,12 @@ def test_hand_encoded_records_parse_as_tensorboard_protobufs() -> None:
     long_tag = "weights/grad_norm/" + "é" * 200  # multi-byte length prefix and UTF-8
     scalars = [("a", 1.25), ("b", math.nan), ("c", -math.inf), ("d", 1e39), (long_tag, 3.0)]
     for step in (0, 7, 300, 2**40, -3):
-        values = [tb_format.scalar_value(t, v) for t, v in scalars]
-        values += [tb_format.histogram_value(t, h) for t, h in (("h/spread", spread), ("h/c", const), ("h/e", empty))]
-        (record,) = tb_format.summary_events(12.5, step, values)
+        out = tb_format.Events()
+        out.scalars(step, 12.5, scalars)
+        for tag, h in (("h/spread", spread), ("h/c", const), ("h/e", empty)):
+            out.histogram(step, 12.5, tag, h)
+        out.end()
+        (record,) = out.records
         got = event_pb2.Event.FromString(record)
         assert (got.wall_time, got.step) == (12.5, step)
         simple = [(v.tag, v.simple_value) for v in got.summary.value[:5]]
@@ -342,10 +345,20 @@ def test_hand_encoded_records_parse_as_tensorboard_protobufs() -> None:
             min=2.5, max=2.5, num=4, sum=10.0, sum_squares=25.0, bucket_limit=[2.5], bucket=[4]
         )
         assert hists[2] == summary_pb2.HistogramProto(bucket_limit=[0.0], bucket=[0.0])
-    many = [tb_format.scalar_value(f"s/{i}", float(i)) for i in range(2500)]
-    events = [event_pb2.Event.FromString(r) for r in tb_format.summary_events(1.0, 4, many)]
-    assert [len(e.summary.value) for e in events] == [1024, 1024, 452]
-    assert [v.simple_value for e in events for v in e.summary.value] == [float(i) for i in range(2500)]
+    # at most MAX_VALUES_PER_EVENT values an Event, one wall time a step; a new step starts a new Event
+    out = tb_format.Events()
+    out.scalars(4, 1.0, [("x", 0.5)])
+    out.scalars(4, 2.0, [(f"s/{i}", float(i)) for i in range(2500)])
+    out.histogram(5, 3.0, "h", spread)
+    out.end()
+    events = [event_pb2.Event.FromString(r) for r in out.records]
+    assert [(e.step, e.wall_time, len(e.summary.value)) for e in events] == [
+        (4, 1.0, 1024),
+        (4, 1.0, 1024),
+        (4, 1.0, 453),
+        (5, 3.0, 1),
+    ]
+    assert [v.simple_value for e in events[:3] for v in e.summary.value] == [0.5] + [float(i) for i in range(2500)]
 
 
 # --- the real server ----------------------------------------------------------------------------------

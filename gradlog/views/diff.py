@@ -396,7 +396,9 @@ def _fmt(v: float) -> str:
 
 
 class Progress:
-    """A plain-text progress line on stderr: redrawn in place on a terminal, every 10% otherwise."""
+    """Progress on stderr. On a terminal a tqdm bar (done, rate, time left) where tqdm is installed; otherwise,
+    and always on a pipe or a log file, a plain line every 10% (a bar redrawn with \\r is one unreadable line
+    in a log)."""
 
     def __init__(self, total: int, stream: TextIO | None = None, force: bool | None = None, min_bytes: int = 2 << 30):
         self.stream = stream if stream is not None else sys.stderr
@@ -408,6 +410,7 @@ class Progress:
         self.total = max(total, 1)
         self.done = 0
         self._shown = -1
+        self._bar: Any = None
 
     def begin(self, total: int) -> None:
         """The real amount of work, once the selected tensors are known (`on` is decided again)."""
@@ -419,22 +422,30 @@ class Progress:
         if not self.on:
             return
         self.done += nbytes
+        if self._bar is None:  # first call: a bar on a terminal, if tqdm is there (False: plain lines)
+            self._bar = (self.tty and _tqdm(self.total, self.stream)) or False
+        if self._bar:
+            self._bar.update(nbytes)
+            return
         pct = min(100, self.done * 100 // self.total)
-        if self.tty:
-            if pct != self._shown:
-                self._shown = pct
-                gb = self.total / 1e9
-                self.stream.write(f"\rgradlog diff: {pct:3d}% of {gb:.2f} GB")
-                self.stream.flush()
-        elif pct // 10 != self._shown // 10 or self._shown < 0:
+        if pct // 10 != self._shown // 10 or self._shown < 0:
             self._shown = pct
             self.stream.write(f"gradlog diff: {pct}% of {self.total / 1e9:.2f} GB\n")
             self.stream.flush()
 
     def close(self) -> None:
-        if self.on and self.tty and self._shown >= 0:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar:
+            self._bar.close()
+            self._bar = False
+
+
+def _tqdm(total: int, stream: TextIO) -> Any:
+    """A tqdm bar counting bytes, or None without tqdm (an optional import: most training setups have it)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, file=stream, desc="gradlog diff", unit="B", unit_scale=True, dynamic_ncols=True)
 
 
 def _select(include: NameFilter, exclude: NameFilter) -> Callable[[str], bool]:

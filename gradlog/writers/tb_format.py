@@ -1,5 +1,5 @@
-"""gradlog values -> serialized TensorBoard messages (scalars, raw histograms, text, images, the tensor order,
-custom-scalars layout).
+"""gradlog values -> serialized TensorBoard Events (scalars, raw histograms, text, images, the tensor order,
+custom-scalars layout), built with TensorBoard's own protobuf classes.
 
 Importing this module imports the `tensorboard` package's protobufs; `TensorBoardWriter` does so only
 when it is constructed, so `import gradlog` stays light.
@@ -7,8 +7,9 @@ when it is constructed, so `import gradlog` stays light.
 
 from __future__ import annotations
 
-import math
+import array
 import struct
+import sys
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -45,104 +46,76 @@ _ORDER_METADATA = summary_pb2.SummaryMetadata(
 )
 
 
-# --- the hot path, encoded by hand ---------------------------------------------------------------------
-# Scalars and histograms are most of every step. Building protobuf objects for them costs ~15 us per
-# histogram; their wire format is small and fixed, so it is written directly with `struct` (tests parse
-# it back with the protobuf classes). Field numbers: tensorboard/compat/proto/{event,summary}.proto.
-_F64 = struct.Struct("<d")
-_F32 = struct.Struct("<f")
-_MOMENTS = struct.Struct("<BdBdBdBdBd")  # HistogramProto fields 1-5: min, max, num, sum, sum_squares
+# --- the hot path: a step's values added straight into Events ------------------------------------------
+# Scalars and histograms are most of every step. Each is added in place to the open Event's repeated field
+# (`values.add(...)`): building `Summary.Value` objects first and copying them into a `Summary` cost 1.25x a
+# hand encoder with `struct`; adding in place costs the same as that (benchmarks/README.md).
 
 
-_ONE_BYTE = [bytes((i,)) for i in range(128)]
+class Events:
+    """Serialized `Event` records of consecutive values: values of one step share an Event, at most
+    MAX_VALUES_PER_EVENT each; `end()` closes the open one (a text table gets an Event of its own)."""
 
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self._event: Any = None
 
-def _varint(n: int) -> bytes:
-    if 0 <= n < 128:
-        return _ONE_BYTE[n]
-    n &= 0xFFFFFFFFFFFFFFFF  # negative int64 -> ten bytes, as protobuf does
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    def values(self, step: int, wall_time: float) -> Any:
+        """The open Event's `Summary.value` list, or a new Event's when the step differs or it is full (one
+        step's Events all carry the wall time of its first value)."""
+        e = self._event
+        if e is None or e.step != step or len(e.summary.value) >= MAX_VALUES_PER_EVENT:
+            if e is not None and e.step == step:
+                wall_time = e.wall_time
+            self.end()
+            e = self._event = event_pb2.Event(wall_time=wall_time, step=step)
+        return e.summary.value
 
+    def end(self) -> None:
+        if self._event is not None:
+            self.records.append(self._event.SerializeToString())
+            self._event = None
 
-def _field(key: int, payload: bytes) -> bytes:
-    """A length-delimited field: key byte, varint length, payload."""
-    return b"".join((bytes((key,)), _varint(len(payload)), payload))
+    def scalars(self, step: int, wall_time: float, pairs: Sequence[tuple[str, float]]) -> None:
+        """`simple_value` entries, the legacy form every reader understands (float32: beyond its range a value
+        becomes +-inf, as protobuf casts it)."""
+        at = 0
+        while at < len(pairs):
+            values = self.values(step, wall_time)
+            room = MAX_VALUES_PER_EVENT - len(values)
+            add = values.add
+            for tag, v in pairs[at : at + room]:
+                add(tag=tag, simple_value=v)
+            at += room
 
+    def histogram(self, step: int, wall_time: float, tag: str, h: Histogram) -> None:
+        """A raw `HistogramProto`: `bucket[i]` counts values up to `bucket_limit[i]`, starting at `min`.
 
-def _float32(value: float) -> bytes:
-    """TensorBoard's `simple_value` is float32; beyond its range a value becomes +-inf (as protobuf casts it)."""
-    try:
-        return _F32.pack(value)
-    except OverflowError:
-        return _F32.pack(math.copysign(math.inf, value))
-
-
-_SCALAR_HEADS: dict[str, bytes] = {}  # tag -> encoded bytes before the float: the same tags come every step
-_MAX_CACHED = 100_000
-
-
-def scalar_value(tag: str, value: float) -> bytes:
-    """One `Summary.value` entry with `simple_value`, the legacy form every reader understands."""
-    head = _SCALAR_HEADS.get(tag)
-    if head is None:
-        inner = _field(0x0A, tag.encode("utf-8")) + b"\x15"
-        head = b"\x0a" + _varint(len(inner) + 4) + inner  # entry key, length (the float adds 4 bytes), tag
-        if len(_SCALAR_HEADS) < _MAX_CACHED:
-            _SCALAR_HEADS[tag] = head
-    return head + _float32(value)
-
-
-def _packed(key: int, values: Sequence[float]) -> bytes:
-    return _field(key, struct.pack(f"<{len(values)}d", *values))
-
-
-def histogram(h: Histogram) -> bytes:
-    """A serialized raw `HistogramProto`: `bucket[i]` counts values up to `bucket_limit[i]`, starting at `min`.
-
-    Only finite values are counted (`num == sum(bucket)`). Degenerate tensors follow what TensorBoard's own
-    histogram op writes: no finite value (all NaN/Inf, or empty) -> one empty bucket at 0, which readers
-    turn into an empty histogram; a constant tensor -> one zero-width bucket at its value.
-    """
-    if h.count == 0:
-        lo = hi = total = squares = 0.0
-        limits: Sequence[float] = [0.0]
-        counts: Sequence[float] = [0.0]
-    else:
-        lo, hi, total, squares = h.min, h.max, h.sum, h.sum_squares
-        if hi > lo:
-            limits, counts = list(h.edges[1:]), h.counts
-            limits[-1] = hi  # exact, whatever the rounding of the computed edges
+        Only finite values are counted (`num == sum(bucket)`). Degenerate tensors follow what TensorBoard's
+        own histogram op writes: no finite value (all NaN/Inf, or empty) -> one empty bucket at 0, which
+        readers turn into an empty histogram; a constant tensor -> one zero-width bucket at its value.
+        """
+        out = self.values(step, wall_time).add(tag=tag).histo
+        if h.count == 0:
+            out.bucket_limit.append(0.0)
+            out.bucket.append(0.0)
+            return
+        out.min, out.max, out.num, out.sum, out.sum_squares = h.min, h.max, h.count, h.sum, h.sum_squares
+        if h.max > h.min:
+            limits = list(h.edges[1:])
+            limits[-1] = h.max  # exact, whatever the rounding of the computed edges
+            out.bucket_limit.extend(limits)
+            out.bucket.extend(h.counts)
         else:
-            limits, counts = [hi], [float(h.count)]
-    moments = _MOMENTS.pack(0x09, lo, 0x11, hi, 0x19, float(h.count), 0x21, total, 0x29, squares)
-    return moments + _packed(0x32, limits) + _packed(0x3A, counts)
+            out.bucket_limit.append(h.max)
+            out.bucket.append(float(h.count))
+
+    def value(self, step: int, wall_time: float, value: Any) -> None:
+        """A `Summary.Value` built elsewhere (text, image, tensor order, packed rows: a few per step at most)."""
+        self.values(step, wall_time).append(value)
 
 
-def histogram_value(tag: str, h: Histogram) -> bytes:
-    """One `Summary.value` entry with `histo`."""
-    return _field(0x0A, _field(0x0A, tag.encode("utf-8")) + _field(0x2A, histogram(h)))
-
-
-def event(wall_time: float, step: int, values: Sequence[bytes]) -> bytes:
-    """A serialized `Event` whose `Summary` holds the given `Summary.value` entries."""
-    summary = b"".join(values)
-    return b"".join((b"\x09", _F64.pack(wall_time), b"\x10", _varint(step), _field(0x2A, summary)))
-
-
-def summary_events(wall_time: float, step: int, values: Sequence[bytes]) -> list[bytes]:
-    """Serialized Events carrying `values`, at most MAX_VALUES_PER_EVENT each."""
-    return [
-        event(wall_time, step, values[at : at + MAX_VALUES_PER_EVENT])
-        for at in range(0, len(values), MAX_VALUES_PER_EVENT)
-    ]
-
-
-# --- once per run: built with the protobuf classes ---------------------------------------------------
+# --- the rest, a few per step at most: built as `Summary.Value` objects ---------------------------------
 
 
 def _string_tensor(data: bytes) -> Any:
@@ -151,17 +124,15 @@ def _string_tensor(data: bytes) -> Any:
     )
 
 
-def text_value(tag: str, markdown: str) -> bytes:
-    """One text-plugin `Summary.value` entry; TensorBoard renders the string as markdown (tables included)."""
-    value = Value(tag=tag, metadata=_TEXT_METADATA, tensor=_string_tensor(markdown.encode("utf-8")))
-    return _field(0x0A, value.SerializeToString())
+def text_value(tag: str, markdown: str) -> Any:
+    """A text-plugin `Summary.Value`; TensorBoard renders the string as markdown (tables included)."""
+    return Value(tag=tag, metadata=_TEXT_METADATA, tensor=_string_tensor(markdown.encode("utf-8")))
 
 
-def order_value(names: Sequence[str]) -> bytes:
+def order_value(names: Sequence[str]) -> Any:
     """The tensor names in model order, one per line, under ORDER_TAG (read by the gradlog tab)."""
     data = "\n".join(names).encode("utf-8")
-    value = Value(tag=ORDER_TAG, metadata=_ORDER_METADATA, tensor=_string_tensor(data))
-    return _field(0x0A, value.SerializeToString())
+    return Value(tag=ORDER_TAG, metadata=_ORDER_METADATA, tensor=_string_tensor(data))
 
 
 #: Per-step packed rows for the gradlog tab: one float32 tensor [len(PACKED), tensors] per published step, under
@@ -177,25 +148,21 @@ _PACK_METADATA = summary_pb2.SummaryMetadata(
 )
 
 
-def packed_value(tag: str, names: Sequence[str], scalars: dict[str, float]) -> bytes:
+def packed_value(tag: str, names: Sequence[str], scalars: dict[str, float]) -> Any:
     """One step's per-tensor metrics (rows PACKED, columns `names` in model order) as a float32 tensor."""
     n = len(names)
-    out: list[float] = []
+    out = array.array("f")  # float32: beyond its range a value is +-inf, as TensorBoard's own scalars store it
     for metric in PACKED:
         get = scalars.get
         head = prefix(metric)
-        out += [get(head + name, PACK_MISSING) for name in names]
+        out.extend([get(head + name, PACK_MISSING) for name in names])
+    if sys.byteorder == "big":  # tensor_content is little-endian
+        out.byteswap()
     shape = tensor_shape_pb2.TensorShapeProto(
         dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=len(PACKED)), tensor_shape_pb2.TensorShapeProto.Dim(size=n)]
     )
-    content = struct.pack(f"<{len(out)}f", *(_clamp32(v) for v in out))
-    tensor = tensor_pb2.TensorProto(dtype="DT_FLOAT", tensor_shape=shape, tensor_content=content)
-    return _field(0x0A, Value(tag=tag, metadata=_PACK_METADATA, tensor=tensor).SerializeToString())
-
-
-def _clamp32(v: float) -> float:
-    """float32 range: beyond it a value is +-inf, as TensorBoard's own scalars store it."""
-    return v if -3.4e38 < v < 3.4e38 or v != v else math.copysign(math.inf, v)
+    tensor = tensor_pb2.TensorProto(dtype="DT_FLOAT", tensor_shape=shape, tensor_content=out.tobytes())
+    return Value(tag=tag, metadata=_PACK_METADATA, tensor=tensor)
 
 
 def png_size(png: bytes) -> tuple[int, int]:
@@ -214,13 +181,13 @@ IMAGE_DESCRIPTION = (
 )
 
 
-def image_value(tag: str, png: bytes) -> bytes:
-    """One `Summary.value` entry with an encoded image (TensorBoard's Images tab), with its legend as the
+def image_value(tag: str, png: bytes) -> Any:
+    """A `Summary.Value` with an encoded image (TensorBoard's Images tab), with its legend as the
     card's description (the image itself has no text)."""
     width, height = png_size(png)
     image = summary_pb2.Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
     meta = summary_pb2.SummaryMetadata(summary_description=IMAGE_DESCRIPTION)
-    return _field(0x0A, Value(tag=tag, image=image, metadata=meta).SerializeToString())
+    return Value(tag=tag, image=image, metadata=meta)
 
 
 #: Long cells are wrapped at this many characters with <br>: TensorBoard's Text tab lets a table fill the

@@ -1,8 +1,8 @@
 """`TensorBoardWriter`: event files for `tensorboard --logdir runs`, written by a background thread.
 
-The training thread only enqueues plain Python values. A writer thread turns them into protobufs,
-batches a step's values into few Event records, frames them (C CRC32C) and writes them with one
-system call. `flush()` (the logger calls it after every published step) waits until that is done,
+The training thread only enqueues plain Python values. A writer thread adds them to TensorBoard's own
+protobuf messages, a step's values in few Event records, frames them (C CRC32C) and writes them with
+one system call. `flush()` (the logger calls it after every published step) waits until that is done,
 so a `kill -9` right after `log()` loses nothing already logged.
 """
 
@@ -145,47 +145,35 @@ class _Sink:
         return out
 
 
-def _values(fmt: Any, item: _Item) -> list[bytes]:
-    """Serialized `Summary.Value`s of one queue item."""
-    kind, _, _, payload = item
-    if kind == "s":
-        value = fmt.scalar_value
-        return [value(tag, v) for tag, v in payload]
-    if kind == "h":
-        return [fmt.histogram_value(*payload)]
-    if kind == "H":
-        tags, hists = payload
-        return [fmt.histogram_value(tag, h) for tag, h in zip(tags, hists.values())]
-    if kind == "i":
-        return [fmt.image_value(*payload)]
-    if kind == "o":
-        return [fmt.order_value(payload)]
-    if kind == "p":
-        tag, names, pairs = payload
-        return [fmt.packed_value(tag, names, dict(pairs))]
-    return [fmt.text_value(*payload)]
-
-
 def _encode(fmt: Any, items: list[_Item]) -> list[bytes]:
-    """Consecutive items of the same step share Events (up to MAX_VALUES_PER_EVENT values each).
+    """Serialized Events: consecutive items of the same step share Events (up to MAX_VALUES_PER_EVENT values
+    each).
 
     A text table is an Event of its own: a damaged record then loses one table, never the final
     summary (the verdict) together with the never-updated table written beside it."""
-    records: list[bytes] = []
-    group: list[bytes] = []
-    step, wall = 0, 0.0
-    for item in items:
-        if group and (item[1] != step or item[0] == "t"):
-            records += fmt.summary_events(wall, step, group)
-            group = []
-        if not group:
-            step, wall = item[1], item[2]
-        group += _values(fmt, item)
-        if item[0] == "t":
-            records += fmt.summary_events(wall, step, group)
-            group = []
-    if group:
-        records += fmt.summary_events(wall, step, group)
+    out = fmt.Events()
+    for kind, step, wall, payload in items:
+        if kind == "s":
+            out.scalars(step, wall, payload)
+        elif kind == "H":
+            tags, hists = payload
+            for tag, h in zip(tags, hists.values()):
+                out.histogram(step, wall, tag, h)
+        elif kind == "h":
+            out.histogram(step, wall, *payload)
+        elif kind == "i":
+            out.value(step, wall, fmt.image_value(*payload))
+        elif kind == "o":
+            out.value(step, wall, fmt.order_value(payload))
+        elif kind == "p":
+            tag, names, pairs = payload
+            out.value(step, wall, fmt.packed_value(tag, names, dict(pairs)))
+        else:
+            out.end()
+            out.value(step, wall, fmt.text_value(*payload))
+            out.end()
+    out.end()
+    records: list[bytes] = out.records
     return records
 
 
