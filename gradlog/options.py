@@ -136,7 +136,9 @@ class AlertOptions:
         for name in ("ratio_patience", "no_grad_patience"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"AlertOptions: {name} must be an integer >= 1 (measured steps in a row), got {value!r}")
+                raise ValueError(
+                    f"AlertOptions: {name} must be an integer >= 1 (measured steps in a row), got {value!r}"
+                )
         check_spike(self.spike_factor)
 
 
