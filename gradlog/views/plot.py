@@ -93,38 +93,52 @@ def figure(
     `first_nonfinite` (step, tensor) draws a red line where the first NaN/Inf gradient was seen. Tags are
     today's (`weights/update_ratio/<name>`, ...) or those of runs written before (`update_ratio/<name>`).
     """
-    mpl = _require_matplotlib()
-    from matplotlib import colors
+    _require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
 
     lo, hi = float(band[0]), float(band[1])
     never = _never(never_updated)
     rename = tags.old_to_new(series)
     if rename:
         series = {rename.get(t, t): v for t, v in series.items()}
-    ratio, grad = tags.prefix("update_ratio"), tags.prefix("grad_norm")
-    ratio_names = _names(series, ratio)
-    grad_names = _names(series, grad)
-    rows: list[str] = []
-    for name in [*_names(series, tags.prefix("weight_norm")), *grad_names, *ratio_names, *never]:  # model order
-        if name not in rows:
-            rows.append(name)
-    n_rows = max(len(rows), 1)
-
-    heat_h = min(max(n_rows * 0.16, 2.5), 12.0)
+    rows = _rows(series, never)
+    heat_h = min(max(max(len(rows), 1) * 0.16, 2.5), 12.0)
     ratio_h = 4.0
     fig = Figure(figsize=(13.0, ratio_h + heat_h + 1.6), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax_r, ax_h = fig.subplots(2, 1, height_ratios=[ratio_h, heat_h])
     heading = title or "gradlog: update ratio and gradient norm per tensor"
-    n_never = len(never)
-    fig.suptitle(f"{heading}\n{len(rows)} tensor{'s' * (len(rows) != 1)}, {n_never} never updated", fontsize=11)
+    fig.suptitle(f"{heading}\n{len(rows)} tensor{'s' * (len(rows) != 1)}, {len(never)} never updated", fontsize=11)
+    _ratio_panel(ax_r, series, never, lo, hi)
+    if first_nonfinite is not None:
+        _mark_nonfinite(ax_r, ax_h, *first_nonfinite)
+    x_edges = _grad_heatmap(fig, ax_h, series, rows)
+    if x_edges is not None:  # one x range for both panels, so a step lines up across them
+        ax_r.set_xlim(x_edges[0], x_edges[-1])
+    _label_rows(ax_h, rows, never, heat_h)
+    return fig
 
-    # --- top: log10 update ratio per tensor, healthy band shaded -----------------------------------
+
+def _rows(series: Series, never: Mapping[str, str]) -> list[str]:
+    """The heatmap's tensors, in model order (the order the series were first written), never-updated ones too."""
+    rows: list[str] = []
+    for prefix in ("weight_norm", "grad_norm", "update_ratio"):
+        for name in _names(series, tags.prefix(prefix)):
+            if name not in rows:
+                rows.append(name)
+    rows += [name for name in never if name not in rows]
+    return rows
+
+
+def _ratio_panel(ax_r: Any, series: Series, never: Mapping[str, str], lo: float, hi: float) -> None:
+    """Top: log10 update ratio per tensor, healthy band shaded; many tensors: the furthest out of band in
+    colour, the rest grey; never-updated tensors dashed red."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
+
+    ratio = tags.prefix("update_ratio")
+    ratio_names = _names(series, ratio)
     ax_r.axhspan(math.log10(lo), math.log10(hi), color="#2ca02c", alpha=0.12, lw=0)
     ax_r.axhline(math.log10(lo), color="#2ca02c", lw=0.8, ls=":")
     ax_r.axhline(math.log10(hi), color="#2ca02c", lw=0.8, ls=":")
@@ -145,9 +159,51 @@ def figure(
         highlighted = [n for n in ranked[:_HIGHLIGHT] if scores[n] > 0]
         grey = [list(zip(*curves[n])) for n in ratio_names if n not in highlighted and len(curves[n][0]) > 0]
         ax_r.add_collection(LineCollection(grey, colors="#999999", linewidths=0.5, alpha=0.35, zorder=1))
+    handles = _ratio_lines(ax_r, highlighted, curves, never, floor)
+    if len(ratio_names) > _LEGEND_MAX:
+        handles.append(Line2D([], [], color="#999999", lw=0.8, label=f"{len(ratio_names) - len(highlighted)} others"))
+    handles.append(Line2D([], [], color="#2ca02c", lw=6, alpha=0.25, label=f"healthy band {lo:g}..{hi:g}"))
+    ax_r.axhline(floor, color="#444444", lw=0.6, ls="--")
+    ax_r.text(0.002, floor, " no update (ratio 0)", transform=ax_r.get_yaxis_transform(), va="bottom", fontsize=7)
+    if not ratio_names:
+        ax_r.text(
+            0.5,
+            0.5,
+            "no update_ratio data (no optimizer, or nothing measured)",
+            ha="center",
+            va="center",
+            transform=ax_r.transAxes,
+            fontsize=10,
+            color="#555555",
+        )
+    ax_r.autoscale_view()
+    ax_r.set_ylabel("log10 update ratio\n‖Δw‖ / ‖w‖")
+    ax_r.set_xlabel("step")
+    ax_r.grid(True, lw=0.3, alpha=0.5)
+    title_txt = None if len(ratio_names) <= _LEGEND_MAX else f"furthest out of band ({len(highlighted)} shown)"
+    ax_r.legend(
+        handles=handles,
+        loc="center left",  # outside the axes: a legend must never hide a line
+        bbox_to_anchor=(1.01, 0.5),
+        fontsize=7.5,
+        title=title_txt,
+        title_fontsize=7.5,
+        frameon=True,
+        framealpha=0.85,
+    )
+
+
+def _ratio_lines(
+    ax_r: Any,
+    highlighted: list[str],
+    curves: Mapping[str, tuple[list[float], list[float]]],
+    never: Mapping[str, str],
+    floor: float,
+) -> list[Any]:
+    """One coloured line per highlighted tensor; never-updated ones last and dashed, so a line they
+    overlap still shows through the gaps."""
     palette = ["#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
     handles: list[Any] = []
-    # never-updated tensors last and dashed, so a line they overlap still shows through the gaps
     for k, name in enumerate(sorted(highlighted, key=lambda n: n in never)):
         xs, ys = curves[name]
         bad = name in never
@@ -169,53 +225,34 @@ def figure(
             zorder=4 if bad else 3,
         )
         handles.append(line)
-    if len(ratio_names) > _LEGEND_MAX:
-        handles.append(Line2D([], [], color="#999999", lw=0.8, label=f"{len(ratio_names) - len(highlighted)} others"))
-    handles.append(Line2D([], [], color="#2ca02c", lw=6, alpha=0.25, label=f"healthy band {lo:g}..{hi:g}"))
-    ax_r.axhline(floor, color="#444444", lw=0.6, ls="--")
-    ax_r.text(0.002, floor, " no update (ratio 0)", transform=ax_r.get_yaxis_transform(), va="bottom", fontsize=7)
-    if not ratio_names:
-        ax_r.text(
-            0.5,
-            0.5,
-            "no update_ratio data (no optimizer, or nothing measured)",
-            ha="center",
-            va="center",
-            transform=ax_r.transAxes,
-            fontsize=10,
-            color="#555555",
-        )
-    if first_nonfinite is not None:
-        step, name = first_nonfinite
-        for ax in (ax_r, ax_h):
-            ax.axvline(step, color="#d62728", lw=1.0, ls="-.", zorder=5)
-        ax_r.text(
-            step,
-            0.98,
-            f" first NaN/Inf gradient: step {step}, {_short(name, 40)}",
-            color="#d62728",
-            fontsize=8,
-            va="top",
-            transform=ax_r.get_xaxis_transform(),
-        )
-    ax_r.autoscale_view()
-    ax_r.set_ylabel("log10 update ratio\n‖Δw‖ / ‖w‖")
-    ax_r.set_xlabel("step")
-    ax_r.grid(True, lw=0.3, alpha=0.5)
-    title_txt = None if len(ratio_names) <= _LEGEND_MAX else f"furthest out of band ({len(highlighted)} shown)"
-    ax_r.legend(
-        handles=handles,
-        loc="center left",  # outside the axes: a legend must never hide a line
-        bbox_to_anchor=(1.01, 0.5),
-        fontsize=7.5,
-        title=title_txt,
-        title_fontsize=7.5,
-        frameon=True,
-        framealpha=0.85,
+    return handles
+
+
+def _mark_nonfinite(ax_r: Any, ax_h: Any, step: int, name: str) -> None:
+    """A red line in both panels where the first NaN/Inf gradient was seen."""
+    for ax in (ax_r, ax_h):
+        ax.axvline(step, color="#d62728", lw=1.0, ls="-.", zorder=5)
+    ax_r.text(
+        step,
+        0.98,
+        f" first NaN/Inf gradient: step {step}, {_short(name, 40)}",
+        color="#d62728",
+        fontsize=8,
+        va="top",
+        transform=ax_r.get_xaxis_transform(),
     )
 
-    # --- bottom: gradient norm heatmap, tensors x steps ---------------------------------------------
-    steps = sorted({s for n in grad_names for s, _ in series[grad + n]})
+
+def _grad_heatmap(fig: Figure, ax_h: Any, series: Series, rows: list[str]) -> list[float] | None:
+    """Bottom: gradient norm, tensors x steps (log colour; zero black, NaN/Inf red, missing grey).
+    Returns the x edges of its columns (None when nothing was measured)."""
+    mpl = _require_matplotlib()
+    from matplotlib import colors
+    from matplotlib.ticker import MaxNLocator
+
+    grad = tags.prefix("grad_norm")
+    n_rows = max(len(rows), 1)
+    steps = sorted({s for n in _names(series, grad) for s, _ in series[grad + n]})
     if len(steps) > _MAX_COLUMNS:
         steps = [steps[int(i * len(steps) / _MAX_COLUMNS)] for i in range(_MAX_COLUMNS)]
     col = {s: j for j, s in enumerate(steps)}
@@ -246,9 +283,7 @@ def figure(
         x_edges, y_edges, matrix, cmap=cmap, norm=colors.LogNorm(vmin=vmin, vmax=vmax), shading="flat"
     )
     ax_h.set_ylim(n_rows - 0.5, -0.5)
-    if steps:  # one x range for both panels, so a step lines up across them
-        ax_r.set_xlim(x_edges[0], x_edges[-1])
-    for ax in (ax_r, ax_h):
+    for ax in fig.axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax_h.set_xlabel("step")
     ax_h.set_title(
@@ -258,7 +293,12 @@ def figure(
     )
     cbar = fig.colorbar(mesh, ax=ax_h, extend="both", fraction=0.025, pad=0.01)
     cbar.set_label("‖grad‖")
+    return x_edges if steps else None
 
+
+def _label_rows(ax_h: Any, rows: list[str], never: Mapping[str, str], heat_h: float) -> None:
+    """Tensor names on the left (thinned to what fits), never-updated ones in red and, with their reason,
+    on the right; a red bar at the left edge marks every never-updated row, labelled or not."""
     capacity = max(int(heat_h / _ROW_LABEL_IN), 2)
     bad_rows = [i for i, n in enumerate(rows) if n in never]
     left = thin_positions(range(len(rows)), len(rows), capacity)
@@ -270,23 +310,23 @@ def figure(
         ax_h.set_ylabel(f"tensor ({len(left)} of {len(rows)} labelled)")
     else:
         ax_h.set_ylabel("tensor")
-    if bad_rows:
-        right = ax_h.secondary_yaxis("right")
-        shown = thin_positions(bad_rows, len(rows), capacity)
-        right.set_yticks(
-            shown,
-            [_short(f"✗ {rows[i]}: {never[rows[i]]}".rstrip(": "), 52) for i in shown],
-            fontsize=_LABEL_PT,
-            color="#d62728",
-        )
-        right.tick_params(axis="y", colors="#d62728", length=3)
-        if len(shown) < len(bad_rows):
-            right.set_ylabel(f"never updated ({len(shown)} of {len(bad_rows)} labelled)", color="#d62728")
-        else:
-            right.set_ylabel("never updated", color="#d62728")
-        for i in bad_rows:  # a red bar at the left edge marks every never-updated row, labelled or not
-            ax_h.axhspan(i - 0.5, i + 0.5, xmin=0.0, xmax=0.006, color="#d62728", lw=0, zorder=4)
-    return fig
+    if not bad_rows:
+        return
+    right = ax_h.secondary_yaxis("right")
+    shown = thin_positions(bad_rows, len(rows), capacity)
+    right.set_yticks(
+        shown,
+        [_short(f"✗ {rows[i]}: {never[rows[i]]}".rstrip(": "), 52) for i in shown],
+        fontsize=_LABEL_PT,
+        color="#d62728",
+    )
+    right.tick_params(axis="y", colors="#d62728", length=3)
+    if len(shown) < len(bad_rows):
+        right.set_ylabel(f"never updated ({len(shown)} of {len(bad_rows)} labelled)", color="#d62728")
+    else:
+        right.set_ylabel("never updated", color="#d62728")
+    for i in bad_rows:
+        ax_h.axhspan(i - 0.5, i + 0.5, xmin=0.0, xmax=0.006, color="#d62728", lw=0, zorder=4)
 
 
 def _short(text: str, width: int) -> str:
