@@ -46,7 +46,9 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
         steps.append(time.perf_counter() - t)
-    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, provisional_every=None, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer="memory", provisional_every=None)
+    )
     loss_fn(model).backward()
     opt.step()
     gl.log(0)
@@ -54,7 +56,7 @@ def main() -> None:
     costs = []
     for _ in range(args.repeats):
         t = time.perf_counter()
-        gl._write_provisional(0)
+        gl.write_provisional(0)
         costs.append(time.perf_counter() - t)
     gl.close()
     n = sum(p.numel() for p in model.parameters())
@@ -68,7 +70,9 @@ def main() -> None:
 def frozen(device: torch.device, backbone: float, repeats: int) -> None:
     model, loss_fn = _frozen(device, backbone)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, provisional_every=None, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer="memory", provisional_every=None)
+    )
     for step in range(2):
         loss_fn(model).backward()
         opt.step()
@@ -77,10 +81,10 @@ def frozen(device: torch.device, backbone: float, repeats: int) -> None:
     provisional, exact = [], []
     for _ in range(repeats):  # interleaved A/B in one process: the machine's load hits both alike
         t = time.perf_counter()
-        gl._write_provisional(1)
+        gl.write_provisional(1)
         provisional.append(time.perf_counter() - t)
         t = time.perf_counter()
-        gl._local_report()
+        gl.write_provisional(1, exact=True)
         exact.append(time.perf_counter() - t)
     gl.close()
     n = sum(p.numel() for p in model.parameters())

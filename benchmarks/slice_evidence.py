@@ -59,13 +59,11 @@ def one_run(
     gl = gradlog.GradLogger(
         model,
         opt,
-        writer=gradlog.MemoryWriter(),
         every=1,
-        histograms=False,
-        count_zeros=False,
         print_report=False,
         alerts=False,
-        provisional_every=None,
+        histograms=gradlog.HistogramOptions(kinds=(), count_zeros=False),
+        writer=gradlog.Output(writer=gradlog.MemoryWriter(), provisional_every=None),
     )
     gl.meter._slice_evidence = evidence
     spent = [0.0]

@@ -16,6 +16,7 @@ from gradlog.check import CheckReport, check
 from gradlog.logger import GradLogger, clip_grad_norm_, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram, Histograms
+from gradlog.options import AlertOptions, HistogramOptions, Output
 from gradlog.verdict.report import NeverUpdated, NonFinite, PartlyUpdated, Reason, Report, Stalled
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
@@ -28,14 +29,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WRITERS",
+    "AlertOptions",
     "CheckReport",
     "DistributedMismatchError",
     "GradLogger",
     "Histogram",
+    "HistogramOptions",
     "Histograms",
     "MemoryWriter",
     "NeverUpdated",
     "NonFinite",
+    "Output",
     "PartlyUpdated",
     "Reason",
     "Report",

@@ -256,7 +256,7 @@ def check(
             gl.log(step)
         report = gl.close()
     finally:
-        if gl._report is None:
+        if not gl.closed:
             gl.print_report = False
             gl.close()
         saved.restore()

@@ -20,7 +20,7 @@ def _close_loggers():
     yield
     import gradlog
 
-    for gl in list(gradlog.logger._active):
+    for gl in list(gradlog.lifecycle.ACTIVE):
         gl.print_report = False
         try:
             gl.close()

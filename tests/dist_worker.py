@@ -145,7 +145,12 @@ def train(
     opt = make_optimizer(model)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(
-        model, opt, writer=[mem, *(writers or [])], every=1, histogram_every=2, bins=16, print_report=False
+        model,
+        opt,
+        writer=[mem, *(writers or [])],
+        every=1,
+        print_report=False,
+        histograms=gradlog.HistogramOptions(every=2, bins=16),
     )
     if collectives is not None:
         reducer = gl.meter.reducer
@@ -201,7 +206,14 @@ def tp_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 def train_tp(model: nn.Module, writers: list[gradlog.Writer] | None = None) -> tuple[dict[str, Any], int]:
     opt = tp_optimizer(model)
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=[mem, *(writers or [])], every=1, bins=16, print_report=False)
+    gl = gradlog.GradLogger(
+        model,
+        opt,
+        writer=[mem, *(writers or [])],
+        every=1,
+        print_report=False,
+        histograms=gradlog.HistogramOptions(bins=16),
+    )
     for step in range(STEPS):
         x, y = data(step)
         nn.functional.mse_loss(model(x), y).backward()
@@ -319,7 +331,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["layout"] = str(exc)
     gl._handles[0].remove()
     gl._handles[1].remove()
-    gradlog.logger._active.remove(gl)
+    gradlog.lifecycle.ACTIVE.remove(gl)
 
     # 2. rank 1 drops its first measurement (a failure before its collective): the next exchange pairs
     # rank 0's step 0 with rank 1's step 1, and both ranks raise
@@ -349,33 +361,37 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["index"] = str(exc)
     for h in gl._handles:
         h.remove()
-    gradlog.logger._active.remove(gl)
+    gradlog.lifecycle.ACTIVE.remove(gl)
 
     # 4. without an optimizer, rank 1 skips the log() call for step 0: its log(1) meets rank 0's log(0) in the
     # collective, and the step passed to log() travels in it, so both ranks raise at once (issue 15)
     m, _ = sharded()
     m.weight.grad = DTensor.from_local(torch.ones_like(m.weight.to_local()), mesh, [Shard(0)])
-    gl = gradlog.GradLogger(m, None, every=1, writer="memory", print_report=False, sync_timeout=60)
+    gl = gradlog.GradLogger(
+        m, None, every=1, print_report=False, writer=gradlog.Output(writer="memory", sync_timeout=60)
+    )
     results["skipped_log"] = None
     try:
         for s in (0, 1) if rank == 0 else (1,):
             gl.log(s)
     except gradlog.DistributedMismatchError as exc:
         results["skipped_log"] = str(exc)
-    gradlog.logger._active.remove(gl)
+    gradlog.lifecycle.ACTIVE.remove(gl)
 
     # 3. only rank 0 measures (log() without an optimizer, called on rank 0 alone): it times out with
     # a clear error instead of hanging; rank 1 never enters a gradlog collective
     m, _ = sharded()
     m.weight.grad = DTensor.from_local(torch.ones_like(m.weight.to_local()), mesh, [Shard(0)])
-    gl = gradlog.GradLogger(m, None, every=1, writer="memory", print_report=False, sync_timeout=3)
+    gl = gradlog.GradLogger(
+        m, None, every=1, print_report=False, writer=gradlog.Output(writer="memory", sync_timeout=3)
+    )
     results["timeout"] = None
     if rank == 0:
         try:
             gl.log(0)
         except gradlog.DistributedMismatchError as exc:
             results["timeout"] = str(exc)
-    gradlog.logger._active.remove(gl)
+    gradlog.lifecycle.ACTIVE.remove(gl)
 
     _save(out, "mismatch", rank, {"results": results})
 

@@ -42,7 +42,11 @@ def writer_of(name: str, log_dir: str) -> list[gradlog.Writer]:
 def train(log_dir: str, writer: str, steps: int | None = None, progress: str | None = None) -> None:
     model, opt = tiny()
     gl = gradlog.GradLogger(
-        model, opt, writer=writer_of(writer, log_dir), every=2, histogram_every=4, provisional_every=0
+        model,
+        opt,
+        every=2,
+        histograms=gradlog.HistogramOptions(every=4),
+        writer=gradlog.Output(writer=writer_of(writer, log_dir), provisional_every=0),
     )
     fd = os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_APPEND) if progress else None
     step = 0
@@ -207,7 +211,7 @@ def leak(runs: int) -> None:
     import gc
 
     gc.collect()
-    print(f"model gone: weight freed {ref() is None}, logger closed {gl2._report is not None}", flush=True)
+    print(f"model gone: weight freed {ref() is None}, logger closed {gl2.closed}", flush=True)
 
 
 def dist_sigterm(log_dir: str) -> None:
@@ -220,7 +224,9 @@ def dist_sigterm(log_dir: str) -> None:
     model, _ = tiny()
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.005)
-    gl = gradlog.GradLogger(ddp, opt, writer="tensorboard", log_dir=log_dir, every=2, histogram_every=4)
+    gl = gradlog.GradLogger(
+        ddp, opt, writer="tensorboard", log_dir=log_dir, every=2, histograms=gradlog.HistogramOptions(every=4)
+    )
     step = 0
     while True:
         ddp(torch.randn(3, 4)).pow(2).mean().backward()

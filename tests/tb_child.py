@@ -21,7 +21,14 @@ def main(mode: str, log_dir: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(16)])  # 32 tensors, 96 histograms a step
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    gl = gradlog.GradLogger(model, opt, writer="tensorboard", log_dir=os.path.join(log_dir, "run"), every=1, bins=512)
+    gl = gradlog.GradLogger(
+        model,
+        opt,
+        writer="tensorboard",
+        log_dir=os.path.join(log_dir, "run"),
+        every=1,
+        histograms=gradlog.HistogramOptions(bins=512),
+    )
     steps = 5 if mode == "exit" else KILL_AT + 1
     for step in range(steps):
         model(torch.randn(4, 8)).pow(2).mean().backward()

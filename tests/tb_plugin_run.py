@@ -52,7 +52,9 @@ def write_run(log_dir: str, close: bool = True) -> tuple[gradlog.GradLogger, dic
     others = [p for n, p in model.named_parameters() if not n.startswith("stall.")]
     opt = torch.optim.SGD([{"params": others, "lr": 0.05}, {"params": stall_params, "lr": 0.05}])
     writer = gradlog.TensorBoardWriter(log_dir)
-    gl = gradlog.GradLogger(model, opt, writer=writer, every=1, print_report=False, overview_every=1)
+    gl = gradlog.GradLogger(
+        model, opt, writer=writer, every=1, print_report=False, histograms=gradlog.HistogramOptions(overview_every=1)
+    )
     expected: dict[str, list[float]] = {n: [] for n, _ in model.named_parameters()}
     for step in range(STEPS):
         if step == STALL_STEP:

@@ -43,7 +43,12 @@ def test_update_ratio_alert_fires_when_the_hand_computed_streak_reaches_patience
     mem = gradlog.MemoryWriter()
     band, patience = (1e-4, 1e-2), 3
     gl = gradlog.GradLogger(
-        model, opt, writer=mem, every=1, print_report=False, ratio_band=band, ratio_patience=patience
+        model,
+        opt,
+        writer=mem,
+        every=1,
+        print_report=False,
+        alerts=gradlog.AlertOptions(ratio_band=band, ratio_patience=patience),
     )
     streak: dict[tuple[str, str], int] = {}
     expected: dict[tuple[str, str], int] = {}  # (name, kind) -> first optimizer step it should fire
@@ -110,7 +115,14 @@ def test_no_grad_alert_after_patience_skips_frozen_tensors(caplog: pytest.LogCap
     model = nn.ModuleDict({"used": nn.Linear(4, 4), "unused": nn.Linear(4, 4), "frozen": nn.Linear(4, 4)})
     model["frozen"].requires_grad_(False)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=3, no_grad_patience=4, print_report=False)
+    gl = gradlog.GradLogger(
+        model,
+        opt,
+        writer=gradlog.MemoryWriter(),
+        every=3,
+        print_report=False,
+        alerts=gradlog.AlertOptions(no_grad_patience=4),
+    )
     caplog.set_level(logging.WARNING, logger="gradlog")
     for step in range(15):
         model["used"](model["frozen"](torch.randn(2, 4))).sum().backward()
@@ -130,7 +142,7 @@ def test_alerts_off_logs_and_writes_nothing(caplog: pytest.LogCaptureFixture) ->
     model = nn.ModuleDict({"used": nn.Linear(4, 4), "unused": nn.Linear(4, 4)})
     opt = torch.optim.SGD(model.parameters(), lr=100.0)
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, alerts=False, no_grad_patience=1, print_report=False)
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, alerts=False, print_report=False)
     caplog.set_level(logging.WARNING, logger="gradlog")
     for step in range(5):
         model["used"](torch.randn(2, 4)).sum().backward()
@@ -151,12 +163,14 @@ def test_alerts_off_logs_and_writes_nothing(caplog: pytest.LogCaptureFixture) ->
         ({"ratio_band": (1e-3,)}, r"two numbers"),
         ({"ratio_patience": 0}, r"ratio_patience must be an integer >= 1.*got 0"),
         ({"no_grad_patience": 2.5}, r"no_grad_patience must be an integer >= 1.*got 2\.5"),
+        ({"spike_factor": 1}, r"spike_factor must be a number > 1"),
     ],
 )
 def test_bad_thresholds_name_the_value(kwargs: dict[str, object], match: str) -> None:
     model = nn.Linear(2, 2)
     with pytest.raises(ValueError, match=match):
-        gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), writer="memory", **kwargs)  # type: ignore[arg-type]
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gradlog.GradLogger(model, opt, writer="memory", alerts=gradlog.AlertOptions(**kwargs))  # type: ignore[arg-type]
 
 
 def test_histogram_of_a_huge_finite_range_does_not_crash_training() -> None:

@@ -221,7 +221,9 @@ def _train_compiled(compile_model: bool) -> gradlog.MemoryWriter:
     if compile_model:
         model = torch.compile(model, fullgraph=True)  # fullgraph: any graph break raises
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, bins=8, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, writer=mem, every=1, print_report=False, histograms=gradlog.HistogramOptions(bins=8)
+    )
     for step in range(3):
         model(batch(step)).pow(2).mean().backward()
         opt.step()

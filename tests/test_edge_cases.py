@@ -233,13 +233,13 @@ def test_bad_input_errors_name_the_value_and_the_fix() -> None:
     with pytest.raises(ValueError, match=r"every must be an integer >= 1.*got 0"):
         gradlog.GradLogger(model, opt, every=0)
     with pytest.raises(ValueError, match=r"bins must be an integer in 1\.\.512, got 513"):
-        gradlog.GradLogger(model, opt, bins=513)
+        gradlog.GradLogger(model, opt, histograms=gradlog.HistogramOptions(bins=513))
     with pytest.raises(ValueError, match=r"unknown writer 'tensorbored'; valid names are .*'memory'"):
         gradlog.GradLogger(model, opt, writer="tensorbored")
     with pytest.raises(TypeError, match="one GradLogger per optimizer"):
         gradlog.GradLogger(model, [opt])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="histogram_every must be a positive multiple of every=5"):
-        gradlog.GradLogger(model, opt, every=5, histogram_every=7)
+    with pytest.raises(ValueError, match=r"HistogramOptions\(every=7\) must be a positive multiple of every=5"):
+        gradlog.GradLogger(model, opt, every=5, histograms=gradlog.HistogramOptions(every=7))
     gl = gradlog.GradLogger(model, opt, writer="memory", print_report=False)
     gl.close()
     with pytest.raises(RuntimeError, match=r"log\(\) called after close\(\)"):
@@ -297,7 +297,9 @@ def test_a_failing_writer_warns_once_and_training_continues() -> None:
 def test_strict_mode_raises_writer_errors() -> None:
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    gl = gradlog.GradLogger(model, opt, writer=Exploding(), every=1, print_report=False, strict=True)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=Exploding(), strict=True)
+    )
     _step(model, opt, torch.randn(2, 2))
     with pytest.raises(OSError, match="No space left"):
         gl.log(0)
@@ -328,7 +330,9 @@ def test_a_failing_diagnosis_warns_and_close_still_cleans_up(monkeypatch: pytest
 
 def test_a_failing_diagnosis_raises_in_strict_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     model = nn.Linear(2, 2)
-    gl = gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), writer="memory", strict=True)
+    gl = gradlog.GradLogger(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), writer=gradlog.Output(writer="memory", strict=True)
+    )
 
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("planted")

@@ -22,7 +22,9 @@ def _setup(seed: int = 0) -> tuple[nn.Sequential, torch.optim.Optimizer, torch.T
 def test_update_ratio_and_signed_update_histogram_match_sgd_by_hand() -> None:
     model, opt, x = _setup()
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, bins=8, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, writer=mem, every=1, print_report=False, histograms=gradlog.HistogramOptions(bins=8)
+    )
     model(x).pow(2).sum().backward()
     w = model[0].weight
     before, grad = w.detach().clone(), w.grad.detach().clone()

@@ -134,7 +134,9 @@ def test_cpu_steps_hold_integer_counts_that_match_numpy_by_hand() -> None:
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(12)], nn.Linear(8, 3000), nn.Linear(3000, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     blocks = Blocks()
-    gl = gradlog.GradLogger(model, opt, writer=blocks, every=1, bins=16, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, writer=blocks, every=1, print_report=False, histograms=gradlog.HistogramOptions(bins=16)
+    )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     model(torch.randn(4, 8)).pow(2).mean().backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}  # type: ignore[union-attr]

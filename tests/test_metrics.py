@@ -102,7 +102,9 @@ def test_zero_fractions_are_counted_on_histogram_steps_only() -> None:
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=mem, every=2, histogram_every=4, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, writer=mem, every=2, print_report=False, histograms=gradlog.HistogramOptions(every=4)
+    )
     zero_fracs = {}
     for step in range(9):
         model(torch.randn(4, 6)).sum().backward()
@@ -124,7 +126,14 @@ def test_count_zeros_overrides_the_histogram_schedule(histograms: bool, count_ze
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(
-        model, opt, writer=mem, every=2, histograms=histograms, count_zeros=count_zeros, print_report=False
+        model,
+        opt,
+        writer=mem,
+        every=2,
+        print_report=False,
+        histograms=gradlog.HistogramOptions(
+            kinds=("grad", "weight", "update") if histograms else (), count_zeros=count_zeros
+        ),
     )
     zero_fracs = {}
     for step in range(5):
@@ -142,7 +151,7 @@ def test_count_zeros_overrides_the_histogram_schedule(histograms: bool, count_ze
 
 def test_count_zeros_must_be_a_bool_or_none() -> None:
     with pytest.raises(ValueError, match=r"count_zeros must be None .* got 'yes'"):
-        gradlog.GradLogger(Net(), writer="memory", count_zeros="yes")  # type: ignore[arg-type]
+        gradlog.GradLogger(Net(), writer="memory", histograms=gradlog.HistogramOptions(count_zeros="yes"))  # type: ignore[arg-type]
 
 
 def test_weight_norms_of_frozen_and_unoptimised_tensors_beside_moving_ones() -> None:
@@ -192,7 +201,9 @@ def test_histograms_match_finite_values_and_count_nonfinite() -> None:
     model = nn.Linear(50, 40)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, bins=16, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, writer=mem, every=1, print_report=False, histograms=gradlog.HistogramOptions(bins=16)
+    )
     model(torch.randn(8, 50)).sum().backward()
     model.weight.grad[0, :5] = float("nan")
     model.weight.grad[1, :2] = float("inf")

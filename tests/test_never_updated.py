@@ -391,7 +391,9 @@ def test_frozen_tensors_are_not_read_on_measured_steps_only_fingerprinted_at_sta
     mem = gradlog.MemoryWriter()
     # histograms on every step; no provisional tables: those are a wall-clock-gated snapshot of the close-time
     # answer (issue 15), which fingerprints every tensor like close() does, not part of the per-step measurement
-    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, provisional_every=None)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=mem, provisional_every=None)
+    )
     counter = _CountReads(frozen)
     for step in range(3):
         model(torch.randn(4, 6)).pow(2).mean().backward()

@@ -87,7 +87,12 @@ def test_provisional_tables_on_histogram_steps_and_the_final_one_wins() -> None:
     model, opt = tiny()
     mem, rec = gradlog.MemoryWriter(), Tables()
     gl = gradlog.GradLogger(
-        model, opt, writer=[mem, rec], every=2, histogram_every=4, provisional_every=0, print_report=False
+        model,
+        opt,
+        every=2,
+        print_report=False,
+        histograms=gradlog.HistogramOptions(every=4),
+        writer=gradlog.Output(writer=[mem, rec], provisional_every=0),
     )
     steps(gl, model, opt, 10)
     summaries = [dict(map(tuple, rows)) for rows in rec.named("gradlog/provisional/summary")]
@@ -108,11 +113,20 @@ def test_provisional_tables_on_histogram_steps_and_the_final_one_wins() -> None:
 def test_provisional_every_is_a_wall_time_gate() -> None:
     model, opt = tiny()
     rare, never = Tables(), Tables()
-    gl = gradlog.GradLogger(model, opt, writer=rare, every=1, provisional_every=3600.0, print_report=False)
-    gl2 = gradlog.GradLogger(model, opt, writer=never, every=1, provisional_every=None, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=rare, provisional_every=3600.0)
+    )
+    gl2 = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=never, provisional_every=None)
+    )
     no_hist = Tables()
     gl3 = gradlog.GradLogger(
-        model, opt, writer=no_hist, every=2, histograms=False, provisional_every=0, print_report=False
+        model,
+        opt,
+        every=2,
+        histograms=False,
+        print_report=False,
+        writer=gradlog.Output(writer=no_hist, provisional_every=0),
     )
     for step in range(6):
         model(torch.randn(3, 4)).pow(2).mean().backward()
@@ -127,7 +141,7 @@ def test_provisional_every_is_a_wall_time_gate() -> None:
     assert len(rare.named("gradlog/provisional/summary")) == 1  # the first histogram step always writes
     assert never.named("gradlog/provisional/summary") == [] and len(never.named("gradlog/summary")) == 1
     with pytest.raises(ValueError, match=r"provisional_every must be None .* got -1"):
-        gradlog.GradLogger(model, opt, writer="memory", provisional_every=-1)
+        gradlog.GradLogger(model, opt, writer=gradlog.Output(writer="memory", provisional_every=-1))
 
 
 class StorageReads(TorchDispatchMode):
@@ -149,7 +163,7 @@ class StorageReads(TorchDispatchMode):
 def test_a_provisional_table_reads_no_frozen_tensor_and_stays_exact() -> None:
     """Issue 13/17: frozen tensors are fingerprinted at start and close only, so a provisional table must
     not read them; nor an unused layer that nothing wrote to. Its tables still equal the exact diagnosis
-    as of that step (`_local_report`, which fingerprints everything, as close() does)."""
+    as of that step (`_diagnose` with no reuse, which fingerprints everything, as close() does)."""
     torch.manual_seed(0)
     model = nn.ModuleDict(
         dict(emb=nn.Embedding(20, 4), lin=nn.Linear(4, 4), frozen=nn.Linear(4, 4), unused=nn.Linear(4, 4))
@@ -159,20 +173,22 @@ def test_a_provisional_table_reads_no_frozen_tensor_and_stays_exact() -> None:
     model["teacher"] = teacher
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, provisional_every=0, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=mem, provisional_every=0)
+    )
     quiet = [*model["frozen"].parameters(), *model["unused"].parameters()]
-    provisional = gl._provisional_report
+    provisional = gl._provisional
     reads: list[list[str]] = []
-    exact: list[gradlog.Report] = []
+    exacts: list[gradlog.Report] = []
 
-    def counted() -> gradlog.Report:
+    def counted(exact: bool) -> gradlog.Report | None:
         with StorageReads(quiet) as seen:
-            got = provisional()
+            got = provisional(exact)
         reads.append(seen.ops)
-        exact.append(gl._local_report())  # every tensor fingerprinted, at the same step
+        exacts.append(gl._diagnose(collective=False, reuse=False))  # every tensor fingerprinted, at the same step
         return got
 
-    gl._provisional_report = counted  # type: ignore[method-assign]
+    gl._provisional = counted  # type: ignore[method-assign]
     for step in range(4):
         ids = torch.arange(10)  # rows 10-19 never in a batch
         model["frozen"](model["lin"](model["emb"](ids))).pow(2).mean().backward()
@@ -184,11 +200,11 @@ def test_a_provisional_table_reads_no_frozen_tensor_and_stays_exact() -> None:
                 teacher.weight.mul_(0.5)
     assert reads == [[], [], [], []]  # four provisional tables, no read of the frozen or unused layer
     with StorageReads(quiet) as seen:  # the counter does see a fingerprint: the exact path reads them
-        gl._local_report()
+        gl._diagnose(collective=False, reuse=False)
     assert seen.ops
     tables = mem.tables
     never, partly = tables["gradlog/provisional/never_updated"][1], tables["gradlog/provisional/partly_updated"][1]
-    assert never == exact[-1].table_rows() and partly == exact[-1].partly_rows()
+    assert never == exacts[-1].table_rows() and partly == exacts[-1].partly_rows()
     names = {r[0]: r[3] for r in never}
     assert names == {
         "frozen.weight": "frozen",
@@ -198,7 +214,7 @@ def test_a_provisional_table_reads_no_frozen_tensor_and_stays_exact() -> None:
         "teacher.bias": "frozen",  # teacher.weight moved at step 2: read again, and gone from the table
     }
     assert [(r[0], r[1], r[4], r[5]) for r in partly] == [("emb.weight", "rows", "10-19", "not_in_batch")]
-    listed = ["teacher.weight" in {r.name for r in e.never_updated} for e in exact]
+    listed = ["teacher.weight" in {r.name for r in e.never_updated} for e in exacts]
     assert listed == [True, True, True, False]  # moved after step 2's table
     report = gl.close()
     assert report.table_rows() == never and report.partly_rows() == partly
@@ -271,7 +287,9 @@ def test_sigterm_chains_to_the_programs_own_handler(tmp_path: Path) -> None:
 def test_sigterm_handler_only_when_asked_and_restored_at_close() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # whatever an earlier test left
     model, opt = tiny()
-    gl = gradlog.GradLogger(model, opt, writer="memory", handle_signals=False, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, print_report=False, writer=gradlog.Output(writer="memory", handle_signals=False)
+    )
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     gl.close()
 
@@ -281,7 +299,7 @@ def test_sigterm_handler_only_when_asked_and_restored_at_close() -> None:
     signal.signal(signal.SIGTERM, mine)
     try:
         gl = gradlog.GradLogger(model, opt, writer="memory", print_report=False)
-        assert signal.getsignal(signal.SIGTERM) is gradlog.logger._on_sigterm
+        assert signal.getsignal(signal.SIGTERM) is gradlog.lifecycle.on_sigterm
         gl.close()
         assert signal.getsignal(signal.SIGTERM) is mine  # put back: nothing left to close
     finally:
@@ -398,7 +416,7 @@ def test_a_logger_whose_model_is_gone_closes_itself() -> None:
     weight = weakref.ref(model[0].weight)
     del model, opt
     gc.collect()
-    assert weight() is None and gl not in gradlog.logger._active
+    assert weight() is None and gl not in gradlog.lifecycle.ACTIVE
     assert mem.closed and "gradlog/summary" in mem.tables
 
 
@@ -429,7 +447,9 @@ class Stuck(gradlog.Writer):
 def test_a_writer_that_blocks_in_every_call_never_slows_training() -> None:
     model, opt = tiny()
     stuck, mem = Stuck(), gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=[stuck, mem], every=1, writer_timeout=0.5, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=[stuck, mem], timeout=0.5)
+    )
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -460,7 +480,9 @@ def test_a_slow_writer_catches_up_and_loses_nothing() -> None:
 
     model, opt = tiny()
     slow = Slowish()
-    gl = gradlog.GradLogger(model, opt, writer=slow, every=1, provisional_every=0, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=slow, provisional_every=0)
+    )
     for step in range(5):
         steps(gl, model, opt, 1, start=step)
         # a provisional table is in the writer's hands when log() returns (what a kill -9 leaves), though the
@@ -492,12 +514,16 @@ def test_a_forked_childs_logger_is_inert(tmp_path: Path) -> None:
 
 def test_writer_options_log_dir(tmp_path: Path) -> None:
     model, opt = tiny()
-    gl = gradlog.GradLogger(model, opt, every=1, writer_options={"log_dir": str(tmp_path / "a")}, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, every=1, print_report=False, writer=gradlog.Output(options={"log_dir": str(tmp_path / "a")})
+    )
     steps(gl, model, opt, 1)
     gl.close()
     assert list((tmp_path / "a").glob("events.out.tfevents.*"))
     with pytest.raises(ValueError, match=r"disagree; pass log_dir= only"):
-        gradlog.GradLogger(model, opt, log_dir=str(tmp_path / "b"), writer_options={"log_dir": str(tmp_path / "c")})
+        gradlog.GradLogger(
+            model, opt, log_dir=str(tmp_path / "b"), writer=gradlog.Output(options={"log_dir": str(tmp_path / "c")})
+        )
 
 
 @pytest.fixture
@@ -527,7 +553,8 @@ def test_wandb_warns_about_a_full_disk_when_it_fills(small_disk: Path) -> None:
         model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(8)])
         opt = torch.optim.SGD(model.parameters(), lr=0.001)
         wb = gradlog.WandbWriter(log_dir={str(small_disk)!r}, mode="offline", project="full")
-        gl = gradlog.GradLogger(model, opt, writer=wb, every=1, bins=512, print_report=False)
+        hist = gradlog.HistogramOptions(bins=512)
+        gl = gradlog.GradLogger(model, opt, writer=wb, every=1, histograms=hist, print_report=False)
         with open(os.path.join({str(small_disk)!r}, "filler"), "wb") as f:  # leave about 1.5 MB free
             st = os.statvfs({str(small_disk)!r})
             f.write(b"0" * max(0, st.f_bavail * st.f_frsize - 1_500_000))
@@ -569,7 +596,9 @@ def test_records_queued_when_close_gives_up_on_a_stalled_disk_are_counted(tmp_pa
     model = nn.Linear(64, 64)
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     tb = gradlog.TensorBoardWriter(tmp_path / "run", flush_timeout=0.5)
-    gl = gradlog.GradLogger(model, opt, writer=tb, every=1, bins=512, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, writer=tb, every=1, print_report=False, histograms=gradlog.HistogramOptions(bins=512)
+    )
     steps_done = 0
 
     def step() -> None:

@@ -90,7 +90,7 @@ def test_images_are_rate_limited_and_the_last_comes_at_close() -> None:
     assert steps[-1] == 7 and len(steps) <= 3
     with Image.open(io.BytesIO(mem.images["gradlog/overview"][-1][1])) as im:
         assert im.height % 4 == 0  # one band of rows per tensor (4 tensors)
-    mem, _ = train(4, overview_every=0)
+    mem, _ = train(4, histograms=gradlog.HistogramOptions(overview_every=0))
     assert "gradlog/overview" not in mem.images
 
 
@@ -108,7 +108,7 @@ def test_drawing_happens_off_the_training_thread(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr("gradlog.writers.overview.heatmap_png", spy)
     monkeypatch.setattr("gradlog.writers.overview.heatmap_png_arrays", spy_arrays)
-    mem, _ = train(3, overview_every=1)
+    mem, _ = train(3, histograms=gradlog.HistogramOptions(overview_every=1))
     # during training: the background thread (once: the 20 s limit); at close: the final one, in close()
     assert threads == ["gradlog-overview", threading.current_thread().name]
     steps = [s for s, _ in mem.images["gradlog/overview"]]
@@ -117,7 +117,7 @@ def test_drawing_happens_off_the_training_thread(monkeypatch: pytest.MonkeyPatch
 
 def test_bad_overview_every_is_named() -> None:
     with pytest.raises(ValueError, match=r"overview_every must be None \(on histogram steps\), an integer >= 1"):
-        train(1, overview_every=-1)
+        train(1, histograms=gradlog.HistogramOptions(overview_every=-1))
 
 
 def test_run_level_series_count_by_hand() -> None:

@@ -64,4 +64,4 @@ def test_single_process_run_makes_no_collective() -> None:
 def test_sync_timeout_is_checked(bad: object) -> None:
     model = nn.Linear(3, 2)
     with pytest.raises(ValueError, match=r"sync_timeout must be a number of seconds > 0, got"):
-        gradlog.GradLogger(model, None, sync_timeout=bad)  # type: ignore[arg-type]
+        gradlog.GradLogger(model, None, writer=gradlog.Output(sync_timeout=bad))  # type: ignore[arg-type]

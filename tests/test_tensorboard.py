@@ -90,7 +90,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     log_dir = tmp_path_factory.mktemp("tb") / "run"
     mem = gradlog.MemoryWriter()
     tb = gradlog.TensorBoardWriter(log_dir)
-    gl = gradlog.GradLogger(model, opt, writer=[mem, tb], every=EVERY, strict=True, print_report=False)
+    gl = gradlog.GradLogger(
+        model, opt, every=EVERY, print_report=False, writer=gradlog.Output(writer=[mem, tb], strict=True)
+    )
     refs: dict[str, dict[int, dict[str, torch.Tensor]]] = {"grad": {}, "weight": {}, "update": {}}
     x = torch.randn(16, 6)
     for step in range(STEPS):
@@ -485,7 +487,8 @@ def tiny_training(writer: Any, steps: int = 6, **kw: Any) -> gradlog.Report:
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    gl = gradlog.GradLogger(model, opt, writer=writer, every=1, print_report=False, **kw)
+    out = gradlog.Output(writer, options=kw.pop("writer_options", {}), strict=kw.pop("strict", False))
+    gl = gradlog.GradLogger(model, opt, writer=out, every=1, print_report=False, **kw)
     for step in range(steps):
         model(torch.randn(4, 3)).sum().backward()
         opt.step()

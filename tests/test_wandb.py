@@ -89,7 +89,8 @@ def train(writer: Any, steps: int = STEPS, after_log: Any = None, **kwargs: Any)
 
     model.bad.register_hook(poison(slice(1, 2)))
     model.worse.register_hook(poison(slice(None)))
-    gl = gradlog.GradLogger(model, opt, writer=writer, every=EVERY, print_report=False, **kwargs)
+    out = gradlog.Output(writer, options=kwargs.pop("writer_options", {}), strict=kwargs.pop("strict", False))
+    gl = gradlog.GradLogger(model, opt, writer=out, every=EVERY, print_report=False, **kwargs)
     for i in range(steps):
         state["step"] = i
         model(torch.randn(5, 4)).backward()
@@ -364,8 +365,8 @@ def worker(rank, root):
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     # a writer built by hand on every rank: only rank 0 may produce a run
-    gl = gradlog.GradLogger(model, opt, writer=gradlog.WandbWriter(log_dir=os.path.join(root, "logs")),
-                            every=1, print_report=False, strict=True)
+    out = gradlog.Output(gradlog.WandbWriter(log_dir=os.path.join(root, "logs")), strict=True)
+    gl = gradlog.GradLogger(model, opt, writer=out, every=1, print_report=False)
     for step in range(3):
         model(torch.randn(4, 3) + rank).pow(2).sum().backward()
         opt.step()

@@ -58,6 +58,11 @@ def _dist_ready() -> bool:
     return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
+def is_rank_zero() -> bool:
+    """Rank 0 of an initialised process group, or a single process: the one that writes."""
+    return not _dist_ready() or torch.distributed.get_rank() == 0
+
+
 def check_supported(model: nn.Module) -> None:
     """FSDP1 flattens parameters into per-rank slices with no shape left: refuse it instead of lying."""
     for m in model.modules():

@@ -40,6 +40,16 @@ _OK, _NO_GRAD, _ZERO_GRAD = 0, 1, 2
 _NUMPY_FROM = 32  # rows from which `_merge` uses numpy (~20 us a call; the loop is ~0.4 us a row)
 
 
+def check_every(every: int | None) -> int | None:
+    """`overview_every`: None (on histogram steps), an integer >= 1, or 0 (no overview images)."""
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 0):
+        raise ValueError(
+            f"overview_every must be None (on histogram steps), an integer >= 1 (every that many published "
+            f"steps) or 0 (no overview images), got {every!r}"
+        )
+    return every
+
+
 class Overview:
     """Collects each published step's update ratios and draws the heatmap when due.
 
@@ -54,12 +64,7 @@ class Overview:
     def __init__(
         self, every: int | None = None, min_interval: float = MIN_INTERVAL_S, max_columns: int = MAX_COLUMNS
     ) -> None:
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 0):
-            raise ValueError(
-                f"overview_every must be None (on histogram steps), an integer >= 1 (every that many published "
-                f"steps) or 0 (no overview images), got {every!r}"
-            )
-        self.every = every
+        self.every = check_every(every)
         self.min_interval = min_interval
         self.names: list[str] = []  # model order: the order tensors were first published
         self._row: dict[str, int] = {}

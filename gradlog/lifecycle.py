@@ -1,0 +1,203 @@
+"""The end of a run that does not reach `close()`: interpreter exit, SIGTERM, a fork, a model gone.
+
+The open loggers are kept in `ACTIVE`; everything here talks to them through the small `Closable`
+protocol (`close`, `on_sigterm`, `after_fork`), never through their private state.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+logger = logging.getLogger("gradlog")
+logger.addHandler(logging.NullHandler())
+
+__all__ = ["ACTIVE", "Closable", "LogCall", "describe", "register", "unregister", "warn"]
+
+
+class Closable(Protocol):
+    handle_signals: bool
+
+    def close(self) -> object: ...
+
+    def on_sigterm(self, ending: bool) -> None: ...
+
+    def after_fork(self) -> None: ...
+
+
+#: The open loggers, in the order they were made (`gradlog.log()` and `gradlog.close()` drive them all).
+ACTIVE: list[Any] = []
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def warn(msg: str) -> None:
+    """Trouble inside gradlog: a RuntimeWarning pointing at the user's code, and the gradlog logger."""
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    logger.warning(msg)
+
+
+class Registration:
+    """What `register` set up for one logger: its atexit hook and the model's finalizer."""
+
+    def __init__(self, gl: Closable, model: object) -> None:
+        ref = weakref.ref(gl)
+        self.atexit: Callable[[], None] = lambda: _close_ref(ref)
+        atexit.register(self.atexit)
+        # the model garbage-collected: nothing more can be measured, so the run is over
+        self.model_gone = weakref.finalize(model, _close_gone, ref)
+        self.model_gone.atexit = False  # interpreter exit is the atexit hook's job
+        self.gone = False  # set when the model was garbage-collected (close then runs without collectives)
+
+    def detach(self) -> None:
+        self.model_gone.detach()
+        atexit.unregister(self.atexit)
+
+
+def register(gl: Closable, model: object) -> Registration:
+    """Make `gl` one of the open loggers: closed at interpreter exit, on SIGTERM and when `model` is freed."""
+    ACTIVE.append(gl)
+    registration = Registration(gl, model)
+    _registrations[id(gl)] = registration
+    if gl.handle_signals:
+        _install_sigterm()
+    return registration
+
+
+def unregister(gl: Closable) -> None:
+    """`gl` closed: gone from every registry; the SIGTERM handler goes when no logger needs it."""
+    if gl in ACTIVE:
+        ACTIVE.remove(gl)
+    registration = _registrations.pop(id(gl), None)
+    if registration is not None:
+        registration.detach()
+    if not any(other.handle_signals for other in ACTIVE):
+        _restore_sigterm()
+
+
+_registrations: dict[int, Registration] = {}
+
+
+# --- SIGTERM (torchrun, SLURM, Kubernetes, `kill`): atexit does not run, so gradlog closes here --------
+class _Sigterm:
+    installed = False
+    previous: Any = None
+    handling = False
+    busy = 0  # log() calls in progress on the main thread
+    deferred: int | None = None  # a SIGTERM that arrived during one: handled when it returns
+
+
+class LogCall:
+    """Around `log()`: a SIGTERM arriving meanwhile waits until the call is done (it may hold a writer
+    queue's lock), then is handled."""
+
+    def __enter__(self) -> None:
+        self.main = threading.get_ident() == threading.main_thread().ident
+        _Sigterm.busy += self.main
+
+    def __exit__(self, *exc: object) -> None:
+        _Sigterm.busy -= self.main
+        if self.main and _Sigterm.deferred is not None and not _Sigterm.busy:
+            signum, _Sigterm.deferred = _Sigterm.deferred, None
+            on_sigterm(signum, None)
+
+
+def _install_sigterm() -> None:
+    """Once, from the main thread, when nobody else handles SIGTERM from C (a Python handler is chained)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is on_sigterm:  # already ours (another logger, a forked child): nothing new to chain
+            _Sigterm.installed = True
+            return
+        if previous is None or previous is signal.SIG_IGN:  # a C-level handler, or deliberately ignored
+            return
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter, or no SIGTERM on this platform
+        return
+    _Sigterm.previous = previous
+    _Sigterm.installed = True
+
+
+def _restore_sigterm() -> None:
+    """No logger left to close: put the previous handler back (if ours is still the one installed)."""
+    if not _Sigterm.installed or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, _Sigterm.previous)
+    except (ValueError, OSError):
+        return
+    _Sigterm.installed = False
+
+
+def on_sigterm(signum: int, frame: Any) -> None:
+    """Write the final tables, then do what the signal would have done without gradlog."""
+    if _Sigterm.handling:  # a second SIGTERM while the first is handled: that one is already ending the run
+        return
+    if _Sigterm.busy:  # inside log(): finish it first, then come back here
+        _Sigterm.deferred = signum
+        return
+    previous = _Sigterm.previous
+    _Sigterm.handling = True
+    try:
+        # a program that handles SIGTERM itself may go on: its loggers only write provisional tables
+        ending = not callable(previous)
+        for gl in list(ACTIVE):
+            if gl.handle_signals:
+                gl.on_sigterm(ending)
+    except Exception as exc:  # the signal must still end the run
+        logger.warning("gradlog: writing the tables on SIGTERM failed: %s", describe(exc))
+    finally:
+        _Sigterm.handling = False
+    if callable(previous):
+        previous(signum, frame)
+        return
+    _restore_sigterm()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGTERM)  # the exit status stays the signal's (-15, or 143 in a shell)
+
+
+def _after_fork_in_child() -> None:
+    for gl in list(ACTIVE):
+        registration = _registrations.pop(id(gl), None)
+        if registration is not None:
+            registration.detach()
+        gl.after_fork()
+    ACTIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_gone(ref: weakref.ref[Any]) -> None:
+    """The model was garbage-collected: close, at whatever point of the program that happened, so with no
+    collective (other ranks are not there to meet it): under sharding the table is this rank's own."""
+    gl = ref()
+    if gl is not None:
+        registration = _registrations.get(id(gl))
+        if registration is not None:
+            registration.gone = True
+        _close_ref(ref)
+
+
+def _close_ref(ref: weakref.ref[Any]) -> None:
+    gl = ref()
+    if gl is not None:
+        try:
+            gl.close()
+        except Exception as exc:  # never turn interpreter exit into a traceback
+            logger.warning("gradlog: closing at exit failed: %s", exc)

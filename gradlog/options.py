@@ -1,0 +1,228 @@
+"""The option objects that group `GradLogger`'s tuning knobs, validated once, where they are made.
+
+`GradLogger` takes at most twelve parameters; everything a user rarely touches lives in one of these,
+each with defaults that need no tuning:
+
+- `HistogramOptions` (``histograms=``): which histograms, how often, how many bins, zero counting and
+  the overview image;
+- `AlertOptions` (``alerts=``): the thresholds of the alerts raised during training;
+- `Output` (``writer=``): where records go and how long they may take: the writer and its options,
+  the writer timeout, provisional tables, SIGTERM handling, the collective timeout, strict mode.
+
+A bad value raises `ValueError` naming it when the object is made, not at the first measured step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradlog.measure.distributed import DEFAULT_TIMEOUT_S as DEFAULT_SYNC_TIMEOUT_S
+from gradlog.measure.histogram import MAX_BINS
+from gradlog.measure.tags import HISTOGRAM_KINDS
+from gradlog.verdict.alerts import (
+    DEFAULT_NO_GRAD_PATIENCE,
+    DEFAULT_RATIO_BAND,
+    DEFAULT_RATIO_PATIENCE,
+    DEFAULT_SPIKE_FACTOR,
+    check_band,
+    check_spike,
+)
+from gradlog.writers import WriterSpec
+from gradlog.writers.guard import DEFAULT_TIMEOUT_S as DEFAULT_WRITER_TIMEOUT_S
+from gradlog.writers.overview import check_every as check_overview_every
+
+#: Seconds of wall time between two provisional tables (written on histogram steps; the first one always).
+DEFAULT_PROVISIONAL_EVERY_S = 120.0
+
+__all__ = [
+    "DEFAULT_PROVISIONAL_EVERY_S",
+    "MOVED",
+    "AlertOptions",
+    "HistogramOptions",
+    "Output",
+    "alert_options",
+    "check_moved",
+    "histogram_options",
+    "output",
+]
+
+
+def _seconds(name: str, value: object, allow_zero: bool) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        verb = "" if name.endswith(" or") else " must be"
+        raise ValueError(f"{name}{verb} a number of seconds {bound}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]  # checked just above
+
+
+@dataclass(frozen=True)
+class HistogramOptions:
+    """``histograms=gradlog.HistogramOptions(...)``: histograms and the other work done on histogram steps.
+
+    - `every`: histograms every k-th optimizer step, a multiple of the logger's ``every`` (None: on every
+      measured step);
+    - `kinds`: which of ``"grad"``, ``"weight"``, ``"update"`` (an empty tuple: no histograms, as
+      ``histograms=False``);
+    - `bins`: buckets per histogram, 1..512;
+    - `count_zeros`: ``grad_zero_frac`` (a pass of its own) on histogram steps (None), on every measured
+      step (True) or never (False);
+    - `overview_every`: the overview heatmap image every that many published steps (None: on histogram
+      steps, at most one per 20 s; 0: never).
+    """
+
+    every: int | None = None
+    kinds: tuple[str, ...] = HISTOGRAM_KINDS
+    bins: int = 64
+    count_zeros: bool | None = None
+    overview_every: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.every is not None and (
+            isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1
+        ):
+            raise ValueError(
+                f"HistogramOptions(every={self.every!r}): must be None (every measured step) or a positive multiple "
+                "of the logger's every"
+            )
+        kinds = (self.kinds,) if isinstance(self.kinds, str) else tuple(self.kinds)
+        bad = [k for k in kinds if k not in HISTOGRAM_KINDS]
+        if bad:
+            raise ValueError(
+                f"HistogramOptions(kinds=...): unknown histogram kinds {bad}; choose from {list(HISTOGRAM_KINDS)}"
+            )
+        object.__setattr__(self, "kinds", kinds)
+        if isinstance(self.bins, bool) or not isinstance(self.bins, int) or not 1 <= self.bins <= MAX_BINS:
+            raise ValueError(f"HistogramOptions: bins must be an integer in 1..{MAX_BINS}, got {self.bins!r}")
+        if self.count_zeros is not None and not isinstance(self.count_zeros, bool):
+            raise ValueError(
+                "HistogramOptions: count_zeros must be None (count on histogram steps), True (every measured "
+                f"step) or False, got {self.count_zeros!r}"
+            )
+        check_overview_every(self.overview_every)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.kinds)
+
+    def histogram_every(self, every: int) -> int:
+        """The optimizer-step period of histograms under the logger's `every` (0: no histograms)."""
+        if not self.enabled:
+            return 0
+        if self.every is not None and self.every % every:
+            raise ValueError(f"HistogramOptions(every={self.every}) must be a positive multiple of every={every}")
+        return self.every or every
+
+
+@dataclass(frozen=True)
+class AlertOptions:
+    """``alerts=gradlog.AlertOptions(...)``: thresholds of the alerts raised during training.
+
+    - `ratio_band`: (low, high) of the update ratio ‖Δw‖/‖w‖ for matrices (1-D tensors get a wider one);
+    - `ratio_patience`: measured steps in a row outside the band before it alerts;
+    - `no_grad_patience`: measured steps in a row with no gradient before it alerts;
+    - `spike_factor`: a gradient norm this many times its own recent median is a spike.
+    """
+
+    ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND
+    ratio_patience: int = DEFAULT_RATIO_PATIENCE
+    no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE
+    spike_factor: float = DEFAULT_SPIKE_FACTOR
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ratio_band", check_band(self.ratio_band))
+        for name in ("ratio_patience", "no_grad_patience"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"AlertOptions: {name} must be an integer >= 1 (measured steps in a row), got {value!r}")
+        check_spike(self.spike_factor)
+
+
+@dataclass(frozen=True)
+class Output:
+    """``writer=gradlog.Output(...)``: where records go, and what keeps them coming when things go wrong.
+
+    - `writer`: a registered name (``"tensorboard"``, ``"wandb"``, ``"memory"``), a `gradlog.Writer`, or a
+      list of either;
+    - `options`: keyword arguments for the writers gradlog constructs from names (``{"project": "p"}``
+      for W&B, ``{"flush_secs": 30}`` for TensorBoard);
+    - `timeout`: seconds one writer call may take before its records are dropped and counted;
+    - `provisional_every`: seconds between two provisional tables, the answer a ``kill -9`` leaves on
+      disk (0: every histogram step; None: none);
+    - `handle_signals`: on SIGTERM, write the final tables before the process ends;
+    - `sync_timeout`: seconds a rank waits for the others in gradlog's collectives (FSDP2/DTensor);
+    - `strict`: raise instead of warning when measuring or writing fails (for tests and debugging).
+    """
+
+    writer: WriterSpec = "tensorboard"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    timeout: float = DEFAULT_WRITER_TIMEOUT_S
+    provisional_every: float | None = DEFAULT_PROVISIONAL_EVERY_S
+    handle_signals: bool = True
+    sync_timeout: float = DEFAULT_SYNC_TIMEOUT_S
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.writer, Output):
+            raise ValueError("Output(writer=Output(...)): pass the writer name or instance, not another Output")
+        if self.options is None:
+            object.__setattr__(self, "options", {})
+        if not isinstance(self.options, Mapping):
+            raise ValueError(f"Output(options=...) must be a dict of writer keyword arguments, got {self.options!r}")
+        _seconds("Output: timeout", self.timeout, allow_zero=False)
+        if self.provisional_every is not None:
+            _seconds("Output: provisional_every must be None (no provisional tables) or", self.provisional_every, True)
+        _seconds("Output: sync_timeout", self.sync_timeout, allow_zero=False)
+        for name in ("handle_signals", "strict"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Output({name}=...) must be True or False, got {getattr(self, name)!r}")
+
+
+def histogram_options(value: bool | HistogramOptions) -> HistogramOptions:
+    if isinstance(value, HistogramOptions):
+        return value
+    if isinstance(value, bool):
+        return HistogramOptions() if value else HistogramOptions(kinds=())
+    raise ValueError(f"histograms must be True, False or a gradlog.HistogramOptions(...), got {value!r}")
+
+
+def alert_options(value: bool | AlertOptions) -> AlertOptions | None:
+    if isinstance(value, AlertOptions):
+        return value
+    if isinstance(value, bool):
+        return AlertOptions() if value else None
+    raise ValueError(f"alerts must be True, False or a gradlog.AlertOptions(...), got {value!r}")
+
+
+def output(value: WriterSpec | Output) -> Output:
+    return value if isinstance(value, Output) else Output(writer=value)
+
+
+#: The keyword arguments `GradLogger` took before they were grouped: where each one went.
+MOVED: dict[str, str] = {
+    "histogram_every": "histograms=gradlog.HistogramOptions(every=...)",
+    "histogram_kinds": "histograms=gradlog.HistogramOptions(kinds=...)",
+    "bins": "histograms=gradlog.HistogramOptions(bins=...)",
+    "count_zeros": "histograms=gradlog.HistogramOptions(count_zeros=...)",
+    "overview_every": "histograms=gradlog.HistogramOptions(overview_every=...)",
+    "ratio_band": "alerts=gradlog.AlertOptions(ratio_band=...)",
+    "ratio_patience": "alerts=gradlog.AlertOptions(ratio_patience=...)",
+    "no_grad_patience": "alerts=gradlog.AlertOptions(no_grad_patience=...)",
+    "spike_factor": "alerts=gradlog.AlertOptions(spike_factor=...)",
+    "writer_options": "writer=gradlog.Output(..., options=...)",
+    "writer_timeout": "writer=gradlog.Output(..., timeout=...)",
+    "provisional_every": "writer=gradlog.Output(..., provisional_every=...)",
+    "handle_signals": "writer=gradlog.Output(..., handle_signals=...)",
+    "sync_timeout": "writer=gradlog.Output(..., sync_timeout=...)",
+    "strict": "writer=gradlog.Output(..., strict=...)",
+}
+
+
+def check_moved(kwargs: Mapping[str, object]) -> None:
+    """A keyword `GradLogger` no longer takes: say where it went (Python's own error names only the word)."""
+    moved = [k for k in kwargs if k in MOVED]
+    if moved:
+        where = "; ".join(f"{k}= is now {MOVED[k]}" for k in moved)
+        raise TypeError(f"GradLogger() got keyword arguments that moved into option objects: {where}")

@@ -1,0 +1,307 @@
+"""The measured-step path: optimizer step hooks -> statistics on the device -> one host copy -> the ledger.
+
+`Pipeline` owns what a measured step touches (the parameter table, the meter, the ledger of evidence,
+the alerts) and the diagnosis that reads that evidence back; `GradLogger` is the front that creates it,
+publishes what it measured and ends the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradlog.measure.amp import AmpState
+from gradlog.measure.distributed import DistributedMismatchError, Reducer
+from gradlog.measure.meter import Clip, Measurement, Meter
+from gradlog.measure.params import NameFilter, ParamTable, Selection
+from gradlog.measure.tags import HISTOGRAM_KINDS
+from gradlog.options import HistogramOptions
+from gradlog.publishing import Failures
+from gradlog.verdict.alerts import Alerts
+from gradlog.verdict.diagnosis import diagnose, run_hint
+from gradlog.verdict.ledger import Ledger
+from gradlog.verdict.report import Report
+from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
+from gradlog.verdict.stalled import stalled
+
+__all__ = ["Pipeline"]
+
+
+class Pipeline:
+    """Counts optimizer steps, measures every `every`-th inside the step hooks, and keeps the evidence."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        every: int,
+        hist: HistogramOptions,
+        alerts: Alerts | None,
+        scaler: Any,
+        include: NameFilter,
+        exclude: NameFilter,
+        sync_timeout: float,
+        failures: Failures,
+        rank_zero: bool,
+    ) -> None:
+        self.amp = AmpState(optimizer, scaler)
+        self.with_optimizer = optimizer is not None
+        self.every = every
+        self.histogram_every = hist.histogram_every(every)
+        self.count_zeros = hist.count_zeros
+        self.alerts = alerts
+        self.failures = failures
+        self.rank_zero = rank_zero
+        self.inert = False  # a forked child's copy: does nothing
+        self.closed = False
+        self.table = ParamTable(model, optimizer, Selection(include, exclude))
+        self.table.check_selection()
+        self.meter = Meter(
+            self.table,
+            optimizer,
+            hist.bins,
+            hist.kinds,
+            grad_scale=self.amp.inv_scale,
+            skipped=self.amp.found_inf,
+            reducer=Reducer(self._layout(hist.bins, hist.kinds), sync_timeout),
+            skip_count=self.amp.count,
+        )
+        self.ledger = Ledger()
+        self.ledger.fingerprint_new(self.table.live, self.table.generation)
+        self.optimizer_steps = 0
+        self.calls = 0  # log() calls: the step counter without an optimizer
+        self.pending: Measurement | None = None  # fetched, not yet published
+        self.handles: list[Any] = []
+        self._clips: list[Clip] = []  # this step's gradient clipping, recorded only when the step is measured
+        self._closure_pending = False  # a step(closure) is running and will be measured after its first call
+        if optimizer is not None:
+            # Untraced: a compiled `optimizer.step()` (torch.compile(opt.step)) would otherwise trace the hooks
+            # into graphs of their own, split off by torch's own graph_break() calls around the step body (2
+            # breaks and 2 graphs more than without gradlog, and recompiles as the step counter changes).
+            # Dynamo skips a disabled hook, which runs eagerly around the compiled step instead: the same
+            # graphs and breaks as without gradlog. Costs ~1 us per hook call in eager mode (the eval-frame swap).
+            untraced: Callable[[Callable[..., Any]], Any] = torch.compiler.disable  # untyped in torch
+            self.handles.append(optimizer.register_step_pre_hook(untraced(self._pre_step)))
+            self.handles.append(optimizer.register_step_post_hook(untraced(self._post_step)))
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps so far (log() calls without an optimizer)."""
+        return self.optimizer_steps if self.with_optimizer else self.calls
+
+    def detach(self) -> None:
+        """Remove the hooks and drop what a measurement in flight holds (close())."""
+        self.closed = True
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.meter.abandon()
+        self.meter.release()
+
+    def release_optimizer(self) -> None:
+        """A closed logger keeps neither the optimizer nor its tensors alive."""
+        self.meter.optimizer = None
+        self.amp.optimizer = None
+
+    def count_call(self, step: int | None) -> None:
+        """Without an optimizer there are no step hooks: log() counts, and measures every `every`-th call."""
+        call = self.calls
+        self.calls += 1
+        if self.meter.reducer is not None:  # the collective compares it: a skipped call is caught at once
+            self.meter.reducer.call = float(call if step is None else step)
+        if call % self.every == 0:
+            self.guarded(lambda: self._measure_now(call))
+
+    def take(self) -> Measurement | None:
+        """The latest measurement not yet handed out (fetched to the host first if it is still in flight)."""
+        self.guarded(self.collect)
+        m, self.pending = self.pending, None
+        return m
+
+    def rank_local(self) -> bool:
+        """Whether this rank's answer covers only its shards (FSDP2/DTensor)."""
+        reducer = self.meter.reducer
+        return reducer is not None and reducer.active(self.table.live)
+
+    # --- hooks (the hot path: unmeasured steps only count) ---------------------------------
+    def _pre_step(
+        self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if self.inert:
+            return None
+        if self.amp.scaler is not None:
+            self.guarded(self.amp.before_step)
+        index = self.optimizer_steps
+        self.optimizer_steps += 1
+        if index % self.every:
+            return None
+        # args as the hook sees them: (optimizer, *positional), so a positional closure is args[1]
+        closure = kwargs.get("closure") if "closure" in kwargs else args[1] if len(args) > 1 else None
+        if not callable(closure):
+            self.guarded(lambda: self._begin(index, snapshot=True))
+            return None
+        # step(closure): the gradients do not exist yet; they are made by the closure, inside step()
+        measured = self._measure_after_first_call(closure, index)
+        if "closure" in kwargs:
+            return tuple(args), {**kwargs, "closure": measured}
+        return (args[0], measured, *args[2:]), dict(kwargs)
+
+    def _measure_after_first_call(self, closure: Callable[[], Any], index: int) -> Callable[[], Any]:
+        """Optimizers call the closure before they move any weight (LBFGS calls it again after each
+        move): right after the first call the gradients are the ones the step uses, and the weights
+        are still the step's starting point."""
+        first = [True]
+        self._closure_pending = True
+
+        def measured_closure() -> Any:
+            result = closure()
+            if first[0]:
+                first[0] = False
+                self._closure_pending = False
+                self.guarded(lambda: self._begin(index, snapshot=True))
+            return result
+
+        return measured_closure
+
+    def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.inert:
+            return
+        self._clips = []
+        self._closure_pending = False
+        if self.amp.fused:
+            self.guarded(self.amp.after_step)
+        if self.meter.busy:
+            self.guarded(self.meter.finish)
+
+    def guarded(self, work: Callable[[], object]) -> None:
+        """Measuring must never kill a training run: a failure drops this step's measurement, once warned."""
+        try:
+            work()
+        except DistributedMismatchError:
+            raise  # carrying on would hang or mix up collectives: this one must stop the run
+        except Exception as exc:
+            self.meter.abandon()
+            step = self.optimizer_steps - 1
+            self.failures.handle(exc, lambda key: f"gradlog: measuring step {step} failed ({key}); training continues")
+
+    def _begin(self, index: int, snapshot: bool) -> None:
+        self.collect()  # a measurement the user never published still feeds the ledger
+        self.table.rescan()  # parameters materialised or added since the last measured step
+        self._release_freed()
+        self.ledger.fingerprint_new(self.table.live, self.table.generation)
+        hist = bool(self.histogram_every) and index % self.histogram_every == 0
+        zeros = hist if self.count_zeros is None else self.count_zeros
+        clips, self._clips = self._clips, []
+        self.meter.start(index, histograms=hist, snapshot=snapshot, zeros=zeros, clips=clips)
+
+    def _release_freed(self) -> None:
+        """Per-slice state of tensors freed since the last measured step (replaced parameters) goes: the
+        fingerprint and the slice evidence; their counters stay in the ledger."""
+        grads = self.meter.slice_grads
+        for index in self.table.take_freed():
+            self.ledger.release(index)
+            grads.rows.pop(index, None)
+            grads.cols.pop(index, None)
+            grads.full.discard(index)
+            grads.rows_full.discard(index)
+
+    def clip_due(self) -> bool:
+        """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""
+        if self.closed:
+            return False
+        if self._closure_pending:  # inside step(closure): clipping runs in the closure, before gradlog measures
+            return True
+        if not self.with_optimizer:
+            return self.calls % self.every == 0
+        return self.optimizer_steps % self.every == 0
+
+    def note_clip(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: float) -> None:
+        """Gradients of `params` were clipped with total norm `total` (before clipping) to `max_norm`: the
+        next measurement reports their norms before clipping and the clip coefficient. Cheap: no device work."""
+        if self.clip_due() and isinstance(total, torch.Tensor):
+            self._clips.append(Clip(frozenset(map(id, params)), total.detach(), float(max_norm)))
+
+    def _measure_now(self, call: int) -> None:
+        """Without an optimizer there are no step hooks: measure inside log()."""
+        self._begin(call, snapshot=False)
+        self.meter.finish()
+
+    def _layout(self, bins: int, kinds: tuple[str, ...] | list[str]) -> dict[str, float]:
+        """Settings every rank must share under FSDP2/DTensor (compared across ranks before use)."""
+        return {
+            "every": self.every,
+            "histogram_every": self.histogram_every,
+            "count_zeros": -1 if self.count_zeros is None else int(self.count_zeros),
+            "bins": bins,
+            "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
+            "optimizer": self.with_optimizer,
+        }
+
+    def collect(self) -> Measurement | None:
+        """Bring a finished measurement to the host (its one copy) and feed the ledger."""
+        m = self.meter.fetch()
+        if m is not None:
+            self.ledger.observe(m)
+            if self.alerts is not None:  # every rank judges the same reduced numbers; only rank 0 says so
+                self.alerts.emit = self.rank_zero
+                self.alerts.observe(m)
+            self.pending = m
+        return m
+
+    def diagnose(
+        self, collective: bool, reuse: bool, model: nn.Module | None, optimizer: torch.optim.Optimizer | None
+    ) -> Report:
+        """The diagnosis. `collective`: under sharded parameters, meet the other ranks so that a tensor
+        changed if any of its shards did (False: this rank's own answer). `reuse`: tensors the evidence
+        already answers for (frozen ones, ones never written in place) are not fingerprinted again
+        (`Ledger.changed`), as for provisional tables. `model` is None once garbage-collected: the
+        slices' owning modules are gone with it."""
+        self.collect()
+        rows = self.table.live
+        changed = self.ledger.changed(rows, provisional=reuse)
+        reducer = self.meter.reducer
+        if not collective:
+            pass
+        elif reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
+            changed = reducer.changed(rows, changed)
+        elif reducer is not None and reducer.used:
+            reducer.warn_local()
+        skipped = self.amp.final_count()
+        if skipped is not None:
+            self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
+        never = diagnose(
+            rows, self.ledger.evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps
+        )
+        steps = self.optimizer_steps if self.with_optimizer else self.calls
+        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, optimizer)
+        if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
+            facts = global_facts(rows, facts, reducer)
+        partly = (
+            partly_updated(rows, facts, self.ledger.evidence, {r.name for r in never}, model, optimizer, steps)
+            if model is not None
+            else []
+        )
+        ledger = self.ledger
+        stopped = stalled(
+            rows,
+            ledger.evidence,
+            ledger.steps,
+            ledger.measured_steps,
+            self.with_optimizer,
+            exclude={r.name for r in never},
+        )
+        return Report(
+            never_updated=never,
+            partly_updated=partly,
+            stalled=stopped,
+            hint=run_hint(rows, never, self.with_optimizer),
+            alerts=list(self.alerts.fired) if self.alerts is not None else [],
+            first_nonfinite=self.ledger.first_nonfinite,
+            optimizer_steps=steps,
+            measured_steps=self.ledger.measured_steps,
+            skipped_steps=self.ledger.skipped_steps,
+            tracked_tensors=len(rows),
+        )

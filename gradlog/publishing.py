@@ -1,0 +1,243 @@
+"""Publishing: a measured step's records, and the report's tables (final, or provisional), to the writers.
+
+The logger decides *what* the answer is (`Report`); this module decides how it is written: the per-step
+scalars and histograms, the overview image, the three tables with their summary, and the provisional
+copies (`gradlog/provisional/<name>`) that a run killed with ``kill -9`` leaves behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gradlog.lifecycle import describe, warn
+from gradlog.measure import tags
+from gradlog.measure.meter import Measurement
+from gradlog.verdict.alerts import ALERT_COLUMNS
+from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
+from gradlog.verdict.series import run_level
+from gradlog.writers import Writer
+from gradlog.writers.guard import GuardedWriters
+from gradlog.writers.overview import TAG as OVERVIEW_TAG
+from gradlog.writers.overview import Overview
+from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when one is constructed
+
+#: Table names of the provisional answer: `gradlog/provisional/<name>` for each final `gradlog/<name>`.
+PROVISIONAL_PREFIX = "gradlog/provisional/"
+
+__all__ = ["PROVISIONAL_PREFIX", "Failures", "Publisher"]
+
+
+class Failures:
+    """Warn once per distinct failure: a failing step must not flood the log, nor go unsaid."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.seen: set[str] = set()
+
+    def handle(self, exc: Exception, message: Callable[[str], str]) -> None:
+        """Re-raise in strict mode; otherwise warn `message(key)` the first time this failure is seen."""
+        if self.strict:
+            raise exc
+        key = describe(exc)
+        if key not in self.seen:
+            self.seen.add(key)
+            warn(message(key))
+
+
+class Publisher:
+    """Writes what the logger measured and concluded; never raises for a writer (see `GuardedWriters`)."""
+
+    def __init__(
+        self, writers: GuardedWriters, overview: Overview, provisional_every: float | None, failures: Failures
+    ) -> None:
+        self.writers = writers
+        self.overview = overview
+        self.provisional_every = provisional_every
+        self.failures = failures
+        self._provisional_at: float | None = None  # monotonic time of the last provisional table
+
+    # --- every published step ---------------------------------------------------------------
+    def step(
+        self,
+        m: Measurement,
+        step: int,
+        extra: dict[str, float],
+        histogram_step: bool,
+        provisional: Callable[[], Report | None],
+    ) -> None:
+        """The step's scalars (with the run-level series and `extra`), histograms and overview; on
+        `histogram_step`s, at most every `provisional_every` seconds, the provisional tables as of now."""
+        if not self.writers.writers:
+            return
+        scalars = m.scalars()
+        scalars.update(run_level(m))
+        scalars.update(extra)
+        self.writers.log_scalars(scalars, step)
+        for kind, hists in m.histograms.items():
+            self.writers.log_histograms([tags.tag(kind, m.rows[pos].name) for pos in hists.positions], hists, step)
+        if self.overview.every != 0:
+            self._overview(m, step, histogram_step)
+        due = histogram_step and self._provisional_due()
+        if due:
+            report = provisional()
+            if report is not None:
+                self.report(report, provisional_step=step)
+        self.writers.flush()
+        if due:  # the provisional answer is what a kill -9 leaves: handed over before training goes on
+            self.writers.sync()
+
+    def _overview(self, m: Measurement, step: int, histogram_step: bool) -> None:
+        """Record the step for the overview image; hand over images the drawing thread finished; start the
+        next drawing when due. Any failure here costs the image, never the step."""
+        try:
+            self.overview.observe(m, step)
+            for at, png in self.overview.take():
+                self.writers.log_image(OVERVIEW_TAG, png, at)
+            if self.overview.due(histogram_step):
+                self.overview.start(self.overview.live_marks())
+        except Exception as exc:
+            self.failures.handle(exc, lambda key: f"gradlog: the overview image failed ({key}); training continues")
+
+    def _provisional_due(self) -> bool:
+        """At most every `provisional_every` seconds: the only cost on the training path outside the
+        wall-time gate is one clock read."""
+        if self.provisional_every is None:
+            return False
+        now = time.monotonic()
+        if self._provisional_at is not None and now - self._provisional_at < self.provisional_every:
+            return False
+        self._provisional_at = now
+        return True
+
+    # --- the report ---------------------------------------------------------------------------
+    def report(
+        self,
+        report: Report,
+        provisional_step: int | None = None,
+        step: int = 0,
+        rank_local: bool = False,
+    ) -> None:
+        """The three tables (never updated, partly updated, stalled), their counts, and the summary whose
+        verdict is the judge's (`gradlog.verdict.judge`), the same line close() prints: final (at x =
+        `step`), or provisional (`gradlog/provisional/<name>`, with `final`=False and `as_of_step` in its
+        summary) as of `provisional_step`. Every table goes through `out`, so a table added here is
+        written in both forms."""
+        out: Writer = self.writers if provisional_step is None else _Provisional(self.writers)
+        if provisional_step is None:
+            self.writers.log_scalars(final_counts(report), step)
+        out.log_table("gradlog/summary", ["key", "value"], summary_rows(report, provisional_step, rank_local))
+        out.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
+        out.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
+        out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
+        if report.alerts:
+            out.log_table("gradlog/alerts", ALERT_COLUMNS, [a.row() for a in report.alerts])
+        if provisional_step is None and self.overview.every != 0 and self.overview.steps:
+            self._final_overview(report)
+
+    def _final_overview(self, report: Report) -> None:
+        """The last image, with the diagnosis's findings marked (drawn here: training is over)."""
+        try:
+            self.overview.wait()
+            self.overview.take()  # an image still being drawn is superseded by this one (all steps, final marks)
+            marks = self.overview.live_marks()
+            if report.first_nonfinite is not None:
+                marks[report.first_nonfinite.name] = "nonfinite"
+            for kind, records in (
+                ("partly_updated", report.partly_updated),
+                ("stalled", report.stalled),
+                ("never_updated", report.never_updated),
+            ):
+                for rec in records:
+                    marks[rec.name] = kind
+            self.writers.log_image(OVERVIEW_TAG, self.overview.draw(marks), self.overview.steps[-1])
+        except Exception as exc:
+            if self.failures.strict:
+                raise
+            warn(f"gradlog: the final overview image failed ({describe(exc)})")
+
+    def where(self) -> str | None:
+        """Where this run's files went, and the commands that read them (None for memory-only writers)."""
+        lines = []
+        for w in self.writers.writers:
+            run = getattr(w, "run", None)
+            if isinstance(w, TensorBoardWriter):
+                log_dir = w.log_dir
+                root = os.path.dirname(os.path.normpath(log_dir)) or "."
+                lines.append(
+                    f"gradlog: TensorBoard event files in {log_dir} "
+                    f"(view: tensorboard --logdir {root}; check: gradlog report {log_dir})"
+                )
+            elif run is not None and isinstance(getattr(run, "dir", None), str):
+                run_dir = os.path.dirname(os.path.normpath(run.dir))
+                lines.append(f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {run_dir})")
+        return "\n".join(lines) or None
+
+
+def final_counts(report: Report) -> dict[str, float]:
+    """The scalars written once at close: how many findings of each table, and of each reason."""
+    final = {
+        "gradlog/never_updated": float(len(report.never_updated)),
+        "gradlog/partly_updated": float(len(report.partly_updated)),
+        "gradlog/stalled": float(len(report.stalled)),
+    }
+    for prefix, counts in (
+        ("gradlog/never_updated/", report.counts()),
+        ("gradlog/partly_updated/", report.partly_counts()),
+        ("gradlog/stalled/", report.stalled_counts()),
+    ):
+        for reason, n in counts.items():
+            final[prefix + reason] = float(n)
+    return final
+
+
+def summary_rows(report: Report, provisional_step: int | None, rank_local: bool) -> list[list[str]]:
+    """The `gradlog/summary` table: the verdict first, then what it was judged on."""
+    summary = [
+        ["verdict", report.verdict],
+        ["status", report.status],
+        ["healthy", str(report.healthy)],
+        ["optimizer_steps", str(report.optimizer_steps)],
+        ["measured_steps", str(report.measured_steps)],
+        ["skipped_steps", str(report.skipped_steps)],
+        ["tracked_tensors", str(report.tracked_tensors)],
+        ["warnings", str(sum(report.warnings().values()))],
+    ]
+    if report.hint:
+        summary.append(["hint", report.hint])
+    if report.first_nonfinite is not None:
+        summary += [
+            ["first_nonfinite_step", str(report.first_nonfinite.step)],
+            ["first_nonfinite_tensor", report.first_nonfinite.name],
+            ["first_nonfinite_count", str(report.first_nonfinite.count)],
+        ]
+    if report.error is not None:
+        summary.append(["error", report.error])
+    if provisional_step is not None:
+        summary += [["final", "False"], ["as_of_step", str(provisional_step)]]
+        if rank_local:
+            summary.append(["scope", "rank-local"])
+    return summary
+
+
+class _Provisional(Writer):
+    """Routes the report's tables to `gradlog/provisional/<name>`; scalars are final-only."""
+
+    threaded = True
+
+    def __init__(self, inner: Writer) -> None:
+        self.inner = inner
+
+    def log_scalars(self, scalars: Any, step: int) -> None:
+        pass
+
+    def log_histogram(self, tag: str, hist: Any, step: int) -> None:
+        pass
+
+    def log_histograms(self, tags: Any, hists: Any, step: int) -> None:
+        pass
+
+    def log_table(self, name: str, columns: Any, rows: Any) -> None:
+        self.inner.log_table(PROVISIONAL_PREFIX + name.removeprefix("gradlog/"), columns, rows)
