@@ -76,7 +76,7 @@ def main() -> None:
         if kw["writer"] in ("wandb", "tensorboard"):
             kw["log_dir"] = tempfile.mkdtemp()
         if kw["writer"] == "wandb":
-            kw["writer_options"] = {"mode": "offline"}
+            kw["writer"] = gradlog.Output("wandb", options={"mode": "offline"})
 
         def timed(*a: Any, fn: Partials | None = fn, **k: Any) -> torch.Tensor:
             assert fn is not None
