@@ -62,12 +62,6 @@ def differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a != b) & ~(torch.isnan(a) & torch.isnan(b) & same)
 
 
-def changed_slices(a: torch.Tensor, b: torch.Tensor) -> dict[int | None, torch.Tensor]:
-    """For two same-shape values of one tensor: per slice kind, a bool mask of the slices that differ."""
-    diff = differs(a, b)
-    return {d: reduce_to_slices(diff, d) for d in slice_dims(tuple(a.shape))}
-
-
 def slice_word(dim: int | None, n: int = 2) -> str:
     word = "row" if dim == 0 else "column" if dim == 1 else "element"
     return word if n == 1 else word + "s"

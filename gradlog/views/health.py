@@ -246,10 +246,6 @@ def _names(run: RunData, prefix: str) -> list[str]:
     return [t[len(prefix) :] for t in run.scalars if t.startswith(prefix)]
 
 
-def _truth(v: str) -> bool:
-    return v.strip().lower() in ("true", "1", "yes")
-
-
 def _typed(v: str) -> object:
     """Table cells are text on disk; JSON gets real booleans and numbers back."""
     if v in ("True", "False"):

@@ -29,7 +29,6 @@ METRICS: dict[str, str] = {
 NOT_MEASURED = -1.0  # no value at that step (not in the optimizer, not measured, not written)
 NO_GRAD = -2.0  # the tensor had no gradient at that step
 ZERO_GRAD = -3.0  # the gradient was exactly zero (all entries)
-TABLES = ("never_updated", "partly_updated", "stalled", "alerts")
 PROVISIONAL = "gradlog (training, provisional):"
 FINAL_LATER = "The final verdict comes at close()."
 #: Mark kinds, strongest last (a tensor in several tables keeps the strongest).
