@@ -40,6 +40,9 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path: Path, monkeypatch: pyt
     # The kernel imports the gradlog this test imports (a worktree on PYTHONPATH, or the installed one).
     root = str(NOTEBOOK.parent.parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    # One torch thread in the kernel, as in the suite's other child processes: on a busy 2-core machine
+    # torch's thread pool made the notebook's three small training loops 6x slower (113 s -> 23 s at load 11).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     work = tmp_path / "cwd"
     work.mkdir()
     nb = nbformat.read(NOTEBOOK, as_version=4)

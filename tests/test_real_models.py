@@ -2,6 +2,7 @@
 
 A timm ViT runs in a second venv (`.venv-timm`, built by the `timm_python` fixture): every timm release imports
 torchvision at `import timm`, and PyPI's torchvision wheel cannot load beside the project's CPU torch pin.
+That test is marked `heavy`: not in the default run, selected with `-m heavy` (.ci/run does).
 """
 
 from __future__ import annotations
@@ -347,6 +348,7 @@ def _timm_run(python: Path, log_dir: Path, mode: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.heavy  # opt-in (-m heavy): the second venv is 5.5 GB and minutes to build; .ci/run runs it
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # the first run builds the venv (minutes)
 def test_timm_vit_healthy_and_an_accidental_freeze(

@@ -202,7 +202,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     subprocess.run(training, check=True, env=_env(None), timeout=120, capture_output=True)  # no close(): no tables
     planted = load(str(logdir / "planted"))
     write_old_style(planted.scalars, planted.tables, str(logdir / "old"))
-    with _tensorboard(logdir, tmp, {"planted", "training", "old"}) as (base, proc):
+    _write_moe_run(logdir / "moe")
+    with _tensorboard(logdir, tmp, {"planted", "training", "old", "moe"}) as (base, proc):
         yield Server(base, logdir, expected, proc)
 
 
@@ -295,7 +296,7 @@ def _chromium() -> tuple[str, str] | None:
 
 
 @contextlib.contextmanager
-def _browser(tmp_path: Path) -> Iterator[Any]:
+def _browser(tmp_path: Path, width: int = 1600) -> Iterator[Any]:
     """Headless Chromium through chromedriver; skipped where they are missing, except in CI (.ci/run installs
     them), where a missing browser fails the test."""
     found = _chromium()
@@ -311,7 +312,7 @@ def _browser(tmp_path: Path) -> Iterator[Any]:
     for flag in (
         "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1600,1000",
+        f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},1000",
     ):  # fmt: skip
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(found[1]), options=options)
@@ -360,6 +361,125 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
         driver.switch_to.default_content()
         driver.save_screenshot(str(tmp_path / "gradlog-tab.png"))
         assert (tmp_path / "gradlog-tab.png").stat().st_size > 10_000
+
+
+def _write_moe_run(log_dir: Path) -> None:
+    """A small Mixtral-shaped model (Hugging Face's parameter names: `model.layers.N.block_sparse_moe...`)
+    whose router never picks expert 3: its tensors and an unused `lm_head` land in the never-updated
+    table with long names and long details."""
+    import torch
+    from torch import nn
+
+    class Expert(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1, self.w2, self.w3 = nn.Linear(8, 16, bias=False), nn.Linear(16, 8, bias=False), nn.Linear(8, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+
+    class Moe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = nn.Linear(8, 4, bias=False)
+            self.experts = nn.ModuleList(Expert() for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            pick = self.gate(x).softmax(-1)[..., :3]  # the planted bug: expert 3 is never routed to
+            return sum(pick[..., i : i + 1] * self.experts[i](x) for i in range(3)) + x
+
+    class Mixtral(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = nn.Module()
+            self.model.layers = nn.ModuleList(nn.ModuleDict({"block_sparse_moe": Moe()}) for _ in range(2))
+            self.lm_head = nn.Linear(8, 8)  # never called
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.model.layers:  # type: ignore[union-attr]
+                x = layer["block_sparse_moe"](x)
+            return x.pow(2).mean()
+
+    torch.manual_seed(0)
+    model = Mixtral()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.TensorBoardWriter(str(log_dir)), every=1, print_report=False)
+    for step in range(6):
+        model(torch.randn(4, 8)).backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert {r.name for r in report.never_updated} == {
+        f"model.layers.{i}.block_sparse_moe.experts.3.{w}"
+        for i in (0, 1)
+        for w in ("w1.weight", "w2.weight", "w3.weight", "w3.bias")
+    } | {"lm_head.weight", "lm_head.bias"}
+
+
+#: Where the tab overflows, at the page, its right-hand pane and each table; every series panel's title.
+LAYOUT = """
+const pane = document.getElementById('gl-right').getBoundingClientRect();
+const doc = document.documentElement;
+return {
+  page: [doc.scrollWidth, doc.clientWidth], pane: [pane.left, pane.right],
+  tables: [...document.querySelectorAll('table.gl')].map((t) => ({
+    id: t.id, right: t.getBoundingClientRect().right,
+    lastColumnRight: t.querySelector('tr').lastElementChild.getBoundingClientRect().right,
+    box: [t.parentElement.scrollWidth, t.parentElement.clientWidth, t.parentElement.getBoundingClientRect().right],
+  })),
+  panels: [...document.querySelectorAll('#gl-series canvas')].map((c) => {
+    const fig = c.closest('figure'), cap = fig && fig.querySelector('figcaption');
+    return [c.dataset.metric, cap ? cap.textContent.trim() : null, cap ? cap.getBoundingClientRect().height : 0];
+  }),
+};"""
+
+
+@pytest.mark.slow
+def test_the_tab_fits_its_pane_at_1500_px_and_titles_every_series_panel(server: Server, tmp_path: Path) -> None:
+    """At a 1500 px wide window, the findings tables of the planted run and of a Mixtral-shaped run (long
+    names, long details) end inside the tab's right-hand pane: no column cut at the window's edge, no
+    page-wide horizontal scroll; and each series panel of a stalled tensor has a title of its own."""
+    with _browser(tmp_path, width=1500) as driver:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        driver.get(server.base + "/#gradlog")
+        driver.switch_to.frame(WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe")))
+        WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#gl-canvas[data-first-paint-ms]"))
+        for run, tensor, kind, tables in (
+            ("planted", STALLED, "stalled", ["never_updated", "partly_updated", "stalled", "alerts"]),
+            ("moe", "model.layers.1.block_sparse_moe.experts.3.w3.bias", "never_updated", ["never_updated", "alerts"]),
+        ):
+            driver.find_element(By.CSS_SELECTOR, "#gl-run").send_keys(run)
+            item = f'#gl-marked li[data-name="{tensor}"][data-kind="{kind}"]'  # this run's findings, not the last's
+            WebDriverWait(driver, 30).until(lambda d, item=item: d.find_elements(By.CSS_SELECTOR, item))
+            driver.find_element(By.CSS_SELECTOR, item).click()
+            WebDriverWait(driver, 30).until(
+                lambda d, tensor=tensor: (
+                    tensor in d.find_element(By.ID, "gl-series-title").text
+                    and d.find_elements(By.CSS_SELECTOR, "#gl-series canvas")
+                )
+            )
+            got = driver.execute_script(LAYOUT)
+            assert got["page"][1] >= 1400 and got["page"][0] <= got["page"][1], (run, got["page"])
+            left, right = got["pane"]
+            assert left > 300 and right <= got["page"][1], (run, got["pane"])
+            ids = [t["id"] for t in got["tables"]]
+            assert all(f"gl-table-{k}" in ids for k in tables), (run, ids)
+            for t in got["tables"]:  # the whole table is visible in the pane: wrapped, not cut, not scrolled
+                assert t["lastColumnRight"] <= right + 0.5 and t["right"] <= right + 0.5, (run, t, right)
+                assert t["box"][0] <= t["box"][1] and t["box"][2] <= right + 0.5, (run, t, right)
+            panels = got["panels"]
+            metrics = [m for m, _, _ in panels]
+            assert metrics and metrics[0] in ("update_ratio", "grad_norm", "weight_norm"), (run, panels)
+            if run == "planted":  # a stalled tensor: four panels, the fourth (its weight norm) had no title
+                assert metrics == ["update_ratio", "grad_norm", "grad_zero_frac", "weight_norm"], panels
+            titles = [title for _, title, _ in panels]
+            assert all(title and height > 0 for _, title, height in panels), (run, panels)
+            assert len(set(titles)) == len(titles) and not any("_" in t for t in titles), titles  # words, not keys
+        driver.switch_to.default_content()
+        driver.save_screenshot(str(tmp_path / "gradlog-tab-1500.png"))
 
 
 #: The user's own tags in the wide run: PyTorch's tutorial style, a bare one, Hugging Face / Lightning style.

@@ -34,6 +34,7 @@ const METRIC_TEXT = {
   grad_norm: "gradient norm",
   grad_zero_frac: "zero fraction of the gradient",
   grad_nonfinite: "NaN/Inf entries in the gradient",
+  weight_norm: "weight norm ‖w‖",
 };
 const STOPS = [
   [59, 82, 139],
@@ -53,7 +54,7 @@ body { font-family: Roboto, Arial, sans-serif; font-size: 13px; margin: 12px; co
 #gl-verdict.provisional { background: #fff8e1; }
 #gl-main { display: flex; gap: 16px; align-items: flex-start; }
 #gl-left { flex: 0 0 auto; max-width: 62%; overflow: auto; max-height: 86vh; position: relative; }
-#gl-right { flex: 1 1 auto; min-width: 320px; }
+#gl-right { flex: 1 1 0; min-width: 320px; }
 #gl-canvas { cursor: crosshair; display: block; }
 #gl-tip { position: fixed; pointer-events: none; background: rgba(33,33,33,.92); color: #fff; padding: 4px 7px;
   border-radius: 3px; font-size: 12px; display: none; z-index: 10; white-space: nowrap; }
@@ -61,15 +62,20 @@ body { font-family: Roboto, Arial, sans-serif; font-size: 13px; margin: 12px; co
 #gl-legend .sw { display: inline-block; width: 12px; height: 12px; vertical-align: middle; margin-right: 3px;
   border: 1px solid #ccc; }
 #gl-scale { vertical-align: middle; }
-table.gl { border-collapse: collapse; margin: 4px 0 14px; font-size: 12px; }
+/* A table wraps its long cells (and names at their dots) to fit the pane; what still does not fit
+   scrolls inside its own box, never past the pane's right edge. */
+.gl-scroll { max-width: 100%; overflow-x: auto; margin: 4px 0 14px; }
+table.gl { border-collapse: collapse; font-size: 12px; }
 table.gl th, table.gl td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
 table.gl th, table.gl td.short { white-space: nowrap; }
-table.gl td.long { min-width: 16em; }
+table.gl td.long { min-width: 10em; overflow-wrap: anywhere; }
 table.gl tr.sel td { background: #e3f2fd; }
 h3 { font-size: 13px; margin: 10px 0 2px; }
 #gl-findings li { cursor: pointer; margin: 2px 0; }
 #gl-findings .k { display: inline-block; min-width: 7.5em; font-weight: 500; }
-#gl-series canvas { display: block; margin-bottom: 6px; border: 1px solid #eee; }
+#gl-series figure { margin: 0 0 6px; }
+#gl-series figcaption { font-size: 11px; color: #616161; margin: 0 0 1px; }
+#gl-series canvas { display: block; max-width: 100%; border: 1px solid #eee; }
 .muted { color: #757575; }
 `;
 
@@ -248,14 +254,19 @@ class Tab {
   }
 
   table(key, t) {
-    const long = new Set(["detail", "indices"]);
+    const long = new Set(["detail", "indices"]); // free text: wraps anywhere
+    const cell = (c, column) => {
+      if (long.has(column)) return h("td", { class: "long" }, c);
+      if (column === "name") return h("td", { class: "name" }, ...breakAtDots(String(c)));
+      return h("td", { class: "short" }, c);
+    };
     const head = h("tr", {}, ...t.columns.map((c) => h("th", {}, c)));
     const rows = t.rows.map((r) => {
       const name = (r[t.columns.indexOf("name")] || "").split(" (= ")[0];
       return h("tr", { "data-name": name, onclick: () => name && this.select(name) },
-        ...r.map((c, i) => h("td", { class: long.has(t.columns[i]) ? "long" : "short" }, c)));
+        ...r.map((c, i) => cell(c, t.columns[i])));
     });
-    return h("table", { class: "gl", id: `gl-table-${key}` }, head, ...rows);
+    return h("div", { class: "gl-scroll" }, h("table", { class: "gl", id: `gl-table-${key}` }, head, ...rows));
   }
 
   async loadHeatmap() {
@@ -294,6 +305,8 @@ class Tab {
     const w = Math.max(LABEL_W + cols * this.cw, LABEL_W + 120), hgt = Math.max(1, rows.length) * this.rh + AXIS;
     const cv = this.canvas;
     cv.width = w; cv.height = hgt;
+    // the legend wraps within the heatmap's width, so a small heatmap leaves the rest to the tables
+    this.legend.style.maxWidth = `${Math.max(w, 360)}px`;
     const ctx = cv.getContext("2d");
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, w, hgt);
     if (cols && rows.length) {
@@ -445,6 +458,17 @@ class Tab {
   }
 }
 
+// A dotted tensor name as text pieces with a line-break chance after each dot
+// (layers.0.block_sparse_moe.experts.3.w1.weight wraps between its parts, never inside one).
+function breakAtDots(text) {
+  const out = [];
+  for (const piece of text.split(/(?<=\.)/)) {
+    if (out.length) out.push(document.createElement("wbr"));
+    out.push(piece);
+  }
+  return out;
+}
+
 function fit(ctx, text, width) {
   if (ctx.measureText(text).width <= width) return text;
   let lo = 0, hi = text.length;
@@ -459,10 +483,13 @@ function num(v) {
   return v === "NaN" ? NaN : v === "Infinity" ? Infinity : v === "-Infinity" ? -Infinity : v;
 }
 
-// A small line chart; log y for ratios and norms. Zeros sit on the bottom edge, NaN/Inf as red ticks.
+// A small line chart under its title; log y for ratios and norms. Zeros sit on the bottom edge, NaN/Inf
+// as red ticks.
 function lineChart(metric, points) {
   const W = 420, H = 90, pad = 34;
   const cv = h("canvas", { width: String(W), height: String(H), "data-metric": metric });
+  const panel = h("figure", { class: "gl-panel", "data-metric": metric },
+    h("figcaption", {}, METRIC_TEXT[metric] || metric.replace(/_/g, " ")), cv);
   const g = cv.getContext("2d");
   const logY = metric === "update_ratio" || metric === "grad_norm" || metric === "weight_norm";
   const pts = points.map(([s, v]) => [s, num(v)]);
@@ -483,7 +510,6 @@ function lineChart(metric, points) {
   };
   g.fillStyle = "#fff"; g.fillRect(0, 0, W, H);
   g.fillStyle = "#616161"; g.font = "10px Roboto, Arial, sans-serif";
-  g.fillText(METRIC_TEXT[metric] || metric, pad, 10);
   g.fillText(logY ? Number(10 ** hi).toExponential(1) : Number(hi).toPrecision(2), 1, 22);
   g.fillText(logY ? Number(10 ** lo).toExponential(1) : Number(lo).toPrecision(2), 1, bottom);
   if (zeros) {
@@ -507,7 +533,7 @@ function lineChart(metric, points) {
     g.fillStyle = "#440154";
     for (const [s, v] of pts) if (v === 0) g.fillRect(X(s) - 1.5, H - 14.5, 3, 3);
   }
-  return cv;
+  return panel;
 }
 
 export async function render() {
