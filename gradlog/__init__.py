@@ -16,6 +16,7 @@ from gradlog.check import CheckReport, check
 from gradlog.logger import GradLogger, clip_grad_norm_, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram, Histograms
+from gradlog.verdict.policy import Policy
 from gradlog.verdict.report import NeverUpdated, NonFinite, PartlyUpdated, Reason, Report, Stalled
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
@@ -37,6 +38,7 @@ __all__ = [
     "NeverUpdated",
     "NonFinite",
     "PartlyUpdated",
+    "Policy",
     "Reason",
     "Report",
     "Stalled",

@@ -30,13 +30,13 @@ from gradlog.measure.tags import HISTOGRAM_KINDS
 from gradlog.verdict.alerts import (
     ALERT_COLUMNS,
     DEFAULT_NO_GRAD_PATIENCE,
-    DEFAULT_RATIO_BAND,
     DEFAULT_RATIO_PATIENCE,
     DEFAULT_SPIKE_FACTOR,
     Alerts,
 )
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.ledger import Ledger
+from gradlog.verdict.policy import POLICY_COLUMNS, Policy, PolicyLike
 from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
 from gradlog.verdict.series import run_level
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
@@ -149,12 +149,13 @@ class GradLogger:
         histogram_kinds: tuple[str, ...] = HISTOGRAM_KINDS,
         bins: int = 64,
         print_report: bool = True,
+        policy: PolicyLike = None,
         strict: bool = False,
         writer_options: dict[str, Any] | None = None,
         scaler: Any = None,
         sync_timeout: float = DEFAULT_TIMEOUT_S,
         alerts: bool = True,
-        ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND,
+        ratio_band: tuple[float, float] | None = None,
         ratio_patience: int = DEFAULT_RATIO_PATIENCE,
         no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
         spike_factor: float = DEFAULT_SPIKE_FACTOR,
@@ -210,6 +211,7 @@ class GradLogger:
         self.histogram_every = (histogram_every or every) if histograms else 0
         self.count_zeros = count_zeros
         self.print_report = print_report
+        self.policy = Policy.coerce(policy)  # how much each kind of finding matters (gradlog/verdict/policy.py)
         self.handle_signals = handle_signals
         self.provisional_every = provisional_every
         self._provisional_at: float | None = None  # monotonic time of the last provisional table
@@ -579,6 +581,7 @@ class GradLogger:
             measured_steps=self.ledger.measured_steps,
             skipped_steps=self.ledger.skipped_steps,
             tracked_tensors=len(rows),
+            policy=self.policy,
         )
 
     def close(self) -> Report:
@@ -651,6 +654,7 @@ class GradLogger:
                 skipped_steps=self.ledger.skipped_steps,
                 tracked_tensors=len(self.table.live),
                 error=key,
+                policy=self.policy,
             )
 
     def _write_report(self, report: Report, provisional_step: int | None = None) -> None:
@@ -679,6 +683,8 @@ class GradLogger:
         out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
         if self.alerts is not None and self.alerts.fired:
             out.log_table("gradlog/alerts", ALERT_COLUMNS, self.alerts.rows())
+        if self.policy.rules:  # so that `gradlog report` judges from disk as close() did
+            out.log_table("gradlog/policy", POLICY_COLUMNS, self.policy.rows())
         if provisional_step is None and self.overview.every != 0 and self.overview.steps:
             self._final_overview(report)
 
@@ -714,6 +720,7 @@ class GradLogger:
             ["skipped_steps", str(report.skipped_steps)],
             ["tracked_tensors", str(report.tracked_tensors)],
             ["warnings", str(sum(report.warnings().values()))],
+            ["notes", str(report.severities().get("note", 0))],
         ]
         if report.hint:
             summary.append(["hint", report.hint])
