@@ -20,7 +20,7 @@ from gradlog.verdict.alerts import RATIO_HIGH, RATIO_LOW, Alerts, Entry
 from gradlog.verdict.slices import unseen_words
 
 pytest.importorskip("transformers")
-import calibrated_models as cm  # noqa: E402  (tests/ is on sys.path: conftest.py lives there)
+import calibrated_models as cm  # tests/ is on sys.path (rootdir conftest)
 
 STEPS, EVERY = 40, 2
 
