@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from overhead import MODELS
 
-from gradlog import GradLogger
+from gradlog import GradLogger, HistogramOptions
 from gradlog.measure.histogram import Histogram
 from gradlog.writers import tb_format, tfrecord
 from gradlog.writers.tensorboard import TensorBoardWriter, _encode
@@ -147,7 +147,9 @@ def step_items(name: str, tmp: str, steps: int = 3) -> list[Any]:
     model, loss_fn = MODELS[name].build(torch.device("cpu"))
     opt = MODELS[name].optimizer(model)
     writer = Capture(os.path.join(tmp, name))
-    gl = GradLogger(model, opt, every=1, writer=writer, print_report=False, overview_every=0)
+    gl = GradLogger(
+        model, opt, every=1, writer=writer, print_report=False, histograms=HistogramOptions(overview_every=0)
+    )
     for i in range(steps):
         loss_fn(model).backward()
         opt.step()

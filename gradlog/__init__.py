@@ -17,6 +17,7 @@ from gradlog.logger import GradLogger, clip_grad_norm_, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.options import AlertOptions, HistogramOptions, Output
+from gradlog.verdict.policy import Policy
 from gradlog.verdict.report import NeverUpdated, NonFinite, PartlyUpdated, Reason, Report, Stalled
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
@@ -41,6 +42,7 @@ __all__ = [
     "NonFinite",
     "Output",
     "PartlyUpdated",
+    "Policy",
     "Reason",
     "Report",
     "Stalled",

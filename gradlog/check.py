@@ -34,7 +34,9 @@ from torch import nn
 from gradlog.logger import GradLogger
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter
+from gradlog.verdict.policy import PolicyLike
 from gradlog.verdict.report import PARTLY_COLUMNS, PartlyUpdated, Reason, Report, format_table
+from gradlog.verdict.slices import unseen_words
 from gradlog.verdict.unchanged import partly_rows, reduce_to_slices, slice_dims, slice_word
 
 LossFn = Callable[[nn.Module, Any], Any]
@@ -71,6 +73,8 @@ class CheckReport(Report):
     checked batch. They depend on the data (tokens the batch lacks, units it leaves inactive), so they
     are shown apart and never make the verdict a problem."""
 
+    #: judged like a run's partly-updated slices (`partly.not_in_batch`, `partly.padding_idx`: notes by
+    #: default), so a check and a run give one answer to one fact
     in_batch: list[PartlyUpdated] = field(default_factory=list)
 
     def table(self) -> str:
@@ -78,7 +82,7 @@ class CheckReport(Report):
         text = super().table()
         if self.in_batch:
             rows = partly_rows(self.in_batch)
-            text += "\n\nIn this batch only (data-dependent, not counted as problems):\n"
+            text += "\n\nIn this batch only (data-dependent; judged as partly-updated slices, notes by default):\n"
             text += format_table(PARTLY_COLUMNS, rows)
         return text
 
@@ -209,6 +213,7 @@ def check(
     print: bool = True,
     include: NameFilter = None,
     exclude: NameFilter = None,
+    policy: PolicyLike = None,
 ) -> CheckReport:
     """Run `steps` real forward/backward/optimizer steps on `batch`, restore everything, return the report.
 
@@ -217,7 +222,8 @@ def check(
     or list, ``model(**batch)`` for a dict. The batch must already be on the model's device.
     Gradients are cleared before each step (and put back afterwards). Needs memory for one copy of
     the weights, gradients and optimizer state. The report is printed unless ``print=False``;
-    ``include`` / ``exclude`` choose tensors as in `GradLogger`.
+    ``include`` / ``exclude`` choose tensors as in `GradLogger`; ``policy`` tunes severities as there
+    (`gradlog.Policy`).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"gradlog.check: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -243,6 +249,7 @@ def check(
         histograms=False,
         include=include,
         exclude=exclude,
+        policy=policy,
     )
     seen: dict[int, dict[int | None, torch.Tensor]] = {}
     try:
@@ -326,7 +333,7 @@ def _in_batch(
                 if not never:
                     continue
             if id(row.param) in embeddings and dim == 0:
-                why = "ids (tokens, positions) this batch does not hold"
+                why = unseen_words(row.name, never, total).replace("were in no measured batch", "are not in this batch")
             elif dim == 1 and id(row.param) in embeddings:
                 why = "embedding dimensions no id of this batch used"
             else:

@@ -34,6 +34,7 @@ from gradlog.pipeline import Pipeline
 from gradlog.publishing import Failures, Publisher
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
+from gradlog.verdict.policy import Policy, PolicyLike
 from gradlog.verdict.report import Report
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
@@ -145,6 +146,7 @@ class GradLogger:
         alerts: bool | AlertOptions = True,
         scaler: Any = None,
         print_report: bool = True,
+        policy: PolicyLike = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -168,6 +170,7 @@ class GradLogger:
         self._model = weakref.ref(model)  # weak: a logger never keeps a model (and its weights) alive
         self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
         self.print_report = print_report
+        self.policy = Policy.coerce(policy)  # how much each kind of finding matters (gradlog/verdict/policy.py)
         self.handle_signals = out.handle_signals
         self.strict = out.strict
         self.failures = Failures(out.strict)
@@ -175,7 +178,14 @@ class GradLogger:
         # Alerts (gradlog/verdict/alerts.py) read the host-side Measurement only; every rank judges the same
         # reduced numbers, only rank 0 says so.
         watch = (
-            Alerts(alert.ratio_band, alert.ratio_patience, alert.no_grad_patience, alert.spike_factor)
+            Alerts(
+                alert.ratio_band,
+                alert.ratio_patience,
+                alert.no_grad_patience,
+                alert.spike_factor,
+                ratio_decades=alert.ratio_decades,
+                ratio_min_peers=alert.ratio_min_peers,
+            )
             if alert is not None
             else None
         )
@@ -341,7 +351,7 @@ class GradLogger:
 
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (see `Pipeline.diagnose`), with the model and optimizer if still alive."""
-        return self.pipeline.diagnose(collective, reuse, self.model, self.optimizer)
+        return self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy)
 
     @property
     def closed(self) -> bool:
@@ -399,6 +409,7 @@ class GradLogger:
                 skipped_steps=self.ledger.skipped_steps,
                 tracked_tensors=len(self.table.live),
                 error=key,
+                policy=self.policy,
             )
 
     # --- the end of a run that does not reach close(): signals, forks (gradlog.lifecycle) ----------

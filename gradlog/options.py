@@ -23,11 +23,12 @@ from gradlog.measure.histogram import MAX_BINS
 from gradlog.measure.tags import HISTOGRAM_KINDS
 from gradlog.verdict.alerts import (
     DEFAULT_NO_GRAD_PATIENCE,
-    DEFAULT_RATIO_BAND,
+    DEFAULT_RATIO_DECADES,
+    DEFAULT_RATIO_MIN_PEERS,
     DEFAULT_RATIO_PATIENCE,
     DEFAULT_SPIKE_FACTOR,
+    Alerts,
     check_band,
-    check_spike,
 )
 from gradlog.writers import WriterSpec
 from gradlog.writers.guard import DEFAULT_TIMEOUT_S as DEFAULT_WRITER_TIMEOUT_S
@@ -120,26 +121,36 @@ class HistogramOptions:
 class AlertOptions:
     """``alerts=gradlog.AlertOptions(...)``: thresholds of the alerts raised during training.
 
-    - `ratio_band`: (low, high) of the update ratio ‖Δw‖/‖w‖ for matrices (1-D tensors get a wider one);
-    - `ratio_patience`: measured steps in a row outside the band before it alerts;
+    - `ratio_band`: None (default) calibrates to the run: a tensor's update is an outlier when it sits
+      `ratio_decades` or more (and well outside the spread) from the median of its peers of the same
+      role, for `ratio_patience` measured steps in a row; a (low, high) pair judges the update ratio
+      ‖Δw‖/‖w‖ against that fixed band instead (1-D tensors get a wider one);
+    - `ratio_decades`: how many decades from its peers' median an update must sit to be an outlier;
+    - `ratio_min_peers`: tensors of one role needed before they are compared (fewer: not judged);
+    - `ratio_patience`: measured steps in a row out of line before it alerts;
     - `no_grad_patience`: measured steps in a row with no gradient before it alerts;
     - `spike_factor`: a gradient norm this many times its own recent median is a spike.
     """
 
-    ratio_band: tuple[float, float] = DEFAULT_RATIO_BAND
+    ratio_band: tuple[float, float] | None = None
+    ratio_decades: float = DEFAULT_RATIO_DECADES
+    ratio_min_peers: int = DEFAULT_RATIO_MIN_PEERS
     ratio_patience: int = DEFAULT_RATIO_PATIENCE
     no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE
     spike_factor: float = DEFAULT_SPIKE_FACTOR
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ratio_band", check_band(self.ratio_band))
-        for name in ("ratio_patience", "no_grad_patience"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"AlertOptions: {name} must be an integer >= 1 (measured steps in a row), got {value!r}"
-                )
-        check_spike(self.spike_factor)
+        # the one validation: Alerts' own (it names the bad value and the valid range)
+        Alerts(
+            self.ratio_band,
+            self.ratio_patience,
+            self.no_grad_patience,
+            self.spike_factor,
+            ratio_decades=self.ratio_decades,
+            ratio_min_peers=self.ratio_min_peers,
+        )
+        if self.ratio_band is not None:
+            object.__setattr__(self, "ratio_band", check_band(self.ratio_band))
 
 
 @dataclass(frozen=True)

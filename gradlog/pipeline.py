@@ -23,6 +23,7 @@ from gradlog.publishing import Failures
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.ledger import Ledger
+from gradlog.verdict.policy import Policy
 from gradlog.verdict.report import Report
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
@@ -252,7 +253,12 @@ class Pipeline:
         return m
 
     def diagnose(
-        self, collective: bool, reuse: bool, model: nn.Module | None, optimizer: torch.optim.Optimizer | None
+        self,
+        collective: bool,
+        reuse: bool,
+        model: nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        policy: Policy,
     ) -> Report:
         """The diagnosis. `collective`: under sharded parameters, meet the other ranks so that a tensor
         changed if any of its shards did (False: this rank's own answer). `reuse`: tensors the evidence
@@ -304,4 +310,5 @@ class Pipeline:
             measured_steps=self.ledger.measured_steps,
             skipped_steps=self.ledger.skipped_steps,
             tracked_tensors=len(rows),
+            policy=policy,
         )

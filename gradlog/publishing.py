@@ -16,6 +16,7 @@ from gradlog.lifecycle import describe, warn
 from gradlog.measure import tags
 from gradlog.measure.meter import Measurement
 from gradlog.verdict.alerts import ALERT_COLUMNS
+from gradlog.verdict.policy import POLICY_COLUMNS
 from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
 from gradlog.verdict.series import run_level
 from gradlog.writers import Writer
@@ -134,6 +135,10 @@ class Publisher:
         out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
         if report.alerts:
             out.log_table("gradlog/alerts", ALERT_COLUMNS, [a.row() for a in report.alerts])
+        if (
+            report.policy is not None and report.policy.rules
+        ):  # so that `gradlog report` judges from disk as close() did
+            out.log_table("gradlog/policy", POLICY_COLUMNS, report.policy.rows())
         if provisional_step is None and self.overview.every != 0 and self.overview.steps:
             self._final_overview(report)
 
@@ -204,6 +209,7 @@ def summary_rows(report: Report, provisional_step: int | None, rank_local: bool)
         ["skipped_steps", str(report.skipped_steps)],
         ["tracked_tensors", str(report.tracked_tensors)],
         ["warnings", str(sum(report.warnings().values()))],
+        ["notes", str(report.severities().get("note", 0))],
     ]
     if report.hint:
         summary.append(["hint", report.hint])

@@ -106,8 +106,11 @@ def test_unseen_embedding_ids_dense_never_change() -> None:
     assert records(report) == {("emb.weight", 0, expected, Reason.NOT_IN_BATCH)}
     rec = report.partly_updated[0]
     assert (rec.never, rec.total) == (50, 100)
-    assert rec.detail.startswith("rows 50-99 (50 of 100) never changed; zero gradient at all 10 measured steps")
-    assert "never in a batch" in rec.detail
+    assert rec.detail.startswith(
+        "ids 50, 51, 52, 53, 54, ... (50 of 100) were in no measured batch: rows 50-99 (50 of 100)"
+    )
+    assert "never changed; zero gradient at all 10 measured steps" in rec.detail
+    assert "were in no measured batch" in rec.detail
     assert report.never_updated == []
 
 

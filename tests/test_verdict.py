@@ -47,6 +47,7 @@ UNSEEN = PartlyUpdated(
     "emb.weight", 0, 10, 20, tuple(range(10, 20)), Reason.NOT_IN_BATCH, "rows 10-19 (10 of 20) never changed"
 )
 PADDING = PartlyUpdated("emb.weight", 0, 1, 20, (0,), Reason.PADDING_IDX, "row 0 is padding_idx")
+DEAD = PartlyUpdated("body.weight", 0, 2, 8, (3, 4), Reason.ZERO_GRAD, "output units 3-4 (2 of 8) never changed")
 
 
 class Net(nn.Module):
@@ -66,7 +67,7 @@ class Net(nn.Module):
         return out
 
 
-SCENARIOS = ("healthy", "never_updated", "stalled", "nan", "partly", "padding_only", "suspect_freeze")
+SCENARIOS = ("healthy", "never_updated", "stalled", "nan", "partly", "padding_only", "notes_only", "suspect_freeze")
 
 
 def planted_run(scenario: str, writer: Any, log_dir: Path | None = None) -> gradlog.Report:
@@ -85,6 +86,8 @@ def planted_run(scenario: str, writer: Any, log_dir: Path | None = None) -> grad
     real = gl.report
     plant: dict[str, Any] = {}
     if scenario == "partly":
+        plant["partly_updated"] = [UNSEEN, PADDING, DEAD]
+    elif scenario == "notes_only":  # ids no batch contained and the padding row: notes, not problems
         plant["partly_updated"] = [UNSEEN, PADDING]
     elif scenario == "padding_only":
         plant["partly_updated"] = [PADDING]
@@ -116,6 +119,7 @@ EXPECT = {
     "nan": False,
     "partly": False,
     "padding_only": True,
+    "notes_only": True,
     "suspect_freeze": False,
 }
 
@@ -212,10 +216,11 @@ STALL = Stalled("t.weight", 50, 45, Reason.ZERO_LR, "lr 0")
     [
         ({}, True, "all 5 tracked tensors were updated"),
         ({"never_updated": [FROZEN]}, True, "1 of 5 tensors never updated (frozen 1)"),
-        ({"never_updated": [dataclasses.replace(FROZEN, suspect=True)]}, False, "never updated (frozen 1)"),
+        ({"never_updated": [dataclasses.replace(FROZEN, suspect=True)]}, False, "never updated (frozen_suspect 1)"),
         ({"never_updated": [dataclasses.replace(FROZEN, reason=Reason.NO_GRAD)]}, False, "(no_grad 1)"),
         ({"partly_updated": [PADDING]}, True, "1 tensor partly never updated (padding_idx 1)"),
-        ({"partly_updated": [PADDING, UNSEEN]}, False, "1 tensor partly never updated (padding_idx 1, not_in_batch 1)"),
+        ({"partly_updated": [PADDING, UNSEEN]}, True, "1 tensor partly never updated (padding_idx 1, not_in_batch 1)"),
+        ({"partly_updated": [UNSEEN, DEAD]}, False, "2 tensors partly never updated (not_in_batch 1, zero_grad 1)"),
         ({"stalled": [STALL]}, False, "1 tensor stopped learning (zero_lr 1), the first from step 50"),
         ({"first_nonfinite": NonFinite(7, "t.weight", 3)}, False, "first non-finite gradient at step 7 in t.weight"),
         ({"skipped_steps": 2}, True, "2 optimizer steps skipped"),
@@ -226,7 +231,8 @@ def test_judge(kw: dict[str, Any], healthy: bool, phrase: str) -> None:
     report = base(**kw)
     v = judge(report)
     assert (v.healthy, v.status) == (healthy, "OK" if healthy else "PROBLEM")
-    assert phrase in v.text and v.text.endswith("(100 optimizer steps, 10 measured)")
+    assert phrase in v.text and v.text.startswith(f"gradlog {v.status}: ")
+    assert v.text.endswith(")") and "(100 optimizer steps, 10 measured" in v.text
     assert (report.healthy, report.status, report.verdict) == (v.healthy, v.status, v.text)
     assert bool(v.problems) is not healthy
     assert report.to_dict()["healthy"] is healthy
@@ -249,7 +255,8 @@ def test_console_and_markdown_show_all_three_tables_then_the_verdict() -> None:
     assert blocks[1].splitlines()[1].split() == PARTLY_COLUMNS
     assert blocks[2].startswith("Stopped learning (1 tensor):\n")
     assert blocks[2].splitlines()[1].split() == STALLED_COLUMNS
-    assert blocks[3] == report.verdict and text.splitlines()[-1] == report.verdict
+    assert blocks[3].splitlines()[-1] == report.verdict and text.splitlines()[-1] == report.verdict
+    assert blocks[3].splitlines()[0].startswith("note: partly.not_in_batch in 1 tensor: emb.weight")  # never hidden
     partly_lines = blocks[1].splitlines()[3:]
     assert len(partly_lines) == 3  # one line per record
     assert "10-19" in partly_lines[0] and "rows" in partly_lines[0]
@@ -287,10 +294,18 @@ def test_to_dict_uses_real_json_types() -> None:
         "reason": "not_in_batch",
         "detail": UNSEEN.detail,
         "intentional": False,
+        "severity": "note",
     }
     assert d["partly_updated"][1]["dim"] is None and d["partly_updated"][1]["intentional"] is True
     assert d["stalled"] == [
-        {"name": "t.weight", "since_step": 50, "last_update_step": 45, "reason": "zero_lr", "detail": "lr 0"}
+        {
+            "name": "t.weight",
+            "since_step": 50,
+            "last_update_step": 45,
+            "reason": "zero_lr",
+            "detail": "lr 0",
+            "severity": "problem",
+        }
     ]
     assert d["first_nonfinite"] == {"step": 7, "name": "t.weight", "count": 3}
 

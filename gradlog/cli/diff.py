@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from gradlog.cli.report import _plain
 from gradlog.readers.checkpoints import BadCheckpoint
+from gradlog.verdict.policy import Policy
 from gradlog.views.diff import BadInput, Progress, diff, open_all, plot
 
 OK, FINDINGS, BAD_INPUT = 0, 1, 2
@@ -28,8 +29,14 @@ def run_diff(
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,
     progress: bool | None = None,
+    rules: Sequence[tuple[str, str]] = (),
 ) -> int:
-    """Never raises: unreadable input, different models or a missing extra is a message on stderr and exit 2."""
+    """Never raises: unreadable input, different models or a missing extra is a message on stderr and exit 2.
+    `rules` are ("KIND[:PATTERN]", severity) pairs (--fail-on, --warn, --note, --ignore)."""
+    try:
+        policy = Policy(rules)
+    except ValueError as exc:
+        return _fail(str(exc))
     if len(paths) < 2:
         return _fail(f"needs two or more checkpoints of one model, in training order; got {len(paths)}")
     bar: Progress | None = None
@@ -41,6 +48,7 @@ def run_diff(
             include=list(include) if include else None,
             exclude=list(exclude) if exclude else None,
             progress=bar,
+            policy=policy,
         )
     except (BadCheckpoint, BadInput, ValueError) as exc:
         return _fail(str(exc))

@@ -7,6 +7,35 @@ import sys
 from collections.abc import Sequence
 
 
+class _Rule(argparse.Action):
+    """--fail-on/--warn/--note/--ignore KIND[:PATTERN]: collected in command-line order (the last match wins)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, ns: argparse.Namespace, value: object, opt: object = None
+    ) -> None:
+        rules = list(getattr(ns, "rules", None) or [])
+        rules.append((str(value), str(self.const)))
+        ns.rules = rules
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    """The linter-style severity flags `gradlog report` and `gradlog diff` share (docs/verdict.md lists the kinds)."""
+    g = p.add_argument_group(
+        "policy",
+        "change how much a kind of finding matters, optionally only for tensors matching a glob; later flags win, "
+        "and all of them override the policy the run recorded. KIND: e.g. not_in_batch, partly.zero_grad, "
+        "update_ratio_high, 'partly.*', '*' (docs/verdict.md lists them)",
+    )
+    for flag, severity, what in (
+        ("--fail-on", "problem", "make it a problem (exit 1)"),
+        ("--warn", "warning", "make it a warning"),
+        ("--note", "note", "make it a note"),
+        ("--ignore", "ignore", "leave it out of the verdict (still in the tables)"),
+    ):
+        g.add_argument(flag, action=_Rule, const=severity, dest="rules", metavar="KIND[:PATTERN]", help=what)
+    p.set_defaults(rules=[])
+
+
 def _demo(args: argparse.Namespace) -> int:
     from gradlog.cli.demo import run
 
@@ -20,7 +49,9 @@ def _report(args: argparse.Namespace) -> int:
     from gradlog.readers.files import Limits
 
     limits = Limits(max_file_bytes=args.max_file_size, max_table_bytes=args.max_table_size, max_files=args.max_files)
-    return run_report(args.path, as_json=args.json, plot=args.plot, band=args.band, spike=args.spike, limits=limits)
+    return run_report(
+        args.path, as_json=args.json, plot=args.plot, band=args.band, spike=args.spike, limits=limits, rules=args.rules
+    )
 
 
 def _size(text: str) -> int:
@@ -48,6 +79,7 @@ def _diff(args: argparse.Namespace) -> int:
         include=args.include,
         exclude=args.exclude,
         progress=False if args.no_progress else None,
+        rules=args.rules,
     )
 
 
@@ -72,7 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.add_argument("--plot", metavar="OUT.png", default=None, help="also draw the run (needs gradlog[plot])")
     report.add_argument(
-        "--band", nargs=2, type=float, metavar=("LO", "HI"), default=None, help="healthy update ratio (1e-4 1e-2)"
+        "--band",
+        nargs=2,
+        type=float,
+        metavar=("LO", "HI"),
+        default=None,
+        help="judge update ratios against this fixed band (e.g. 1e-4 1e-2), not the run's own tensors",
     )
     report.add_argument("--spike", type=float, metavar="FACTOR", default=None, help="spike: x running median (10)")
     report.add_argument(
@@ -84,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--max-files", type=_count, metavar="N", default=20_000, help="most event/W&B run files searched (20000)"
     )
+    _policy_flags(report)
     report.set_defaults(func=_report)
     diff = sub.add_parser(
         "diff",
@@ -97,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--include", action="append", metavar="GLOB", help="compare only tensors matching (repeatable)")
     diff.add_argument("--exclude", action="append", metavar="GLOB", help="skip tensors matching (repeatable)")
     diff.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    _policy_flags(diff)
     diff.set_defaults(func=_diff)
     return parser
 

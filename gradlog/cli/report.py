@@ -20,6 +20,7 @@ from typing import TextIO
 from gradlog.readers.files import Limits, shown_lines, valid_text
 from gradlog.readers.run import BadInput, load
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND, check_band
+from gradlog.verdict.policy import Policy
 from gradlog.views.health import DEFAULT_SPIKE_FACTOR, analyze
 
 OK, PROBLEMS, BAD_INPUT = 0, 1, 2
@@ -61,11 +62,18 @@ def run_report(
     band: Sequence[float] | None = None,
     spike: float | None = None,
     limits: Limits | None = None,
+    rules: Sequence[tuple[str, str]] = (),
 ) -> int:
     """Never raises: bad input, an unreadable file or a missing extra is a message on stderr and exit 2.
 
     `limits` caps what reading the run may cost (`readers.files.Limits`: file and table sizes, files searched).
+    `rules` are ("KIND[:PATTERN]", severity) pairs (--fail-on, --warn, --note, --ignore): they override the
+    policy the run recorded.
     """
+    try:
+        override = Policy(rules)
+    except ValueError as exc:
+        return _fail(str(exc))
     try:
         lo_hi = check_band(band if band is not None else DEFAULT_RATIO_BAND)
     except ValueError as exc:
@@ -76,7 +84,7 @@ def run_report(
     try:
         run = load(path, limits=limits)
         # Without --band/--spike: the warnings the run recorded at close (what close() said)
-        health = analyze(run, None if band is None else lo_hi, None if spike is None else factor)
+        health = analyze(run, None if band is None else lo_hi, None if spike is None else factor, policy=override)
     except BadInput as exc:
         return _fail(str(exc))
     except Exception as exc:  # a file we could not make sense of: a message, never a traceback

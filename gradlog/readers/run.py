@@ -36,6 +36,7 @@ from gradlog.readers.files import (
     shown,
 )
 from gradlog.readers.points import Series, SeriesBuilder
+from gradlog.verdict.policy import Policy, Rule
 from gradlog.verdict.report import (
     DIM_NAMES,
     PARTLY_COLUMNS,
@@ -61,6 +62,7 @@ TABLE_NAMES = (
     "gradlog/stalled",
     "gradlog/summary",
     "gradlog/alerts",
+    "gradlog/policy",
 )
 ORDER_TAG = "gradlog/tensor_order"  # written by the TensorBoard writer (writers/tb_format.py)
 #: At most this many "Skipped (unreadable)" lines are kept; the last one counts the rest.
@@ -396,6 +398,8 @@ _SUMMARY_KEYS = (
     "measured_steps",
     "skipped_steps",
     "tracked_tensors",
+    "warnings",
+    "notes",
     "first_nonfinite_step",
     "first_nonfinite_tensor",
     "first_nonfinite_count",
@@ -599,6 +603,21 @@ def _summary_from_series(run: RunData) -> dict[str, str]:
     return {"measured_steps": str(len(steps)), "optimizer_steps": str(max(steps) + 1 if steps else 0)}
 
 
+def recorded_policy(run: RunData) -> Policy | None:
+    """The policy the run was judged with at close (its `gradlog/policy` table), None without one. A rule
+    this gradlog does not know is named in `run.skipped` and the rest still apply."""
+    if "gradlog/policy" not in run.tables:
+        return None
+    cols, rows = run.tables["gradlog/policy"]
+    kept: list[Rule] = []
+    for r in rows:
+        try:
+            kept.extend(Policy.from_rows(cols, [r]).rules)
+        except ValueError as exc:
+            run.skipped.append(f"table gradlog/policy: rule {r!r} cannot be read ({exc})")
+    return Policy(kept)
+
+
 def closed_report(run: RunData) -> Report | None:
     """The `Report` that close() returned, rebuilt from the tables it wrote (None when the run never
     closed). `gradlog report` judges it with the same function close() used, so both say the same.
@@ -670,6 +689,7 @@ def closed_report(run: RunData) -> Report | None:
         never_updated=never,
         partly_updated=partly,
         stalled=stalled,
+        policy=recorded_policy(run),
         first_nonfinite=first,
         optimizer_steps=_int(summary.get("optimizer_steps", "0")),
         measured_steps=_int(summary.get("measured_steps", "0")),

@@ -4,17 +4,28 @@ Everything here works on host-side numbers the logger already fetched, so alerts
 work. Each tensor alerts at most once per kind; one message per measured step and kind names every
 tensor that newly alerted, so a NaN loss that hits 400 tensors is one line, not 400.
 
-Each tensor is judged against what is normal *for it* (measured on GPT-2, a ViT, LoRA and conv nets,
-see tests/test_real_models.py):
+Each tensor is judged against what is normal *in this run* (measured on GPT-2, Mixtral, a ViT, a
+ResNet with SGD+momentum and LoRA, see tests/test_calibrated.py):
 
+- the update ratio ‖Δw‖/‖w‖ is calibrated (the default, ``ratio_band=None``): at each measured step it
+  is compared, in log10, with the median of the run's other tensors of the same role (weight matrices,
+  embeddings and other >= 2-D tensors; 1-D tensors: norm gains, biases), with a robust spread (1.4826 x
+  the median absolute deviation). A tensor is an outlier when it sits more than
+  max(`ratio_decades`, `RATIO_Z` x spread) decades from that median, and it is named when it stays one
+  for `ratio_patience` measured steps in a row (its own history: one odd step is not a finding). No
+  fixed band fits healthy runs: AdamW at 1e-3 gives ratios near 1e-2 early on, SGD+momentum spreads
+  them over a decade, and a warmup moves them all together; a tensor trained at 30x (or 1e-4x) its
+  peers' learning rate stands out against its peers in every one of them. Roles with fewer than
+  `ratio_min_peers` tensors are not judged (there is no "normal" to compare with);
+- a fixed band is still there: ``ratio_band=(lo, hi)`` judges each tensor against it (1-D tensors
+  against a band ten times wider on each side), as before;
 - a tensor that was all zero when first measured (biases, LayerNorm biases, LoRA ``B``) has no scale
   of its own yet: ‖Δw‖/‖w‖ is 1 at its first step and falls like 1/t while it grows, whatever the
-  learning rate. The band says nothing about it; only the NaN, no-gradient and spike checks apply;
-- 1-D tensors (biases, norm gains, scalars) have few entries and a scale set by design (a gain near
-  1), so their relative update is large early and small late in healthy runs: they are judged
-  against a band ten times wider on each side;
+  learning rate. Its ratio says nothing about its learning rate; only the NaN, no-gradient and spike
+  checks apply;
 - a gradient-norm spike is judged against the median of the tensor's own last `SPIKE_WINDOW`
-  measured norms (after `SPIKE_MIN_HISTORY` of them), never against other tensors.
+  measured norms (after `SPIKE_MIN_HISTORY` of them), never against other tensors (gradient norms of
+  different layers differ by orders of magnitude in healthy runs).
 
 Out-of-band and spike alerts are warnings: listed in the report, never a PROBLEM verdict. A NaN/Inf
 gradient is a problem, and its alert comes first.
@@ -34,6 +45,7 @@ import sys
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gradlog.measure.meter import Measurement
 from gradlog.verdict.report import WARNING_KINDS, Alert
@@ -52,7 +64,14 @@ assert {SPIKE, RATIO_HIGH, RATIO_LOW} == WARNING_KINDS  # the verdict's warnings
 #: Columns of the `gradlog/alerts` table written at close.
 ALERT_COLUMNS = ["step", "kind", "name", "detail"]
 
+#: the fixed band, for ``ratio_band=DEFAULT_RATIO_BAND`` (the default is calibrated: ``ratio_band=None``)
 DEFAULT_RATIO_BAND = (1e-4, 1e-2)
+#: calibrated: an outlier is at least this many decades (10x per decade) from its role's median ...
+DEFAULT_RATIO_DECADES = 1.0
+#: ... and at least this many robust spreads (1.4826 x MAD of the role's log10 ratios) from it
+RATIO_Z = 5.0
+#: calibrated: a role with fewer tensors than this is not judged
+DEFAULT_RATIO_MIN_PEERS = 4
 DEFAULT_RATIO_PATIENCE = 3
 DEFAULT_NO_GRAD_PATIENCE = 5
 DEFAULT_SPIKE_FACTOR = 10.0
@@ -64,7 +83,13 @@ SPIKE_WINDOW = 64
 VECTOR_BAND_SLACK = 10.0
 _NAMES_SHOWN = 5
 
-__all__ = ["ALERT_COLUMNS", "KINDS", "WARNING_KINDS", "Alert", "Alerts", "Entry", "check_band"]
+__all__ = ["ALERT_COLUMNS", "KINDS", "WARNING_KINDS", "Alert", "Alerts", "Entry", "check_band", "median"]
+
+
+def median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def check_band(band: Sequence[float]) -> tuple[float, float]:
@@ -105,6 +130,9 @@ class Entry:
     ratio: float | None = None  # None: no update measured (not in the optimizer, or no snapshot)
     zero_start: bool | None = None  # the weights were all zero before this step (None: unknown)
     vector: bool = False  # 1-D (or scalar) tensor
+    #: ‖Δw‖/√numel, the update's size per entry (None: unknown, e.g. replayed from disk). Under Adam it is
+    #: about lr whatever the tensor's scale, so it keeps the lr signal once large updates have grown ‖w‖
+    rms_update: float | None = None
 
 
 @dataclass
@@ -129,6 +157,12 @@ class _State:
             del self.ordered[bisect.bisect_left(self.ordered, old)]
 
 
+class _Fire(Protocol):
+    def __call__(
+        self, e: Entry, kind: str, detail: str, value: float | None = None, ref: float | None = None
+    ) -> None: ...
+
+
 def _logging_configured() -> bool:
     """A handler other than gradlog's own NullHandler on the gradlog logger or above it."""
     lg: logging.Logger | None = log
@@ -147,20 +181,33 @@ class Alerts:
     - a gradient went NaN/Inf (steps the optimizer skipped, as GradScaler does on overflow, are ignored:
       the scaler already handled them);
     - a gradient norm rose above `spike_factor` x the median of the tensor's own recent norms;
-    - the update ratio ‖Δw‖/‖w‖ stayed outside the tensor's band for `ratio_patience` measured steps in a
-      row (steps without a usable gradient neither count nor break the streak);
+    - the update ratio ‖Δw‖/‖w‖ stayed an outlier among the run's tensors of its role (calibrated, the
+      default: ``ratio_band=None``, `ratio_decades`, `ratio_min_peers`) or outside a fixed
+      ``ratio_band=(lo, hi)``, for `ratio_patience` measured steps in a row (steps without a usable
+      gradient neither count nor break the streak);
     - a trainable tensor had no gradient (`.grad is None`) for `no_grad_patience` measured steps in a row.
     """
 
     def __init__(
         self,
-        ratio_band: Sequence[float] = DEFAULT_RATIO_BAND,
+        ratio_band: Sequence[float] | None = None,
         ratio_patience: int = DEFAULT_RATIO_PATIENCE,
         no_grad_patience: int = DEFAULT_NO_GRAD_PATIENCE,
         spike_factor: float = DEFAULT_SPIKE_FACTOR,
         emit: bool = True,
+        *,
+        ratio_decades: float = DEFAULT_RATIO_DECADES,
+        ratio_min_peers: int = DEFAULT_RATIO_MIN_PEERS,
     ) -> None:
-        self.ratio_band = check_band(ratio_band)
+        self.ratio_band = None if ratio_band is None else check_band(ratio_band)
+        if isinstance(ratio_decades, bool) or not isinstance(ratio_decades, (int, float)) or not ratio_decades > 0:
+            raise ValueError(
+                f"ratio_decades must be a number > 0 (decades from the role's median ratio), got {ratio_decades!r}"
+            )
+        self.ratio_decades = float(ratio_decades)
+        if isinstance(ratio_min_peers, bool) or not isinstance(ratio_min_peers, int) or ratio_min_peers < 3:
+            raise ValueError(f"ratio_min_peers must be an integer >= 3 (tensors of one role), got {ratio_min_peers!r}")
+        self.ratio_min_peers = ratio_min_peers
         self.ratio_patience = _check_patience("ratio_patience", ratio_patience)
         self.no_grad_patience = _check_patience("no_grad_patience", no_grad_patience)
         self.spike_factor = check_spike(spike_factor)
@@ -197,6 +244,9 @@ class Alerts:
                     ratio=ratios[i] if has_ratio and ratios is not None else None,
                     zero_start=before[i] == 0 if has_ratio and before is not None else None,
                     vector=row.param.dim() <= 1,
+                    rms_update=_rms(ratios[i], before[i], row.param.numel())
+                    if has_ratio and ratios is not None and before is not None
+                    else None,
                 )
             )
         return self.step(m.index, entries, skipped=m.skipped)
@@ -210,7 +260,7 @@ class Alerts:
                 self._seen.add((e.key, kind))
                 new.append(Alert(index, kind, e.name, detail, value, ref))
 
-        lo, hi = self.ratio_band
+        judged: list[tuple[Entry, _State, float]] = []  # (entry, state, ratio) of the tensors with a scale
         for e in entries:
             st = self._state.get(e.key)
             if st is None:
@@ -249,6 +299,21 @@ class Alerts:
                 st.zero_init = bool(e.zero_start)
             if st.zero_init:
                 continue  # no scale of its own yet: ‖Δw‖/‖w‖ falls like 1/t whatever the lr
+            judged.append((e, st, r))
+        if self.ratio_band is not None:
+            self._banded(judged, fire)
+        else:
+            self._calibrated(judged, fire)
+        self.fired.extend(new)
+        if self.emit:
+            self._emit(index, new)
+        return new
+
+    def _banded(self, judged: list[tuple[Entry, _State, float]], fire: _Fire) -> None:
+        """Each tensor against the fixed band (1-D tensors: ten times wider on each side)."""
+        assert self.ratio_band is not None
+        lo, hi = self.ratio_band
+        for e, st, r in judged:
             b_lo, b_hi = (lo / VECTOR_BAND_SLACK, hi * VECTOR_BAND_SLACK) if e.vector else (lo, hi)
             st.high = st.high + 1 if r > b_hi else 0
             st.low = st.low + 1 if r < b_lo else 0
@@ -257,10 +322,40 @@ class Alerts:
                 fire(e, RATIO_HIGH, f"update ratio {r:.3g} > {b_hi:g} ({what}) for {st.high} measured steps", r, b_hi)
             if st.low >= self.ratio_patience and (e.key, RATIO_LOW) not in self._seen:
                 fire(e, RATIO_LOW, f"update ratio {r:.3g} < {b_lo:g} ({what}) for {st.low} measured steps", r, b_lo)
-        self.fired.extend(new)
-        if self.emit:
-            self._emit(index, new)
-        return new
+
+    def _calibrated(self, judged: list[tuple[Entry, _State, float]], fire: _Fire) -> None:
+        """Each tensor against the median of its role's tensors this step, in log10, with a robust spread:
+        its update ratio ‖Δw‖/‖w‖, and its update's size per entry ‖Δw‖/√n (which keeps the lr signal once
+        large updates have grown ‖w‖, as a 30x lr does within a few steps). Either one out, persistently."""
+        roles: dict[str, list[tuple[Entry, _State, float]]] = {}
+        for item in judged:
+            roles.setdefault(_role(item[0]), []).append(item)
+        for role, group in roles.items():
+            ratio = _outliers([r for _, _, r in group], self.ratio_decades, self.ratio_min_peers)
+            size = _outliers([e.rms_update for e, _, _ in group], self.ratio_decades, self.ratio_min_peers)
+            if ratio is None and size is None:
+                for _, st, _ in group:  # no peers to compare with: no streak either
+                    st.high = st.low = 0
+                continue
+            for k, (e, st, _) in enumerate(group):
+                found = [
+                    (what, o[0][k], o[1][k], o[2][k])
+                    for what, o in (("update ratio", ratio), ("update size ‖Δw‖/√n", size))
+                    if o
+                ]
+                high = [f for f in found if f[1] > 0]
+                low = [f for f in found if f[1] < 0]
+                st.high = st.high + 1 if high else 0
+                st.low = st.low + 1 if low else 0
+                for kind, hits, streak in ((RATIO_HIGH, high, st.high), (RATIO_LOW, low, st.low)):
+                    if not hits or streak < self.ratio_patience or (e.key, kind) in self._seen:
+                        continue
+                    what, _, value, ref = hits[0]
+                    times = (
+                        f"{value / ref:.3g}x" if value >= ref else (f"1/{ref / value:.3g} x" if value > 0 else "0 x")
+                    )
+                    peers = f"the median {ref:.3g} of the run's {role} tensors"
+                    fire(e, kind, f"{what} {value:.3g} = {times} {peers}, for {streak} measured steps", value, ref)
 
     def _emit(self, index: int, new: list[Alert]) -> None:
         if not new:  # the common step: no walk up the logging hierarchy
@@ -270,7 +365,7 @@ class Alerts:
             group = [a for a in new if a.kind == kind]
             if not group:
                 continue
-            msg = _message(index, kind, group)
+            msg = _message(index, kind, group, banded=self.ratio_band is not None)
             if configured:
                 log.warning("%s", msg)
             elif kind not in self._printed:  # nothing set up: the first of each kind on stderr
@@ -281,14 +376,51 @@ class Alerts:
 _HEADLINES = {
     NONFINITE: "non-finite gradient",
     SPIKE: "gradient-norm spike",
-    RATIO_HIGH: "update ratio above the healthy band",
-    RATIO_LOW: "update ratio below the healthy band",
+    RATIO_HIGH: "update ratio far above its peers'",
+    RATIO_LOW: "update ratio far below its peers'",
     NO_GRAD: "no gradient",
 }
 
 
-def _message(step: int, kind: str, alerts: list[Alert]) -> str:
+def _role(e: Entry) -> str:
+    """Tensors compared with each other: >= 2-D (weights, embeddings), 1-D biases (a scale of ~1/sqrt(fan_in)
+    and the gradient of a sum: their ratio runs far above a norm gain's in healthy nets), other 1-D (norm gains)."""
+    if not e.vector:
+        return ">= 2-D"
+    return "1-D bias" if e.name.rsplit(".", 1)[-1].endswith("bias") else "1-D (non-bias)"
+
+
+def _rms(ratio: float, before_sumsq: float, numel: int) -> float | None:
+    """‖Δw‖/√n from ‖Δw‖/‖w_before‖ and ‖w_before‖²."""
+    if not (numel > 0 and before_sumsq > 0 and math.isfinite(ratio) and math.isfinite(before_sumsq)):
+        return None
+    return ratio * math.sqrt(before_sumsq / numel)
+
+
+def _outliers(
+    values: Sequence[float | None], decades: float, min_peers: int
+) -> tuple[list[float], list[float], list[float]] | None:
+    """Per value: how far out it is (decades beyond the limit, signed; 0 within), the value, and the median,
+    judged in log10 against the median and max(`decades`, RATIO_Z x 1.4826 MAD); None with too few values."""
+    logs = [math.log10(v) if v is not None and v > 0 and math.isfinite(v) else None for v in values]
+    finite = [x for x in logs if x is not None]
+    if len(finite) < min_peers:
+        return None
+    mid = median(finite)
+    limit = max(decades, RATIO_Z * 1.4826 * median([abs(x - mid) for x in finite]))
+    out = []
+    for x in logs:
+        d = 0.0 if x is None else x - mid
+        out.append(d - limit if d > limit else d + limit if d < -limit else 0.0)
+    return out, [v if v is not None else math.nan for v in values], [10**mid] * len(values)
+
+
+_BANDED = {RATIO_HIGH: "update ratio above the healthy band", RATIO_LOW: "update ratio below the healthy band"}
+
+
+def _message(step: int, kind: str, alerts: list[Alert], banded: bool = False) -> str:
     shown = "; ".join(f"{a.name} ({a.detail})" for a in alerts[:_NAMES_SHOWN])
     more = f"; and {len(alerts) - _NAMES_SHOWN} more" if len(alerts) > _NAMES_SHOWN else ""
     n = len(alerts)
-    return f"gradlog alert at optimizer step {step}: {_HEADLINES[kind]} in {n} tensor{'s' * (n != 1)}: {shown}{more}"
+    head = (_BANDED if banded else _HEADLINES).get(kind, _HEADLINES[kind])
+    return f"gradlog alert at optimizer step {step}: {head} in {n} tensor{'s' * (n != 1)}: {shown}{more}"

@@ -1,48 +1,77 @@
-"""The one verdict: OK or PROBLEM, decided from a `Report` alone.
+"""The one verdict: OK or PROBLEM, decided from a `Report` (and a `Policy`) alone.
 
 Everything that states a run's health calls `judge`: `Report.healthy` and `Report.verdict`, the line
 close() prints, the `gradlog/summary` table written to TensorBoard and W&B (and so the W&B run
-summary), and `gradlog report` (which rebuilds the Report from those tables). One function, so they
-can never disagree about the same run.
+summary), `gradlog report` (which rebuilds the Report and its policy from those tables), `gradlog diff`
+(`DiffResult`), `gradlog.check` and the TensorBoard tab. One function, so they can never disagree
+about the same run.
 
-A run is a PROBLEM when any of these holds:
-- the diagnosis itself failed (`Report.error`): what never updated is unknown;
-- a tensor never updated for a reason that is not intentional (`NeverUpdated.intentional`: frozen,
-  unless the freeze looks accidental, `suspect`);
-- slices of a tensor never updated for a reason that is not intentional (`padding_idx` rows are);
-- a tensor stopped learning (`Report.stalled`);
-- a gradient went NaN/Inf on a step the optimizer did not skip (`Report.first_nonfinite`).
-Steps a GradScaler skipped are routine, and out-of-band update ratios and gradient-norm spikes
-(`Report.warnings()`) are warnings: both are mentioned, never a problem.
+Each finding has a kind and a severity (`gradlog.verdict.policy`: the defaults, tuned by the report's
+policy). The run is a PROBLEM when any finding is a `problem`; warnings and notes are counted at the end
+of the line ("(2 warnings, 3 notes)"); ignored findings stay in the tables and out of the line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from gradlog.verdict.policy import DEFAULTS, IGNORE, NOTE, PROBLEM, SEVERITIES, WARNING, Policy
 
 if TYPE_CHECKING:  # report.py imports this module: the types only, for the checker
     from gradlog.verdict.report import Report
 
 OK = "OK"
-PROBLEM = "PROBLEM"
+#: the verdict's status word for a run with a problem (the severity is spelled "problem")
+PROBLEM_STATUS = "PROBLEM"
+#: alert kinds that are findings (a NaN alert is the run-level `run.nonfinite`)
+ALERT_FINDINGS = frozenset({"update_ratio_high", "update_ratio_low", "grad_norm_spike", "no_grad"})
+#: alert kinds a never-updated or stalled record already explains (a spike there is still news)
+NAMED_BY_TABLES = frozenset({"update_ratio_high", "update_ratio_low", "no_grad"})
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing the judge weighs: `kind` (a key of `policy.DEFAULTS`), the tensor `name` (None: the
+    run) and the `severity` the policy gave it."""
+
+    kind: str
+    name: str | None
+    severity: str
+    aliases: tuple[str, ...] = ()
+    #: from `gradlog.check`'s data-dependent "in this batch" table, not from the run
+    in_batch: bool = False
 
 
 @dataclass(frozen=True)
 class Verdict:
     """The judgement of one run: `status` ("OK" or "PROBLEM"), the `parts` of the one-line `text`
-    (what was found, most basic first) and its `suffix` (the step counts)."""
+    (what was found, most basic first), its `suffix` (step counts, then problems/warnings/notes counted)."""
 
     healthy: bool
     status: str
     parts: tuple[str, ...]
     suffix: str
     problems: tuple[str, ...]  # the parts that made it a PROBLEM (empty when OK)
+    findings: tuple[Finding, ...] = ()
+    label: str = "gradlog"
 
     @property
     def text(self) -> str:
-        return f"gradlog {self.status}: " + "; ".join(self.parts) + self.suffix
+        return f"{self.label} {self.status}: " + "; ".join(self.parts) + self.suffix
+
+    @property
+    def tally(self) -> str:
+        """ "2 problems, 1 note": the findings counted by severity (ignored ones left out)."""
+        return ", ".join(_plural(self.count(s), s) for s in (PROBLEM, WARNING, NOTE) if self.count(s))
+
+    def count(self, severity: str) -> int:
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    def of(self, severity: str) -> list[Finding]:
+        return [f for f in self.findings if f.severity == severity]
 
 
 def _plural(n: int, word: str) -> str:
@@ -57,43 +86,130 @@ def _by_reason(reasons: Iterable[object]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
-def judge(report: Report) -> Verdict:
-    """OK or PROBLEM for `report`, with the one line that says why."""
+def never_kind(reason: object, suspect: bool) -> str:
+    return "never.frozen_suspect" if str(reason) == "frozen" and suspect else f"never.{reason}"
+
+
+def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> list[Finding]:
+    """Every finding in `report` (plus `extra` (kind, name) pairs, e.g. `gradlog diff`'s), with its severity."""
+    policy = report.policy if report.policy is not None else Policy()
+    out: list[Finding] = []
+
+    def add(kind: str, name: str | None, aliases: tuple[str, ...] = (), in_batch: bool = False) -> None:
+        names = None if name is None else (name, *aliases)
+        out.append(Finding(kind, name, policy.severity(kind, names), aliases, in_batch))
+
+    if report.first_nonfinite is not None:
+        add("run.nonfinite", report.first_nonfinite.name)
+    if report.error is not None:
+        add("run.diagnosis_error", None)
+    for r in report.never_updated:
+        add(never_kind(r.reason, r.suspect), r.name, r.aliases)
+    for p in report.partly_updated:
+        add(f"partly.{p.reason}", p.name)
+    for s in report.stalled:
+        add(f"stalled.{s.reason}", s.name)
+    for p in getattr(report, "in_batch", ()):  # gradlog.check: judged by the same policy as a run's slices
+        add(f"partly.{p.reason}", p.name, in_batch=True)
+    if report.skipped_steps:
+        add("run.skipped_steps", None)
+    named = {r.name for r in report.never_updated} | {s.name for s in report.stalled}
+    for a in report.alerts:  # a tensor a table already names (with its reason): no update-ratio/no-grad alert again
+        if a.kind in ALERT_FINDINGS and not (a.kind in NAMED_BY_TABLES and a.name in named):
+            add(f"alert.{a.kind}", a.name)
+    for kind, name in extra:
+        add(kind, name)
+    return out
+
+
+def _worst(found: Iterable[Finding]) -> str:
+    sev = [f.severity for f in found if f.severity != IGNORE]
+    return min(sev, key=SEVERITIES.index) if sev else IGNORE
+
+
+def judge(report: Report, extra: Sequence[tuple[str, str | None]] = (), label: str = "gradlog") -> Verdict:
+    """OK or PROBLEM for `report` under its policy, with the one line that says why."""
+    found = findings(report, extra)
     parts: list[str] = []
     problems: list[str] = []
 
-    def add(text: str, problem: bool) -> None:
+    def add(text: str, severity: str) -> None:
+        if severity == IGNORE:
+            return
         parts.append(text)
-        if problem:
+        if severity == PROBLEM:
             problems.append(text)
 
-    if report.first_nonfinite is not None:  # first: the one thing to look at before anything else
+    def of(prefix: str) -> list[Finding]:
+        return [f for f in found if f.kind.startswith(prefix) and f.severity != IGNORE]
+
+    nonfinite = of("run.nonfinite")
+    if nonfinite and report.first_nonfinite is not None:  # first: the one thing to look at before anything else
         f = report.first_nonfinite
-        add(f"first non-finite gradient at step {f.step} in {f.name}", True)
-    never = report.never_updated
+        add(f"first non-finite gradient at step {f.step} in {f.name}", _worst(nonfinite))
+    never = of("never.")
+    ignored = sum(1 for f in found if f.kind.startswith("never.") and f.severity == IGNORE)
+    n = report.tracked_tensors
     if report.error is not None:
-        add(f"the diagnosis failed ({report.error}); which tensors never updated is unknown", True)
+        add(f"the diagnosis failed ({report.error}); which tensors never updated is unknown", _worst(of("run.diag")))
+    elif not never and not ignored:
+        parts.append(f"all {n} tracked tensors were updated")
     elif not never:
-        add(f"all {report.tracked_tensors} tracked tensors were updated", False)
+        parts.append(f"{n - ignored} of {n} tracked tensors were updated ({ignored} ignored by the policy)")
     else:
-        text = f"{len(never)} of {report.tracked_tensors} tensors never updated ({_by_reason(r.reason for r in never)})"
-        add(text, not all(r.intentional for r in never))
-    partly = report.partly_updated
-    if partly:
-        tensors = len({r.name for r in partly})
-        text = f"{_plural(tensors, 'tensor')} partly never updated ({_by_reason(r.reason for r in partly)})"
-        add(text, not all(r.intentional for r in partly))
-    stalled = report.stalled
+        reasons = [f.kind.split(".", 1)[1] for f in never]
+        more = f", {ignored} more ignored by the policy" if ignored else ""
+        add(f"{len(never)} of {n} tensors never updated ({_by_reason(reasons)}{more})", _worst(never))
+    for batch, words in ((False, "partly never updated"), (True, "with slices this batch left at zero gradient")):
+        partly = [f for f in of("partly.") if f.in_batch is batch]
+        if partly:
+            reasons = [f.kind.split(".", 1)[1] for f in partly]
+            tensors = len({f.name for f in partly})
+            add(f"{_plural(tensors, 'tensor')} {words} ({_by_reason(reasons)})", _worst(partly))
+    stalled = of("stalled.")
     if stalled:
-        first = min(r.since_step for r in stalled)
-        text = f"{_plural(len(stalled), 'tensor')} stopped learning ({_by_reason(r.reason for r in stalled)})"
-        add(text + f", the first from step {first}", True)
-    if report.skipped_steps:
-        add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", False)
-    warned = report.warnings()
-    if warned:  # out-of-band ratios and spikes: listed, never a PROBLEM
-        by = ", ".join(f"{kind} {v}" for kind, v in warned.items())
-        add(f"{_plural(sum(warned.values()), 'warning')} ({by})", False)
-    suffix = f" ({report.optimizer_steps} optimizer steps, {report.measured_steps} measured)"
-    status = PROBLEM if problems else OK
-    return Verdict(not problems, status, tuple(parts), suffix, tuple(problems))
+        names = {f.name for f in stalled}
+        first = min(s.since_step for s in report.stalled if s.name in names)
+        reasons = [f.kind.split(".", 1)[1] for f in stalled]
+        text = (
+            f"{_plural(len(stalled), 'tensor')} stopped learning ({_by_reason(reasons)}), the first from step {first}"
+        )
+        add(text, _worst(stalled))
+    skipped = of("run.skipped")
+    if skipped:
+        add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", _worst(skipped))
+    alerts = of("alert.")
+    for severity in SEVERITIES[:3]:  # the alerts of one severity in one part: "2 warnings (update_ratio_high 2)"
+        group = [f for f in alerts if f.severity == severity]
+        if group:
+            word = {PROBLEM: "alert", WARNING: "warning", NOTE: "note"}[severity]
+            by = _by_reason(f.kind.split(".", 1)[1] for f in group)
+            add(f"{_plural(len(group), word)} ({by})", severity)
+    others = [f for f in found if f.kind.startswith("diff.") and f.severity != IGNORE]
+    for kind in dict.fromkeys(f.kind for f in others):
+        group = [f for f in others if f.kind == kind]
+        k = len(group)
+        text = {
+            "diff.nonfinite": f"NaN/Inf in {k} (first: {group[0].name})",
+            "diff.missing": f"{k} missing from some checkpoints",
+            "diff.shape_or_dtype_changed": f"{k} changed shape or dtype",
+        }.get(kind, f"{kind} {k}")
+        add(text, _worst(group))
+    status = PROBLEM_STATUS if problems else OK
+    v = Verdict(not problems, status, tuple(parts), "", tuple(problems), tuple(found), label)
+    tail = f"; {v.tally}" if v.tally else ""
+    suffix = f" ({report.optimizer_steps} optimizer steps, {report.measured_steps} measured{tail})"
+    return dataclasses.replace(v, suffix=suffix)
+
+
+def finding_lines(verdict: Verdict, severities: Sequence[str] = (WARNING, NOTE)) -> list[str]:
+    """One line per (severity, kind), naming the first few tensors: the warnings and notes under the tables."""
+    out = []
+    for sev in severities:
+        group = verdict.of(sev)
+        for kind in dict.fromkeys(f.kind for f in group):
+            names = list(dict.fromkeys(f.name for f in group if f.kind == kind and f.name is not None))
+            shown = ", ".join(names[:4]) + (f", and {len(names) - 4} more" if len(names) > 4 else "")
+            what = f" in {_plural(len(names), 'tensor')}: {shown}" if names else ""
+            out.append(f"{sev}: {kind}{what} ({DEFAULTS[kind][1]})" if not names else f"{sev}: {kind}{what}")
+    return out

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from gradlog.verdict.judge import judge
+from gradlog.verdict.judge import ALERT_FINDINGS, NAMED_BY_TABLES, Verdict, finding_lines, judge, never_kind
+from gradlog.verdict.policy import IGNORE, WARNING, Policy
 
 
 class Reason(str, enum.Enum):
@@ -39,8 +40,8 @@ COLUMNS = ["name", "shape", "numel", "reason", "detail"]
 #: the never-updated table as written to TensorBoard and W&B: `suspect` travels with it, so that
 #: `gradlog report` can judge the run from disk exactly as close() judged it
 TABLE_COLUMNS = [*COLUMNS, "suspect"]
-#: Alert kinds that are warnings in the verdict: listed, never a PROBLEM (the alert kinds are in verdict/alerts.py;
-#: a NaN/Inf gradient is the problem `first_nonfinite`, a missing gradient ends in the never-updated table).
+#: Alert kinds that are warnings by default (`gradlog.verdict.policy.DEFAULTS`: `alert.<kind>`); a NaN/Inf
+#: gradient is the problem `first_nonfinite`, a missing gradient ends in the never-updated table.
 WARNING_KINDS = frozenset({"grad_norm_spike", "update_ratio_high", "update_ratio_low"})
 RATIO_KINDS = frozenset({"update_ratio_high", "update_ratio_low"})
 PARTLY_COLUMNS = ["name", "dim", "never", "total", "indices", "reason", "detail"]
@@ -178,10 +179,16 @@ class Report:
     #: one mistake that explains every record at once (zero_grad() in the wrong place, an optimizer built
     #: for another model or before the adapters): said once, not on every row
     hint: str | None = None
+    #: how much each kind of finding matters (`gradlog.verdict.policy`); None: the defaults
+    policy: Policy | None = None
+
+    def judged(self) -> Verdict:
+        """The judge's verdict on this report under its policy (`gradlog.verdict.judge`)."""
+        return judge(self)
 
     @property
     def healthy(self) -> bool:
-        """True when nothing needs a look (see `gradlog.verdict.judge`): only intentional records may be listed."""
+        """True when no finding is a problem under the policy (`gradlog.verdict.judge`)."""
         return judge(self).healthy
 
     @property
@@ -190,16 +197,31 @@ class Report:
         return judge(self).status
 
     def warning_alerts(self) -> list[Alert]:
-        """The alerts that are warnings. An update-ratio alert on a tensor that never updated or stopped
-        learning is left out: the table already names that tensor, with its reason."""
+        """The alerts the verdict counts (not ignored by the policy). An alert on a tensor that never updated
+        or stopped learning is left out: the table already names that tensor, with its reason."""
         found = {r.name for r in self.never_updated} | {r.name for r in self.stalled}
-        return [a for a in self.alerts if a.kind in WARNING_KINDS and not (a.kind in RATIO_KINDS and a.name in found)]
+        policy = self.policy or Policy()
+        return [
+            a
+            for a in self.alerts
+            if a.kind in ALERT_FINDINGS
+            and not (a.kind in NAMED_BY_TABLES and a.name in found)
+            and policy.severity(f"alert.{a.kind}", a.name) != IGNORE
+        ]
 
     def warnings(self) -> dict[str, int]:
-        """Alert kinds that are warnings, with their counts (the NaN alert is `first_nonfinite`)."""
+        """Warning-severity findings per kind (`alert.update_ratio_high`, ...; with the default policy only alerts)."""
         out: dict[str, int] = {}
-        for a in self.warning_alerts():
-            out[a.kind] = out.get(a.kind, 0) + 1
+        for f in judge(self).of(WARNING):
+            kind = f.kind.removeprefix("alert.")
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
+    def severities(self) -> dict[str, int]:
+        """Findings per severity (problem, warning, note, ignore)."""
+        out: dict[str, int] = {}
+        for f in judge(self).findings:
+            out[f.severity] = out.get(f.severity, 0) + 1
         return out
 
     def counts(self) -> dict[str, int]:
@@ -251,18 +273,13 @@ class Report:
         return out
 
     def warning_lines(self) -> list[str]:
-        """One line per warning kind, naming the first few tensors."""
-        out = []
-        shown_alerts = self.warning_alerts()
-        for kind in self.warnings():
-            names = [a.name for a in shown_alerts if a.kind == kind]
-            shown = ", ".join(names[:4]) + (f", and {len(names) - 4} more" if len(names) > 4 else "")
-            out.append(f"warning: {kind} in {len(names)} tensor{'s' * (len(names) != 1)}: {shown}")
-        return out
+        """One line per warning and note kind, naming the first few tensors (notes are listed, never hidden)."""
+        return finding_lines(judge(self))
 
     def table(self) -> str:
         """The console text: the tables (never updated, with intentionally frozen tensors one line per
-        module subtree; partly updated; stopped learning), the run-level hint once, the warnings, the verdict."""
+        module subtree; partly updated; stopped learning), the run-level hint once, the warnings and notes,
+        the verdict."""
         blocks = [f"{head}:\n{format_table(cols, rows)}" for head, cols, rows in self.sections(console=True)]
         tail = ([f"hint: {self.hint}"] if self.hint else []) + self.warning_lines() + [self.verdict]
         return "\n\n".join([*blocks, "\n".join(tail)])
@@ -278,15 +295,23 @@ class Report:
         if self.hint:
             lines.append(f"hint: {self.hint}")
             lines.append("")
+        for line in self.warning_lines():
+            lines.append(line)
+            lines.append("")
         lines.append(f"**{self.verdict}**")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types: booleans, numbers, lists; reasons as their string values."""
+        """Plain JSON types: booleans, numbers, lists; reasons as their string values; each record's
+        `severity` under the policy."""
+        v = judge(self)
+        policy = self.policy or Policy()
         return {
-            "healthy": self.healthy,
-            "status": self.status,
-            "verdict": self.verdict,
+            "healthy": v.healthy,
+            "status": v.status,
+            "verdict": v.text,
+            "severities": {s: v.count(s) for s in ("problem", "warning", "note", "ignore")},
+            "policy": [dict(zip(("kind", "pattern", "severity"), r)) for r in policy.rows()],
             "optimizer_steps": self.optimizer_steps,
             "measured_steps": self.measured_steps,
             "skipped_steps": self.skipped_steps,
@@ -302,6 +327,7 @@ class Report:
                     "detail": r.detail,
                     "suspect": r.suspect,
                     "intentional": r.intentional,
+                    "severity": policy.severity(never_kind(r.reason, r.suspect), (r.name, *r.aliases)),
                 }
                 for r in self.never_updated
             ],
@@ -315,6 +341,7 @@ class Report:
                     "reason": r.reason.value,
                     "detail": r.detail,
                     "intentional": r.intentional,
+                    "severity": policy.severity(f"partly.{r.reason}", r.name),
                 }
                 for r in self.partly_updated
             ],
@@ -325,6 +352,7 @@ class Report:
                     "last_update_step": r.last_update_step,
                     "reason": r.reason.value,
                     "detail": r.detail,
+                    "severity": policy.severity(f"stalled.{r.reason}", r.name),
                 }
                 for r in self.stalled
             ],

@@ -18,6 +18,7 @@ that never changed lost its update to rounding (bf16/fp16).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +57,31 @@ _WORDS: dict[tuple[str, int | None], tuple[str, str]] = {
     ("embedding.weight", 1): ("columns", "embedding dims with no gradient"),
 }
 _GENERIC = {0: "rows", 1: "columns", None: "elements"}
+#: a position-embedding table by its usual names (GPT-2's wpe, BERT's position_embeddings, BART's embed_positions)
+_POSITIONS = re.compile(r"(^|\.)(wpe|position_embeddings?|pos_embed\w*|pos_emb\w*|embed_positions)(\.weight)?$")
+#: ids a note shows before it says how many more there are
+_IDS_SHOWN = 5
+
+
+def unseen_words(name: str, indices: Sequence[int], total: int) -> str:
+    """What embedding rows no batch reached usually are, in words: the last position under labels=input_ids,
+    positions past the longest sequence, or ids (tokens, items) that no batch contained."""
+    idx = sorted(indices)
+    k = len(idx)
+    last = total - 1
+    if _POSITIONS.search(name) and idx and idx[-1] == last and idx == list(range(idx[0], total)):
+        a = idx[0]
+        if a == last:
+            return (
+                f"position {last} has no target when labels are the inputs (labels=input_ids: the last position "
+                "predicts nothing and no earlier one attends to it), or no sequence reached it"
+            )
+        return (
+            f"positions {a}-{last} ({k} of {total}): no batch reached past position {a - 1} (the longest sequence "
+            f"seen was {a}, or {a + 1} when labels are the inputs: their last position has no target)"
+        )
+    shown = ", ".join(str(i) for i in idx[:_IDS_SHOWN]) + (", ..." if k > _IDS_SHOWN else "")
+    return f"ids {shown} ({k:,} of {total:,}) were in no measured batch"
 
 
 #: optimizer state that accumulates every gradient (squares or magnitudes): zero only if every gradient
@@ -362,6 +388,11 @@ def _records(
             head = f"{what} never changed ({n_never}) or moved only through weight decay ({moved}, weight_decay {wd:g})"
         if reason is Reason.PADDING_IDX:
             detail = f"{head}: the embedding's padding_idx row, never updated by design"
+        elif reason is Reason.NOT_IN_BATCH and not hooked:
+            words = unseen_words(row.name, idx, total)
+            detail = f"{words}: {head}; zero gradient at all {with_grad} measured steps with a gradient"
+            if moved:
+                detail += caveat
         elif reason in (Reason.ZERO_GRAD, Reason.NOT_IN_BATCH):
             detail = f"{head}; zero gradient at all {with_grad} measured steps with a gradient: {question}"
             if moved:

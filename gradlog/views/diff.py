@@ -26,6 +26,8 @@ import torch
 
 from gradlog.measure.params import NameFilter, Selection, _matcher
 from gradlog.readers.checkpoints import BadCheckpoint, Checkpoint, TensorInfo
+from gradlog.verdict.judge import Verdict, finding_lines, judge
+from gradlog.verdict.policy import Policy, PolicyLike
 from gradlog.verdict.report import (
     COLUMNS,
     PARTLY_COLUMNS,
@@ -275,39 +277,36 @@ class DiffResult:
     def intervals(self) -> int:
         return len(self.checkpoints) - 1
 
+    def judged(self) -> Verdict:
+        """The judge's verdict (`gradlog.verdict.judge`, the same function as a run's) on the report plus
+        what only checkpoints show: NaN/Inf that appeared, missing tensors, shape or dtype changes."""
+        extra: list[tuple[str, str | None]] = [("diff.nonfinite", a.name) for a in self.nonfinite]
+        extra += [("diff.missing", m.name) for m in self.missing]
+        extra += [("diff.shape_or_dtype_changed", m.name) for m in self.meta_changes]
+        return judge(self.report, extra, label="gradlog diff")
+
     @property
     def healthy(self) -> bool:
-        r = self.report
-        return not (
-            r.never_updated or r.partly_updated or r.stalled or self.nonfinite or self.missing or self.meta_changes
-        )
+        return self.judged().healthy
 
     @property
     def verdict(self) -> str:
-        r = self.report
-        n = r.tracked_tensors
+        v = self.judged()
         c = len(self.checkpoints)
-        if self.healthy:
-            return f"gradlog diff OK: all {n} compared tensors changed across {c} checkpoints"
-        parts = []
-        if r.never_updated:
-            by: dict[str, int] = {}
-            for rec in r.never_updated:
-                by[rec.reason.value] = by.get(rec.reason.value, 0) + 1
-            parts.append(
-                f"{len(r.never_updated)} of {n} tensors never changed ({', '.join(f'{k} {v}' for k, v in by.items())})"
-            )
-        if r.partly_updated:
-            parts.append(f"{len(r.partly_updated)} tensors with slices that never changed")
-        if r.stalled:
-            parts.append(f"{len(r.stalled)} stopped changing")
-        if self.nonfinite:
-            parts.append(f"NaN/Inf in {len(self.nonfinite)} (first: {self.nonfinite[0].name})")
-        if self.missing:
-            parts.append(f"{len(self.missing)} missing from some checkpoints")
-        if self.meta_changes:
-            parts.append(f"{len(self.meta_changes)} changed shape or dtype")
-        return f"gradlog diff PROBLEM: {'; '.join(parts)} ({c} checkpoints)"
+        n = self.report.tracked_tensors
+        tail = f" ({v.tally})" if v.tally else ""
+        if v.parts == (f"all {n} tracked tensors were updated",):
+            return f"{v.label} {v.status}: all {n} compared tensors changed across {c} checkpoints{tail}"
+        words = (
+            ("never updated", "never changed"),
+            ("stopped learning", "stopped changing"),
+            ("tracked tensors were updated", "compared tensors changed"),
+        )
+        parts = "; ".join(v.parts)
+        for a, b in words:
+            parts = parts.replace(a, b)
+        tail = f"; {v.tally}" if v.tally else ""
+        return f"{v.label} {v.status}: {parts} ({c} checkpoints{tail})"
 
     def text(self) -> str:
         out = ["Checkpoints (in training order; interval i is checkpoint i -> i+1):"]
@@ -344,14 +343,16 @@ class DiffResult:
             out += ["", f"Optimizer state: {self.optimizer_note}"]
         if self.skipped_non_float:
             out += ["", f"Not compared (integer or bool tensors, not learned): {len(self.skipped_non_float)}"]
-        out += ["", self.verdict]
+        out += ["", *finding_lines(self.judged()), self.verdict]
         return "\n".join(out)
 
     def to_dict(self) -> dict[str, Any]:
         r = self.report
+        v = self.judged()
         return {
-            "healthy": self.healthy,
+            "healthy": v.healthy,
             "verdict": self.verdict,
+            "severities": {s: v.count(s) for s in ("problem", "warning", "note", "ignore")},
             "checkpoints": list(self.checkpoints),
             "never_updated": r.to_dict()["never_updated"],
             "partly_updated": [
@@ -507,8 +508,11 @@ def diff(
     include: NameFilter = None,
     exclude: NameFilter = None,
     progress: Progress | None = None,
+    policy: PolicyLike = None,
 ) -> DiffResult:
-    """Compare two or more checkpoints of one model, in training order (see the module docstring)."""
+    """Compare two or more checkpoints of one model, in training order (see the module docstring);
+    `policy` tunes severities as for a run (`gradlog.Policy`)."""
+    judged_by = Policy.coerce(policy)
     if len(checkpoints) < 2:
         raise BadInput(f"gradlog diff needs two or more checkpoints, got {len(checkpoints)}")
     Selection(include, exclude)  # validates the filters with the same messages as GradLogger
@@ -551,7 +555,7 @@ def diff(
         progress.begin(sum(inf[n].nbytes for inf in infos for n in common))
     meta: list[MetaChange] = []
     skipped: list[str] = []
-    report = Report(measured_steps=c)
+    report = Report(measured_steps=c, policy=judged_by)
     rel: dict[str, list[float]] = {}
     appeared: list[Appeared] = []
     compared = 0

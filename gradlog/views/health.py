@@ -17,7 +17,6 @@ from gradlog.measure import tags
 from gradlog.readers.files import shown
 from gradlog.readers.run import RunData, closed_report, series_first_nonfinite, series_names, series_steps
 from gradlog.verdict.alerts import (
-    DEFAULT_RATIO_BAND,
     DEFAULT_SPIKE_FACTOR,
     RATIO_HIGH,
     RATIO_LOW,
@@ -26,7 +25,8 @@ from gradlog.verdict.alerts import (
     Alerts,
     Entry,
 )
-from gradlog.verdict.judge import Verdict, judge
+from gradlog.verdict.judge import Verdict, finding_lines, judge
+from gradlog.verdict.policy import Policy
 from gradlog.verdict.report import (
     COLUMNS,
     DIM_NAMES,
@@ -70,7 +70,7 @@ class Finding:
 class Health:
     path: str
     backend: str
-    band: tuple[float, float]
+    band: tuple[float, float] | None  # None: update ratios calibrated against the run's own tensors
     spike_factor: float
     measured_steps: int
     tensors: int
@@ -139,7 +139,7 @@ class Health:
         out["healthy"] = self.healthy
         out["problems"] = self.problems
         out["verdict"] = self.verdict
-        out["band"] = list(self.band)
+        out["band"] = None if self.band is None else list(self.band)
         return out
 
     def text(self) -> str:
@@ -194,11 +194,11 @@ class Health:
             lines.append(f"First non-finite gradient: step {f.step}, {f.tensor}")
         else:
             lines.append("First non-finite gradient: none")
-        lo, hi = self.band
+        where = "calibrated against the run's tensors" if self.band is None else "band {:g}..{:g}".format(*self.band)
         source = "as judged during training" if self.warnings_from == "close" else "re-judged from the series"
         for title, found in (
             (f"Gradient-norm spikes (> {self.spike_factor:g}x the tensor's running median)", self.spikes),
-            (f"Update ratio outside its band (base {lo:g}..{hi:g})", self.out_of_band),
+            (f"Update ratio outliers ({where})", self.out_of_band),
         ):
             lines.append("")
             if found:
@@ -215,6 +215,9 @@ class Health:
             lines.append("")
             lines.append("Skipped (unreadable):")
             lines += [f"  {s}" for s in self.skipped]
+        if self.closed is not None and self.closed.findings:  # notes are listed, never hidden
+            lines.append("")
+            lines += finding_lines(self.closed)
         lines.append("")
         lines.append(self.verdict)
         return "\n".join(lines)
@@ -261,11 +264,13 @@ def _typed(v: str) -> object:
     return f if math.isfinite(f) else v
 
 
-def replay(run: RunData, band: Sequence[float], spike_factor: float, exclude: Collection[str] = ()) -> list[Alert]:
+def replay(
+    run: RunData, band: Sequence[float] | None, spike_factor: float, exclude: Collection[str] = ()
+) -> list[Alert]:
     """Judge the run's series with the same per-tensor rules as the alerts during training
     (`gradlog.verdict.alerts.Alerts`). From disk a zero-initialised tensor is known by its first update
     ratio of 1 (‖Δw‖/‖w_after‖ with w_before = 0); whether a tensor is 1-D is not on disk, so every
-    tensor gets the base band here."""
+    tensor gets the base band here, and calibrated ratios (`band` None) compare every tensor with all the others."""
     judge = Alerts(band, spike_factor=spike_factor, emit=False)
     # one cursor per (metric, tensor) series, walked step by step: a step's entries are made when it is
     # judged, not every step's at once (500,000 entries, ~120 MB, for 100 tensors over 5,000 steps)
@@ -337,15 +342,19 @@ def _first_nonfinite(run: RunData, summary: dict[str, str], closed: bool) -> Fir
     return None if first is None else FirstNonFinite(first.step, first.name)
 
 
-def analyze(run: RunData, band: Sequence[float] | None = None, spike_factor: float | None = None) -> Health:
+def analyze(
+    run: RunData, band: Sequence[float] | None = None, spike_factor: float | None = None, policy: Policy | None = None
+) -> Health:
     """The health report of one run read back from disk (or from a MemoryWriter).
+
+    Judged under the policy the run recorded (its `gradlog/policy` table) with `policy`'s rules after it
+    (the command line's: they win), by the same judge as close().
 
     Warnings: for a run that closed with alerts on, the alerts table it wrote (so the report says what
     close() said); with `band` or `spike_factor` given, or without that table, the series re-judged
     with the same per-tensor rules (`replay`).
     """
     rejudge = band is not None or spike_factor is not None
-    band = DEFAULT_RATIO_BAND if band is None else band
     spike_factor = DEFAULT_SPIKE_FACTOR if spike_factor is None else spike_factor
     summary: dict[str, str] = {}
     if "gradlog/summary" in run.tables:
@@ -369,6 +378,7 @@ def analyze(run: RunData, band: Sequence[float] | None = None, spike_factor: flo
     closed = report is not None and run.provisional_step is None and bool(summary)  # else the series answer
     alerts = recorded if recorded is not None else replay(run, band, spike_factor, exclude=never_names)
     if report is not None:
+        report.policy = (report.policy or Policy()).then(policy)
         report.alerts = alerts  # the judge then counts exactly the warnings listed here
         alerts = report.warning_alerts()
     warns = [Finding(a.name, a.kind, a.step, a.detail) for a in alerts if a.kind in WARNING_KINDS]
@@ -376,7 +386,7 @@ def analyze(run: RunData, band: Sequence[float] | None = None, spike_factor: flo
     return Health(
         path=run.path,
         backend=run.backend,
-        band=(float(band[0]), float(band[1])),
+        band=None if band is None else (float(band[0]), float(band[1])),
         spike_factor=float(spike_factor),
         measured_steps=measured,
         tensors=len(names | never_names),

@@ -200,14 +200,43 @@ def live_marks(names: Sequence[str], ratio: Series, grad_norm: Series, nonfinite
     return out
 
 
+def _alerts(table: Table) -> list[Any]:
+    from gradlog.verdict.report import Alert
+
+    cols, rows = table
+    index = {c: i for i, c in enumerate(cols)}
+    out = []
+    for r in rows:
+        try:
+            out.append(Alert(int(r[index["step"]]), r[index["kind"]], r[index["name"]], r[index["detail"]]))
+        except (KeyError, IndexError, ValueError):
+            continue
+    return out
+
+
 def verdict(
     summary: Mapping[str, str],
     run_level: Mapping[str, Sequence[tuple[int, float]]],
     live: Mapping[str, str] | None = None,
     last_step: int | None = None,
+    tables: Mapping[str, Table] | None = None,
 ) -> tuple[str, bool]:
-    """(the verdict line, final?): the one gradlog wrote at close, else a provisional line from the
-    run-level series of the latest step, else (a run without them) from the latest step's `live` marks."""
+    """(the verdict line, final?): the judge's (`gradlog.verdict.judge`) on the Report rebuilt from the
+    run's tables under the policy it recorded, as `gradlog report` does; else the line gradlog wrote at
+    close; else a provisional line from the run-level series of the latest step, else (a run without
+    them) from the latest step's `live` marks."""
+    if tables is not None and "never_updated" in tables and summary:
+        from gradlog.readers.run import RunData, closed_report  # imports torch: only for a run that closed
+        from gradlog.verdict.judge import judge
+
+        run = RunData("<tensorboard>", "tensorboard", tables={f"gradlog/{k}": v for k, v in tables.items()})
+        run.tables["gradlog/summary"] = (["key", "value"], [[k, v] for k, v in summary.items()])
+        report = closed_report(run)
+        if report is not None:
+            alerts = tables.get("alerts")
+            if alerts is not None:
+                report.alerts = _alerts(alerts)
+            return judge(report).text, summary.get("final") != "False"
     if summary.get("verdict"):
         return summary["verdict"], True
     last: dict[str, float] = {}

@@ -186,7 +186,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             live = data.live_marks(names, *(self._by_name(series, h) for h in heads))
         tables = self._tables(ctx, eid, run)
         summary = {r[0]: r[1] for r in tables.pop("summary", ([], []))[1] if len(r) >= 2}
-        line, final = data.verdict(summary, run_level, live, last_step)
+        line, final = data.verdict(summary, run_level, live, last_step, tables)
         body = {
             "run": run,
             "verdict": line,
