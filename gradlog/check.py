@@ -19,7 +19,6 @@ an unused one in one batch; it is listed, and its detail says so: check with ano
 
 from __future__ import annotations
 
-import builtins
 import copy
 import dataclasses
 import random
@@ -210,7 +209,7 @@ def check(
     loss_fn: LossFn | None = None,
     steps: int = 1,
     *,
-    print: bool = True,
+    print_report: bool = True,
     include: NameFilter = None,
     exclude: NameFilter = None,
     policy: PolicyLike = None,
@@ -221,7 +220,7 @@ def check(
     a Hugging Face output, gives that); by default ``model(batch)``, ``model(*batch)`` for a tuple
     or list, ``model(**batch)`` for a dict. The batch must already be on the model's device.
     Gradients are cleared before each step (and put back afterwards). Needs memory for one copy of
-    the weights, gradients and optimizer state. The report is printed unless ``print=False``;
+    the weights, gradients and optimizer state. The report is printed unless ``print_report=False``;
     ``include`` / ``exclude`` choose tensors as in `GradLogger`; ``policy`` tunes severities as there
     (`gradlog.Policy`).
     """
@@ -273,8 +272,8 @@ def check(
     # decay cannot blur), and never judged as problems
     fields["partly_updated"] = []
     result = CheckReport(**fields, in_batch=_in_batch(model, gl, report, seen))
-    if print:
-        builtins.print(result.table(), flush=True)
+    if print_report:
+        print(result.table(), flush=True)
     return result
 
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from gradlog import lifecycle
+import gradlog.lifecycle as lifecycle
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, check_supported, is_rank_zero
 from gradlog.measure.meter import Measurement, Meter

@@ -176,7 +176,7 @@ def _scenario(use_check: bool) -> tuple[list[torch.Tensor], dict[str, object], t
         rng = torch.random.get_rng_state()
         py = random.getstate()
         with pytest.warns(UserWarning, match="optimizer holds a parameter the model does not have"):
-            report = gradlog.check(model, opt, _batch(7), steps=2, print=False)
+            report = gradlog.check(model, opt, _batch(7), steps=2, print_report=False)
         assert report.optimizer_steps == 2
         after = _state(model, opt)
         _assert_same(before, after, "state")
@@ -201,10 +201,10 @@ def test_batch_forms_and_loss_fn():
     torch.manual_seed(0)
     lin = nn.Linear(4, 2)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
-    assert gradlog.check(lin, opt, torch.randn(3, 4), print=False).healthy  # tensor: model(batch).sum()
+    assert gradlog.check(lin, opt, torch.randn(3, 4), print_report=False).healthy  # tensor: model(batch).sum()
     bil = nn.Bilinear(4, 4, 2)
     opt2 = torch.optim.SGD(bil.parameters(), lr=0.1)
-    assert gradlog.check(bil, opt2, (torch.randn(3, 4), torch.randn(3, 4)), print=False).healthy  # model(*batch)
+    assert gradlog.check(bil, opt2, (torch.randn(3, 4), torch.randn(3, 4)), print_report=False).healthy  # model(*batch)
 
     class Output:
         def __init__(self, loss: torch.Tensor) -> None:
@@ -213,9 +213,9 @@ def test_batch_forms_and_loss_fn():
     def hf_like(model: nn.Module, batch: torch.Tensor) -> Output:
         return Output(model(batch).pow(2).mean())
 
-    assert gradlog.check(lin, opt, torch.randn(3, 4), loss_fn=hf_like, print=False).healthy
+    assert gradlog.check(lin, opt, torch.randn(3, 4), loss_fn=hf_like, print_report=False).healthy
     with pytest.raises(TypeError, match=r"returned str, not a tensor or an output with a .loss tensor; pass loss_fn"):
-        gradlog.check(lin, opt, torch.randn(3, 4), loss_fn=lambda m, b: "x", print=False)
+        gradlog.check(lin, opt, torch.randn(3, 4), loss_fn=lambda m, b: "x", print_report=False)
     with pytest.raises(ValueError, match="steps must be an integer >= 1"):
         gradlog.check(lin, opt, torch.randn(3, 4), steps=0)
     lazy = nn.LazyLinear(2)
@@ -242,7 +242,7 @@ def test_failure_inside_the_step_restores_and_raises():
         return out
 
     with pytest.raises(RuntimeError, match="boom in the second step"):
-        gradlog.check(model, opt, torch.randn(5, 4), loss_fn=bad_loss, steps=2, print=False)
+        gradlog.check(model, opt, torch.randn(5, 4), loss_fn=bad_loss, steps=2, print_report=False)
     _assert_same(before, _state(model, opt), "state")
     assert not opt._optimizer_step_pre_hooks and not gradlog.lifecycle.ACTIVE  # the check's logger is gone
 
@@ -255,7 +255,7 @@ def test_hugging_face_model_output_loss():
     model = transformers.GPT2LMHeadModel(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 64, (2, 6))
-    report = gradlog.check(model, opt, {"input_ids": ids, "labels": ids}, print=False)
+    report = gradlog.check(model, opt, {"input_ids": ids, "labels": ids}, print_report=False)
     assert report.never_updated == [] and report.healthy
     pos = {(p.name, p.dim): p for p in report.in_batch}[("transformer.wpe.weight", 0)]
     assert pos.indices == tuple(range(5, 16)) and pos.reason == Reason.NOT_IN_BATCH  # position 5 predicts nothing

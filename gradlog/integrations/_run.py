@@ -30,7 +30,7 @@ class CallbackRun:
             return
         kwargs = {k: self.kwargs[k] for k in ("include", "exclude") if k in self.kwargs}
         self.check_report = check(
-            model, optimizer, batch, loss_fn=loss_fn, print=self.kwargs.get("print_report", True), **kwargs
+            model, optimizer, batch, loss_fn=loss_fn, print_report=self.kwargs.get("print_report", True), **kwargs
         )
 
     def start(self, model: nn.Module, optimizer: Any, default_dir: str) -> None:
