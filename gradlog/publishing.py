@@ -231,7 +231,7 @@ def summary_rows(report: Report, provisional_step: int | None, rank_local: bool)
 class _Provisional(Writer):
     """Routes the report's tables to `gradlog/provisional/<name>`; scalars are final-only."""
 
-    threaded = True
+    inline = True
 
     def __init__(self, inner: Writer) -> None:
         self.inner = inner

@@ -64,7 +64,7 @@ def steps(gl: gradlog.GradLogger, model: nn.Module, opt: torch.optim.Optimizer, 
 class Tables(gradlog.Writer):
     """Records every table call in order (called inline, like the memory writer)."""
 
-    threaded = True
+    inline = True
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[list[str]]]] = []
@@ -472,7 +472,7 @@ def test_a_writer_that_blocks_in_every_call_never_slows_training() -> None:
 
 def test_a_slow_writer_catches_up_and_loses_nothing() -> None:
     class Slowish(Tables):
-        threaded = False
+        inline = False
 
         def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
             threading.Event().wait(0.01)
@@ -708,7 +708,7 @@ def test_sync_waits_again_for_a_writer_that_fell_behind_and_caught_up() -> None:
     from gradlog.writers.guard import GuardedWriters
 
     class OnceStuck(Tables):
-        threaded = False
+        inline = False
 
         def __init__(self) -> None:
             super().__init__()

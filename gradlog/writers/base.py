@@ -15,11 +15,11 @@ class Writer(abc.ABC):
     and, marked `gradlog/provisional/...`, on histogram steps (the answer so far, for a run that dies).
 
     gradlog calls a writer from a background thread behind a bounded queue, so a slow one never stalls
-    training; a writer that is fast or already hands its work to a thread of its own sets `threaded = True`
-    and is called inline.
+    training; a writer that is fast or already hands its work to a thread of its own sets `inline = True`
+    and is called on the training thread. (`threaded = True`, this flag's old name, is still read.)
     """
 
-    threaded: bool = False
+    inline: bool = False
 
     @abc.abstractmethod
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:

@@ -1,6 +1,6 @@
 """Writer trouble must never kill, block or hang a training run.
 
-Every writer that does not already write from a thread of its own (`Writer.threaded`) runs behind a
+Every writer that does not ask to be called inline (`Writer.inline`: fast, or with a thread of its own) runs behind a
 bounded queue on a background thread: the training thread only enqueues. A writer whose call has run
 longer than `timeout` seconds, or whose queue is full, has fallen behind: one warning, and its records
 are dropped and counted (`dropped`) until it catches up. `close()` waits at most `timeout` seconds per
@@ -156,12 +156,12 @@ class _Lane:
 class GuardedWriters(Writer):
     """Fans out to several writers; a failing one is warned about once and the others go on.
 
-    Writers with `threaded = True` (TensorBoard: its own writer thread with bounded waits; memory) are
+    Writers with `inline = True` (TensorBoard: its own writer thread with bounded waits; memory) are
     called inline; every other writer behind its own queue and thread (see the module docstring).
     With `strict=True` every writer is called inline and the first error is raised (tests, CI).
     """
 
-    threaded = True
+    inline = True
 
     def __init__(
         self,
@@ -171,7 +171,7 @@ class GuardedWriters(Writer):
         max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"writer_timeout must be a number of seconds > 0, got {timeout!r}")
+            raise ValueError(f"the writer timeout must be a number of seconds > 0, got {timeout!r}")
         self.writers = list(writers)
         self.strict = strict
         self.timeout = float(timeout)
@@ -179,7 +179,7 @@ class GuardedWriters(Writer):
         self._lanes: dict[int, _Lane] = {}
         if not strict:
             for w in self.writers:
-                if not getattr(w, "threaded", False):
+                if not (getattr(w, "inline", False) or getattr(w, "threaded", False)):  # threaded: the old name
                     self._lanes[id(w)] = _Lane(w, max_queue, self.timeout)
 
     @property

@@ -12,7 +12,7 @@ class MemoryWriter(Writer):
     """`scalars[tag] = [(step, value), ...]`, `histograms[tag] = [(step, Histogram), ...]`,
     `tables[name] = (columns, rows)`, `images[tag] = [(step, png_bytes), ...]`."""
 
-    threaded = True  # dicts in memory: called inline, so what log() published is there when it returns
+    inline = True  # dicts in memory: called inline, so what log() published is there when it returns
 
     def __init__(self) -> None:
         self.scalars: dict[str, list[tuple[int, float]]] = {}

@@ -284,7 +284,7 @@ class TensorBoardWriter(Writer):
     `strict=True` (for CI): then `flush()` and `close()` raise RuntimeError with the same message.
     """
 
-    threaded = True  # its own writer thread and bounded waits: the logger calls it inline
+    inline = True  # its own writer thread and bounded waits: the logger calls it inline
 
     def __init__(
         self,
