@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -463,3 +465,28 @@ def test_log_step_must_be_a_whole_number_and_whole_numbers_of_any_kind_land_at_t
     gl.close()
     xs = [x for x, _ in mem.scalars["gradlog/grad_norm_total"]]
     assert xs[-len(good) :] == [40, 41, 42, -3, 44] and all(type(x) is int for x in xs)
+
+
+@pytest.mark.parametrize(("flag", "inline"), [({}, False), ({"inline": True}, True), ({"threaded": True}, True)])
+def test_writers_asking_to_be_called_inline_are_called_on_the_training_thread(
+    flag: dict[str, bool], inline: bool
+) -> None:
+    """`Writer.inline = True` (or `threaded = True`, its old name) is called on the training thread; any
+    other writer from its own background thread."""
+    threads: set[str] = set()
+
+    class Where(gradlog.MemoryWriter):
+        def log_scalars(self, scalars: Any, step: int) -> None:
+            threads.add(threading.current_thread().name)
+            super().log_scalars(scalars, step)
+
+    Where.inline = False
+    for key, value in flag.items():
+        setattr(Where, key, value)
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer=Where(), every=1, print_report=False)
+    _step(model, opt, torch.randn(2, 2))
+    gl.log(0)
+    gl.close()
+    assert (threads == {threading.main_thread().name}) is inline, threads
