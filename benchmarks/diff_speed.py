@@ -2,7 +2,7 @@
 
 Builds two checkpoints of a GPT-like model of about --mb MB each (fp32; most tensors changed a little,
 some unchanged, an embedding with untouched rows), in the chosen formats, reads each file once so it
-is in the page cache, then times `gradlog.views.diff.diff` over the pair (best of --rounds). GB/s counts
+is in the page cache, then times `gradlog.compare.checkpoints.diff` over the pair (best of --rounds). GB/s counts
 the tensor bytes of both checkpoints, the data diff must read.
 
     PYTHONPATH=. python benchmarks/diff_speed.py                 # 2 x 512 MB, torch and safetensors
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from gradlog.views.diff import diff, open_all
+from gradlog.compare.checkpoints import diff, open_all
 
 
 def state_dict(mb: int, seed: int) -> dict[str, torch.Tensor]:

@@ -15,9 +15,9 @@ from diff_models import SEEN, VOCAB, save_safetensors, save_sharded, save_torch,
 from torch import nn
 
 from gradlog.cli.entry import main
+from gradlog.compare.checkpoints import Progress, diff, open_all
 from gradlog.readers.checkpoints import BadCheckpoint, Checkpoint
 from gradlog.verdict.report import Reason
-from gradlog.views.diff import Progress, diff, open_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -315,7 +315,7 @@ def test_checkpoint_reader_reads_lazily(tmp_path):
 
 MEMORY_CHILD = r"""
 import os, sys, threading, time
-from gradlog.views.diff import Progress, diff, open_all
+from gradlog.compare.checkpoints import Progress, diff, open_all
 
 def anon_kb():
     with open("/proc/self/status") as f:

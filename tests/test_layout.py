@@ -20,9 +20,10 @@ ALLOWED: dict[str, set[str]] = {
     "verdict": {"verdict", "measure"},
     "api": {"api", "measure", "verdict", "writers"},
     "readers": {"readers", "verdict", "measure"},
-    "views": {"views", "readers", "verdict", "measure"},
+    "compare": {"compare", "readers", "verdict", "measure"},
+    "views": {"views", "compare", "readers", "verdict", "measure"},
     "integrations": {"integrations", "api", "verdict", "measure", "writers"},
-    "cli": {"cli", "views", "readers", "api", "verdict", "measure", "writers"},
+    "cli": {"cli", "views", "compare", "readers", "api", "verdict", "measure", "writers"},
 }
 #: what runs inside the user's training loop: it must never pull in what runs after the run.
 TRAINING_LOOP = {"api", "measure", "verdict", "writers"}

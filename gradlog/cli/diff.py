@@ -10,9 +10,10 @@ import sys
 from collections.abc import Sequence
 
 from gradlog.cli.report import _plain
+from gradlog.compare.checkpoints import BadInput, Progress, diff, open_all
 from gradlog.readers.checkpoints import BadCheckpoint
 from gradlog.verdict.policy import Policy
-from gradlog.views.diff import BadInput, Progress, diff, open_all, plot
+from gradlog.views.diff_plot import plot
 
 OK, FINDINGS, BAD_INPUT = 0, 1, 2
 

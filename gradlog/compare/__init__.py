@@ -1,0 +1,1 @@
+"""Answers without an instrumented run: comparing checkpoints you already have (`gradlog diff`)."""
