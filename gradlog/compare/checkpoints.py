@@ -516,8 +516,57 @@ def diff(
     if len(checkpoints) < 2:
         raise BadInput(f"gradlog diff needs two or more checkpoints, got {len(checkpoints)}")
     Selection(include, exclude)  # validates the filters with the same messages as GradLogger
-    keep = _select(include, exclude)
+    names, common, infos = _tensors(checkpoints, include, exclude)
     c = len(checkpoints)
+    opt, opt_note = _optimizer_view(checkpoints, infos)
+    missing = [Missing(n, tuple(i for i in range(c) if n in checkpoints[i])) for n in names if n not in common]
+    if progress is not None:
+        progress.begin(sum(inf[n].nbytes for inf in infos for n in common))
+    meta: list[MetaChange] = []
+    skipped: list[str] = []
+    report = Report(measured_steps=c, policy=judged_by)
+    rel: dict[str, list[float]] = {}
+    appeared: list[Appeared] = []
+    compared = 0
+    for name in common:
+        metas = [inf[name] for inf in infos]
+        bad_meta = [i for i in range(1, c) if metas[i] != metas[i - 1]]
+        if bad_meta or not metas[0].dtype.is_floating_point:  # nothing to compare value by value
+            meta += [MetaChange(name, i, metas[i - 1].text(), metas[i].text()) for i in bad_meta]
+            if not bad_meta:
+                skipped.append(name)
+            if progress is not None:
+                progress.add(sum(m.nbytes for m in metas))
+            continue
+        track = _stream(name, metas[0], checkpoints, progress)
+        compared += metas[0].nbytes * c
+        report.tracked_tensors += 1
+        rel[name] = track.rel
+        if track.nonfinite is not None:
+            appeared.append(track.nonfinite)
+        _judge_tensor(report, track, checkpoints, opt, opt_note)
+    appeared.sort(key=lambda a: (a.checkpoint, names.index(a.name)))
+    if appeared:
+        report.first_nonfinite = NonFinite(step=appeared[0].checkpoint, name=appeared[0].name, count=appeared[0].count)
+    return DiffResult(
+        checkpoints=[ck.label for ck in checkpoints],
+        report=report,
+        relative_change=rel,
+        nonfinite=appeared,
+        missing=missing,
+        meta_changes=meta,
+        optimizer_note=opt_note,
+        skipped_non_float=skipped,
+        compared_bytes=compared,
+    )
+
+
+def _tensors(
+    checkpoints: Sequence[Checkpoint], include: NameFilter, exclude: NameFilter
+) -> tuple[list[str], list[str], list[dict[str, TensorInfo]]]:
+    """The selected names (in checkpoint order), those every checkpoint holds, and each checkpoint's
+    tensor infos; `BadInput` when the checkpoints cannot be of one model or the filters leave nothing."""
+    keep = _select(include, exclude)
     order: dict[str, None] = {}
     for ck in checkpoints:
         order.update(dict.fromkeys(ck.names))
@@ -533,99 +582,56 @@ def diff(
         shown = ", ".join(repr(n) for n in list(order)[:6])
         raise BadInput(f"include={include!r}, exclude={exclude!r} leave no tensor to compare; names look like {shown}")
     infos = [{n: ck.info(n) for n in ck.names} for ck in checkpoints]
-    common = [n for n in every if keep(n)]
-    same = [n for n in every if all(inf[n].shape == infos[0][n].shape for inf in infos)]
-    if not same:
+    if not any(all(inf[n].shape == infos[0][n].shape for inf in infos) for n in every):
         raise BadInput(
             f"every one of the {len(every)} tensors the checkpoints share changes shape between them "
             f"(e.g. {every[0]!r}: {infos[0][every[0]].text()} vs {infos[-1][every[0]].text()}): different models?"
         )
-    # optimizer state: the last checkpoint that holds one says the most (the end of training)
-    opt: OptimizerView | None = None
-    opt_note = ""
-    for i in range(c - 1, -1, -1):
+    return names, [n for n in every if keep(n)], infos
+
+
+def _optimizer_view(
+    checkpoints: Sequence[Checkpoint], infos: Sequence[dict[str, TensorInfo]]
+) -> tuple[OptimizerView | None, str]:
+    """The optimizer state of the last checkpoint that holds one (the end of training says the most)."""
+    for i in range(len(checkpoints) - 1, -1, -1):
         state = checkpoints[i].optimizer
         if state is not None:
-            opt, opt_note = map_optimizer(state, i, checkpoints[i].names, infos[i])
+            opt, note = map_optimizer(state, i, checkpoints[i].names, infos[i])
             if opt is not None:
-                opt_note = f"checkpoint {i} ({checkpoints[i].label}), matched to tensors {opt.how}"
-            break
-    missing = [Missing(n, tuple(i for i in range(c) if n in checkpoints[i])) for n in names if n not in common]
-    if progress is not None:
-        progress.begin(sum(inf[n].nbytes for inf in infos for n in common))
-    meta: list[MetaChange] = []
-    skipped: list[str] = []
-    report = Report(measured_steps=c, policy=judged_by)
-    rel: dict[str, list[float]] = {}
-    appeared: list[Appeared] = []
-    compared = 0
-    for name in common:
-        metas = [inf[name] for inf in infos]
-        bad_meta = [i for i in range(1, c) if metas[i] != metas[i - 1]]
-        if bad_meta:
-            meta += [MetaChange(name, i, metas[i - 1].text(), metas[i].text()) for i in bad_meta]
-            if progress is not None:
-                progress.add(sum(m.nbytes for m in metas))
-            continue
-        info = metas[0]
-        if not info.dtype.is_floating_point:
-            skipped.append(name)
-            if progress is not None:
-                progress.add(info.nbytes * c)
-            continue
-        track = _stream(name, info, checkpoints, progress)
-        compared += info.nbytes * c
-        report.tracked_tensors += 1
-        rel[name] = track.rel
-        if track.nonfinite is not None:
-            appeared.append(track.nonfinite)
-        if not any(track.changed):
-            reason, detail = _never_reason(name, info, opt, opt_note, c)
-            numel = math.prod(info.shape)
-            report.never_updated.append(NeverUpdated(name, info.shape, numel, reason, detail))
-            continue
-        last = max(i for i, ch in enumerate(track.changed) if ch)
-        if last < c - 2:
-            quiet = c - 2 - last
-            lr = opt.lr(name) if opt is not None else None
-            reason = Reason.ZERO_LR if lr == 0 else Reason.UNKNOWN
-            why = (
-                f"; lr 0 in its param group (optimizer state of checkpoint {opt.checkpoint})" if lr == 0 and opt else ""
-            )
-            report.stalled.append(
-                Stalled(
-                    name,
-                    since_step=last + 1,
-                    last_update_step=last,
-                    reason=reason,
-                    detail=(
-                        f"steps are checkpoint intervals: last changed between checkpoint {last} "
-                        f"({checkpoints[last].label}) and {last + 1} ({checkpoints[last + 1].label}), then bitwise "
-                        f"equal over the last {quiet} interval{'s' if quiet != 1 else ''}{why}"
-                    ),
-                )
-            )
-        for dim, ever in track.slices.items():
-            never = ~ever
-            count = int(never.sum())
-            if 0 < count < never.shape[0]:
-                idx = tuple(int(i) for i in never.nonzero().reshape(-1).tolist())
-                reason, detail = _slice_reason(name, dim, never, opt)
-                report.partly_updated.append(PartlyUpdated(name, dim, count, never.shape[0], idx, reason, detail))
-    appeared.sort(key=lambda a: (a.checkpoint, names.index(a.name)))
-    if appeared:
-        report.first_nonfinite = NonFinite(step=appeared[0].checkpoint, name=appeared[0].name, count=appeared[0].count)
-    return DiffResult(
-        checkpoints=[ck.label for ck in checkpoints],
-        report=report,
-        relative_change=rel,
-        nonfinite=appeared,
-        missing=missing,
-        meta_changes=meta,
-        optimizer_note=opt_note,
-        skipped_non_float=skipped,
-        compared_bytes=compared,
-    )
+                note = f"checkpoint {i} ({checkpoints[i].label}), matched to tensors {opt.how}"
+            return opt, note
+    return None, ""
+
+
+def _judge_tensor(
+    report: Report, track: _Track, checkpoints: Sequence[Checkpoint], opt: OptimizerView | None, opt_note: str
+) -> None:
+    """One streamed tensor's findings: never changed, stopped changing, or slices that never changed."""
+    c, name, info = len(checkpoints), track.name, track.info
+    if not any(track.changed):
+        reason, detail = _never_reason(name, info, opt, opt_note, c)
+        report.never_updated.append(NeverUpdated(name, info.shape, math.prod(info.shape), reason, detail))
+        return
+    last = max(i for i, ch in enumerate(track.changed) if ch)
+    if last < c - 2:
+        quiet = c - 2 - last
+        lr = opt.lr(name) if opt is not None else None
+        reason = Reason.ZERO_LR if lr == 0 else Reason.UNKNOWN
+        why = f"; lr 0 in its param group (optimizer state of checkpoint {opt.checkpoint})" if lr == 0 and opt else ""
+        detail = (
+            f"steps are checkpoint intervals: last changed between checkpoint {last} ({checkpoints[last].label}) "
+            f"and {last + 1} ({checkpoints[last + 1].label}), then bitwise equal over the last {quiet} "
+            f"interval{'s' if quiet != 1 else ''}{why}"
+        )
+        report.stalled.append(Stalled(name, since_step=last + 1, last_update_step=last, reason=reason, detail=detail))
+    for dim, ever in track.slices.items():
+        never = ~ever
+        count = int(never.sum())
+        if 0 < count < never.shape[0]:
+            idx = tuple(int(i) for i in never.nonzero().reshape(-1).tolist())
+            reason, detail = _slice_reason(name, dim, never, opt)
+            report.partly_updated.append(PartlyUpdated(name, dim, count, never.shape[0], idx, reason, detail))
 
 
 def _stream(name: str, info: TensorInfo, checkpoints: Sequence[Checkpoint], progress: Progress | None) -> _Track:
