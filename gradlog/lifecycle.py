@@ -12,10 +12,11 @@ import os
 import signal
 import sys
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from gradlog.measure import once
 
 logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
@@ -42,9 +43,8 @@ def describe(exc: BaseException) -> str:
 
 
 def warn(msg: str) -> None:
-    """Trouble inside gradlog: a RuntimeWarning pointing at the user's code, and the gradlog logger."""
-    warnings.warn(msg, RuntimeWarning, stacklevel=4)
-    logger.warning(msg)
+    """Trouble inside gradlog, pointing at the user's code (gradlog.measure.once)."""
+    once.warn(msg, stacklevel=4)
 
 
 class Registration:

@@ -15,6 +15,7 @@ from typing import Any
 from gradlog.lifecycle import describe, warn
 from gradlog.measure import tags
 from gradlog.measure.meter import Measurement
+from gradlog.measure.once import WarnOnce
 from gradlog.verdict.alerts import ALERT_COLUMNS
 from gradlog.verdict.policy import POLICY_COLUMNS
 from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
@@ -36,16 +37,15 @@ class Failures:
 
     def __init__(self, strict: bool) -> None:
         self.strict = strict
-        self.seen: set[str] = set()
+        self.once = WarnOnce()
 
     def handle(self, exc: Exception, message: Callable[[str], str]) -> None:
         """Re-raise in strict mode; otherwise warn `message(key)` the first time this failure is seen."""
         if self.strict:
             raise exc
         key = describe(exc)
-        if key not in self.seen:
-            self.seen.add(key)
-            warn(message(key))
+        if key not in self.once.seen:  # the message is built only for a failure not seen before
+            self.once(key, message(key), stacklevel=3)
 
 
 class Publisher:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from gradlog.measure.once import warn
 from gradlog.measure.params import Tracked, local_tensor
 
 log = logging.getLogger("gradlog")
@@ -304,8 +304,7 @@ class Reducer:
             "gradlog: the process group was destroyed before close(), so the never-updated report can only "
             "see this rank's shards; call gl.close() before torch.distributed.destroy_process_group()"
         )
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
-        log.warning(msg)
+        warn(msg, stacklevel=3)
 
 
 def _local_span(t: torch.Tensor, axis: int) -> tuple[int, int]:

@@ -14,11 +14,11 @@ import logging
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gradlog.measure.histogram import Histogram, Histograms
+from gradlog.measure.once import WarnOnce, warn
 from gradlog.writers.base import Writer
 
 log = logging.getLogger("gradlog")
@@ -38,8 +38,7 @@ _STOP: _Call = ("stop", lambda w: None)
 
 
 def _warn(msg: str) -> None:
-    warnings.warn(msg, RuntimeWarning, stacklevel=5)
-    log.warning(msg)
+    warn(msg, stacklevel=5)
 
 
 class _Lane:
@@ -175,7 +174,7 @@ class GuardedWriters(Writer):
         self.writers = list(writers)
         self.strict = strict
         self.timeout = float(timeout)
-        self._warned: set[tuple[int, str]] = set()
+        self._warned = WarnOnce()
         self._lanes: dict[int, _Lane] = {}
         if not strict:
             for w in self.writers:
@@ -191,13 +190,12 @@ class GuardedWriters(Writer):
     def _failed(self, w: Writer, what: str, exc: Exception) -> None:
         if self.strict:
             raise exc
-        key = (id(w), what)
-        if key not in self._warned:
-            self._warned.add(key)
-            _warn(
-                f"gradlog: {type(w).__name__}.{what} failed ({type(exc).__name__}: {exc}); "
-                "training continues, further errors of this kind are not shown"
-            )
+        self._warned(
+            (id(w), what),
+            f"gradlog: {type(w).__name__}.{what} failed ({type(exc).__name__}: {exc}); "
+            "training continues, further errors of this kind are not shown",
+            stacklevel=4,
+        )
 
     def _report_lane_errors(self) -> None:
         for lane in self._lanes.values():

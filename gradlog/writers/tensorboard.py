@@ -16,13 +16,13 @@ import queue
 import socket
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 from gradlog.measure.histogram import Histogram, Histograms
+from gradlog.measure.once import warn
 from gradlog.writers.base import Writer
 from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
@@ -242,8 +242,7 @@ class _Thread:
 
 def _emit(messages: list[str]) -> None:
     for message in messages:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-        log.warning(message)
+        warn(message, stacklevel=3)
 
 
 def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float, emit: bool = True) -> None:
