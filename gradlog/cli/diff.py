@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from gradlog.cli.report import _plain
-from gradlog.compare.checkpoints import BadInput, Progress, diff, open_all
+from gradlog.compare.checkpoints import CannotCompare, Progress, diff, open_all
 from gradlog.readers.checkpoints import BadCheckpoint
 from gradlog.verdict.policy import Policy
 from gradlog.views.diff_plot import plot
@@ -51,7 +51,7 @@ def run_diff(
             progress=bar,
             policy=policy,
         )
-    except (BadCheckpoint, BadInput, ValueError) as exc:
+    except (BadCheckpoint, CannotCompare, ValueError) as exc:
         return _fail(str(exc))
     except MemoryError:
         return _fail("ran out of memory reading a tensor (gradlog holds two values of one tensor at a time)")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from gradlog.readers.files import Limits, shown_lines, valid_text
-from gradlog.readers.run import BadInput, load
+from gradlog.readers.run import BadRun, load
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND, check_band
 from gradlog.verdict.policy import Policy
 from gradlog.views.health import DEFAULT_SPIKE_FACTOR, analyze
@@ -85,7 +85,7 @@ def run_report(
         run = load(path, limits=limits)
         # Without --band/--spike: the warnings the run recorded at close (what close() said)
         health = analyze(run, None if band is None else lo_hi, None if spike is None else factor, policy=override)
-    except BadInput as exc:
+    except BadRun as exc:
         return _fail(str(exc))
     except Exception as exc:  # a file we could not make sense of: a message, never a traceback
         return _fail(f"cannot read {path!r} ({type(exc).__name__}: {exc})")

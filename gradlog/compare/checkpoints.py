@@ -50,7 +50,7 @@ _EMBEDDING = re.compile(r"(^|[._])(embed\w*|wte|wpe|tok\w*|word_embeddings|posit
 _REL_TABLE_MAX = 60  # the console shows this many tensors' relative changes; --json has them all
 
 
-class BadInput(Exception):
+class CannotCompare(Exception):
     """The checkpoints cannot be compared (different models, nothing selected): exit status 2."""
 
 
@@ -514,7 +514,7 @@ def diff(
     `policy` tunes severities as for a run (`gradlog.Policy`)."""
     judged_by = Policy.coerce(policy)
     if len(checkpoints) < 2:
-        raise BadInput(f"gradlog diff needs two or more checkpoints, got {len(checkpoints)}")
+        raise CannotCompare(f"gradlog diff needs two or more checkpoints, got {len(checkpoints)}")
     Selection(include, exclude)  # validates the filters with the same messages as GradLogger
     names, common, infos = _tensors(checkpoints, include, exclude)
     c = len(checkpoints)
@@ -565,7 +565,7 @@ def _tensors(
     checkpoints: Sequence[Checkpoint], include: NameFilter, exclude: NameFilter
 ) -> tuple[list[str], list[str], list[dict[str, TensorInfo]]]:
     """The selected names (in checkpoint order), those every checkpoint holds, and each checkpoint's
-    tensor infos; `BadInput` when the checkpoints cannot be of one model or the filters leave nothing."""
+    tensor infos; `CannotCompare` when the checkpoints cannot be of one model or the filters leave nothing."""
     keep = _select(include, exclude)
     order: dict[str, None] = {}
     for ck in checkpoints:
@@ -573,17 +573,19 @@ def _tensors(
     every = [n for n in order if all(n in ck for ck in checkpoints)]
     if not every:
         samples = [ck.names[:3] for ck in checkpoints[:2]]
-        raise BadInput(
+        raise CannotCompare(
             f"the checkpoints have no tensor name in common (e.g. {samples[0]} vs {samples[1]}): "
             "are they checkpoints of the same model?"
         )
     names = [n for n in order if keep(n)]
     if not names:
         shown = ", ".join(repr(n) for n in list(order)[:6])
-        raise BadInput(f"include={include!r}, exclude={exclude!r} leave no tensor to compare; names look like {shown}")
+        raise CannotCompare(
+            f"include={include!r}, exclude={exclude!r} leave no tensor to compare; names look like {shown}"
+        )
     infos = [{n: ck.info(n) for n in ck.names} for ck in checkpoints]
     if not any(all(inf[n].shape == infos[0][n].shape for inf in infos) for n in every):
-        raise BadInput(
+        raise CannotCompare(
             f"every one of the {len(every)} tensors the checkpoints share changes shape between them "
             f"(e.g. {every[0]!r}: {infos[0][every[0]].text()} vs {infos[-1][every[0]].text()}): different models?"
         )

@@ -75,7 +75,7 @@ def _wanted_table(name: str) -> bool:
     return name in TABLE_NAMES or name.startswith(PROVISIONAL_PREFIX)
 
 
-class BadInput(Exception):
+class BadRun(Exception):
     """The path cannot be read as a gradlog run; the message says what was found and what to pass instead."""
 
 
@@ -115,11 +115,11 @@ def load(path: str, *, limits: Limits | None = None) -> RunData:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise BadInput(
+        raise BadRun(
             f"{path!r} does not exist; pass a TensorBoard log dir, an event file or a W&B offline run dir"
         ) from None
     except OSError as exc:
-        raise BadInput(f"{path!r} cannot be read ({exc.strerror or exc})") from None
+        raise BadRun(f"{path!r} cannot be read ({exc.strerror or exc})") from None
     try:
         kind, target, root, files = _detect(path, st, limits)
         if kind == "tensorboard":
@@ -129,11 +129,11 @@ def load(path: str, *, limits: Limits | None = None) -> RunData:
             run = _load_wandb(target, root, limits)
         run = settle_provisional(run)
     except Refused as exc:
-        raise BadInput(str(exc)) from None
+        raise BadRun(str(exc)) from None
     if not run.has_gradlog_data():
         what = ", ".join(sorted(run.scalars)[:5]) or "no scalars"
         skipped = f"; skipped: {'; '.join(run.skipped[:5])}" if run.skipped else ""
-        raise BadInput(
+        raise BadRun(
             f"{path!r} holds no gradlog data (found {what}{skipped}); "
             "pass the log dir a GradLogger wrote (log_dir=...) or its W&B offline run dir"
         )
@@ -202,12 +202,12 @@ def _detect(path: str, st: os.stat_result, limits: Limits) -> tuple[str, str, st
         real = os.path.realpath(path)
         root = os.path.dirname(real)
         if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"{path!r} is not a regular file or a folder; pass a run folder or an event file")
+            raise BadRun(f"{path!r} is not a regular file or a folder; pass a run folder or an event file")
         if _is_event_file(os.path.basename(path)) or _is_event_file(os.path.basename(real)):
             return "tensorboard", real, root, [real]
         if path.endswith(".wandb") or real.endswith(".wandb"):
             return "wandb", real, root, [real]
-        raise BadInput(
+        raise BadRun(
             f"{path!r} is neither a TensorBoard event file (events.out.tfevents.*) nor a W&B run file (*.wandb)"
         )
     root = real_root(path)
@@ -231,14 +231,14 @@ def _detect(path: str, st: os.stat_result, limits: Limits) -> tuple[str, str, st
         return kind, target, root, here
     if not runs:
         unlisted = f" ({'; '.join(notes[:3])})" if notes else ""
-        raise BadInput(
+        raise BadRun(
             f"{path!r} holds no TensorBoard event file and no W&B offline run{unlisted}; "
             "pass the log dir a GradLogger wrote (log_dir=...) or a wandb/offline-run-* dir"
         )
     # one escaped line per run: a folder name holding a line break cannot fake a line of the message
     listed = "\n  ".join(shown(r if kind == "tensorboard" else os.path.dirname(r)) for kind, r in runs[:20])
     more = f"\n  ... and {len(runs) - 20} more" if len(runs) > 20 else ""
-    raise BadInput(f"{path!r} holds {len(runs)} runs; pass one of them:\n  {listed}{more}")
+    raise BadRun(f"{path!r} holds {len(runs)} runs; pass one of them:\n  {listed}{more}")
 
 
 #: gradlog's TensorBoard writer ends each event file's name with `.gradlog-run-<id>` (one id per writer).
@@ -259,7 +259,7 @@ def _one_run(path: str, event_files: list[str]) -> None:
         + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
         for key, names in sorted(runs.items())
     )
-    raise BadInput(
+    raise BadRun(
         f"{path!r} holds {len(runs)} runs written into the same folder (one per GradLogger); "
         f"pass one event file of the run you want:\n  {listed}"
     )
@@ -296,7 +296,7 @@ def _load_tensorboard(target: str, root: str, files: list[str], limits: Limits) 
 
         from gradlog.readers.tfevents import events
     except ImportError as exc:
-        raise BadInput(
+        raise BadRun(
             f"{target!r} is a TensorBoard run; reading it needs tensorboard: pip install 'gradlog[tensorboard]'"
         ) from exc
     del event_pb2  # imported only to fail early, with the install hint
@@ -494,9 +494,9 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
     try:
         offline = read_offline_run(run_file, root=root, max_bytes=limits.max_file_bytes)
     except (WandbFileError, ImportError) as exc:  # ImportError names pip install 'gradlog[wandb]'
-        raise BadInput(str(exc)) from exc
+        raise BadRun(str(exc)) from exc
     except OSError as exc:
-        raise BadInput(f"{run_file!r} cannot be read ({exc.strerror or exc})") from exc
+        raise BadRun(f"{run_file!r} cannot be read ({exc.strerror or exc})") from exc
     run = RunData(path=run_dir, backend="wandb", files=[run_file], skipped=list(offline.skipped))
     if offline.torn_tail:
         if offline.finished:  # the exit record was written, so the damage after it is damage

@@ -154,7 +154,7 @@ def _swapped(cells: array.array[float]) -> array.array[float]:
     return out
 
 
-def clean_name(cell: str) -> str:
+def name_in_cell(cell: str) -> str:
     """A table's name cell without the tied-weight aliases (`w (= a, b)`) or a slice suffix."""
     return cell.split(" (= ", 1)[0].strip()
 
@@ -175,7 +175,7 @@ def marks(tables: Mapping[str, Table], summary: Mapping[str, str], live: Mapping
             at = columns.index("name") if "name" in columns else 0
             for row in rows:
                 if len(row) > at and row[at].strip():
-                    put(clean_name(row[at]), kind)
+                    put(name_in_cell(row[at]), kind)
     return out
 
 
