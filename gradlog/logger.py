@@ -201,6 +201,9 @@ class GradLogger:
         self.publisher = Publisher(self.writers, self.overview, out.provisional_every, self.failures)
         self._last_index = -1
         self._report: Report | None = None
+        #: "file:line" of the user's constructor call, named when a later logger replaces this one
+        self.made_at = lifecycle.caller()
+        lifecycle.replace_earlier(self, model, optimizer)
         self._registration = lifecycle.register(self, model)
 
     # --- what the pipeline holds, for reading (tests, integrations, the curious) -------------------
