@@ -51,7 +51,7 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
 def caller() -> str:
-    """"file:line" of the first frame outside gradlog: where the user (or a framework) made the logger."""
+    """The "file:line" of the first frame outside gradlog: where the user (or a framework) made the logger."""
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)

@@ -43,6 +43,9 @@ logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
 
 DEFAULT_EVERY = 50
+#: log() calls in a row with no step of the watched optimizer (and 4x the longest such gap seen between
+#: two steps, for gradient accumulation) before gradlog says that nothing it watches is stepping.
+IDLE_LOG_CALLS = 200
 #: Seconds a collective at close may wait for the other ranks when a signal is ending the run.
 SIGNAL_SYNC_TIMEOUT_S = 10.0
 
@@ -166,7 +169,6 @@ class GradLogger:
             log_dir = opt_dir
         check_supported(model)
         self._model = weakref.ref(model)  # weak: a logger never keeps a model (and its weights) alive
-        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
         self.print_report = print_report
         self.handle_signals = out.handle_signals
         self.strict = out.strict
@@ -201,6 +203,10 @@ class GradLogger:
         self.publisher = Publisher(self.writers, self.overview, out.provisional_every, self.failures)
         self._last_index = -1
         self._report: Report | None = None
+        self._steps_at_log = 0  # optimizer steps at the last log() call, and log() calls since they changed
+        self._idle_logs = 0
+        self._longest_idle = 0  # the most log() calls between two steps so far (gradient accumulation)
+        self._warned_idle = False
         #: "file:line" of the user's constructor call, named when a later logger replaces this one
         self.made_at = lifecycle.caller()
         lifecycle.replace_earlier(self, model, optimizer)
@@ -259,7 +265,22 @@ class GradLogger:
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         """The optimizer whose steps are measured (None without one, or once it was garbage-collected)."""
-        return self._optimizer() if self._optimizer is not None else None
+        return self.pipeline.optimizer
+
+    def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Measure `optimizer`'s steps from now on, in place of the one given so far (a second phase of
+        training with an optimizer of its own). The step count goes on; tensors it adds are tracked from
+        its next measured step. gradlog also follows a new optimizer by itself at its first step (with a
+        warning): calling this when you create it only says so. Not for a logger made with
+        ``optimizer=None`` (that one measures inside log())."""
+        if self._report is not None:
+            raise RuntimeError("GradLogger.watch_optimizer() called after close(); create a new GradLogger")
+        if not self.pipeline.with_optimizer:
+            raise ValueError(
+                "watch_optimizer(): this GradLogger was made with optimizer=None and measures inside log(); "
+                "create it with the optimizer instead"
+            )
+        self.pipeline.follow(steppable(optimizer))
 
     @property
     def model(self) -> nn.Module | None:
@@ -293,12 +314,33 @@ class GradLogger:
             step = _whole_step(step)
         if not self.pipeline.with_optimizer:
             self.pipeline.count_call(step)
+        elif self.pipeline.optimizer_steps == self._steps_at_log:
+            self._idle_logs += 1
+            if self._idle_logs == max(IDLE_LOG_CALLS, 4 * self._longest_idle) and not self._warned_idle:
+                self._warn_idle()
+        else:
+            self._steps_at_log = self.pipeline.optimizer_steps
+            self._longest_idle = max(self._longest_idle, self._idle_logs)
+            self._idle_logs = 0
         with lifecycle.LogCall():
             m = self.pipeline.take()
             if m is None or m.index == self._last_index:
                 return
             self._last_index = m.index
             self._publish(m, m.index if step is None else step)
+
+    def _warn_idle(self) -> None:
+        """log() keeps coming and the optimizer gradlog watches does not step: something else trains the
+        model (a manual update, an optimizer whose steps torch's hooks do not see), or nothing does."""
+        self._warned_idle = True
+        opt = self.optimizer
+        name = type(opt).__name__ if opt is not None else "the optimizer (garbage-collected)"
+        lifecycle.warn(
+            f"gradlog: log() was called {self._idle_logs} times since the last step of {name}, the optimizer "
+            f"gradlog measures ({self.pipeline.optimizer_steps} steps so far); nothing new is measured. If another "
+            "optimizer trains the model now, pass it with gl.watch_optimizer(optimizer); if the weights are "
+            "updated by hand, create the GradLogger with optimizer=None (it then measures inside log())"
+        )
 
     def _publish(self, m: Measurement, step: int) -> None:
         extra = {"gradlog/skipped_steps": float(self.ledger.skipped_steps)}
