@@ -32,12 +32,14 @@ from gradlog.options import (
 )
 from gradlog.pipeline import Pipeline
 from gradlog.publishing import Failures, Publisher
+from gradlog.resume import Earlier, Resume, Segment, find_earlier
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import Report
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
 from gradlog.writers.overview import Overview
+from gradlog.writers.tensorboard import TensorBoardWriter
 
 logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
@@ -201,6 +203,10 @@ class GradLogger:
         self.writers = GuardedWriters(writers, strict=out.strict, timeout=out.timeout)
         self.overview = Overview(hist.overview_every)
         self.publisher = Publisher(self.writers, self.overview, out.provisional_every, self.failures)
+        self.earlier: Earlier | None = None  # the earlier segments of a resumed run
+        self.segment: Segment | None = None
+        if self.rank_zero:
+            self._start_segment(out.resume, writers)
         self._last_index = -1
         self._report: Report | None = None
         self._steps_at_log = 0  # optimizer steps at the last log() call, and log() calls since they changed
@@ -211,6 +217,53 @@ class GradLogger:
         self.made_at = lifecycle.caller()
         lifecycle.replace_earlier(self, model, optimizer)
         self._registration = lifecycle.register(self, model)
+
+    def _start_segment(self, resume: Resume, writers: list[Any]) -> None:
+        """This run's id (its TensorBoard file mark), and with `resume` the earlier run it continues:
+        its id, its step count, its evidence (merged at close). A run that cannot be continued (none
+        there, another model's) is said once and a new run starts beside it; nothing is overwritten."""
+        tb = next((w for w in writers if isinstance(w, TensorBoardWriter)), None)
+        self.segment = Segment(tb.run if tb is not None else f"{os.getpid()}-{id(self)}")
+        self.publisher.segment = self._segment_rows
+        if resume is False:
+            return
+        said = f"resume={resume!r}"
+        if tb is None:
+            lifecycle.warn(
+                f"gradlog: {said} needs the TensorBoard writer (its log_dir holds the run); a new run starts"
+            )
+            return
+        found = find_earlier(tb.log_dir) if os.path.isdir(tb.log_dir) else f"{tb.log_dir!r} does not exist"
+        if isinstance(found, str):
+            if resume is True:  # "auto" on a first start is the normal case, not worth a word
+                lifecycle.warn(f"gradlog: {said}: {found}; nothing to continue, a new run starts")
+            return
+        why = found.mismatch(self.table.live)
+        if why is not None:
+            lifecycle.warn(
+                f"gradlog: {said}: the run in {tb.log_dir!r} is of another model ({why}); a new run starts "
+                "beside it (pass another log_dir to keep them apart)"
+            )
+            return
+        opt = self.optimizer
+        if resume == "auto" and (opt is None or not opt.state):
+            lifecycle.warn(
+                f"gradlog: resume='auto': {tb.log_dir!r} holds a run of this model, but the optimizer's state "
+                "was not loaded from a checkpoint, so this is taken for a new run (written beside it); pass "
+                "resume=True to continue it"
+            )
+            return
+        tb.continue_run(found.run_id)
+        self.earlier = found
+        self.segment = Segment(found.run_id, found.segments + 1, found.end_step)
+        self.pipeline.start_at(found.end_step)
+        logger.info("gradlog: continuing the run in %s from step %d", tb.log_dir, found.end_step)
+
+    def _segment_rows(self) -> tuple[list[list[str]], list[list[str]]]:
+        assert self.segment is not None
+        ev = self.ledger.evidence
+        last = {i: e.last_update for i, e in ev.items()}
+        return self.segment.summary_rows(), Segment.rows(self.table.live, last, self.earlier)
 
     # --- what the pipeline holds, for reading (tests, integrations, the curious) -------------------
     @property
@@ -386,7 +439,11 @@ class GradLogger:
 
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (see `Pipeline.diagnose`), with the model and optimizer if still alive."""
-        return self.pipeline.diagnose(collective, reuse, self.model, self.optimizer)
+        report = self.pipeline.diagnose(collective, reuse, self.model, self.optimizer)
+        if self.earlier is not None and self.segment is not None:  # judged over every segment of the run
+            names = {r.name for r in self.table.live}
+            report = self.earlier.merge(report, self.segment.first_step, names)
+        return report
 
     @property
     def closed(self) -> bool:

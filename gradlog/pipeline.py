@@ -107,6 +107,10 @@ class Pipeline:
         self.handles.append(optimizer.register_step_pre_hook(untraced(self._pre_step)))
         self.handles.append(optimizer.register_step_post_hook(untraced(self._post_step)))
 
+    def start_at(self, step: int) -> None:
+        """A resumed run: count steps on from the earlier segments' `step` (the x-axis continues)."""
+        self.optimizer_steps = self.calls = step
+
     @property
     def steps(self) -> int:
         """Optimizer steps so far (log() calls without an optimizer)."""

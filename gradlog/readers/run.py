@@ -61,6 +61,7 @@ TABLE_NAMES = (
     "gradlog/stalled",
     "gradlog/summary",
     "gradlog/alerts",
+    "gradlog/segment",  # a resumed run's segments (gradlog/resume.py)
 )
 ORDER_TAG = "gradlog/tensor_order"  # written by the TensorBoard writer (writers/tb_format.py)
 #: At most this many "Skipped (unreadable)" lines are kept; the last one counts the rest.
