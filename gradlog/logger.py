@@ -32,7 +32,7 @@ from gradlog.options import (
 )
 from gradlog.pipeline import Pipeline
 from gradlog.publishing import Failures, Publisher
-from gradlog.resume import Earlier, Resume, Segment, find_earlier
+from gradlog.resume import Earlier, Resume, Segment, checkpoint_step, find_earlier
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import Report
@@ -255,9 +255,13 @@ class GradLogger:
             return
         tb.continue_run(found.run_id)
         self.earlier = found
-        self.segment = Segment(found.run_id, found.segments + 1, found.end_step)
-        self.pipeline.start_at(found.end_step)
-        logger.info("gradlog: continuing the run in %s from step %d", tb.log_dir, found.end_step)
+        # the checkpoint's own step count where the optimizer keeps one (Adam's "step"): a job preempted
+        # some steps after its last checkpoint redoes them, and the x-axis should say so
+        start = checkpoint_step(opt)
+        start = found.end_step if start is None else start
+        self.segment = Segment(found.run_id, found.segments + 1, start)
+        self.pipeline.start_at(start)
+        logger.info("gradlog: continuing the run in %s from step %d", tb.log_dir, start)
 
     def _segment_rows(self) -> tuple[list[list[str]], list[list[str]]]:
         assert self.segment is not None

@@ -15,10 +15,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Union
 
+import torch
+
 from gradlog.measure.params import Tracked
 from gradlog.verdict.report import PartlyUpdated, Report, Stalled
 
-__all__ = ["SEGMENT_COLUMNS", "SEGMENT_TABLE", "Earlier", "Segment", "check_resume", "find_earlier"]
+__all__ = [
+    "SEGMENT_COLUMNS",
+    "SEGMENT_TABLE",
+    "Earlier",
+    "Segment",
+    "check_resume",
+    "checkpoint_step",
+    "find_earlier",
+]
 
 #: `Output(resume=...)`: False (a new run), True (continue the run in log_dir), "auto" (continue it when
 #: it is safe to tell: see `Earlier.mismatch` and docs/resume.md).
@@ -161,6 +171,19 @@ def _merge_partly(earlier: Report, report: Report) -> list[PartlyUpdated]:
         if name in never_now and name not in now:
             out.append(p)
     return out
+
+
+def checkpoint_step(optimizer: torch.optim.Optimizer | None) -> int | None:
+    """The optimizer steps a loaded checkpoint had taken, where the optimizer counts them (Adam and most
+    adaptive ones keep a per-tensor "step"); None where it does not (plain SGD)."""
+    steps = []
+    for state in optimizer.state.values() if optimizer is not None else []:
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor) and step.numel() == 1:
+            step = step.item()
+        if isinstance(step, (int, float)) and not isinstance(step, bool) and step >= 0:
+            steps.append(int(step))
+    return max(steps) if steps else None
 
 
 def run_id_of(log_dir: str) -> tuple[str | None, int]:
