@@ -21,7 +21,7 @@ from gradlog.measure import once
 logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
 
-__all__ = ["ACTIVE", "Closable", "LogCall", "describe", "register", "unregister", "warn"]
+__all__ = ["ACTIVE", "Closable", "LogCall", "caller", "describe", "register", "replace_earlier", "unregister", "warn"]
 
 
 class Closable(Protocol):
@@ -45,6 +45,40 @@ def describe(exc: BaseException) -> str:
 def warn(msg: str) -> None:
     """Trouble inside gradlog, pointing at the user's code (gradlog.measure.once)."""
     once.warn(msg, stacklevel=4)
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def caller() -> str:
+    """The "file:line" of the first frame outside gradlog: where the user (or a framework) made the logger."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_PACKAGE + os.sep):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>"
+
+
+def replace_earlier(gl: Any, model: object, optimizer: object) -> None:
+    """A second logger on the same model and optimizer (a notebook cell run again) replaces the open one:
+    two would both hook the same steps and write the same run twice. The earlier one is closed (its tables
+    written, its report not printed) and named once, with where it was made."""
+    for old in list(ACTIVE):
+        if old is gl or old.model is not model or old.optimizer is not optimizer:
+            continue
+        old.print_report = False
+        try:
+            old.close()
+        except Exception as exc:  # closing the old run must not stop the new one
+            logger.warning("gradlog: closing the replaced logger failed: %s", describe(exc))
+            unregister(old)
+        warn(
+            f"gradlog: a GradLogger on this model and optimizer was already open (made at {old.made_at}); "
+            "it is closed and this one replaces it, so each step is measured once. Call close() on the old "
+            "one first to keep this quiet"
+        )
 
 
 class Registration:

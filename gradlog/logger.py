@@ -32,6 +32,7 @@ from gradlog.options import (
 )
 from gradlog.pipeline import Pipeline
 from gradlog.publishing import Failures, Publisher
+from gradlog.resume import Earlier, Resume, Segment, checkpoint_step, find_earlier
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.policy import Policy, PolicyLike
@@ -39,11 +40,15 @@ from gradlog.verdict.report import Report
 from gradlog.writers import WriterSpec, make_writers
 from gradlog.writers.guard import GuardedWriters
 from gradlog.writers.overview import Overview
+from gradlog.writers.tensorboard import TensorBoardWriter
 
 logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
 
 DEFAULT_EVERY = 50
+#: log() calls in a row with no step of the watched optimizer (and 4x the longest such gap seen between
+#: two steps, for gradient accumulation) before gradlog says that nothing it watches is stepping.
+IDLE_LOG_CALLS = 200
 #: Seconds a collective at close may wait for the other ranks when a signal is ending the run.
 SIGNAL_SYNC_TIMEOUT_S = 10.0
 
@@ -168,7 +173,6 @@ class GradLogger:
             log_dir = opt_dir
         check_supported(model)
         self._model = weakref.ref(model)  # weak: a logger never keeps a model (and its weights) alive
-        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
         self.print_report = print_report
         self.policy = Policy.coerce(policy)  # how much each kind of finding matters (gradlog/verdict/policy.py)
         self.handle_signals = out.handle_signals
@@ -209,9 +213,71 @@ class GradLogger:
         self.writers = GuardedWriters(writers, strict=out.strict, timeout=out.timeout)
         self.overview = Overview(hist.overview_every)
         self.publisher = Publisher(self.writers, self.overview, out.provisional_every, self.failures)
+        self.earlier: Earlier | None = None  # the earlier segments of a resumed run
+        self.segment: Segment | None = None
+        if self.rank_zero:
+            self._start_segment(out.resume, writers)
         self._last_index = -1
         self._report: Report | None = None
+        self._steps_at_log = 0  # optimizer steps at the last log() call, and log() calls since they changed
+        self._idle_logs = 0
+        self._longest_idle = 0  # the most log() calls between two steps so far (gradient accumulation)
+        self._warned_idle = False
+        #: "file:line" of the user's constructor call, named when a later logger replaces this one
+        self.made_at = lifecycle.caller()
+        lifecycle.replace_earlier(self, model, optimizer)
         self._registration = lifecycle.register(self, model)
+
+    def _start_segment(self, resume: Resume, writers: list[Any]) -> None:
+        """This run's id (its TensorBoard file mark), and with `resume` the earlier run it continues:
+        its id, its step count, its evidence (merged at close). A run that cannot be continued (none
+        there, another model's) is said once and a new run starts beside it; nothing is overwritten."""
+        tb = next((w for w in writers if isinstance(w, TensorBoardWriter)), None)
+        self.segment = Segment(tb.run if tb is not None else f"{os.getpid()}-{id(self)}")
+        self.publisher.segment = self._segment_rows
+        if resume is False:
+            return
+        said = f"resume={resume!r}"
+        if tb is None:
+            lifecycle.warn(
+                f"gradlog: {said} needs the TensorBoard writer (its log_dir holds the run); a new run starts"
+            )
+            return
+        found = find_earlier(tb.log_dir) if os.path.isdir(tb.log_dir) else f"{tb.log_dir!r} does not exist"
+        if isinstance(found, str):
+            if resume is True:  # "auto" on a first start is the normal case, not worth a word
+                lifecycle.warn(f"gradlog: {said}: {found}; nothing to continue, a new run starts")
+            return
+        why = found.mismatch(self.table.live)
+        if why is not None:
+            lifecycle.warn(
+                f"gradlog: {said}: the run in {tb.log_dir!r} is of another model ({why}); a new run starts "
+                "beside it (pass another log_dir to keep them apart)"
+            )
+            return
+        opt = self.optimizer
+        if resume == "auto" and (opt is None or not opt.state):
+            lifecycle.warn(
+                f"gradlog: resume='auto': {tb.log_dir!r} holds a run of this model, but the optimizer's state "
+                "was not loaded from a checkpoint, so this is taken for a new run (written beside it); pass "
+                "resume=True to continue it"
+            )
+            return
+        tb.continue_run(found.run_id)
+        self.earlier = found
+        # the checkpoint's own step count where the optimizer keeps one (Adam's "step"): a job preempted
+        # some steps after its last checkpoint redoes them, and the x-axis should say so
+        start = checkpoint_step(opt)
+        start = found.end_step if start is None else start
+        self.segment = Segment(found.run_id, found.segments + 1, start)
+        self.pipeline.start_at(start)
+        logger.info("gradlog: continuing the run in %s from step %d", tb.log_dir, start)
+
+    def _segment_rows(self) -> tuple[list[list[str]], list[list[str]]]:
+        assert self.segment is not None
+        ev = self.ledger.evidence
+        last = {i: e.last_update for i, e in ev.items()}
+        return self.segment.summary_rows(), Segment.rows(self.table.live, last, self.earlier)
 
     # --- what the pipeline holds, for reading (tests, integrations, the curious) -------------------
     @property
@@ -266,7 +332,22 @@ class GradLogger:
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         """The optimizer whose steps are measured (None without one, or once it was garbage-collected)."""
-        return self._optimizer() if self._optimizer is not None else None
+        return self.pipeline.optimizer
+
+    def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Measure `optimizer`'s steps from now on, in place of the one given so far (a second phase of
+        training with an optimizer of its own). The step count goes on; tensors it adds are tracked from
+        its next measured step. gradlog also follows a new optimizer by itself at its first step (with a
+        warning): calling this when you create it only says so. Not for a logger made with
+        ``optimizer=None`` (that one measures inside log())."""
+        if self._report is not None:
+            raise RuntimeError("GradLogger.watch_optimizer() called after close(); create a new GradLogger")
+        if not self.pipeline.with_optimizer:
+            raise ValueError(
+                "watch_optimizer(): this GradLogger was made with optimizer=None and measures inside log(); "
+                "create it with the optimizer instead"
+            )
+        self.pipeline.follow(steppable(optimizer))
 
     @property
     def model(self) -> nn.Module | None:
@@ -300,12 +381,33 @@ class GradLogger:
             step = _whole_step(step)
         if not self.pipeline.with_optimizer:
             self.pipeline.count_call(step)
+        elif self.pipeline.optimizer_steps == self._steps_at_log:
+            self._idle_logs += 1
+            if self._idle_logs == max(IDLE_LOG_CALLS, 4 * self._longest_idle) and not self._warned_idle:
+                self._warn_idle()
+        else:
+            self._steps_at_log = self.pipeline.optimizer_steps
+            self._longest_idle = max(self._longest_idle, self._idle_logs)
+            self._idle_logs = 0
         with lifecycle.LogCall():
             m = self.pipeline.take()
             if m is None or m.index == self._last_index:
                 return
             self._last_index = m.index
             self._publish(m, m.index if step is None else step)
+
+    def _warn_idle(self) -> None:
+        """log() keeps coming and the optimizer gradlog watches does not step: something else trains the
+        model (a manual update, an optimizer whose steps torch's hooks do not see), or nothing does."""
+        self._warned_idle = True
+        opt = self.optimizer
+        name = type(opt).__name__ if opt is not None else "the optimizer (garbage-collected)"
+        lifecycle.warn(
+            f"gradlog: log() was called {self._idle_logs} times since the last step of {name}, the optimizer "
+            f"gradlog measures ({self.pipeline.optimizer_steps} steps so far); nothing new is measured. If another "
+            "optimizer trains the model now, pass it with gl.watch_optimizer(optimizer); if the weights are "
+            "updated by hand, create the GradLogger with optimizer=None (it then measures inside log())"
+        )
 
     def _publish(self, m: Measurement, step: int) -> None:
         extra = {"gradlog/skipped_steps": float(self.ledger.skipped_steps)}
@@ -351,7 +453,11 @@ class GradLogger:
 
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (see `Pipeline.diagnose`), with the model and optimizer if still alive."""
-        return self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy)
+        report = self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy)
+        if self.earlier is not None and self.segment is not None:  # judged over every segment of the run
+            names = {r.name for r in self.table.live}
+            report = self.earlier.merge(report, self.segment.first_step, names)
+        return report
 
     @property
     def closed(self) -> bool:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gradlog.measure.distributed import DEFAULT_TIMEOUT_S as DEFAULT_SYNC_TIMEOUT_S
 from gradlog.measure.histogram import MAX_BINS
 from gradlog.measure.tags import HISTOGRAM_KINDS
+from gradlog.resume import check_resume
 from gradlog.verdict.alerts import (
     DEFAULT_NO_GRAD_PATIENCE,
     DEFAULT_RATIO_DECADES,
@@ -166,7 +167,10 @@ class Output:
       disk (0: every histogram step; None: none);
     - `handle_signals`: on SIGTERM, write the final tables before the process ends;
     - `sync_timeout`: seconds a rank waits for the others in gradlog's collectives (FSDP2/DTensor);
-    - `strict`: raise instead of warning when measuring or writing fails (for tests and debugging).
+    - `strict`: raise instead of warning when measuring or writing fails (for tests and debugging);
+    - `resume`: continue the gradlog run in ``log_dir`` as one logical run (a preempted job restarted
+      from its checkpoint): True, or ``"auto"`` (only when that run is of this model and the optimizer
+      state was loaded from a checkpoint); False (default) starts a new run. See docs/resume.md.
     """
 
     writer: WriterSpec = "tensorboard"
@@ -176,8 +180,10 @@ class Output:
     handle_signals: bool = True
     sync_timeout: float = DEFAULT_SYNC_TIMEOUT_S
     strict: bool = False
+    resume: bool | Literal["auto"] = False
 
     def __post_init__(self) -> None:
+        check_resume(self.resume)
         if isinstance(self.writer, Output):
             raise ValueError("Output(writer=Output(...)): pass the writer name or instance, not another Output")
         if self.options is None:

@@ -7,12 +7,15 @@ publishes what it measured and ends the run.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from gradlog import lifecycle
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
@@ -78,20 +81,108 @@ class Pipeline:
         self.handles: list[Any] = []
         self._clips: list[Clip] = []  # this step's gradient clipping, recorded only when the step is measured
         self._closure_pending = False  # a step(closure) is running and will be measured after its first call
+        #: the optimizer whose steps are measured; another one that steps watched parameters takes its place
+        self._current: weakref.ref[torch.optim.Optimizer] | None = None
+        #: optimizers seen stepping that gradlog does not follow (id -> weak ref: an identity check per step)
+        self._others: dict[int, weakref.ref[torch.optim.Optimizer]] = {}
+        self._left: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # optimizers followed before
+        self._warned_alternating = False
+        self._stepping = False  # between the followed optimizer's pre- and post-hook
+        self._global: Any = None
         if optimizer is not None:
-            # Untraced: a compiled `optimizer.step()` (torch.compile(opt.step)) would otherwise trace the hooks
-            # into graphs of their own, split off by torch's own graph_break() calls around the step body (2
-            # breaks and 2 graphs more than without gradlog, and recompiles as the step counter changes).
-            # Dynamo skips a disabled hook, which runs eagerly around the compiled step instead: the same
-            # graphs and breaks as without gradlog. Costs ~1 us per hook call in eager mode (the eval-frame swap).
+            self._hook(optimizer)
+            # torch runs global pre-hooks for every optimizer's step, before the optimizer's own: a new
+            # optimizer that steps the watched parameters is seen at its first step, and followed from it
             untraced: Callable[[Callable[..., Any]], Any] = torch.compiler.disable  # untyped in torch
-            self.handles.append(optimizer.register_step_pre_hook(untraced(self._pre_step)))
-            self.handles.append(optimizer.register_step_post_hook(untraced(self._post_step)))
+            self._global = register_optimizer_step_pre_hook(untraced(self._any_step))
+
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
+        """Measure `optimizer`'s steps: its own step hooks."""
+        self._current = weakref.ref(optimizer)
+        # Untraced: a compiled `optimizer.step()` (torch.compile(opt.step)) would otherwise trace the hooks
+        # into graphs of their own, split off by torch's own graph_break() calls around the step body (2
+        # breaks and 2 graphs more than without gradlog, and recompiles as the step counter changes).
+        # Dynamo skips a disabled hook, which runs eagerly around the compiled step instead: the same
+        # graphs and breaks as without gradlog. Costs ~1 us per hook call in eager mode (the eval-frame swap).
+        untraced: Callable[[Callable[..., Any]], Any] = torch.compiler.disable  # untyped in torch
+        self.handles.append(optimizer.register_step_pre_hook(untraced(self._pre_step)))
+        self.handles.append(optimizer.register_step_post_hook(untraced(self._post_step)))
+
+    def start_at(self, step: int) -> None:
+        """A resumed run: count steps on from the earlier segments' `step` (the x-axis continues)."""
+        self.optimizer_steps = self.calls = step
 
     @property
     def steps(self) -> int:
         """Optimizer steps so far (log() calls without an optimizer)."""
         return self.optimizer_steps if self.with_optimizer else self.calls
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer whose steps are measured now (None without one, or once it was garbage-collected)."""
+        return self._current() if self._current is not None else None
+
+    def _any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Every optimizer step in the process comes here first: an identity check for the one followed
+        and for those known not to step watched parameters; an unseen one is looked at once."""
+        current = self._current
+        if self._stepping or (current is not None and current() is optimizer):
+            return  # the followed optimizer, or one it steps inside its own step (Lookahead's inner optimizer)
+        seen = self._others.get(id(optimizer))
+        if seen is not None and seen() is optimizer:
+            return
+        self.guarded(lambda: self._consider(optimizer))
+
+    def _consider(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer not seen before steps: follow it when it steps watched parameters (and no other
+        logger watches it), otherwise remember it as one to let pass."""
+        if self.inert or self.closed:
+            return
+        before = self.optimizer
+        left = self._left.get(id(optimizer))
+        if left is not None and left() is optimizer:  # two optimizers take turns: following both ways would flap
+            self._others[id(optimizer)] = left
+            if not self._warned_alternating:
+                self._warned_alternating = True
+                lifecycle.warn(
+                    f"gradlog: {type(optimizer).__name__} and {type(before).__name__} both step the watched "
+                    f"parameters, taking turns; gradlog measures {type(before).__name__}'s steps only. Create one "
+                    "GradLogger per optimizer, each with include= naming the tensors that optimizer trains"
+                )
+            return
+        if not self._steps_watched(optimizer) or any(gl.optimizer is optimizer for gl in lifecycle.ACTIVE):
+            self._others[id(optimizer)] = weakref.ref(optimizer)
+            return
+        self.follow(optimizer)
+        instead = f" instead of {type(before).__name__}'s" if before is not None else ""
+        lifecycle.warn(
+            f"gradlog: a new optimizer ({type(optimizer).__name__}) steps the watched parameters; gradlog now "
+            f"measures its steps{instead}, counting on from the run's {self.optimizer_steps} optimizer steps. "
+            "Pass it with gl.watch_optimizer(optimizer) when you create it to say so without this warning"
+        )
+
+    def _steps_watched(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether `optimizer` holds a watched tensor (one of the model's, selected by include/exclude)."""
+        watched = {id(p) for p in (r.held() for r in self.table.live) if p is not None}
+        return any(id(p) in watched for g in optimizer.param_groups for p in g["params"])
+
+    def follow(self, optimizer: torch.optim.Optimizer) -> None:
+        """Measure `optimizer`'s steps from now on instead of the current one's; the tensors it adds are
+        tracked from its next measured step on. Registered hooks fire for the step in progress too (torch
+        runs the global pre-hooks first, then the optimizer's own)."""
+        before = self.optimizer
+        if before is optimizer:
+            return
+        if before is not None:
+            self._left[id(before)] = weakref.ref(before)
+        self._others.pop(id(optimizer), None)
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self._hook(optimizer)
+        self.meter.optimizer = optimizer
+        self.amp.follow(optimizer)
+        self.table.follow(optimizer)
 
     def detach(self) -> None:
         """Remove the hooks and drop what a measurement in flight holds (close())."""
@@ -99,6 +190,9 @@ class Pipeline:
         for h in self.handles:
             h.remove()
         self.handles = []
+        if self._global is not None:
+            self._global.remove()
+            self._global = None
         self.meter.abandon()
         self.meter.release()
 
@@ -131,6 +225,7 @@ class Pipeline:
     def _pre_step(
         self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        self._stepping = True
         if self.inert:
             return None
         if self.amp.scaler is not None:
@@ -168,6 +263,7 @@ class Pipeline:
         return measured_closure
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._stepping = False
         if self.inert:
             return
         self._clips = []

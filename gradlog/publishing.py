@@ -16,6 +16,7 @@ from gradlog.lifecycle import describe, warn
 from gradlog.measure import tags
 from gradlog.measure.meter import Measurement
 from gradlog.measure.once import WarnOnce
+from gradlog.resume import SEGMENT_COLUMNS, SEGMENT_TABLE
 from gradlog.verdict.alerts import ALERT_COLUMNS
 from gradlog.verdict.policy import POLICY_COLUMNS
 from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
@@ -59,6 +60,8 @@ class Publisher:
         self.provisional_every = provisional_every
         self.failures = failures
         self._provisional_at: float | None = None  # monotonic time of the last provisional table
+        #: (summary rows, `gradlog/segment` rows) written with every report: what a resumed run reads back
+        self.segment: Callable[[], tuple[list[list[str]], list[list[str]]]] | None = None
 
     # --- every published step ---------------------------------------------------------------
     def step(
@@ -129,18 +132,32 @@ class Publisher:
         out: Writer = self.writers if provisional_step is None else _Provisional(self.writers)
         if provisional_step is None:
             self.writers.log_scalars(final_counts(report), step)
-        out.log_table("gradlog/summary", ["key", "value"], summary_rows(report, provisional_step, rank_local))
+        summary = summary_rows(report, provisional_step, rank_local)
+        segment = self._segment()
+        if segment is not None:  # what a resumed run reads back (gradlog/resume.py)
+            summary += segment[0]
+        out.log_table("gradlog/summary", ["key", "value"], summary)
         out.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
         out.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
         out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
         if report.alerts:
             out.log_table("gradlog/alerts", ALERT_COLUMNS, [a.row() for a in report.alerts])
-        if (
-            report.policy is not None and report.policy.rules
-        ):  # so that `gradlog report` judges from disk as close() did
+        if report.policy is not None and report.policy.rules:  # `gradlog report` then judges as close() did
             out.log_table("gradlog/policy", POLICY_COLUMNS, report.policy.rows())
+        if segment is not None:
+            out.log_table(SEGMENT_TABLE, SEGMENT_COLUMNS, segment[1])
         if provisional_step is None and self.overview.every != 0 and self.overview.steps:
             self._final_overview(report)
+
+    def _segment(self) -> tuple[list[list[str]], list[list[str]]] | None:
+        """The segment rows, or None; failing to make them costs them, never the tables."""
+        if self.segment is None:
+            return None
+        try:
+            return self.segment()
+        except Exception as exc:
+            self.failures.handle(exc, lambda key: f"gradlog: the gradlog/segment table failed ({key})")
+            return None
 
     def _final_overview(self, report: Report) -> None:
         """The last image, with the diagnosis's findings marked (drawn here: training is over)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -152,3 +154,39 @@ def test_check_first_runs_on_the_first_batch_and_changes_nothing(tmp_path) -> No
     assert (
         mem.scalars["weights/grad_norm/body.weight"] == plain_mem.scalars["weights/grad_norm/body.weight"]
     )  # check not counted
+
+
+def test_a_trainer_resumed_from_its_checkpoint_continues_the_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`trainer.train(resume_from_checkpoint=True)` after a first run: one gradlog run over both."""
+    pytest.importorskip("tensorboard")
+    from gradlog.readers.run import closed_report, load
+
+    def args(max_steps: int) -> Any:
+        return transformers.TrainingArguments(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            max_steps=max_steps,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="steps",
+            save_steps=3,
+            disable_tqdm=True,
+            seed=0,
+        )
+
+    torch.manual_seed(0)
+    first = GradlogCallback(every=1, print_report=False)
+    transformers.Trainer(model=Regressor(), args=args(6), train_dataset=Data(), callbacks=[first]).train()
+    assert first.report is not None and first.report.optimizer_steps == 6
+    second = GradlogCallback(every=1, print_report=False)
+    trainer = transformers.Trainer(model=Regressor(), args=args(10), train_dataset=Data(), callbacks=[second])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # continued: no "a new run starts"
+        trainer.train(resume_from_checkpoint=True)  # from checkpoint-6
+    assert second.report is not None
+    assert second.report.optimizer_steps == 10 and second.report.measured_steps == 10
+    run = load(str(tmp_path / "gradlog"))  # one run, not "holds 2 runs"
+    assert [s for s, _ in run.scalars["weights/grad_norm/body.weight"]] == list(range(1, 11))
+    report = closed_report(run)
+    assert report is not None and report.optimizer_steps == 10
+    assert {r.name for r in report.never_updated} == {"unused.weight", "unused.bias"}

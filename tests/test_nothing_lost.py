@@ -111,29 +111,29 @@ def test_provisional_tables_on_histogram_steps_and_the_final_one_wins() -> None:
 
 
 def test_provisional_every_is_a_wall_time_gate() -> None:
-    model, opt = tiny()
+    runs = [tiny() for _ in range(3)]  # one model and optimizer per logger (a second one on the same replaces it)
     rare, never = Tables(), Tables()
     gl = gradlog.GradLogger(
-        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=rare, provisional_every=3600.0)
+        *runs[0], every=1, print_report=False, writer=gradlog.Output(writer=rare, provisional_every=3600.0)
     )
     gl2 = gradlog.GradLogger(
-        model, opt, every=1, print_report=False, writer=gradlog.Output(writer=never, provisional_every=None)
+        *runs[1], every=1, print_report=False, writer=gradlog.Output(writer=never, provisional_every=None)
     )
     no_hist = Tables()
     gl3 = gradlog.GradLogger(
-        model,
-        opt,
+        *runs[2],
         every=2,
         histograms=False,
         print_report=False,
         writer=gradlog.Output(writer=no_hist, provisional_every=0),
     )
     for step in range(6):
-        model(torch.randn(3, 4)).pow(2).mean().backward()
-        opt.step()
-        for g in (gl, gl2, gl3):
+        x = torch.randn(3, 4)
+        for g, (model, opt) in zip((gl, gl2, gl3), runs):
+            model(x).pow(2).mean().backward()
+            opt.step()
             g.log(step)
-        opt.zero_grad()
+            opt.zero_grad()
     gl3.close()
     gl2.close()
     gl.close()

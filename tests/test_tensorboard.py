@@ -235,6 +235,10 @@ def test_tables_and_layout(run: Run) -> None:
         "gradlog/provisional/stalled",
         "gradlog/provisional/summary",
         "gradlog/provisional/alerts",
+        # every tracked tensor's name, shape and last update, for a resumed run (gradlog/resume.py); not in
+        # the Text tab (gradlog's plugin)
+        "gradlog/segment",
+        "gradlog/provisional/segment",
     }
     summary = acc.Tensors("gradlog/summary")[-1].tensor_proto.string_val[0].decode()
     assert f"| verdict | {run.report.verdict} |" in summary

@@ -3,6 +3,7 @@ optimizer, publish at its step counter, close at the end and keep the report."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -12,6 +13,7 @@ from torch import nn
 
 from gradlog.check import LossFn, RngState, check
 from gradlog.logger import GradLogger
+from gradlog.options import Output
 from gradlog.verdict.report import Report
 
 
@@ -33,9 +35,17 @@ class CallbackRun:
             model, optimizer, batch, loss_fn=loss_fn, print_report=self.kwargs.get("print_report", True), **kwargs
         )
 
-    def start(self, model: nn.Module, optimizer: Any, default_dir: str) -> None:
+    def start(self, model: nn.Module, optimizer: Any, default_dir: str, resuming: bool = False) -> None:
+        """`resuming`: the framework restored a checkpoint (its step count is past 0), so the gradlog run
+        in the same folder is continued (`Output(resume=True)`) unless the user's writer says otherwise."""
         options = dict(self.kwargs)
         options.setdefault("log_dir", os.path.join(default_dir, "gradlog"))
+        if resuming:
+            writer = options.get("writer", "tensorboard")
+            if not isinstance(writer, Output):
+                options["writer"] = Output(writer=writer, resume=True)
+            elif writer.resume is False:
+                options["writer"] = dataclasses.replace(writer, resume=True)
         if self.logger is not None:  # training started again (resumed): a new run
             self.logger.close()
         self.logger = GradLogger(model, optimizer, **options)

@@ -48,7 +48,8 @@ class GradlogCallback(RunAccess, TrainerCallback):
                 raise RuntimeError("GradlogCallback(check_first=True): the Trainer passed no train_dataloader")
             device = next(model.parameters()).device
             self.run.preflight(model, kwargs.get("optimizer"), to_device(first_batch(loader), device), _train_loss)
-        self.run.start(model, kwargs.get("optimizer"), args.output_dir)
+        # resume_from_checkpoint: the Trainer restored its state (global_step) before this call
+        self.run.start(model, kwargs.get("optimizer"), args.output_dir, resuming=state.global_step > 0)
         self._watch_clipping()
 
     def _watch_clipping(self) -> None:

@@ -59,6 +59,11 @@ class AmpState:
         if self._watching_scaler() and started:  # attached mid-run
             self._prev = (scaler._scale.detach().clone(), scaler._growth_tracker.detach().clone())
 
+    def follow(self, optimizer: torch.optim.Optimizer) -> None:
+        """Another optimizer's steps are measured from now on (the scaler, if any, is the same one)."""
+        self.optimizer = optimizer
+        self.fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
     def _watching_scaler(self) -> bool:
         sc = self.scaler
         return sc is not None and not self.fused and bool(sc.is_enabled())

@@ -218,6 +218,12 @@ class ParamTable:
                 row.group = groups.get(id(row.param)) if row.alive else None
         return len(self.rows) > before
 
+    def follow(self, optimizer: torch.optim.Optimizer) -> None:
+        """Track `optimizer`'s parameters instead of the previous optimizer's (a new optimizer mid-run):
+        the tensors it adds join the table now; the previous one's extra tensors leave the live rows."""
+        self._optimizer = weakref.ref(optimizer)
+        self.rescan()
+
     def _add(self, p: torch.Tensor, name: str, aliases: tuple[str, ...], in_model: bool) -> None:
         row = Tracked.of(len(self.rows), p, name, aliases=aliases, in_model=in_model)
         self.rows.append(row)

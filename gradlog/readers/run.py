@@ -63,6 +63,7 @@ TABLE_NAMES = (
     "gradlog/summary",
     "gradlog/alerts",
     "gradlog/policy",
+    "gradlog/segment",  # a resumed run's segments (gradlog/resume.py)
 )
 ORDER_TAG = "gradlog/tensor_order"  # written by the TensorBoard writer (writers/tb_format.py)
 #: At most this many "Skipped (unreadable)" lines are kept; the last one counts the rest.

@@ -124,9 +124,18 @@ def _string_tensor(data: bytes) -> Any:
     )
 
 
+#: Tables for gradlog's readers only (a resumed run's per-tensor record, gradlog/resume.py): written under
+#: gradlog's plugin, so TensorBoard's Text tab does not show a card of every tensor name.
+HIDDEN_TABLES = ("gradlog/segment", "gradlog/provisional/segment")
+_HIDDEN_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"table")
+)
+
+
 def text_value(tag: str, markdown: str) -> Any:
     """A text-plugin `Summary.Value`; TensorBoard renders the string as markdown (tables included)."""
-    return Value(tag=tag, metadata=_TEXT_METADATA, tensor=_string_tensor(markdown.encode("utf-8")))
+    metadata = _HIDDEN_METADATA if tag in HIDDEN_TABLES else _TEXT_METADATA
+    return Value(tag=tag, metadata=metadata, tensor=_string_tensor(markdown.encode("utf-8")))
 
 
 def order_value(names: Sequence[str]) -> Any:

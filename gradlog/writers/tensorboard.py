@@ -328,6 +328,13 @@ class TensorBoardWriter(Writer):
         self.closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._state, self._sink, self.flush_timeout)
 
+    def continue_run(self, run: str) -> None:
+        """Write under an earlier run's id (a resumed run: readers take both for one run). Before the
+        first record only: the id is in the event file's name."""
+        if self._sink.file is not None:
+            raise RuntimeError("continue_run() after the first record: the event file is named already")
+        self.run = self._sink.run = run
+
     @property
     def files(self) -> list[str]:
         """Event files written so far (more than one after the log dir vanished or a write failed)."""

@@ -1,0 +1,78 @@
+"""One segment of a preempted-and-resumed training run (tests/test_resume.py runs it in a subprocess).
+
+    python resume_child.py first  LOG_DIR CKPT   # steps 0..29, checkpoint, then SIGTERM (preempted)
+    python resume_child.py second LOG_DIR CKPT RESUME  # a new process: load the checkpoint, steps 30..59
+
+`frozen` is frozen throughout; `late` is frozen until the resume; `slow`'s learning rate goes to 0 at the
+resume; `main` trains throughout. The initial and checkpoint weights are saved beside the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import torch
+from torch import nn
+
+import gradlog
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(4, 4)
+        self.main = nn.Linear(4, 6)
+        self.late = nn.Linear(6, 6)
+        self.slow = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.slow(torch.tanh(self.late(torch.tanh(self.main(self.frozen(x))))))
+
+
+def build() -> tuple[Net, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = Net()
+    model.frozen.requires_grad_(False)
+    groups = [
+        {"params": [*model.main.parameters(), *model.late.parameters()], "lr": 1e-2},
+        {"params": list(model.slow.parameters()), "lr": 1e-2},
+    ]
+    return model, torch.optim.Adam(groups)
+
+
+def train(model: Net, opt: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        torch.manual_seed(1000 + step)
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+        gradlog.log()
+
+
+def main() -> None:
+    phase, log_dir, ckpt = sys.argv[1:4]
+    model, opt = build()
+    if phase == "first":
+        model.late.requires_grad_(False)
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, ckpt + ".initial")
+        gradlog.watch(model, opt, every=5, log_dir=log_dir, print_report=False)
+        train(model, opt, range(30))
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, ckpt)
+        os.kill(os.getpid(), signal.SIGTERM)  # preempted: gradlog writes its tables on the way out
+        return
+    resume: bool | str = {"True": True, "auto": "auto"}[sys.argv[4]]
+    state = torch.load(ckpt)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    model.late.requires_grad_(True)
+    opt.param_groups[1]["lr"] = 0.0
+    gradlog.watch(model, opt, writer=gradlog.Output("tensorboard", resume=resume), every=5, log_dir=log_dir)
+    train(model, opt, range(30, 60))
+    gradlog.close()
+    torch.save({k: v.clone() for k, v in model.state_dict().items()}, ckpt + ".final")
+
+
+if __name__ == "__main__":
+    main()

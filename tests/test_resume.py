@@ -1,0 +1,148 @@
+"""A preempted run resumed in a new process from its checkpoint: one logical run, judged whole."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog.readers.run import closed_report, load
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "resume_child.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(CHILD), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("resume", ["True", "auto"])
+def test_a_resumed_run_is_one_run_judged_over_both_segments(tmp_path: Path, resume: str) -> None:
+    log_dir, ckpt = str(tmp_path / "run"), str(tmp_path / "ckpt.pt")
+    first = _run("first", log_dir, ckpt)
+    assert first.returncode == -15, first.stderr  # preempted by SIGTERM, as a scheduler does
+    second = _run("second", log_dir, ckpt, resume)
+    assert second.returncode == 0, second.stderr
+    assert "a new run starts" not in second.stderr
+    # ground truth from the weights themselves
+    initial, at_ckpt = torch.load(ckpt + ".initial"), torch.load(ckpt)["model"]
+    final = torch.load(ckpt + ".final")
+    assert torch.equal(initial["frozen.weight"], final["frozen.weight"])
+    assert torch.equal(initial["late.weight"], at_ckpt["late.weight"])
+    assert not torch.equal(at_ckpt["late.weight"], final["late.weight"])
+    assert not torch.equal(initial["slow.weight"], at_ckpt["slow.weight"])
+    assert torch.equal(at_ckpt["slow.weight"], final["slow.weight"])
+
+    run = load(log_dir)  # one run, not "holds 2 runs"
+    assert len(run.files) == 2
+    report = closed_report(run)
+    assert report is not None
+    assert report.optimizer_steps == 60 and report.measured_steps == 12
+    assert {r.name for r in report.never_updated} == {"frozen.weight", "frozen.bias"}
+    stalled = {s.name: s for s in report.stalled}
+    assert set(stalled) == {"slow.weight", "slow.bias"}
+    assert all(s.since_step == 30 and s.reason.value == "zero_lr" for s in stalled.values())
+    assert all(0 <= s.last_update_step < 30 for s in stalled.values())
+    assert not any(r.name.startswith("late.") for r in report.never_updated)
+
+    # TensorBoard's own reader sees one run whose x-axis goes on from the first segment's last step
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(tmp_path))
+    mux.Reload()
+    assert list(mux.Runs()) == ["run"]
+    steps = [e.step for e in mux.Scalars("run", "weights/grad_norm/main.weight")]
+    assert steps == list(range(0, 60, 5))
+    late = [e.step for e in mux.Scalars("run", "weights/grad_norm/late.weight")]
+    assert late and min(late) == 30  # no gradient before the resume
+
+    cli = subprocess.run(
+        [sys.executable, "-m", "gradlog", "report", log_dir],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+        timeout=300,
+    )
+    assert cli.returncode != 2, cli.stderr
+    assert "slow.weight" in cli.stdout and "frozen.weight" in cli.stdout
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, gl: gradlog.GradLogger, steps: int) -> None:
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        gl.log()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_resume_on_an_empty_folder_warns_and_starts_fresh(tmp_path: Path) -> None:
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(RuntimeWarning, match="holds no gradlog run.*a new run starts"):
+        gl = gradlog.GradLogger(
+            model, opt, writer=gradlog.Output(resume=True), log_dir=str(tmp_path), every=1, print_report=False
+        )
+    _train(model, opt, gl, 3)
+    assert gl.close().optimizer_steps == 3
+
+
+def test_resume_on_another_models_run_warns_and_overwrites_nothing(tmp_path: Path) -> None:
+    old = nn.Linear(3, 2)
+    opt = torch.optim.Adam(old.parameters())
+    gl = gradlog.GradLogger(old, opt, log_dir=str(tmp_path / "old"), every=1, print_report=False)
+    _train(old, opt, gl, 3)
+    gl.close()
+    before = _files(tmp_path / "old")
+    for n, other in enumerate((nn.Linear(3, 5), nn.Sequential(nn.Linear(3, 2)))):  # other shapes, other names
+        folder = tmp_path / f"copy{n}"
+        shutil.copytree(tmp_path / "old", folder)
+        opt = torch.optim.Adam(other.parameters())
+        _train(other, opt, gradlog.GradLogger(other, opt, writer="memory", print_report=False), 1)  # state loaded
+        gradlog.close()
+        with pytest.warns(RuntimeWarning, match="of another model"):
+            gl = gradlog.GradLogger(
+                other, opt, writer=gradlog.Output(resume=True), log_dir=str(folder), print_report=False
+            )
+        _train(other, opt, gl, 2)
+        assert gl.close().optimizer_steps == 2  # a fresh run: its own steps only
+        after = _files(folder)
+        assert len(after) == len(before) + 1  # its own event file, beside the old one
+        assert all(after[name] == data for name, data in before.items())
+
+
+def test_auto_does_not_resume_a_fresh_start(tmp_path: Path) -> None:
+    """The same script run again from scratch (no checkpoint loaded) is a new run, not a continuation."""
+    for attempt in range(2):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        opt = torch.optim.Adam(model.parameters())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gl = gradlog.GradLogger(
+                model, opt, writer=gradlog.Output(resume="auto"), log_dir=str(tmp_path), print_report=False
+            )
+        said = [str(w.message) for w in caught if "resume" in str(w.message)]
+        assert said == [] if attempt == 0 else len(said) == 1 and "not loaded from a checkpoint" in said[0]
+        _train(model, opt, gl, 2)
+        assert gl.close().optimizer_steps == 2
+
+
+def test_resume_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="resume"):
+        gradlog.Output(resume="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="resume"):
+        gradlog.Output(resume=1)  # type: ignore[arg-type]
