@@ -160,3 +160,41 @@ def test_report_finds_the_callbacks_run_beside_lightnings_own_event_files(  # ty
         assert main(["report", str(where)]) == 0, capsys.readouterr()
         out = capsys.readouterr().out
         assert f"gradlog report: {version / 'gradlog'}" in out and "gradlog OK" in out
+
+
+def test_a_fit_resumed_from_its_checkpoint_continues_the_gradlog_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`fit(ckpt_path=...)` gets a new logger version from Lightning, but the gradlog run beside the
+    checkpoint goes on: one run over both fits, steps continuing, judged over both."""
+    pytest.importorskip("tensorboard")
+    import warnings
+
+    from gradlog.readers.run import closed_report, load
+
+    def trainer(epochs: int, cb: GradlogCallback) -> object:
+        return L.Trainer(
+            default_root_dir=str(tmp_path),
+            accelerator="cpu",
+            max_epochs=epochs,
+            logger=L.loggers.CSVLogger(str(tmp_path)),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[cb],
+        )
+
+    torch.manual_seed(0)
+    first = GradlogCallback(every=1, print_report=False)
+    trainer(1, first).fit(Regressor(), _loader())  # 8 optimizer steps, a checkpoint at the epoch's end
+    assert first.report is not None and first.report.optimizer_steps == 8
+    (ckpt,) = (tmp_path / "lightning_logs" / "version_0" / "checkpoints").iterdir()
+    second = GradlogCallback(every=1, print_report=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # continued: no "a new run starts"
+        trainer(2, second).fit(Regressor(), _loader(), ckpt_path=str(ckpt))
+    assert second.report is not None and second.report.optimizer_steps == 16
+    assert (tmp_path / "lightning_logs" / "version_1").is_dir()  # Lightning's own new version ...
+    assert not (tmp_path / "lightning_logs" / "version_1" / "gradlog").exists()  # ... gradlog's run goes on
+    run = load(str(tmp_path / "lightning_logs" / "version_0" / "gradlog"))  # one run, not "holds 2 runs"
+    assert [s for s, _ in run.scalars["weights/grad_norm/body.weight"]] == list(range(1, 17))
+    report = closed_report(run)
+    assert report is not None and report.optimizer_steps == 16
+    assert {r.name for r in report.never_updated} == {"unused.weight", "unused.bias"}

@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - the older package name
             "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
         ) from exc
 
+import os
 import warnings
 
 from gradlog.integrations._run import CallbackRun, RunAccess
@@ -30,7 +31,9 @@ class GradlogCallback(RunAccess, Callback):
     publishes after each training batch at the Trainer's `global_step` (optimizer steps), and closes
     when fitting ends.
 
-    Keyword arguments go to `GradLogger`; `log_dir` defaults to ``<trainer.log_dir>/gradlog``.
+    Keyword arguments go to `GradLogger`; `log_dir` defaults to ``<trainer.log_dir>/gradlog``. A fit
+    resumed from a checkpoint (``fit(ckpt_path=...)``) continues the gradlog run beside that checkpoint
+    (``<version>/gradlog`` of the run that saved it) as one logical run (`gradlog.Output(resume=True)`).
     `optimizer_index` picks the optimizer when `configure_optimizers` returns several (a GAN: one
     callback per optimizer). The run's report is kept in `report`.
 
@@ -45,6 +48,7 @@ class GradlogCallback(RunAccess, Callback):
         self.optimizer_index = optimizer_index
         self.run = CallbackRun(gradlog_kwargs, check_first)
         self._deferred: tuple[Any, Any, str] | None = None
+        self._resuming = False
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = trainer.optimizers
@@ -53,9 +57,14 @@ class GradlogCallback(RunAccess, Callback):
                 f"GradlogCallback(optimizer_index={self.optimizer_index}): configure_optimizers returned "
                 f"{len(optimizers)} optimizer(s); pass an index below {len(optimizers)}"
             )
-        start = (pl_module, optimizers[self.optimizer_index], trainer.log_dir or trainer.default_root_dir)
-        if self.run.check_first and self.run.check_report is None:
-            self._deferred = start  # the logger starts after the check, on the first batch
+        resumed = _resumed_from(trainer)
+        where = resumed or trainer.log_dir or trainer.default_root_dir
+        start = (pl_module, optimizers[self.optimizer_index], where)
+        self._resuming = resumed is not None
+        if (self.run.check_first and self.run.check_report is None) or getattr(trainer, "ckpt_path", None):
+            # the logger starts on the first batch: after the check, and after Lightning restored the
+            # checkpoint's optimizer state and loops (it does so after on_fit_start)
+            self._deferred = start
         else:
             self.run.start(*start)
 
@@ -63,6 +72,9 @@ class GradlogCallback(RunAccess, Callback):
         if self._deferred is None:
             return
         start, self._deferred = self._deferred, None
+        if not self.run.check_first or self.run.check_report is not None:
+            self.run.start(*start, resuming=self._resuming)
+            return
         if getattr(pl_module, "automatic_optimization", True):
             self.run.preflight(pl_module, start[1], batch, _training_step(batch_idx))
         else:
@@ -71,7 +83,7 @@ class GradlogCallback(RunAccess, Callback):
                 "optimizers itself); call gradlog.check(model, optimizer, batch, loss_fn=...) yourself",
                 stacklevel=2,
             )
-        self.run.start(*start)
+        self.run.start(*start, resuming=self._resuming)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """Lightning clips (`gradient_clip_val`) right after this hook, inside the step's closure and before
@@ -92,6 +104,17 @@ class GradlogCallback(RunAccess, Callback):
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self.run.finish()
+
+
+def _resumed_from(trainer: Any) -> str | None:
+    """`fit(ckpt_path=...)`: the logger folder of the run that wrote the checkpoint
+    (`<version>/checkpoints/x.ckpt` -> `<version>`), when it holds a gradlog run. Lightning gives the
+    resumed fit a new `version_N`, but the gradlog run to continue is the earlier one."""
+    path = getattr(trainer, "ckpt_path", None)
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    version = os.path.dirname(os.path.dirname(os.path.abspath(os.fspath(path))))
+    return version if os.path.isdir(os.path.join(version, "gradlog")) else None
 
 
 def _training_step(batch_idx: int) -> Any:
