@@ -366,7 +366,7 @@ def test_terminal_escapes_and_surrogates_in_tensor_names_and_summary(case: Path)
     rows = [
         {"gradlog/step": str(s), f"weights/grad_norm/{key}": "1.0", f"weights/update_ratio/{key}": "5.0"}
         for s in range(8)
-    ]  # out of band: the name is printed
+    ]  # out of the fixed band (--band below): the name is printed
     never = {"columns": list(COLUMNS), "data": [[evil, "[2]", "2", "no_grad", f"detail {ESCAPE} \ud800"]]}
     wandb_run(
         case,
@@ -377,7 +377,7 @@ def test_terminal_escapes_and_surrogates_in_tensor_names_and_summary(case: Path)
         },
         table_files={"media/table/never.table.json": json.dumps(never)},
     )
-    code, out, _ = report_child(case, allowed=case)
+    code, out, _ = report_child(case, "--band", "1e-4", "1e-2", allowed=case)  # the fixed band: a lone tensor
     assert code == 1
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "w\\x1b]0;pwned\\x07\\x1b[2J\ufffd\\u202e" in out  # shown, escaped, surrogate replaced
