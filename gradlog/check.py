@@ -87,18 +87,7 @@ class CheckReport(Report):
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
-        out["in_batch"] = [
-            {
-                "name": p.name,
-                "dim": p.dim,
-                "never": p.never,
-                "total": p.total,
-                "indices": list(p.indices),
-                "reason": p.reason.value,
-                "detail": p.detail,
-            }
-            for p in self.in_batch
-        ]
+        out["in_batch"] = [p.to_dict(self.policy) for p in self.in_batch]
         return out
 
 

@@ -181,18 +181,7 @@ class GradLogger:
         self.rank_zero = is_rank_zero()
         # Alerts (gradlog/verdict/alerts.py) read the host-side Measurement only; every rank judges the same
         # reduced numbers, only rank 0 says so.
-        watch = (
-            Alerts(
-                alert.ratio_band,
-                alert.ratio_patience,
-                alert.no_grad_patience,
-                alert.spike_factor,
-                ratio_decades=alert.ratio_decades,
-                ratio_min_peers=alert.ratio_min_peers,
-            )
-            if alert is not None
-            else None
-        )
+        watch = alert.make() if alert is not None else None
         if watch is not None:
             watch.emit = self.rank_zero
         self.pipeline = Pipeline(

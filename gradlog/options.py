@@ -141,8 +141,13 @@ class AlertOptions:
     spike_factor: float = DEFAULT_SPIKE_FACTOR
 
     def __post_init__(self) -> None:
-        # the one validation: Alerts' own (it names the bad value and the valid range)
-        Alerts(
+        self.make()  # the one validation: Alerts' own (it names the bad value and the valid range)
+        if self.ratio_band is not None:
+            object.__setattr__(self, "ratio_band", check_band(self.ratio_band))
+
+    def make(self) -> Alerts:
+        """A fresh `Alerts` watcher with these thresholds (one per logger: it keeps per-tensor state)."""
+        return Alerts(
             self.ratio_band,
             self.ratio_patience,
             self.no_grad_patience,
@@ -150,8 +155,6 @@ class AlertOptions:
             ratio_decades=self.ratio_decades,
             ratio_min_peers=self.ratio_min_peers,
         )
-        if self.ratio_band is not None:
-            object.__setattr__(self, "ratio_band", check_band(self.ratio_band))
 
 
 @dataclass(frozen=True)

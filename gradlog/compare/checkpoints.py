@@ -347,36 +347,14 @@ class DiffResult:
         return "\n".join(out)
 
     def to_dict(self) -> dict[str, Any]:
-        r = self.report
+        whole = self.report.to_dict()
         v = self.judged()
         return {
             "healthy": v.healthy,
             "verdict": self.verdict,
             "severities": {s: v.count(s) for s in ("problem", "warning", "note", "ignore")},
             "checkpoints": list(self.checkpoints),
-            "never_updated": r.to_dict()["never_updated"],
-            "partly_updated": [
-                {
-                    "name": p.name,
-                    "dim": p.dim,
-                    "never": p.never,
-                    "total": p.total,
-                    "indices": list(p.indices),
-                    "reason": p.reason.value,
-                    "detail": p.detail,
-                }
-                for p in r.partly_updated
-            ],
-            "stalled": [
-                {
-                    "name": s.name,
-                    "since_step": s.since_step,
-                    "last_update_step": s.last_update_step,
-                    "reason": s.reason.value,
-                    "detail": s.detail,
-                }
-                for s in r.stalled
-            ],
+            **{key: whole[key] for key in ("never_updated", "partly_updated", "stalled")},
             "relative_change": {k: list(v) for k, v in self.relative_change.items()},
             "nonfinite": [{"name": a.name, "checkpoint": a.checkpoint, "count": a.count} for a in self.nonfinite],
             "missing": [{"name": m.name, "present_in": list(m.present_in)} for m in self.missing],

@@ -75,6 +75,22 @@ class NeverUpdated:
         """The row of the written table (`TABLE_COLUMNS`)."""
         return [*self.row(), str(self.suspect)]
 
+    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+        return {
+            "name": self.name,
+            "aliases": list(self.aliases),
+            "shape": list(self.shape),
+            "numel": self.numel,
+            "reason": self.reason.value,
+            "detail": self.detail,
+            "suspect": self.suspect,
+            "intentional": self.intentional,
+            "severity": (policy or Policy()).severity(
+                never_kind(self.reason, self.suspect), (self.name, *self.aliases)
+            ),
+        }
+
 
 @dataclass(frozen=True)
 class PartlyUpdated:
@@ -113,6 +129,20 @@ class PartlyUpdated:
             self.detail,
         ]
 
+    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "never": self.never,
+            "total": self.total,
+            "indices": list(self.indices),
+            "reason": self.reason.value,
+            "detail": self.detail,
+            "intentional": self.intentional,
+            "severity": (policy or Policy()).severity(f"partly.{self.reason}", self.name),
+        }
+
 
 #: how the `dim` of a `PartlyUpdated` reads in tables, and back
 DIM_NAMES: dict[int | None, str] = {0: "rows", 1: "columns", None: "elements"}
@@ -130,6 +160,17 @@ class Stalled:
 
     def row(self) -> list[str]:
         return [self.name, str(self.since_step), str(self.last_update_step), self.reason.value, self.detail]
+
+    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+        return {
+            "name": self.name,
+            "since_step": self.since_step,
+            "last_update_step": self.last_update_step,
+            "reason": self.reason.value,
+            "detail": self.detail,
+            "severity": (policy or Policy()).severity(f"stalled.{self.reason}", self.name),
+        }
 
 
 @dataclass(frozen=True)
@@ -317,45 +358,9 @@ class Report:
             "skipped_steps": self.skipped_steps,
             "tracked_tensors": self.tracked_tensors,
             "error": self.error,
-            "never_updated": [
-                {
-                    "name": r.name,
-                    "aliases": list(r.aliases),
-                    "shape": list(r.shape),
-                    "numel": r.numel,
-                    "reason": r.reason.value,
-                    "detail": r.detail,
-                    "suspect": r.suspect,
-                    "intentional": r.intentional,
-                    "severity": policy.severity(never_kind(r.reason, r.suspect), (r.name, *r.aliases)),
-                }
-                for r in self.never_updated
-            ],
-            "partly_updated": [
-                {
-                    "name": r.name,
-                    "dim": r.dim,
-                    "never": r.never,
-                    "total": r.total,
-                    "indices": list(r.indices),
-                    "reason": r.reason.value,
-                    "detail": r.detail,
-                    "intentional": r.intentional,
-                    "severity": policy.severity(f"partly.{r.reason}", r.name),
-                }
-                for r in self.partly_updated
-            ],
-            "stalled": [
-                {
-                    "name": r.name,
-                    "since_step": r.since_step,
-                    "last_update_step": r.last_update_step,
-                    "reason": r.reason.value,
-                    "detail": r.detail,
-                    "severity": policy.severity(f"stalled.{r.reason}", r.name),
-                }
-                for r in self.stalled
-            ],
+            "never_updated": [r.to_dict(policy) for r in self.never_updated],
+            "partly_updated": [r.to_dict(policy) for r in self.partly_updated],
+            "stalled": [r.to_dict(policy) for r in self.stalled],
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
             "hint": self.hint,
             "alerts": [dataclasses.asdict(a) for a in self.alerts],
