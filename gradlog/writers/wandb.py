@@ -91,13 +91,92 @@ class Prepared:
 
 
 def block_payloads(hists: Histograms) -> list[tuple[list[int], list[float]] | None]:
-    """`histogram_payload` of every histogram of a block, with whole-block tensor ops and one `tolist()`:
-    the same numbers (float64, the same operations per value), without building 1,200 `Histogram`
-    objects and their edges in Python for each step of a 400-tensor model."""
-    m = hists.moments
+    """`histogram_payload` of every histogram of a block, computed for the whole block at once and read out
+    with one `tolist()` per array: the same counts and edges as row by row, without building 1,200
+    `Histogram` objects and their edges in Python for each step of a 400-tensor model.
+
+    numpy does the arithmetic where it is installed: torch's float64 `round` and boolean indexing took
+    ~5 ms each on a [100, 64] block (torch 2.13 CPU), most of the W&B thread's time per step."""
     n, bins = len(hists), hists.bins
     if n == 0 or bins <= 0:
         return [None] * n
+    np = _numpy()
+    if np is None:
+        return _block_payloads_torch(hists)
+    counts = np.clip(hists.counts.numpy().astype(np.float64), 0.0, None)  # what Histogram.from_partials reads
+    m = hists.moments.numpy()
+    edges = _edges(np, m[:, 0], m[:, 1], bins)
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = counts.sum(1)
+        ok = np.isfinite(total) & (np.rint(total) > 0) & np.isfinite(edges).all(1)
+    at = np.flatnonzero(ok).tolist()
+    out: list[tuple[list[int], list[float]] | None] = [None] * n
+    if at:
+        short = short_edges(edges[ok]).tolist()
+        for i, c, e in zip(at, np.rint(counts[ok]).astype(np.int64).tolist(), short):
+            out[i] = (c, e)
+    return out
+
+
+def _edges(np: Any, lo: Any, hi: Any, bins: int) -> Any:
+    """[n, bins + 1] float64 edges of rows with these min and max: `Histogram.edges`' arithmetic, per value."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi = np.where(hi > lo, hi, lo + np.maximum(np.abs(lo), 1.0) * 1e-6)  # a constant tensor's tiny bucket
+        step = (hi - lo) / bins
+        edges = np.empty((len(lo), bins + 1), dtype=np.float64)
+        edges[:, :bins] = lo[:, None] + np.arange(bins, dtype=np.float64)[None, :] * step[:, None]
+    edges[:, bins] = hi
+    return edges
+
+
+#: Edges are sent rounded to decimals at this fraction of their bucket's width (see `short_edges`).
+EDGE_RESOLUTION = 1e-4
+
+
+def short_edges(edges: Any) -> Any:
+    """Rows of finite, increasing bucket edges, each rounded to the decimal place at `EDGE_RESOLUTION` of the
+    row's bucket width (the first edge down, the last up, so every value stays inside): an edge moves by at
+    most 1/10,000 of a bucket, far below a pixel of W&B's chart, and its JSON is ~10 characters instead of
+    ~22 (`repr` of a full float64). wandb-core parses every number of every history row; the edges are half
+    of a histogram's numbers and most of its bytes.
+
+    The rounded value is `m / 10**k` (or `m * 10**-k`), the float64 nearest that decimal, whose shortest
+    `repr` is the decimal itself. A row whose rounding would not keep its edges finite and strictly
+    increasing within the resolution (widths beyond 10**±22, magnitudes beyond 2**53 resolutions) is kept
+    as it is."""
+    np = _numpy()
+    if np is None or edges.size == 0:
+        return edges
+    bins = edges.shape[1] - 1
+    width = (edges[:, -1] - edges[:, 0]) / bins
+    out = edges.copy()
+    with np.errstate(all="ignore"):
+        k = np.ceil(-np.log10(width * EDGE_RESOLUTION))  # decimals: 10**-k <= width * resolution
+        for sign, rows in ((1, (k >= 0) & (k <= 22)), (-1, (k < 0) & (k >= -22))):
+            if not rows.any():
+                continue
+            e = edges[rows]
+            p = 10.0 ** (sign * k[rows])[:, None]  # exact powers of ten: 10**0 .. 10**22
+            if sign == 1:
+                q = np.rint(e * p) / p
+                q[:, 0], q[:, -1] = np.floor(e[:, 0] * p[:, 0]) / p[:, 0], np.ceil(e[:, -1] * p[:, 0]) / p[:, 0]
+            else:
+                q = np.rint(e / p) * p
+                q[:, 0], q[:, -1] = np.floor(e[:, 0] / p[:, 0]) * p[:, 0], np.ceil(e[:, -1] / p[:, 0]) * p[:, 0]
+            good = (
+                np.isfinite(q).all(1)
+                & (np.diff(q, axis=1) > 0).all(1)
+                & (np.abs(q - e).max(1) <= width[rows] * EDGE_RESOLUTION)
+            )
+            idx = np.flatnonzero(rows)[good]
+            out[idx] = q[good]
+    return out
+
+
+def _block_payloads_torch(hists: Histograms) -> list[tuple[list[int], list[float]] | None]:
+    """`block_payloads` without numpy: the same counts and full-precision edges, with torch's ops (slower)."""
+    m = hists.moments
+    n, bins = len(hists), hists.bins
     counts = hists.counts.double().clamp(min=0.0)  # what Histogram.from_partials reads
     total = counts.sum(1)
     lo, hi = m[:, 0], m[:, 1]
@@ -110,6 +189,20 @@ def block_payloads(hists: Histograms) -> list[tuple[list[int], list[float]] | No
     for i, c, e in zip(at, counts[ok].round().to(torch.int64).tolist(), edges[ok].tolist()):
         out[i] = (c, e)
     return out
+
+
+_NUMPY: list[Any] = []
+
+
+def _numpy() -> Any:
+    """numpy, or None where it is not installed (wandb does not require it)."""
+    if not _NUMPY:
+        try:
+            import numpy
+        except ImportError:
+            numpy = None  # type: ignore[assignment]
+        _NUMPY.append(numpy)
+    return _NUMPY[0]
 
 
 def histogram_bytes(tag: str, hist: Histogram | Prepared) -> int:
@@ -139,6 +232,9 @@ def histogram_payload(hist: Histogram) -> tuple[list[int], list[float]] | None:
     edges = list(hist.edges)
     if not all(map(math.isfinite, edges)):
         return None
+    np = _numpy()
+    if np is not None:
+        edges = short_edges(np.array([edges], dtype=np.float64))[0].tolist()
     return list(map(round, counts)), edges  # whole numbers: W&B's integer bins
 
 
