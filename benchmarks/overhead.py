@@ -1445,6 +1445,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-growth", dest="growth", action="store_false", help="skip the growth table")
     p.add_argument("--growth-rounds", type=int, default=None, help="rounds per growth model (default 3; quick 2)")
     p.add_argument("--no-paid", dest="paid", action="store_false", help="skip the wall-clock-through-close() table")
+    p.add_argument(
+        "--paid-only", action="store_true", help="only the wall-clock-through-close() tables and their targets"
+    )
     p.add_argument("--paid-steps", type=int, default=20, help="steps per wall-clock window (default 20)")
     p.add_argument("--paid-rounds", type=int, default=None, help="wall-clock rounds per model (default 3; quick 2)")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
@@ -1516,13 +1519,14 @@ def main(argv: list[str] | None = None) -> None:
     paid: dict[str, list[PaidRow]] = {}
     paid_texts: dict[str, str] = {}
     for name in args.models:
-        bench = bench_model(models[name], args, device, tmp)
-        finish(bench)
-        if args.fingerprints:
-            fps.append(fingerprint_cost(bench, device))
-        bench.runs = [bench.base]  # drop the other models' copies; the rows are kept
-        benches.append(bench)
-        gc.collect()
+        if not args.paid_only:
+            bench = bench_model(models[name], args, device, tmp)
+            finish(bench)
+            if args.fingerprints:
+                fps.append(fingerprint_cost(bench, device))
+            bench.runs = [bench.base]  # drop the other models' copies; the rows are kept
+            benches.append(bench)
+            gc.collect()
         keys = model_configs(models[name], args)
         if args.paid and "watch-1" in keys and ("wandb-1" in keys or "tb-1" in keys):
             rows, skipped = paid_bench(models[name], args, device, tmp)
@@ -1530,6 +1534,13 @@ def main(argv: list[str] | None = None) -> None:
             paid_texts[name] = paid_table(models[name], rows, skipped, args)
             print(paid_texts[name] + "\n", file=sys.stderr, flush=True)
             gc.collect()
+    if args.paid_only:
+        texts = [*paid_texts.values(), targets_table([], [], paid)]
+        print("\n\n".join(texts) + "\n", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n\n".join([header, *texts]) + "\n")
+        return
     growth = growth_table(args, device, tmp) if args.growth else None
     # Memory last, each model in a process of its own (`memory_phase`).
     for bench in benches:

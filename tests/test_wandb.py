@@ -458,7 +458,7 @@ def test_histogram_payload_skips_what_wandb_cannot_draw() -> None:
     assert histogram_payload(hist(8, lo=1e308, hi=1.7976931348623157e308)) is not None
     assert histogram_payload(Histogram((float("nan"),), 0.0, 1.0, 0.0, 0.0, 1, 0)) is None
     counts, edges = histogram_payload(hist(4, lo=2.0, hi=2.0)) or ([], [])  # a constant tensor
-    assert counts == [10, 0, 0, 0] and len(edges) == 5 and edges[0] == 2.0 < edges[-1]
+    assert counts == (10, 0, 0, 0) and len(edges) == 5 and edges[0] == 2.0 < edges[-1]
 
 
 def test_histogram_size_estimate_is_an_upper_bound() -> None:
