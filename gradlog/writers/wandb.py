@@ -57,6 +57,8 @@ TABLE_KEYS = {
 #: close-time counts that also go into the run summary (the table of each is in the history row)
 SUMMARY_COUNTS = ("gradlog/never_updated", "gradlog/partly_updated", "gradlog/stalled")
 SUMMARY_TABLE = "gradlog/summary"
+#: run-summary key of the number of records dropped because the writer fell behind (absent when none were)
+DROPPED_KEY = "gradlog/dropped_records"
 #: run.config key holding the tensor names in model order: W&B writes a row's keys in arbitrary order,
 #: so a reader cannot learn the order from the history (gradlog.readers.run sorts by this list).
 ORDER_KEY = "gradlog/tensor_order"
@@ -431,6 +433,11 @@ class WandbWriter(Writer):
             return
         step = self._buffer.step if self._buffer is not None else self._last_step
         self._payload(step).tables[TABLE_KEYS.get(name, name)] = (list(columns), [list(r) for r in rows])
+
+    def record_dropped(self, n: int) -> None:
+        """`n` records never reached this writer (it fell behind; see `writers.guard`): kept in the run summary as
+        `gradlog/dropped_records`, so the run itself says that some of its steps are incomplete."""
+        self._summary[DROPPED_KEY] = int(n)
 
     def flush(self) -> None:
         """Send the buffered step. The buffer is emptied first: a failing call loses that step, not the next."""
