@@ -4,7 +4,8 @@
     PYTHONPATH=$PWD python benchmarks/overhead.py --quick    # < 4 minutes on 2 idle cores
     PYTHONPATH=$PWD python benchmarks/overhead.py --device cuda   # on a GPU, with a ~350M-parameter GPT
 
-Models: gpt, mlp (every configuration), frozen (a frozen backbone under a small trainable head),
+Models: gpt, mlp (every configuration), mlp100 (issue 30's 100-tensor MLP: the W&B writer against
+wandb.watch), frozen (a frozen backbone under a small trainable head),
 head (that head alone, the backbone run outside the model: the frozen tensors' own cost is the difference),
 big (one huge tensor), deep (5,000 small tensors); the last four run the configurations their
 targets need. After the model tables: fingerprint cost against sum(), the targets checked from this
@@ -14,6 +15,16 @@ Everything runs in ONE process. Every configuration trains its own copy of the m
 same batch) and they take turns in rounds, in a rotating order, so machine drift (other jobs,
 thermal, turbo) lands on all of them alike. Each step is timed alone; each round's times are
 divided by that round's baseline median before any statistic is taken.
+
+Wall clock through close() (models with wandb.watch and a W&B or TensorBoard writer; `--paid-only` runs just
+this): a writer on a thread of its own (W&B's, TensorBoard's) and wandb's own process (wandb-core) keep working
+after a step is timed, so in the per-step table their backlog lands on whichever configuration runs next. This
+table gives each configuration a fresh monitor per round and times `--paid-steps` steps and its close() as one
+window (a W&B run's finish() included, its wandb.init not), with the CPU time of the training thread, of the
+process's other threads and of its child processes over the window. Overhead: the window's ms per step minus
+the baseline's of the same round, median over `--paid-rounds`. The W&B and TensorBoard targets (1/3 and 1/4 of
+wandb.watch's overhead) are read from it. On a machine shared with other jobs the CPU columns are the steadier
+reading: the wall clock is what the machine's load left to each window.
 
 Columns:
 - median step ms: median over all timed steps (logged or not).
