@@ -1165,9 +1165,15 @@ def paid_table(model: ModelSpec, rows: list[PaidRow], skipped: list[str], args: 
         f"{args.paid_rounds} rounds, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end)",
         "",
         "| configuration | ms per step, through close() | overhead ms | / watch's overhead | steps alone ms | "
-        "median step ms | close() ms | CPU ms per step: training thread / other threads / child processes |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "median step ms | close() ms | CPU ms per step: training thread / other threads / child processes | "
+        "CPU overhead / watch's |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
+    base = next((r for r in rows if r.key == "baseline"), None)
+
+    def cpu(r: PaidRow) -> float:
+        return r.main_cpu_ms + r.threads_cpu_ms + r.children_cpu_ms
+
     for r in rows:
         over = "-" if r.overhead_ms is None else f"{r.overhead_ms:.1f}"
         ratio = (
@@ -1177,7 +1183,12 @@ def paid_table(model: ModelSpec, rows: list[PaidRow], skipped: list[str], args: 
         )
         out.append(
             f"| {r.label} | {r.wall_ms:.1f} | {over} | {ratio} | {r.loop_ms:.1f} | {r.median_step_ms:.1f} | "
-            f"{r.close_ms:.0f} | {r.main_cpu_ms:.1f} / {r.threads_cpu_ms:.1f} / {r.children_cpu_ms:.1f} |"
+            f"{r.close_ms:.0f} | {r.main_cpu_ms:.1f} / {r.threads_cpu_ms:.1f} / {r.children_cpu_ms:.1f} | "
+            + (
+                f"{(cpu(r) - cpu(base)) / (cpu(watch) - cpu(base)):.2f} |"
+                if base is not None and watch is not None and r is not base and cpu(watch) > cpu(base)
+                else "- |"
+            )
         )
     for s in skipped:
         out.append(f"\nskipped: {s}")
