@@ -4,7 +4,8 @@
     PYTHONPATH=$PWD python benchmarks/overhead.py --quick    # < 4 minutes on 2 idle cores
     PYTHONPATH=$PWD python benchmarks/overhead.py --device cuda   # on a GPU, with a ~350M-parameter GPT
 
-Models: gpt, mlp (every configuration), frozen (a frozen backbone under a small trainable head),
+Models: gpt, mlp (every configuration), mlp100 (issue 30's 100-tensor MLP: the W&B writer against
+wandb.watch), frozen (a frozen backbone under a small trainable head),
 head (that head alone, the backbone run outside the model: the frozen tensors' own cost is the difference),
 big (one huge tensor), deep (5,000 small tensors); the last four run the configurations their
 targets need. After the model tables: fingerprint cost against sum(), the targets checked from this
@@ -14,6 +15,16 @@ Everything runs in ONE process. Every configuration trains its own copy of the m
 same batch) and they take turns in rounds, in a rotating order, so machine drift (other jobs,
 thermal, turbo) lands on all of them alike. Each step is timed alone; each round's times are
 divided by that round's baseline median before any statistic is taken.
+
+Wall clock through close() (models with wandb.watch and a W&B or TensorBoard writer; `--paid-only` runs just
+this): a writer on a thread of its own (W&B's, TensorBoard's) and wandb's own process (wandb-core) keep working
+after a step is timed, so in the per-step table their backlog lands on whichever configuration runs next. This
+table gives each configuration a fresh monitor per round and times `--paid-steps` steps and its close() as one
+window (a W&B run's finish() included, its wandb.init not), with the CPU time of the training thread, of the
+process's other threads and of its child processes over the window. Overhead: the window's ms per step minus
+the baseline's of the same round, median over `--paid-rounds`. The W&B and TensorBoard targets (1/3 and 1/4 of
+wandb.watch's overhead) are read from it. On a machine shared with other jobs the CPU columns are the steadier
+reading: the wall clock is what the machine's load left to each window.
 
 Columns:
 - median step ms: median over all timed steps (logged or not).
@@ -269,6 +280,13 @@ def model_specs(args: argparse.Namespace | None = None) -> dict[str, ModelSpec]:
             "residual pre-norm MLP: 200 blocks x + 0.1*gelu(Linear(256,256)(layer_norm(x))), batch 64, AdamW",
             lambda dev: _mlp(dev),
         ),
+        "mlp100": ModelSpec(
+            "mlp100",
+            "residual pre-norm MLP: 50 blocks x + 0.1*gelu(Linear(256,256)(layer_norm(x))) (100 tensors), batch 64, "
+            "AdamW: the model of issue 30 (W&B writer against wandb.watch)",
+            lambda dev: _mlp(dev, blocks=50),
+            configs=("baseline", "scalars-1", "hist-1", "tb-1", "wandb-scalars-1", "wandb-1", "watch-1"),
+        ),
         "frozen": ModelSpec(
             "frozen",
             f"frozen backbone: {frozen / 1e6:.0f}M frozen parameters in Linear(1024,1024)+ReLU layers, "
@@ -471,12 +489,15 @@ class WandbWatch(Monitor):
             )
         WandbWatch._users += 1
         self.run = WandbWatch._run
+        self.model = model
         self.run.watch(model, log="all", log_freq=k)
 
     def after_step(self, i: int, loss: torch.Tensor) -> None:
         self.run.log({"loss": float(loss)})
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):  # its hooks go with it: a model watched again gets one set
+            self.run.unwatch(self.model)
         WandbWatch._users -= 1
         if WandbWatch._users == 0:
             if WandbWatch._owned:  # a run gradlog's writer started is finished by that writer
@@ -520,6 +541,11 @@ CONFIGS: list[ConfigSpec] = [
     ConfigSpec("hist-10", "gradlog + grad/weight/update histograms, MemoryWriter", _gl(every=10, writer="memory")),
     ConfigSpec("default", "gradlog default: GradLogger(model, opt)", _gl()),
     ConfigSpec("tb-1", "gradlog full metrics -> TensorBoard writer", _gl(every=1, writer="tensorboard")),
+    ConfigSpec(
+        "wandb-scalars-1",
+        "gradlog scalars, flags, ratio -> W&B writer (offline, histograms=False)",
+        _gl(every=1, histograms=False, writer="wandb"),
+    ),
     ConfigSpec("wandb-1", "gradlog full metrics -> W&B writer (offline)", _gl(every=1, writer="wandb")),
     ConfigSpec("watch-1", 'wandb.watch(log="all") offline', lambda m, o, tmp: WandbWatch(m, 1, tmp)),
     ConfigSpec("watch-10", 'wandb.watch(log="all") offline', lambda m, o, tmp: WandbWatch(m, 10, tmp)),
@@ -812,7 +838,18 @@ def model_configs(model: ModelSpec, args: argparse.Namespace) -> list[str]:
 
 
 #: --quick keeps the configurations behind the targets.
-QUICK_CONFIGS = ("baseline", "floor", "scalars-1", "scalars-100", "hist-1", "default", "tb-1", "wandb-1", "watch-1")
+QUICK_CONFIGS = (
+    "baseline",
+    "floor",
+    "scalars-1",
+    "scalars-100",
+    "hist-1",
+    "default",
+    "tb-1",
+    "wandb-scalars-1",
+    "wandb-1",
+    "watch-1",
+)
 
 
 def bench_model(
@@ -943,6 +980,221 @@ def finish(bench: Bench) -> str:
     return table(bench, bench.rows)
 
 
+# --------------------------------------------------------------------------- as the user pays it
+
+#: configurations timed by wall clock through close(): the writers that work on threads and processes of their own
+#: (TensorBoard's writer thread; the W&B writer's thread, wandb's own thread and its wandb-core process), the
+#: MemoryWriter as the same measurements without a backend, and wandb.watch.
+PAID_KEYS = ("baseline", "hist-1", "tb-1", "wandb-scalars-1", "wandb-1", "watch-1")
+
+
+#: wandb settings of both runs in the wall-clock table: no console capture, no system-metrics sampler (a process
+#: of its own), silent. Otherwise each tool runs with its own defaults: wandb's for wandb.watch, gradlog's
+#: (`gradlog.writers.wandb.run_settings`) for the run gradlog's writer starts.
+QUIET = {"silent": True, "console": "off", "x_disable_stats": True}
+
+
+def _gradlog_wandb_settings() -> Any:
+    import wandb
+
+    try:
+        from gradlog.writers.wandb import run_settings
+    except ImportError:  # a gradlog from before run_settings: its default was the 0.1 s flush interval alone
+        return wandb.Settings(x_transaction_log_flush_interval=0.1, **QUIET)
+    return run_settings(wandb, **QUIET)
+
+
+def _paid_monitor(key: str, model: nn.Module, opt: torch.optim.Optimizer, tmp: str) -> Monitor:
+    """A fresh monitor for one wall-clock round: each W&B one starts (and at close finishes) a run of its own."""
+    spec = next(c for c in CONFIGS if c.key == key)
+    if key in ("wandb-1", "wandb-scalars-1"):
+        kw: dict[str, Any] = {"every": 1, "writer": "wandb", "writer_options": {"settings": _gradlog_wandb_settings()}}
+        if key == "wandb-scalars-1":
+            kw["histograms"] = False
+        return Gradlog(model, opt, tmp, **kw)
+    if key == "watch-1":
+        import wandb
+
+        WandbWatch._run = wandb.init(project="gradlog-bench", dir=tmp, mode="offline", settings=wandb.Settings(**QUIET))
+        WandbWatch._owned = True
+        return WandbWatch(model, 1, tmp)
+    return spec.make(model, opt, tmp)
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's child processes still running (wandb-core), from /proc (Linux; 0 elsewhere)."""
+    me, total = os.getpid(), 0.0
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+@dataclass
+class PaidSample:
+    """One configuration's wall-clock round: `steps` training steps, then close()."""
+
+    wall_s: float  # first step's start to close() returning
+    loop_s: float  # the steps alone
+    close_s: float
+    step_s: list[float]  # each step
+    main_cpu_s: float  # the training thread's CPU time over the window
+    threads_cpu_s: float  # every other thread of this process (writer threads, wandb's asyncio thread)
+    children_cpu_s: float  # child processes (wandb-core)
+
+
+@dataclass
+class PaidRow:
+    key: str
+    label: str
+    steps: int
+    wall_ms: float  # per step, through close()
+    overhead_ms: float | None  # wall_ms minus the baseline's, median over the rounds of the same-round difference
+    loop_ms: float
+    close_ms: float
+    median_step_ms: float
+    main_cpu_ms: float
+    threads_cpu_ms: float
+    children_cpu_ms: float
+
+
+def paid_bench(
+    model: ModelSpec, args: argparse.Namespace, device: torch.device, tmp: str
+) -> tuple[list[PaidRow], list[str]]:
+    """What a user's training loop pays, by wall clock: `--paid-steps` steps with a fresh monitor and its
+    close(), from the first step's start until close() returns, so the work a monitor leaves to a thread
+    or a process of its own (a writer's backlog, wandb-core) lands in its own window, not the next
+    configuration's. Every configuration trains its own copy of the model; an untimed round first (imports,
+    allocator, first steps), then `--paid-rounds` rounds in a rotating order; a configuration's overhead
+    is the median over rounds of its per-step wall time minus the baseline's in the same round.
+    Construction (a W&B run's `wandb.init`) is outside the window; finishing the run (`close()`) is inside."""
+    keys = [k for k in model_configs(model, args) if k in PAID_KEYS]
+    built: dict[str, tuple[nn.Module, torch.optim.Optimizer, Callable[[nn.Module], torch.Tensor]]] = {}
+    skipped: list[str] = []
+    for key in keys:
+        net, loss_fn = model.build(device)
+        built[key] = (net, model.optimizer(net), loss_fn)
+    samples: dict[str, list[PaidSample]] = {k: [] for k in keys}
+    steps = args.paid_steps
+    t_start = time.perf_counter()
+    for rnd in range(args.paid_rounds + 1):  # round 0 is the untimed warm-up
+        order = keys[rnd % len(keys) :] + keys[: rnd % len(keys)]
+        for key in order:
+            net, opt, loss_fn = built[key]
+            spec = next(c for c in CONFIGS if c.key == key)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    mon = _paid_monitor(key, net, opt, tmp)
+            except Skip as exc:
+                if rnd == 0:
+                    skipped.append(f"{spec.label}: {exc}")
+                continue
+            run = Run(spec, net, opt, loss_fn, mon)
+            gc.collect()
+            _sync(device)
+            n = steps if rnd else max(2, args.warmup)
+            child0, main0, proc0 = _children_cpu_s(), time.thread_time(), time.process_time()
+            t0 = time.perf_counter()
+            step_s = []
+            for _ in range(n):
+                a = time.perf_counter()
+                train_step(run, device)
+                _sync(device)
+                step_s.append(time.perf_counter() - a)
+            t1 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mon.close()
+            _sync(device)
+            t2 = time.perf_counter()
+            main = time.thread_time() - main0
+            others = time.process_time() - proc0 - main
+            child = _children_cpu_s() - child0
+            if rnd:
+                samples[key].append(PaidSample(t2 - t0, t1 - t0, t2 - t1, step_s, main, others, child))
+        print(
+            f"  {model.name} wall clock: round {rnd}/{args.paid_rounds} done, {time.perf_counter() - t_start:.0f} s",
+            file=sys.stderr,
+        )
+    rows = []
+    base = samples.get("baseline") or []
+    for key in keys:
+        got = samples[key]
+        if not got:
+            continue
+        spec = next(c for c in CONFIGS if c.key == key)
+        over = (
+            statistics.median((g.wall_s - b.wall_s) / steps for g, b in zip(got, base)) * 1e3
+            if base and key != "baseline"
+            else None
+        )
+        rows.append(
+            PaidRow(
+                key,
+                spec.label,
+                steps,
+                statistics.median(g.wall_s for g in got) / steps * 1e3,
+                over,
+                statistics.median(g.loop_s for g in got) / steps * 1e3,
+                statistics.median(g.close_s for g in got) * 1e3,
+                statistics.median(t for g in got for t in g.step_s) * 1e3,
+                statistics.median(g.main_cpu_s for g in got) / steps * 1e3,
+                statistics.median(g.threads_cpu_s for g in got) / steps * 1e3,
+                statistics.median(g.children_cpu_s for g in got) / steps * 1e3,
+            )
+        )
+    return rows, skipped
+
+
+def paid_table(model: ModelSpec, rows: list[PaidRow], skipped: list[str], args: argparse.Namespace) -> str:
+    watch = next((r for r in rows if r.key == "watch-1"), None)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    out = [
+        f"#### {model.name}: as the user pays it (wall clock through close(), {args.paid_steps} steps x "
+        f"{args.paid_rounds} rounds, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end)",
+        "",
+        "| configuration | ms per step, through close() | overhead ms | / watch's overhead | steps alone ms | "
+        "median step ms | close() ms | CPU ms per step: training thread / other threads / child processes | "
+        "CPU overhead / watch's |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    base = next((r for r in rows if r.key == "baseline"), None)
+
+    def cpu(r: PaidRow) -> float:
+        return r.main_cpu_ms + r.threads_cpu_ms + r.children_cpu_ms
+
+    for r in rows:
+        over = "-" if r.overhead_ms is None else f"{r.overhead_ms:.1f}"
+        ratio = (
+            f"{r.overhead_ms / watch.overhead_ms:.2f}"
+            if r.overhead_ms is not None and watch is not None and watch.overhead_ms and watch.overhead_ms > 0
+            else "-"
+        )
+        out.append(
+            f"| {r.label} | {r.wall_ms:.1f} | {over} | {ratio} | {r.loop_ms:.1f} | {r.median_step_ms:.1f} | "
+            f"{r.close_ms:.0f} | {r.main_cpu_ms:.1f} / {r.threads_cpu_ms:.1f} / {r.children_cpu_ms:.1f} | "
+            + (
+                f"{(cpu(r) - cpu(base)) / (cpu(watch) - cpu(base)):.2f} |"
+                if base is not None and watch is not None and r is not base and cpu(watch) > cpu(base)
+                else "- |"
+            )
+        )
+    for s in skipped:
+        out.append(f"\nskipped: {s}")
+    return "\n".join(out)
+
+
 # --------------------------------------------------------------------------- fingerprints
 
 
@@ -1035,7 +1287,7 @@ def _row(bench: Bench | None, key: str) -> Row | None:
     return next((r for r in bench.rows if r.key == key), None)
 
 
-def targets_table(benches: list[Bench], fps: list[FingerprintRow]) -> str:
+def targets_table(benches: list[Bench], fps: list[FingerprintRow], paid: dict[str, list[PaidRow]] | None = None) -> str:
     """Issue 17's targets, from the tables above (ratios of one process's interleaved runs)."""
     by = {b.model.name: b for b in benches}
     out = ["### against the targets", "", "| target | model | measured | limit | met |", "|---|---|---:|---:|---|"]
@@ -1086,16 +1338,20 @@ def targets_table(benches: list[Bench], fps: list[FingerprintRow]) -> str:
         if deep is not None and mlp is not None and a is not None and m is not None:
             per_deep, per_mlp = a / deep.n_tensors, m / mlp.n_tensors
             add(f"ms per logged step per tensor ({key}), deep / mlp", "deep", per_deep / per_mlp, 2.0)
-    for name in ("gpt", "mlp", "gpt350m"):
-        b = by.get(name)
-        w, watch = _row(b, "wandb-1"), _row(b, "watch-1")
-        if w is not None and watch is not None and watch.ratio > 1:
-            add(
-                "W&B writer overhead / wandb.watch(log='all') overhead, every step",
-                name,
-                (w.ratio - 1) / (watch.ratio - 1),
-                1 / 3,
-            )
+    for name, rows in (paid or {}).items():
+        # as the user pays it: wall clock through close(), the writers' threads and wandb-core included
+        watch = next((r for r in rows if r.key == "watch-1"), None)
+        if watch is None or watch.overhead_ms is None or watch.overhead_ms <= 0:
+            continue
+        for key, what, limit in (("wandb-1", "W&B", 1 / 3), ("tb-1", "TensorBoard", 1 / 4)):
+            r = next((r for r in rows if r.key == key), None)
+            if r is not None and r.overhead_ms is not None:
+                add(
+                    f"{what} writer overhead / wandb.watch(log='all') overhead, every step, wall clock through close()",
+                    name,
+                    r.overhead_ms / watch.overhead_ms,
+                    limit,
+                )
     for b in benches:
         gl_peaks = [r.peak_mb for r in b.rows if r.peak_mb is not None and r.key in GRADLOG_KEYS]
         if gl_peaks:
@@ -1210,6 +1466,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-fingerprints", dest="fingerprints", action="store_false", help="skip the fingerprint table")
     p.add_argument("--no-growth", dest="growth", action="store_false", help="skip the growth table")
     p.add_argument("--growth-rounds", type=int, default=None, help="rounds per growth model (default 3; quick 2)")
+    p.add_argument("--no-paid", dest="paid", action="store_false", help="skip the wall-clock-through-close() table")
+    p.add_argument(
+        "--paid-only", action="store_true", help="only the wall-clock-through-close() tables and their targets"
+    )
+    p.add_argument("--paid-steps", type=int, default=20, help="steps per wall-clock window (default 20)")
+    p.add_argument("--paid-rounds", type=int, default=None, help="wall-clock rounds per model (default 3; quick 2)")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)  # see memory_phase
     args = p.parse_args(argv)
@@ -1227,8 +1489,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.big_numel = 20e6 if args.quick else 200e6
     if args.growth_rounds is None:
         args.growth_rounds = 2 if args.quick else 3
+    if args.paid_rounds is None:
+        args.paid_rounds = 2 if args.quick else 3
     models = model_specs(args)
-    default_models = "gpt350m,mlp" if args.device.startswith("cuda") else "gpt,mlp,frozen,head,big,deep"
+    default_models = "gpt350m,mlp" if args.device.startswith("cuda") else "gpt,mlp,mlp100,frozen,head,big,deep"
     args.models = [m.strip() for m in (args.models or default_models).split(",") if m.strip()]
     bad = [m for m in args.models if m not in models]
     if bad:
@@ -1274,20 +1538,39 @@ def main(argv: list[str] | None = None) -> None:
     texts: list[str] = []
     # One model at a time, closed before the next is built: the big ones do not fit in memory together.
     # W&B: monitors of one model may share one run, owned by the first; finish() closes in order.
+    paid: dict[str, list[PaidRow]] = {}
+    paid_texts: dict[str, str] = {}
     for name in args.models:
-        bench = bench_model(models[name], args, device, tmp)
-        finish(bench)
-        if args.fingerprints:
-            fps.append(fingerprint_cost(bench, device))
-        bench.runs = [bench.base]  # drop the other models' copies; the rows are kept
-        benches.append(bench)
-        gc.collect()
+        if not args.paid_only:
+            bench = bench_model(models[name], args, device, tmp)
+            finish(bench)
+            if args.fingerprints:
+                fps.append(fingerprint_cost(bench, device))
+            bench.runs = [bench.base]  # drop the other models' copies; the rows are kept
+            benches.append(bench)
+            gc.collect()
+        keys = model_configs(models[name], args)
+        if args.paid and "watch-1" in keys and ("wandb-1" in keys or "tb-1" in keys):
+            rows, skipped = paid_bench(models[name], args, device, tmp)
+            paid[name] = rows
+            paid_texts[name] = paid_table(models[name], rows, skipped, args)
+            print(paid_texts[name] + "\n", file=sys.stderr, flush=True)
+            gc.collect()
+    if args.paid_only:
+        texts = [*paid_texts.values(), targets_table([], [], paid)]
+        print("\n\n".join(texts) + "\n", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n\n".join([header, *texts]) + "\n")
+        return
     growth = growth_table(args, device, tmp) if args.growth else None
     # Memory last, each model in a process of its own (`memory_phase`).
     for bench in benches:
         if args.memory:
             memory_phase(bench, args)
         text = table(bench, bench.rows)
+        if bench.model.name in paid_texts:
+            text += "\n\n" + paid_texts[bench.model.name]
         print(text + "\n", flush=True)
         texts.append(text)
     parts += texts
@@ -1295,7 +1578,7 @@ def main(argv: list[str] | None = None) -> None:
         text = fingerprint_table(fps)
         print(text + "\n", flush=True)
         parts.append(text)
-    text = targets_table(benches, fps)
+    text = targets_table(benches, fps, paid)
     print(text + "\n", flush=True)
     parts.append(text)
     if growth is not None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ from gradlog.readers.wandb_offline import (
     read_finished_run,
     read_offline_run,
 )
-from gradlog.writers.wandb import StepPayload, histogram_bytes, histogram_payload, split_payload
+from gradlog.writers.wandb import EDGE_RESOLUTION, StepPayload, histogram_bytes, histogram_payload, split_payload
 
 wandb = pytest.importorskip("wandb")
 
@@ -115,7 +116,8 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[gradlog.Memor
         offline_env(mp, root)
         # by registry name: GradLogger passes log_dir (-> wandb.init(dir=)) and writer_options along
         options = {"project": "gradlog-test"}
-        report = train([mem, "wandb"], log_dir=str(root / "logs"), writer_options=options, strict=True)
+        # 128 bins: a history row larger than one 32 KiB block, so the reader's first/middle/last pieces are exercised
+        report = train([mem, "wandb"], log_dir=str(root / "logs"), writer_options=options, strict=True, bins=128)
         assert wandb.run is None, "gradlog started this run, so close() must finish it"
     files = find_run_files(root / "logs")
     assert len(files) == 1
@@ -177,6 +179,16 @@ def test_one_row_per_measured_step_with_gradlog_step(offline_run: tuple[Any, Off
     assert all(k.split("/")[0] in globs for k in keys), keys
 
 
+def assert_same_edges(got: list[float], expected: list[float]) -> None:
+    """The edges W&B holds are the expected ones rounded to decimals at `EDGE_RESOLUTION` of a bucket's width
+    (the first down, the last up: the data's min and max stay inside)."""
+    assert len(got) == len(expected)
+    width = (expected[-1] - expected[0]) / (len(expected) - 1)
+    assert all(abs(g - e) <= width * EDGE_RESOLUTION for g, e in zip(got, expected)), (got, expected)
+    assert got[0] <= expected[0] and got[-1] >= expected[-1]
+    assert all(a < b for a, b in zip(got, got[1:]))
+
+
 def test_histogram_bins_and_counts(offline_run: tuple[Any, OfflineRun, Any]) -> None:
     mem, run, _ = offline_run
     by_step = {row["gradlog/step"]: row for row in gradlog_rows(run)[:-1]}
@@ -190,7 +202,7 @@ def test_histogram_bins_and_counts(offline_run: tuple[Any, OfflineRun, Any]) -> 
                 continue
             assert logged["_type"] == "histogram"
             assert logged["values"] == [round(c) for c in hist.counts]
-            assert logged["bins"] == list(hist.edges)
+            assert_same_edges(logged["bins"], list(hist.edges))
             assert sum(logged["values"]) == hist.count
             checked += 1
     assert checked > 0 and skipped > 0
@@ -449,7 +461,7 @@ def test_histogram_payload_skips_what_wandb_cannot_draw() -> None:
     assert histogram_payload(hist(8, lo=1e308, hi=1.7976931348623157e308)) is not None
     assert histogram_payload(Histogram((float("nan"),), 0.0, 1.0, 0.0, 0.0, 1, 0)) is None
     counts, edges = histogram_payload(hist(4, lo=2.0, hi=2.0)) or ([], [])  # a constant tensor
-    assert counts == [10, 0, 0, 0] and len(edges) == 5 and edges[0] == 2.0 < edges[-1]
+    assert counts == (10, 0, 0, 0) and len(edges) == 5 and edges[0] == 2.0 < edges[-1]
 
 
 def test_histogram_size_estimate_is_an_upper_bound() -> None:
@@ -558,3 +570,99 @@ def test_model_order_sorts_each_family_by_the_recorded_order() -> None:
         "weights/grad_norm/b",
     ]
     assert got == shuffled and model_order(shuffled, []) is shuffled
+
+
+# --- issue 30: the cheaper form holds the same histograms and series ------------------------------------------
+def numpy_histogram(x: np.ndarray, bins: int) -> tuple[list[int], list[float]]:
+    """gradlog's buckets computed here with numpy from the tensor itself: `bins` equal buckets from its min to its
+    max, `[edge_i, edge_i+1)` with the last one closed; a constant tensor gets one tiny bucket from its value."""
+    lo, hi = float(x.min()), float(x.max())
+    if not hi > lo:
+        hi = lo + max(abs(lo), 1.0) * 1e-6
+    width = (hi - lo) / bins
+    edges = [lo + i * width for i in range(bins)] + [hi]
+    at = np.clip(np.floor((x.astype(np.float64) - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
+    return np.bincount(at, minlength=bins).tolist(), edges
+
+
+def test_histograms_and_series_equal_a_numpy_reference_and_the_verdict_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fixed-seed run through the W&B writer: every histogram in the run file has the bucket counts numpy
+    finds in the same gradients, weights and updates (recorded here from the tensors), its edges are those
+    within `EDGE_RESOLUTION` of a bucket, every norm is the tensor's own, and `gradlog report` on the run
+    folder gives the verdict close() gave."""
+    from gradlog.cli.entry import main
+
+    offline_env(monkeypatch, tmp_path)
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gl = gradlog.GradLogger(model, opt, writer="wandb", every=2, print_report=False, log_dir=str(tmp_path / "logs"))
+    names = [n for n, _ in model.named_parameters()]
+    seen: dict[tuple[int, str, str], np.ndarray] = {}
+    x, y = torch.randn(32, 6), torch.randn(32, 3)
+    for step in range(8):
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        nn.functional.mse_loss(model(x), y).backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        gl.log(step)
+        if step % 2 == 0:
+            for n, p in model.named_parameters():
+                seen[(step, "grad", n)] = grads[n].numpy()
+                seen[(step, "weight", n)] = p.detach().numpy().copy()
+                seen[(step, "update", n)] = (p.detach() - before[n]).numpy()
+        opt.zero_grad()
+    report = gl.close()
+    (run_file,) = find_run_files(tmp_path / "logs")
+    rows = {row["gradlog/step"]: row for row in gradlog_rows(read_finished_run(run_file))[:-1]}
+    assert sorted(rows) == [0, 2, 4, 6]
+    for (step, kind, name), values in seen.items():
+        logged = rows[step][f"weights/{kind}/{name}"]
+        counts, edges = numpy_histogram(values.ravel(), 64)
+        assert logged["_type"] == "histogram"
+        assert logged["values"] == counts, (step, kind, name)
+        assert_same_edges(logged["bins"], edges)
+        assert logged["bins"][0] <= values.min() and values.max() <= logged["bins"][-1]
+        if kind == "grad":
+            norm = float(np.linalg.norm(values.astype(np.float64)))
+            assert rows[step][f"weights/grad_norm/{name}"] == pytest.approx(norm, rel=1e-5)
+    assert len(seen) == 4 * 3 * len(names)
+    code = main(["report", str(tmp_path / "logs"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["backend"] == "wandb" and out["verdict"] == report.verdict
+    assert code == (0 if report.healthy else 1)
+
+
+def test_records_dropped_behind_a_stuck_writer_are_counted_in_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B cannot keep up (its thread is stuck in a call): training does not wait, the queue stays bounded, the
+    records that did not fit are dropped and counted, and the count is in the run's summary."""
+    import threading
+
+    from gradlog.writers.guard import GuardedWriters
+    from gradlog.writers.wandb import DROPPED_KEY, WandbWriter
+
+    offline_env(monkeypatch, tmp_path)
+    writer = WandbWriter(log_dir=str(tmp_path / "logs"), project="gradlog-test")
+    guarded = GuardedWriters([writer], max_queue=3)
+    release = threading.Event()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guarded.log_scalars({"weights/grad_norm/a": 1.0}, 0)
+        guarded._each("stuck", lambda w: release.wait(30))  # W&B's thread is now busy in one call
+        for step in range(1, 11):
+            guarded.log_scalars({"weights/grad_norm/a": float(step)}, step)  # returns at once: queued or dropped
+            guarded.flush()
+        dropped = guarded.dropped
+        assert dropped > 0 and guarded._lanes[id(writer)].queue.qsize() <= 3
+        release.set()
+        guarded.close()
+    assert any("falling behind" in str(w.message) for w in caught)
+    (run_file,) = find_run_files(tmp_path / "logs")
+    run = read_finished_run(run_file)
+    assert run.summary[DROPPED_KEY] == dropped
+    steps = [s for s, _ in run.column("weights/grad_norm/a", x="gradlog/step")]
+    assert steps[0] == 0 and len(steps) < 11  # what got through is in the run, what was dropped is not

@@ -80,7 +80,9 @@ class _Lane:
         except RuntimeError:  # "can't create new thread at interpreter shutdown"
             self.inline = True
 
-    def submit(self, what: str, call: Callable[[Writer], object]) -> None:
+    def submit(self, what: str, call: Callable[[Writer], object], wait: float = 0.0) -> None:
+        """Queue `call` for the writer's thread; `wait` > 0 (close() only) waits that long for room in a full
+        queue instead of dropping the call at once."""
         if self.thread is None and not self.inline:
             self._start()
         if self.inline:
@@ -96,7 +98,10 @@ class _Lane:
         if self.behind and since is None and self.queue.empty():
             self.behind = False  # caught up: syncs wait for it again
         try:
-            self.queue.put_nowait((what, call))
+            if wait > 0:
+                self.queue.put((what, call), timeout=wait)
+            else:
+                self.queue.put_nowait((what, call))
         except queue.Full:
             self._drop(f"{self.queue.maxsize} calls are waiting for it")
 
@@ -152,6 +157,11 @@ class _Lane:
             )
 
 
+def _tell(note: Callable[[int], object], n: int) -> Callable[[Writer], object]:
+    """A queued call that hands `n` to `note` on the writer's thread."""
+    return lambda _w: note(n)
+
+
 class GuardedWriters(Writer):
     """Fans out to several writers; a failing one is warned about once and the others go on.
 
@@ -203,12 +213,12 @@ class GuardedWriters(Writer):
                 what, exc = lane.errors.pop(0)
                 self._failed(lane.writer, what, exc)
 
-    def _each(self, what: str, call: Callable[[Writer], object]) -> None:
+    def _each(self, what: str, call: Callable[[Writer], object], wait: float = 0.0) -> None:
         self._report_lane_errors()
         for w in self.writers:
             lane = self._lanes.get(id(w))
             if lane is not None:
-                lane.submit(what, call)
+                lane.submit(what, call, wait)
                 continue
             try:
                 call(w)
@@ -246,13 +256,25 @@ class GuardedWriters(Writer):
         self._report_lane_errors()
 
     def close(self) -> None:
-        """Close every writer; one that does not finish within `timeout` seconds is left behind, counted."""
-        self._each("close", lambda w: w.close())
+        """Close every writer; one that does not finish within `timeout` seconds is left behind, counted.
+
+        A writer on a background thread that had records dropped, and can keep the count in its run
+        (`record_dropped(n)`, the W&B writer: `gradlog/dropped_records` in the run summary), is told first."""
+        start = time.monotonic()
+
+        def left() -> float:  # a full queue (a writer catching up) may take these calls within `timeout` s in all
+            return max(0.0, start + self.timeout - time.monotonic())
+
+        for lane in self._lanes.values():
+            note: Any = getattr(lane.writer, "record_dropped", None)
+            if lane.dropped and callable(note):
+                lane.submit("record_dropped", _tell(note, lane.dropped), left())
+        self._each("close", lambda w: w.close(), left())
         for lane in self._lanes.values():
             # a writer that kept up gets time to finish its run (W&B's finish() waits for wandb-core);
             # one that fell behind, or whose record call runs longer than `timeout`, does not
             wait = self.timeout if lane.behind else max(self.timeout, CLOSE_GRACE_S)
-            lane.close(time.monotonic() + wait)
+            lane.close(start + wait)
         self._report_lane_errors()
         if self.dropped:
             msg = f"gradlog: {self.dropped} record(s) were dropped during this run (slow, stalled or failing writers)"
