@@ -21,14 +21,15 @@ import logging
 import math
 import os
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from gradlog.measure.distributed import is_rank_zero
 from gradlog.measure.histogram import Histogram, Histograms
+from gradlog.measure.once import WarnOnce
 from gradlog.measure.tags import RUN, TENSORS
 from gradlog.writers.base import Writer
 from gradlog.writers.quiet import QuietNonfinite, tensor_names
@@ -334,7 +335,7 @@ class WandbWriter(Writer):
             if run is not None and (project is not None or log_dir is not None or init_kwargs):
                 log.warning("gradlog: logging into the active W&B run; project/log_dir/init arguments are ignored")
         if run is None:
-            if not _rank_zero():  # only rank 0 logs; a writer built by hand on every rank must not start N runs
+            if not is_rank_zero():  # only rank 0 logs; a writer built by hand on every rank must not start N runs
                 init_kwargs = {**init_kwargs, "mode": "disabled"}
             run = self._init(project, log_dir, init_kwargs)
             self.owns_run = True
@@ -344,7 +345,7 @@ class WandbWriter(Writer):
         self._owns_step = False  # nobody else commits rows: gradlog commits its own at once (durable)
         self._next_row: int | None = None  # W&B's step after gradlog's last own commit
         self._summary: dict[str, Any] = {}
-        self._warned: set[str] = set()
+        self._warned = WarnOnce()
         self._disk_checked = -math.inf
         self._closed = False
         self._last_step = 0
@@ -461,7 +462,7 @@ class WandbWriter(Writer):
         """wandb-core writes the run file in another process and says nothing when the disk is full: look at
         the free space of the run's folder (at most once a second) and warn when it is gone, not at close."""
         now = time.monotonic()
-        if now - self._disk_checked < 1.0 or "disk" in self._warned:
+        if now - self._disk_checked < 1.0 or "disk" in self._warned.seen:
             return
         self._disk_checked = now
         folder = getattr(self.run, "dir", None)
@@ -576,10 +577,7 @@ class WandbWriter(Writer):
         return None
 
     def _warn_once(self, key: str, msg: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-            log.warning(msg)
+        self._warned(key, msg, stacklevel=3)
 
 
 def run_settings(wandb: Any, **extra: Any) -> Any:
@@ -605,12 +603,6 @@ def run_settings(wandb: Any, **extra: Any) -> Any:
         except Exception:  # an older wandb without the setting: the next set, down to its own defaults
             continue
     return None
-
-
-def _rank_zero() -> bool:
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "WandbSetupError", "WandbWriter", "import_wandb", "run_settings"]
