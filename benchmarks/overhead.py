@@ -437,6 +437,10 @@ class Gradlog(Monitor):
         if isinstance(writer, str) and writer not in REGISTRY:
             raise Skip(f"gradlog.writers.REGISTRY has no {writer!r} writer yet (its branch is not merged)")
         self.every = kwargs.get("every", DEFAULT_EVERY)
+        if "count_zeros" in kwargs:  # the configuration tables' spelling: HistogramOptions carries it
+            on = kwargs.pop("histograms", True)
+            kinds = gradlog.HistogramOptions().kinds if on else ()
+            kwargs["histograms"] = gradlog.HistogramOptions(kinds=kinds, count_zeros=kwargs.pop("count_zeros"))
         if writer != "memory":
             kwargs.setdefault("log_dir", os.path.join(tmp, f"gradlog-{writer}"))
         try:

@@ -117,7 +117,13 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[gradlog.Memor
         # by registry name: GradLogger passes log_dir (-> wandb.init(dir=)) and writer_options along
         options = {"project": "gradlog-test"}
         # 128 bins: a history row larger than one 32 KiB block, so the reader's first/middle/last pieces are exercised
-        report = train([mem, "wandb"], log_dir=str(root / "logs"), writer_options=options, strict=True, bins=128)
+        report = train(
+            [mem, "wandb"],
+            log_dir=str(root / "logs"),
+            writer_options=options,
+            strict=True,
+            histograms=gradlog.HistogramOptions(bins=128),
+        )
         assert wandb.run is None, "gradlog started this run, so close() must finish it"
     files = find_run_files(root / "logs")
     assert len(files) == 1
