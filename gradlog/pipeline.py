@@ -22,6 +22,7 @@ from gradlog.options import HistogramOptions
 from gradlog.publishing import Failures
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
+from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import Report
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
@@ -293,10 +294,12 @@ class Pipeline:
             self.with_optimizer,
             exclude={r.name for r in never},
         )
+        layout = expert_layout(model, rows) if model is not None else {}
         return Report(
             never_updated=never,
             partly_updated=partly,
             stalled=stopped,
+            experts=idle_experts(layout, never, partly, stopped, []),
             hint=run_hint(rows, never, self.with_optimizer),
             alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,

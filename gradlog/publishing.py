@@ -16,7 +16,15 @@ from gradlog.lifecycle import describe, warn
 from gradlog.measure import tags
 from gradlog.measure.meter import Measurement
 from gradlog.verdict.alerts import ALERT_COLUMNS
-from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
+from gradlog.verdict.report import (
+    EXPERT_COLUMNS,
+    PARTLY_COLUMNS,
+    PRECISION_COLUMNS,
+    STALLED_COLUMNS,
+    STOPPED_COLUMNS,
+    TABLE_COLUMNS,
+    Report,
+)
 from gradlog.verdict.series import run_level
 from gradlog.writers import Writer
 from gradlog.writers.guard import GuardedWriters
@@ -132,6 +140,9 @@ class Publisher:
         out.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
         out.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
         out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
+        out.log_table("gradlog/stopped_slices", STOPPED_COLUMNS, [r.row() for r in report.stopped_slices])
+        out.log_table("gradlog/experts", EXPERT_COLUMNS, [r.row() for r in report.experts])
+        out.log_table("gradlog/precision", PRECISION_COLUMNS, [r.row() for r in report.precision])
         if report.alerts:
             out.log_table("gradlog/alerts", ALERT_COLUMNS, [a.row() for a in report.alerts])
         if provisional_step is None and self.overview.every != 0 and self.overview.steps:
