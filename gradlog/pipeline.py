@@ -27,6 +27,7 @@ from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.report import Report
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
+from gradlog.verdict.stopped_slices import stopped_slices
 
 __all__ = ["Pipeline"]
 
@@ -204,10 +205,7 @@ class Pipeline:
         grads = self.meter.slice_grads
         for index in self.table.take_freed():
             self.ledger.release(index)
-            grads.rows.pop(index, None)
-            grads.cols.pop(index, None)
-            grads.full.discard(index)
-            grads.rows_full.discard(index)
+            grads.forget(index)
 
     def clip_due(self) -> bool:
         """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""
@@ -294,12 +292,21 @@ class Pipeline:
             self.with_optimizer,
             exclude={r.name for r in never},
         )
+        slices = stopped_slices(
+            rows,
+            self.meter.slice_grads,
+            ledger.steps,
+            ledger.measured_steps,
+            model,
+            exclude={r.name for r in never} | {r.name for r in stopped},
+        )
         layout = expert_layout(model, rows) if model is not None else {}
         return Report(
             never_updated=never,
             partly_updated=partly,
             stalled=stopped,
-            experts=idle_experts(layout, never, partly, stopped, []),
+            stopped_slices=slices,
+            experts=idle_experts(layout, never, partly, stopped, slices),
             hint=run_hint(rows, never, self.with_optimizer),
             alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,

@@ -186,3 +186,46 @@ def test_a_conv1d_weight_is_never_taken_for_experts() -> None:
     assert len(rows) == 1 and rows[0].indices == (4, 5) and rows[0].reason is Reason.ZERO_GRAD
     assert "filters 4-5" in rows[0].detail and "expert" not in rows[0].detail.split(";")[0]
     assert expert_layout(model, gl.pipeline.table.live) == {}
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_mixtral_router_collapse_at_step_k_reports_experts_stopped_from_k(every: int) -> None:
+    k, steps = 9, 27
+    model = tiny_mixtral()
+    step_now = [0]
+    hooks = mask_router(model, [4, 5, 6, 7], lambda: step_now[0] >= k)
+    params = dict(model.named_parameters())
+    watched = [n for n, p in params.items() if p.dim() == 3 or n.endswith("mlp.gate.weight")]
+    last = {n: torch.full((params[n].shape[0],), -1) for n in watched}  # reference, at measured steps
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=every, print_report=False)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        step_now[0] = step
+        ids = torch.randint(0, 64, (4, 12), generator=gen)
+        model(input_ids=ids, labels=ids).loss.backward()
+        if step % every == 0:
+            for n in watched:
+                g = params[n].grad
+                assert g is not None
+                last[n][(g != 0).reshape(g.shape[0], -1).any(1)] = step
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    for h in hooks:
+        h.remove()
+    since = k + (-k) % every  # the first measured step from k on
+    for n in watched:  # the reference: experts 4-7 (and the router's rows for them) last had a gradient before k
+        assert (
+            bool((last[n][4:] < k).all())
+            and bool((last[n][4:] >= 0).all())
+            and bool((last[n][:4] == steps - 1 - (steps - 1) % every).all())
+        )
+    got = {(r.name, r.dim, r.indices, r.since_step, r.reason) for r in report.stopped_slices}
+    want = {(n, 0, (4, 5, 6, 7), since, Reason.NOT_ROUTED) for n in watched}
+    assert got == want
+    experts = {(e.layer, e.state, e.experts, e.total, e.since_step, e.reason) for e in report.experts}
+    layers = {f"model.layers.{i}.mlp.experts" for i in range(2)}
+    assert experts == {(layer, "stopped", (4, 5, 6, 7), 8, since, Reason.NOT_ROUTED) for layer in layers}
+    assert all(f"experts 4-7 of 8 got no gradient from step {since} on" in e.detail for e in report.experts)

@@ -352,7 +352,7 @@ class Meter:
                 g is not None and g.layout == torch.strided and counts[i] == g.numel() for i, g in enumerate(grads)
             ]
         seen = (
-            self.slice_grads.observe(rows, grads, zeros, device, keep_rows=dist is not None, dense=dense)
+            self.slice_grads.observe(rows, grads, zeros, device, keep_rows=dist is not None, dense=dense, step=index)
             if self._slice_evidence
             else Observed([], None, None)
         )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gradlog.measure.params import Tracked
+from gradlog.measure.params import Tracked, is_materialized
 from gradlog.verdict.report import (
     IdleExperts,
     NeverUpdated,
@@ -78,7 +78,7 @@ def expert_layout(model: nn.Module, rows: Sequence[Tracked]) -> dict[str, Expert
     seen: dict[str, int] = {}
     for row in rows:
         p = row.held()
-        if p is None:
+        if p is None or not is_materialized(p):
             continue
         per = _per_expert(row.name)
         if per is not None:

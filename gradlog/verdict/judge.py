@@ -10,7 +10,8 @@ A run is a PROBLEM when any of these holds:
 - a tensor never updated for a reason that is not intentional (`NeverUpdated.intentional`: frozen,
   unless the freeze looks accidental, `suspect`);
 - slices of a tensor never updated for a reason that is not intentional (`padding_idx` rows are);
-- a tensor stopped learning (`Report.stalled`);
+- a tensor stopped learning (`Report.stalled`), or rows/columns/elements/experts of one did
+  (`Report.stopped_slices`);
 - a gradient went NaN/Inf on a step the optimizer did not skip (`Report.first_nonfinite`).
 Steps a GradScaler skipped are routine, and out-of-band update ratios and gradient-norm spikes
 (`Report.warnings()`) are warnings: both are mentioned, never a problem.
@@ -88,6 +89,11 @@ def judge(report: Report) -> Verdict:
         first = min(r.since_step for r in stalled)
         text = f"{_plural(len(stalled), 'tensor')} stopped learning ({_by_reason(r.reason for r in stalled)})"
         add(text + f", the first from step {first}", True)
+    sliced = report.stopped_slices
+    if sliced:
+        first = min(r.since_step for r in sliced)
+        text = f"{_plural(len({r.name for r in sliced}), 'tensor')} with slices that stopped learning"
+        add(text + f" ({_by_reason(r.reason for r in sliced)}), the first from step {first}", True)
     if report.skipped_steps:
         add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", False)
     warned = report.warnings()
