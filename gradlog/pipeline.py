@@ -24,6 +24,7 @@ from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Ledger
+from gradlog.verdict.precision import rounded_away
 from gradlog.verdict.report import Report
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
@@ -307,6 +308,7 @@ class Pipeline:
             stalled=stopped,
             stopped_slices=slices,
             experts=idle_experts(layout, never, partly, stopped, slices),
+            precision=rounded_away(rows, ledger.evidence, exclude={r.name for r in never}),
             hint=run_hint(rows, never, self.with_optimizer),
             alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,

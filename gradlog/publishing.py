@@ -66,6 +66,7 @@ class Publisher:
         self.provisional_every = provisional_every
         self.failures = failures
         self._provisional_at: float | None = None  # monotonic time of the last provisional table
+        self._sparse_tables: set[tuple[str, bool]] = set()  # (name, final) of the tables written only when non-empty
 
     # --- every published step ---------------------------------------------------------------
     def step(
@@ -140,9 +141,17 @@ class Publisher:
         out.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
         out.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
         out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
-        out.log_table("gradlog/stopped_slices", STOPPED_COLUMNS, [r.row() for r in report.stopped_slices])
-        out.log_table("gradlog/experts", EXPERT_COLUMNS, [r.row() for r in report.experts])
-        out.log_table("gradlog/precision", PRECISION_COLUMNS, [r.row() for r in report.precision])
+        for name, columns, rows in (
+            ("gradlog/stopped_slices", STOPPED_COLUMNS, [r.row() for r in report.stopped_slices]),
+            ("gradlog/experts", EXPERT_COLUMNS, [r.row() for r in report.experts]),
+            ("gradlog/precision", PRECISION_COLUMNS, [r.row() for r in report.precision]),
+        ):
+            # written once there is something to say (most runs: never), then always: an emptied provisional
+            # table must replace the rows written before it
+            key = (name, provisional_step is None)
+            if rows or key in self._sparse_tables:
+                self._sparse_tables.add(key)
+                out.log_table(name, columns, rows)
         if report.alerts:
             out.log_table("gradlog/alerts", ALERT_COLUMNS, [a.row() for a in report.alerts])
         if provisional_step is None and self.overview.every != 0 and self.overview.steps:

@@ -40,6 +40,8 @@ from gradlog.measure.tags import HISTOGRAM_KINDS, prefix
 #: Per-tensor tag prefixes (`weights/<metric>/`, see `gradlog.measure.tags`), built once.
 WEIGHT_NORM, GRAD_NORM, GRAD_ZERO_FRAC = prefix("weight_norm"), prefix("grad_norm"), prefix("grad_zero_frac")
 GRAD_NONFINITE, UPDATE_RATIO, DEAD_FRAC = prefix("grad_nonfinite"), prefix("update_ratio"), prefix("dead_frac")
+#: the share of a tensor's elements whose gradient was non-zero (lr > 0) yet whose value did not change
+FROZEN_FRAC = prefix("frozen_frac")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -141,6 +143,18 @@ class Measurement:
     skipped_total: int | None = None  # optimizer steps skipped so far (GradScaler), when known
     clip_coef: float | None = None  # the clip coefficient of this step (gradlog.clip_grad_norm_), when clipped
     dead_frac: torch.Tensor | None = None  # [n] rows with an all-zero gradient (zero-count steps; NaN: none)
+    #: [n] elements with a non-zero gradient whose value the step left unchanged (`Meter._frozen_counts`),
+    #: for the rows in `frozen_rows` (moved by the optimizer with lr > 0 and a dense float gradient)
+    frozen: torch.Tensor | None = None
+    frozen_rows: list[bool] | None = None
+
+    @functools.cached_property
+    def frozen_frac(self) -> list[float | None] | None:
+        """Per row, `frozen` / numel where judged (None elsewhere)."""
+        if self.frozen is None or self.frozen_rows is None:
+            return None
+        counts, numel = self.frozen.tolist(), self.lists.numel
+        return [c / n if ok and n > 0 else None for c, n, ok in zip(counts, numel, self.frozen_rows)]
 
     @property
     def nonfinite(self) -> torch.Tensor:
@@ -202,6 +216,9 @@ class Measurement:
                 out[t_ratio] = ratios[i]
             if dead is not None and self.has_grad[i] and not math.isnan(dead[i]):
                 out[t_dead] = dead[i]
+        for i, frac in enumerate((self.frozen_frac or ()) if not self.skipped else ()):
+            if frac:  # written while non-zero: a healthy fp32 run writes none of these series
+                out[FROZEN_FRAC + self.rows[i].name] = frac
         out["gradlog/grad_norm_total"] = math.sqrt(total) if math.isfinite(total) else total
         out["gradlog/nonfinite_tensors"] = float(n_nonfinite)
         out["gradlog/no_grad_tensors"] = float(n_nograd)
@@ -231,6 +248,7 @@ class _Open:
     # kind -> (counts, moments) of histograms made on the CPU (`stats.host_histograms`): no host copy to wait for
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     numel: list[float] = field(default_factory=list)  # per row
+    frozen_rows: list[bool] | None = None  # rows whose frozen count was taken (`Meter._frozen_counts`)
 
 
 class Meter:
@@ -263,6 +281,7 @@ class Meter:
         #: CPU: the last snapshot's buffers by row, reused by the next measured step (see `_keeps_snapshot`)
         self._kept: dict[int, torch.Tensor] = {}
         self._last_start = -(1 << 62)  # optimizer step of the last start() with a snapshot
+        self.count_frozen = True  # updates rounded away (`_frozen_counts`); False: benchmarks' A/B
 
     @property
     def busy(self) -> bool:
@@ -459,6 +478,8 @@ class Meter:
                 exact = [_sumsq(after[j].float() - op.snapshot[j].float()) for j in low]
                 # before - after, in place (no second copy), with the norms of after and of the difference
                 moved_weight, moved = subtract_with_sumsq(op.snapshot, after, device)
+                if self.count_frozen:
+                    sums["frozen"], op.frozen_rows = self._frozen_counts(op, device)
                 weight = self._merge(moved_weight, op.moving, weights, device)
                 if low:
                     moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
@@ -491,6 +512,34 @@ class Meter:
         if total is not None:
             packer.add("skipped_total", total.reshape(-1)[:1])
         self._done = (op, packer)
+
+    @staticmethod
+    def _frozen_counts(op: _Open, device: torch.device) -> tuple[torch.Tensor, list[bool]]:
+        """Per row, how many elements had a non-zero gradient and kept their value through the step (the
+        snapshot holds before - after here, so "kept" is `== 0`): updates rounded away by the weights' dtype.
+        Rows judged: moved by the optimizer with lr > 0, a dense float gradient of the weight's shape.
+        One `&` and one count per tensor on the device, stacked: no host read."""
+        assert op.snapshot is not None
+        judged = [False] * len(op.rows)
+        at: list[int] = []
+        counts: list[torch.Tensor] = []
+        for j, i in enumerate(op.moving):
+            lr = op.lr[i]
+            g = op.rows[i].param.grad
+            d = op.snapshot[j]
+            if lr is None or not lr > 0 or g is None or not d.is_floating_point() or not d.numel():
+                continue
+            g = local_tensor(g)
+            if g.layout != torch.strided or g.shape != d.shape:
+                continue  # a sparse gradient: which elements it touched is not compared here (cannot tell)
+            judged[i] = True
+            at.append(i)
+            counts.append(torch.count_nonzero(torch.logical_and(d == 0, g != 0)))
+        out = torch.zeros(len(op.rows), dtype=op.grad.dtype, device=device)
+        if counts:
+            stacked = torch.stack([c.to(device) for c in counts]).to(out.dtype)
+            out = _every_row(stacked, at, len(op.rows))
+        return out, judged
 
     def _queue_histogram(self, op: _Open, kind: str, xs: list[torch.Tensor], negate: bool = False) -> None:
         """One kind's histograms of the step: on the CPU its counts and moments are kept on the step (`held`);
@@ -596,4 +645,6 @@ class Meter:
             skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
             clip_coef=float(host["clip_coef"].item()) if "clip_coef" in host else None,
             dead_frac=host["dead"] if "dead" in host else None,
+            frozen=host["frozen"].double() if "frozen" in host else None,
+            frozen_rows=op.frozen_rows if "frozen" in host else None,
         )

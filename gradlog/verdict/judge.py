@@ -12,6 +12,7 @@ A run is a PROBLEM when any of these holds:
 - slices of a tensor never updated for a reason that is not intentional (`padding_idx` rows are);
 - a tensor stopped learning (`Report.stalled`), or rows/columns/elements/experts of one did
   (`Report.stopped_slices`);
+- a large share of a tensor's updates rounded away (`Report.precision`, see `gradlog.verdict.precision`);
 - a gradient went NaN/Inf on a step the optimizer did not skip (`Report.first_nonfinite`).
 Steps a GradScaler skipped are routine, and out-of-band update ratios and gradient-norm spikes
 (`Report.warnings()`) are warnings: both are mentioned, never a problem.
@@ -94,6 +95,11 @@ def judge(report: Report) -> Verdict:
         first = min(r.since_step for r in sliced)
         text = f"{_plural(len({r.name for r in sliced}), 'tensor')} with slices that stopped learning"
         add(text + f" ({_by_reason(r.reason for r in sliced)}), the first from step {first}", True)
+    if report.precision:
+        text = (
+            f"{_plural(len(report.precision), 'tensor')} with updates partly rounded away (below its dtype's precision)"
+        )
+        add(text, True)
     if report.skipped_steps:
         add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", False)
     warned = report.warnings()
