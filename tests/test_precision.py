@@ -78,7 +78,7 @@ def test_bf16_gpt2_reports_the_share_of_updates_rounded_away_and_its_fp32_twin_d
     twin, twin_mem, twin_ref = train(torch.float32, every=every)
     assert twin.precision == [] and twin.never_updated == []
     for name, shares in twin_ref.items():
-        assert series(twin_mem, name) == pytest.approx([s for s in shares if s])
+        assert series(twin_mem, name) == []  # fp32 is not counted (its LayerNorm weights lose up to 2% a step)
         assert sum(shares) / len(shares) < 0.05
 
 
