@@ -28,7 +28,7 @@ from gradlog.verdict.precision import rounded_away
 from gradlog.verdict.report import Report
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
-from gradlog.verdict.stopped_slices import stopped_slices
+from gradlog.verdict.stopped_slices import global_last_steps, last_steps, stopped_slices
 
 __all__ = ["Pipeline"]
 
@@ -293,9 +293,12 @@ class Pipeline:
             self.with_optimizer,
             exclude={r.name for r in never},
         )
+        lasts = last_steps(rows, self.meter.slice_grads)
+        if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
+            lasts = global_last_steps(rows, lasts, reducer)
         slices = stopped_slices(
             rows,
-            self.meter.slice_grads,
+            lasts,
             ledger.steps,
             ledger.measured_steps,
             model,

@@ -229,3 +229,29 @@ def test_mixtral_router_collapse_at_step_k_reports_experts_stopped_from_k(every:
     layers = {f"model.layers.{i}.mlp.experts" for i in range(2)}
     assert experts == {(layer, "stopped", (4, 5, 6, 7), 8, since, Reason.NOT_ROUTED) for layer in layers}
     assert all(f"experts 4-7 of 8 got no gradient from step {since} on" in e.detail for e in report.experts)
+
+
+def test_per_expert_modules_that_stop_being_routed_are_one_record_per_layer() -> None:
+    torch.manual_seed(0)
+    model = TwoLayerMoE()
+    model.routes = [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
+    last: dict[str, int] = {}  # reference: the last step each tensor had a non-zero gradient
+    for step in range(16):
+        if step == 6:
+            model.routes[0] = [0, 1, 0, 1, 4, 5]  # layer 0 stops routing tokens to experts 2 and 3
+        model(torch.randn(6, 8)).pow(2).mean().backward()
+        for n, p in model.named_parameters():
+            if p.grad is not None and bool((p.grad != 0).any()):
+                last[n] = step
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    stopped = {n for n, s in last.items() if s < 15}
+    assert stopped == {f"layers.0.experts.{k}.{m}.{w}" for k in (2, 3) for m in (0, 2) for w in ("weight", "bias")}
+    assert {last[n] for n in stopped} == {5}
+    got = {(e.layer, e.state, e.experts, e.total, e.since_step, e.reason) for e in report.experts}
+    assert got == {("layers.0.experts", "stopped", (2, 3), 6, 6, Reason.NO_GRAD)}
+    assert "experts 2-3 of 6 got no gradient from step 6 on" in report.experts[0].detail

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gradlog.measure.params import Tracked
+from gradlog.measure.distributed import Reducer, is_dtensor
+from gradlog.measure.params import Tracked, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import StepIndex
@@ -95,37 +96,87 @@ def _block(name: str) -> str:
     return ".".join(parts[:-2])
 
 
+#: per tensor (`Tracked.index`), per dim (0 rows, 1 columns, None elements): each slice's last measured step
+#: with a non-zero gradient, -1 for none
+Lasts = dict[int, dict[int | None, torch.Tensor]]
+
+
+def _dims(row: Tracked) -> tuple[int | None, ...]:
+    return (0, 1) if row.param.dim() >= 2 else (None,)
+
+
+def last_steps(rows: Sequence[Tracked], grads: SliceGrads) -> Lasts:
+    """This process's last-step vectors (its shards' slices under FSDP2/DTensor), `all_at` folded in, on
+    their device. A plain tensor with no vector (every slice non-zero at every step it was looked at) is
+    left out: nothing of it stopped. A sharded one is always in: its ranks combine their vectors."""
+    out: Lasts = {}
+    for row in rows:
+        if not row.param.requires_grad or row.param.dim() == 0:
+            continue
+        r, c = grads.last_rows.get(row.index), grads.last_cols.get(row.index)
+        at = grads.all_at.get(row.index, -1)
+        sharded = is_dtensor(row.param)
+        if r is None and not (sharded and at >= 0):
+            continue
+        local = local_tensor(row.param)
+        found: dict[int | None, torch.Tensor] = {}
+        for dim, vec in zip(_dims(row), (r, c)):
+            axis = dim or 0
+            if vec is None:
+                vec = torch.full((local.shape[axis],), at, dtype=torch.int32, device=local.device)
+            found[dim] = vec.clamp(min=at) if at >= 0 else vec
+        out[row.index] = found
+    return out
+
+
+def global_last_steps(rows: Sequence[Tracked], lasts: Lasts, reducer: Reducer) -> Lasts:
+    """Sharded tensors' vectors at their global indices, combined over ranks (a slice's last step is the
+    latest any rank saw). One all_reduce(MAX); every rank passes the same items."""
+    items: list[tuple[Tracked, int | None, torch.Tensor | None]] = []
+    for row in rows:
+        if not is_dtensor(row.param) or row.param.dim() == 0 or not row.param.requires_grad:
+            continue
+        mine = lasts.get(row.index, {})
+        for dim in _dims(row):
+            vec = mine.get(dim)
+            items.append((row, dim, None if vec is None else vec.to(torch.float64) + 1))  # 0: never, or not here
+    merged = reducer.global_slices(items, values=True)
+    out = dict(lasts)
+    for (row, dim, _), vec in zip(items, merged):
+        if vec is None:
+            out.pop(row.index, None)
+            continue
+        out.setdefault(row.index, {})[dim] = (vec - 1).to(torch.int64)
+    by_index = {r.index: r for r in rows}
+    return {k: v for k, v in out.items() if all(d in v for d in _dims(by_index[k]))}  # every dim, or none
+
+
 def stopped_slices(
     rows: Sequence[Tracked],
-    grads: SliceGrads,
+    lasts: Lasts,
     steps: StepIndex,
     measured_steps: int,
     model: nn.Module | None,
     exclude: set[str] | frozenset[str] = frozenset(),
 ) -> list[StoppedSlice]:
     """One record per tensor, dim, stop step and reason, in model order; `exclude` names tensors already
-    reported whole (never updated). One host copy for all the last-step vectors."""
+    reported whole (never updated, stalled). One host copy for all the last-step vectors."""
     need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * measured_steps))
     if measured_steps <= need:
         return []  # cannot tell: too few measured steps for any slice to be quiet long enough
     keys: list[tuple[Tracked, int | None]] = []
     parts: list[torch.Tensor] = []
     for row in rows:
-        if row.name in exclude or not row.param.requires_grad:
+        vecs = lasts.get(row.index)
+        if vecs is None or row.name in exclude:
             continue
-        r, c = grads.last_rows.get(row.index), grads.last_cols.get(row.index)
-        if r is None:
-            continue
-        if c is None:
-            keys.append((row, None if row.param.dim() == 1 else 0))
-            parts.append(r)
-        else:
-            keys += [(row, 0), (row, 1)]
-            parts += [r, c]
+        for dim, vec in vecs.items():
+            keys.append((row, dim))
+            parts.append(vec)
     if not parts:
         return []
     dev = parts[0].device
-    flat = torch.cat([p.to(dev) for p in parts]).cpu().to(torch.int64)
+    flat = torch.cat([p.to(dev, torch.int64) for p in parts]).cpu()
     owners: dict[int, tuple[nn.Module, str]] = {}
     if model is not None:
         for mod in model.modules():
@@ -133,9 +184,9 @@ def stopped_slices(
                 owners.setdefault(id(p), (mod, attr))
     groups: list[_Group] = []
     at = 0
-    for row, dim in keys:
-        n = grads.last_rows[row.index].numel() if dim in (0, None) else grads.last_cols[row.index].numel()
-        last = flat[at : at + n].clamp(min=grads.all_at.get(row.index, -1))
+    for (row, dim), part in zip(keys, parts):
+        n = part.numel()
+        last = flat[at : at + n]
         at += n
         if not n:
             continue

@@ -29,7 +29,7 @@ METRICS: dict[str, str] = {
 NOT_MEASURED = -1.0  # no value at that step (not in the optimizer, not measured, not written)
 NO_GRAD = -2.0  # the tensor had no gradient at that step
 ZERO_GRAD = -3.0  # the gradient was exactly zero (all entries)
-TABLES = ("never_updated", "partly_updated", "stalled", "alerts")
+TABLES = ("never_updated", "partly_updated", "stalled", "stopped_slices", "experts", "precision", "alerts")
 PROVISIONAL = "gradlog (training, provisional):"
 FINAL_LATER = "The final verdict comes at close()."
 #: Mark kinds, strongest last (a tensor in several tables keeps the strongest).
@@ -170,9 +170,16 @@ def marks(tables: Mapping[str, Table], summary: Mapping[str, str], live: Mapping
 
     if summary.get("first_nonfinite_tensor"):
         put(summary["first_nonfinite_tensor"], "nonfinite")
-    for kind in ("partly_updated", "stalled", "never_updated"):
-        if kind in tables:
-            columns, rows = tables[kind]
+    # stopped slices mark their tensor as stopped learning (in part); rounded-away updates as partly updated
+    for table, kind in (
+        ("precision", "partly_updated"),
+        ("partly_updated", "partly_updated"),
+        ("stopped_slices", "stalled"),
+        ("stalled", "stalled"),
+        ("never_updated", "never_updated"),
+    ):
+        if table in tables:
+            columns, rows = tables[table]
             at = columns.index("name") if "name" in columns else 0
             for row in rows:
                 if len(row) > at and row[at].strip():
