@@ -103,3 +103,21 @@ def test_precision_table_reads_back(tmp_path: Path) -> None:
         (r.name, r.dtype, r.steps) for r in report.precision
     ]
     assert all(abs(a.mean_frac - b.mean_frac) < 1e-3 for a, b in zip(back.precision, report.precision))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_host_count_equals_the_torch_count_on_signed_zeros_and_nan(dtype: torch.dtype) -> None:
+    from gradlog.measure.meter import _host_frozen
+
+    gen = torch.Generator().manual_seed(0)
+    n = 100_003  # several blocks and a ragged end
+    d = torch.randn(n, generator=gen).to(dtype)
+    d[torch.rand(n, generator=gen) < 0.7] = 0.0
+    g = torch.randn(n, generator=gen).to(dtype)
+    g[torch.rand(n, generator=gen) < 0.2] = 0.0
+    g[torch.rand(n, generator=gen) < 0.1] = -0.0
+    g[:50] = float("nan")
+    want = int(((d == 0) & (g != 0)).sum())
+    got = _host_frozen(d, g)
+    assert got is not None and int(got) == want
+    assert _host_frozen(d[::2], g[::2]) is None  # not contiguous: the caller's torch path
