@@ -22,7 +22,7 @@ from torch import nn
 import gradlog
 from gradlog.measure.histogram import Histogram
 
-STEPS = 4
+STEPS = 5  # 4 quiet measured steps after STOP_AT: the bar of a stopped slice
 GLOBAL_BATCH = 8
 
 
@@ -86,7 +86,7 @@ def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 def stop(opt: torch.optim.Optimizer, step: int) -> None:
     """A scheduler bug: the last param group's lr goes to 0 after step 0, so its tensors stop learning
-    (3 quiet measured steps of 4: stalled since step 1, last update at step 0)."""
+    (4 quiet measured steps of 5: stalled since step 1, last update at step 0)."""
     if step == 0:
         opt.param_groups[-1]["lr"] = 0.0
 

@@ -16,6 +16,7 @@ from torch import nn
 
 import gradlog
 from gradlog import Reason
+from gradlog.verdict.stopped_slices import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
 
 transformers = pytest.importorskip("transformers")
 
@@ -58,9 +59,10 @@ class LastNonzero:
             self.last[n][nz] = step
 
     def stopped(self) -> set[tuple[str, int | None, tuple[int, ...], int]]:
-        """(name, dim, indices, since step) of the slices quiet on at least max(3, 10% of the measured steps)
-        measured steps after their last non-zero gradient, up to the tensor's last one, grouped by stop step."""
-        need = max(3, math.ceil(0.1 * self.measured))
+        """(name, dim, indices, since step) of the slices quiet on at least max(4, 20% of the measured steps)
+        measured steps after their last non-zero gradient, up to the tensor's last one, grouped by stop step
+        (the policy's bar, `gradlog.verdict.stopped_slices.MIN_QUIET_*`)."""
+        need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * self.measured))
         out = set()
         for n, last in self.last.items():
             top = int(last.max())

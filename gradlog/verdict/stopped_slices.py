@@ -6,14 +6,14 @@ gradient was non-zero there (`SliceGrads.last_rows`, 4 bytes per row and per col
 2+ dims, per element of a 1-D one). A slice is reported as stopped when
 
 - it had a non-zero gradient at some measured step (never: `partly_updated`'s finding), and
-- the tensor kept getting a non-zero gradient elsewhere on at least `MIN_QUIET_STEPS` measured steps
-  after the slice's last one (and `MIN_QUIET_FRACTION` of all measured steps), the same bar as
-  stalled tensors (`gradlog.verdict.stalled`): a unit quiet on one step is not a finding.
+- the tensor kept getting a non-zero gradient elsewhere on at least `MIN_QUIET_STEPS` (4) measured
+  steps after the slice's last one, and `MIN_QUIET_FRACTION` (20%) of all measured steps: a unit
+  quiet on a few steps is not a finding.
 
 What a measured step sees is that step's gradient only: with ``every=k`` a slice used on unmeasured
 steps and never on measured ones looks stopped, and the step it stopped is known to the measured step:
 after `last_grad_step`, no later than `since_step`. Rows of an `nn.Embedding` are not judged (ids stop
-appearing in batches all the time); a run with fewer than `MIN_QUIET_STEPS` + 1 measured steps cannot
+appearing in batches all the time); a run with `MIN_QUIET_STEPS` or fewer measured steps cannot
 tell a stopped slice from a quiet one and reports none.
 
 Reasons, most specific first:
@@ -36,12 +36,17 @@ import torch
 from torch import nn
 
 from gradlog.measure.distributed import Reducer, is_dtensor
-from gradlog.measure.params import Tracked, local_tensor
+from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import StepIndex
 from gradlog.verdict.report import Reason, StoppedSlice, format_ranges
-from gradlog.verdict.stalled import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
+
+#: a slice is stopped after at least this many quiet measured steps, and this share of all measured steps:
+#: a stricter bar than a whole tensor's (`gradlog.verdict.stalled`: 3 and 10%), as a model has many slices
+#: and each is noisier: a ReLU unit fed a batch of 5 was quiet 3 steps in a row by chance in a 12-step run
+MIN_QUIET_STEPS = 4
+MIN_QUIET_FRACTION = 0.2
 
 #: at most this many records (groups by stop step) per tensor and dim; later groups fold into the last, which
 #: then spans several stop steps: `last_grad_step` is its earliest last step, `since_step` its latest since
@@ -111,7 +116,7 @@ def last_steps(rows: Sequence[Tracked], grads: SliceGrads) -> Lasts:
     left out: nothing of it stopped. A sharded one is always in: its ranks combine their vectors."""
     out: Lasts = {}
     for row in rows:
-        if not row.param.requires_grad or row.param.dim() == 0:
+        if not row.param.requires_grad or not is_materialized(row.param) or row.param.dim() == 0:
             continue
         r, c = grads.last_rows.get(row.index), grads.last_cols.get(row.index)
         at = grads.all_at.get(row.index, -1)
@@ -134,7 +139,7 @@ def global_last_steps(rows: Sequence[Tracked], lasts: Lasts, reducer: Reducer) -
     latest any rank saw). One all_reduce(MAX); every rank passes the same items."""
     items: list[tuple[Tracked, int | None, torch.Tensor | None]] = []
     for row in rows:
-        if not is_dtensor(row.param) or row.param.dim() == 0 or not row.param.requires_grad:
+        if not is_dtensor(row.param) or not row.param.requires_grad or row.param.dim() == 0:
             continue
         mine = lasts.get(row.index, {})
         for dim in _dims(row):
