@@ -457,7 +457,7 @@ class Gradlog(Monitor):
     def fast_forward(self, i: int) -> int:
         assert self.every is not None
         ahead = -i % self.every
-        self.gl.optimizer_steps += ahead  # gradlog measures when its own step counter hits a multiple
+        self.gl.pipeline.optimizer_steps += ahead  # gradlog measures when its own step counter hits a multiple
         return i + ahead
 
     def close(self) -> None:

@@ -18,7 +18,17 @@ from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.options import AlertOptions, HistogramOptions, Output
 from gradlog.verdict.policy import Policy
-from gradlog.verdict.report import NeverUpdated, NonFinite, PartlyUpdated, Reason, Report, Stalled
+from gradlog.verdict.report import (
+    IdleExperts,
+    NeverUpdated,
+    NonFinite,
+    PartlyUpdated,
+    PrecisionLoss,
+    Reason,
+    Report,
+    Stalled,
+    StoppedSlice,
+)
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
 from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when constructed
@@ -37,15 +47,18 @@ __all__ = [
     "Histogram",
     "HistogramOptions",
     "Histograms",
+    "IdleExperts",
     "MemoryWriter",
     "NeverUpdated",
     "NonFinite",
     "Output",
     "PartlyUpdated",
     "Policy",
+    "PrecisionLoss",
     "Reason",
     "Report",
     "Stalled",
+    "StoppedSlice",
     "TensorBoardWriter",
     "WandbWriter",
     "Writer",

@@ -25,11 +25,14 @@ from gradlog.options import HistogramOptions
 from gradlog.publishing import Failures
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
+from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.policy import Policy
+from gradlog.verdict.precision import rounded_away
 from gradlog.verdict.report import Report
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
+from gradlog.verdict.stopped_slices import global_last_steps, last_steps, stopped_slices
 
 __all__ = ["Pipeline"]
 
@@ -134,8 +137,9 @@ class Pipeline:
         self.guarded(lambda: self._consider(optimizer))
 
     def _consider(self, optimizer: torch.optim.Optimizer) -> None:
-        """An optimizer not seen before steps: follow it when it steps watched parameters (and no other
-        logger watches it), otherwise remember it as one to let pass."""
+        """An optimizer not seen before steps: follow it when it replaces the followed one (it steps watched
+        parameters the followed one also holds, and no other logger watches it), otherwise remember it as
+        one to let pass."""
         if self.inert or self.closed:
             return
         before = self.optimizer
@@ -150,7 +154,11 @@ class Pipeline:
                     "GradLogger per optimizer, each with include= naming the tensors that optimizer trains"
                 )
             return
-        if not self._steps_watched(optimizer) or any(gl.optimizer is optimizer for gl in lifecycle.ACTIVE):
+        if (
+            not self._steps_watched(optimizer)
+            or any(gl.optimizer is optimizer for gl in lifecycle.ACTIVE)
+            or (before is not None and not _shared(before, optimizer))
+        ):  # a second optimizer beside the watched one (sparse embeddings, Muon + AdamW) is no replacement
             self._others[id(optimizer)] = weakref.ref(optimizer)
             return
         self.follow(optimizer)
@@ -300,10 +308,7 @@ class Pipeline:
         grads = self.meter.slice_grads
         for index in self.table.take_freed():
             self.ledger.release(index)
-            grads.rows.pop(index, None)
-            grads.cols.pop(index, None)
-            grads.full.discard(index)
-            grads.rows_full.discard(index)
+            grads.forget(index)
 
     def clip_due(self) -> bool:
         """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""
@@ -395,10 +400,25 @@ class Pipeline:
             self.with_optimizer,
             exclude={r.name for r in never},
         )
+        lasts = last_steps(rows, self.meter.slice_grads)
+        if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
+            lasts = global_last_steps(rows, lasts, reducer)
+        slices = stopped_slices(
+            rows,
+            lasts,
+            ledger.steps,
+            ledger.measured_steps,
+            model,
+            exclude={r.name for r in never} | {r.name for r in stopped},
+        )
+        layout = expert_layout(model, rows) if model is not None else {}
         return Report(
             never_updated=never,
             partly_updated=partly,
             stalled=stopped,
+            stopped_slices=slices,
+            experts=idle_experts(layout, never, partly, stopped, slices),
+            precision=rounded_away(rows, ledger.evidence, exclude={r.name for r in never}),
             hint=run_hint(rows, never, self.with_optimizer),
             alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,
@@ -408,3 +428,10 @@ class Pipeline:
             tracked_tensors=len(rows),
             policy=policy,
         )
+
+
+def _shared(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
+    """Whether two optimizers hold a parameter in common: the newer one replaces the older (two-phase
+    fine-tuning rebuilds the optimizer over the head and the body), rather than training other tensors."""
+    held = {id(p) for g in a.param_groups for p in g["params"]}
+    return any(id(p) in held for g in b.param_groups for p in g["params"])

@@ -19,7 +19,15 @@ from gradlog.measure.once import WarnOnce
 from gradlog.resume import SEGMENT_COLUMNS, SEGMENT_TABLE
 from gradlog.verdict.alerts import ALERT_COLUMNS
 from gradlog.verdict.policy import POLICY_COLUMNS
-from gradlog.verdict.report import PARTLY_COLUMNS, STALLED_COLUMNS, TABLE_COLUMNS, Report
+from gradlog.verdict.report import (
+    EXPERT_COLUMNS,
+    PARTLY_COLUMNS,
+    PRECISION_COLUMNS,
+    STALLED_COLUMNS,
+    STOPPED_COLUMNS,
+    TABLE_COLUMNS,
+    Report,
+)
 from gradlog.verdict.series import run_level
 from gradlog.writers import Writer
 from gradlog.writers.guard import GuardedWriters
@@ -62,6 +70,7 @@ class Publisher:
         self._provisional_at: float | None = None  # monotonic time of the last provisional table
         #: (summary rows, `gradlog/segment` rows) written with every report: what a resumed run reads back
         self.segment: Callable[[], tuple[list[list[str]], list[list[str]]]] | None = None
+        self._sparse_tables: set[tuple[str, bool]] = set()  # (name, final) of the tables written only when non-empty
 
     # --- every published step ---------------------------------------------------------------
     def step(
@@ -140,6 +149,17 @@ class Publisher:
         out.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
         out.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
         out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
+        for name, columns, rows in (
+            ("gradlog/stopped_slices", STOPPED_COLUMNS, [r.row() for r in report.stopped_slices]),
+            ("gradlog/experts", EXPERT_COLUMNS, [r.row() for r in report.experts]),
+            ("gradlog/precision", PRECISION_COLUMNS, [r.row() for r in report.precision]),
+        ):
+            # written once there is something to say (most runs: never), then always: an emptied provisional
+            # table must replace the rows written before it
+            key = (name, provisional_step is None)
+            if rows or key in self._sparse_tables:
+                self._sparse_tables.add(key)
+                out.log_table(name, columns, rows)
         if report.alerts:
             out.log_table("gradlog/alerts", ALERT_COLUMNS, [a.row() for a in report.alerts])
         if report.policy is not None and report.policy.rules:  # `gradlog report` then judges as close() did

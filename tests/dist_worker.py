@@ -22,7 +22,7 @@ from torch import nn
 import gradlog
 from gradlog.measure.histogram import Histogram
 
-STEPS = 4
+STEPS = 5  # 4 quiet measured steps after STOP_AT: the bar of a stopped slice
 GLOBAL_BATCH = 8
 
 
@@ -38,6 +38,8 @@ class Block(nn.Module):
 
 #: units of the first layer planted dead (bias -100 before a ReLU), on both ranks' shards of 16 rows
 DEAD = (1, 9, 10)
+#: units of the first layer whose output is zeroed from step `STOP_AT` on (a forward hook): stopped slices
+STOPPED, STOP_AT = (4, 12), 1
 
 
 class Net(nn.Module):
@@ -84,7 +86,7 @@ def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 def stop(opt: torch.optim.Optimizer, step: int) -> None:
     """A scheduler bug: the last param group's lr goes to 0 after step 0, so its tensors stop learning
-    (3 quiet measured steps of 4: stalled since step 1, last update at step 0)."""
+    (4 quiet measured steps of 5: stalled since step 1, last update at step 0)."""
     if step == 0:
         opt.param_groups[-1]["lr"] = 0.0
 
@@ -120,7 +122,9 @@ def dump(mem: gradlog.MemoryWriter, report: gradlog.Report, writers: int) -> dic
         for tag, vals in mem.histograms.items()
     }
     partly = [[r.name, r.dim, list(r.indices), r.reason.value, r.detail] for r in report.partly_updated]
+    stopped = [[r.name, r.dim, list(r.indices), r.since_step, r.reason.value] for r in report.stopped_slices]
     return {
+        "stopped": stopped,
         "writers": writers,
         "scalars": mem.scalars,
         "histograms": hists,
@@ -164,7 +168,17 @@ def train(
         reducer.all_reduce = counted  # type: ignore[method-assign]
     per = GLOBAL_BATCH // world if shard_batch else GLOBAL_BATCH
     lo = rank * per if shard_batch else 0
+    now = [0]
+    keep = torch.ones(16)
+    keep[list(STOPPED)] = 0.0
+
+    def stop_units(mod: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+        return out * keep if now[0] >= STOP_AT else None
+
+    inner = getattr(model, "module", model)  # DDP wraps it
+    hooks = [inner.inp.register_forward_hook(stop_units)] if hasattr(inner, "inp") else []
     for step in range(STEPS):
+        now[0] = step
         for micro in range(accumulate):
             x, y = data(step, micro)
             x, y = x[lo : lo + per], y[lo : lo + per]
@@ -179,6 +193,8 @@ def train(
         opt.zero_grad()
         stop(opt, step)
     n_writers = len(gl.writers.writers)
+    for h in hooks:
+        h.remove()
     return mem, gl.close(), n_writers
 
 

@@ -162,13 +162,14 @@ def test_fsdp2_global_numbers_equal_one_process(main_run: Any, reference: Any) -
 def test_fsdp2_collectives_per_measured_step(main_run: Any) -> None:
     """Per measured step one MAX (step check + gradient ranges) and one SUM; histogram steps (every 2nd
     here) add one MAX for the weight/update ranges. Settings are checked once (index -1) before the
-    first step; at close the changed flags take one more MAX, and the per-slice flags one more."""
+    first step; at close the changed flags take one more MAX, the per-slice flags one more, and the
+    per-slice last steps (stopped slices) one more."""
     _, runs = main_run
     calls = [tuple(c) for c in runs["fsdp2"][0]["collectives"]]
     want = [("max", -1)]
     for step in range(W.STEPS):
         want += [("max", step), ("max", step), ("sum", step)] if step % 2 == 0 else [("max", step), ("sum", step)]
-    want += [("max", -1), ("max", -1)]
+    want += [("max", -1), ("max", -1), ("max", -1)]
     assert calls == want
 
 
@@ -245,8 +246,23 @@ def test_partly_updated_is_global_and_equals_one_process(
         assert payload["partly"] == tp_want["partly"]
 
 
+def test_stopped_slices_are_global_and_equal_one_process(
+    main_run: Any, reference: Any, reference_accumulated: Any
+) -> None:
+    """Units zeroed from step 1 on, one in each rank's shard of `inp` (rows 0-7 and 8-15 under FSDP2):
+    rank 0 reports them at their global indices, stopped from step 1, as one process does."""
+    _, runs = main_run
+    planted = {(n, d, tuple(W.STOPPED), W.STOP_AT) for n, d in (("inp.weight", 0), ("inp.bias", None))}
+    assert planted <= {(n, d, tuple(i), s) for n, d, i, s, _ in reference["stopped"]}
+    for name, want in (("fsdp2", reference), ("ddp", reference_accumulated)):
+        for payload in runs[name]:
+            assert payload["stopped"] == want["stopped"], name
+
+
 def test_dead_frac_of_sharded_tensors_is_global(main_run: Any, reference: Any) -> None:
     _, runs = main_run
     got = runs["fsdp2"][0]["scalars"]["weights/dead_frac/inp.weight"]
     assert [tuple(x) for x in got] == reference["scalars"]["weights/dead_frac/inp.weight"]
-    assert [v for _, v in got] == [len(W.DEAD) / 16] * (W.STEPS // 2)  # rank 0 holds only 1 of the 3 dead rows
+    # rank 0 holds only 1 of the 3 dead rows (and 1 of the 2 stopped from step STOP_AT on)
+    dead = [len(W.DEAD) + (len(W.STOPPED) if step >= W.STOP_AT else 0) for step in range(0, W.STEPS, 2)]
+    assert [v for _, v in got] == [n / 16 for n in dead]

@@ -155,3 +155,29 @@ def test_gradient_accumulation_does_not_warn() -> None:
             opt.step()
             opt.zero_grad()
     gl.close()
+
+
+def test_a_second_optimizer_over_other_tensors_is_not_followed() -> None:
+    """Two optimizers side by side (sparse embeddings + dense, Muon + AdamW): each trains its own tensors, so
+    the second is no replacement; gradlog keeps measuring the one it was given, and says nothing."""
+    torch.manual_seed(0)
+    model = Net()
+    body, head = list(model.body.parameters()), [*model.head.parameters(), *model.frozen.parameters()]
+    first, second = torch.optim.SGD(body, lr=0.1), torch.optim.Adam(head, lr=1e-3)
+    gl = gradlog.GradLogger(model, first, writer=MemoryWriter(), every=1, print_report=False)
+    hand = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for step in range(6):
+            first.zero_grad()
+            second.zero_grad()
+            model(torch.randn(4, 6)).pow(2).mean().backward()
+            hand.append(float(model.body.weight.grad.norm()))
+            first.step()
+            second.step()
+            gl.log(step)
+    assert gl.optimizer is first
+    report = gl.close()
+    assert report.optimizer_steps == 6
+    got = [v for _, v in gl.writers.writers[0].scalars["weights/grad_norm/body.weight"]]
+    assert got == pytest.approx(hand, rel=1e-6)

@@ -328,5 +328,5 @@ def test_the_ledger_keeps_counters_only() -> None:
     assert report.healthy
     for cls in (Evidence, Quiet):
         for f in cls.__dataclass_fields__.values():
-            allowed = ("int", "str", "bool | None", "Fingerprint | None", "Quiet")
+            allowed = ("int", "float", "str", "bool | None", "Fingerprint | None", "Quiet")  # float: frozen_sum/max
             assert f.type in allowed, (cls.__name__, f.name, f.type)

@@ -260,7 +260,7 @@ class Reducer:
         return {r.index: bool(v > 0) for r, v in zip(rows, t.tolist()) if v >= 0}
 
     def global_slices(
-        self, items: Sequence[tuple[Tracked, int | None, torch.Tensor | None]]
+        self, items: Sequence[tuple[Tracked, int | None, torch.Tensor | None]], values: bool = False
     ) -> list[torch.Tensor | None]:
         """At close: per-slice bool vectors of sharded tensors, from local to global. One all_reduce(MAX).
 
@@ -294,7 +294,8 @@ class Reducer:
         out: list[torch.Tensor | None] = []
         at = 0
         for length, _, _ in spans:
-            out.append(host[at : at + length] > 0 if host[at + length] > 0 else None)
+            part = host[at : at + length]
+            out.append((part if values else part > 0) if host[at + length] > 0 else None)
             at += length + 1
         return out
 

@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+try:  # optional, as in stats: the torch path counts without it
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
+
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
@@ -40,12 +45,36 @@ from gradlog.measure.tags import HISTOGRAM_KINDS, prefix
 #: Per-tensor tag prefixes (`weights/<metric>/`, see `gradlog.measure.tags`), built once.
 WEIGHT_NORM, GRAD_NORM, GRAD_ZERO_FRAC = prefix("weight_norm"), prefix("grad_norm"), prefix("grad_zero_frac")
 GRAD_NONFINITE, UPDATE_RATIO, DEAD_FRAC = prefix("grad_nonfinite"), prefix("update_ratio"), prefix("dead_frac")
+#: the share of a tensor's elements whose gradient was non-zero (lr > 0) yet whose value did not change
+FROZEN_FRAC = prefix("frozen_frac")
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _row_tags(name: str) -> tuple[str, str, str, str, str, str]:
     """One tensor's scalar tags, built once: a 5,000-tensor step made 25,000 new strings (2 MB) each time."""
     return tuple(p + name for p in (WEIGHT_NORM, GRAD_NORM, GRAD_ZERO_FRAC, GRAD_NONFINITE, UPDATE_RATIO, DEAD_FRAC))  # type: ignore[return-value]
+
+
+#: elements per block of `_host_frozen`: its three small temporaries stay in the L1/L2 cache
+_FROZEN_BLOCK = 1 << 15
+
+
+def _host_frozen(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor | None:
+    """`count(d == 0 & g != 0)` of contiguous 16-bit float CPU tensors, on their int16 bits a cache-sized block
+    at a time (numpy): ~5x faster than torch's bf16 compares over the whole tensor (1.5 vs 8 ns an element).
+    `d` is before - after, +0 exactly where the value kept; `g`'s sign bit is masked (-0.0 is zero, NaN is
+    not). None where this path does not apply."""
+    if np is None or d.device.type != "cpu" or g.device.type != "cpu" or d.element_size() != 2:
+        return None
+    if g.dtype != d.dtype or not (d.is_contiguous() and g.is_contiguous()) or d.is_neg() or g.is_neg():
+        return None
+    dn, gn = d.view(torch.int16).numpy().reshape(-1), g.view(torch.int16).numpy().reshape(-1)
+    total = 0
+    for at in range(0, dn.size, _FROZEN_BLOCK):
+        kept = dn[at : at + _FROZEN_BLOCK] == 0
+        kept &= (gn[at : at + _FROZEN_BLOCK] & 0x7FFF) != 0
+        total += int(np.count_nonzero(kept))
+    return torch.tensor(total)
 
 
 @dataclass(frozen=True)
@@ -141,6 +170,18 @@ class Measurement:
     skipped_total: int | None = None  # optimizer steps skipped so far (GradScaler), when known
     clip_coef: float | None = None  # the clip coefficient of this step (gradlog.clip_grad_norm_), when clipped
     dead_frac: torch.Tensor | None = None  # [n] rows with an all-zero gradient (zero-count steps; NaN: none)
+    #: [n] elements with a non-zero gradient whose value the step left unchanged (`Meter._frozen_counts`),
+    #: for the rows in `frozen_rows` (moved by the optimizer with lr > 0 and a dense float gradient)
+    frozen: torch.Tensor | None = None
+    frozen_rows: list[bool] | None = None
+
+    @functools.cached_property
+    def frozen_frac(self) -> list[float | None] | None:
+        """Per row, `frozen` / numel where judged (None elsewhere)."""
+        if self.frozen is None or self.frozen_rows is None:
+            return None
+        counts, numel = self.frozen.tolist(), self.lists.numel
+        return [c / n if ok and n > 0 else None for c, n, ok in zip(counts, numel, self.frozen_rows)]
 
     @property
     def nonfinite(self) -> torch.Tensor:
@@ -202,6 +243,9 @@ class Measurement:
                 out[t_ratio] = ratios[i]
             if dead is not None and self.has_grad[i] and not math.isnan(dead[i]):
                 out[t_dead] = dead[i]
+        for i, frac in enumerate((self.frozen_frac or ()) if not self.skipped else ()):
+            if frac:  # written while non-zero: a healthy fp32 run writes none of these series
+                out[FROZEN_FRAC + self.rows[i].name] = frac
         out["gradlog/grad_norm_total"] = math.sqrt(total) if math.isfinite(total) else total
         out["gradlog/nonfinite_tensors"] = float(n_nonfinite)
         out["gradlog/no_grad_tensors"] = float(n_nograd)
@@ -231,6 +275,7 @@ class _Open:
     # kind -> (counts, moments) of histograms made on the CPU (`stats.host_histograms`): no host copy to wait for
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     numel: list[float] = field(default_factory=list)  # per row
+    frozen_rows: list[bool] | None = None  # rows whose frozen count was taken (`Meter._frozen_counts`)
 
 
 class Meter:
@@ -263,6 +308,7 @@ class Meter:
         #: CPU: the last snapshot's buffers by row, reused by the next measured step (see `_keeps_snapshot`)
         self._kept: dict[int, torch.Tensor] = {}
         self._last_start = -(1 << 62)  # optimizer step of the last start() with a snapshot
+        self.count_frozen = True  # updates rounded away (`_frozen_counts`); False: benchmarks' A/B
 
     @property
     def busy(self) -> bool:
@@ -352,7 +398,7 @@ class Meter:
                 g is not None and g.layout == torch.strided and counts[i] == g.numel() for i, g in enumerate(grads)
             ]
         seen = (
-            self.slice_grads.observe(rows, grads, zeros, device, keep_rows=dist is not None, dense=dense)
+            self.slice_grads.observe(rows, grads, zeros, device, keep_rows=dist is not None, dense=dense, step=index)
             if self._slice_evidence
             else Observed([], None, None)
         )
@@ -459,6 +505,8 @@ class Meter:
                 exact = [_sumsq(after[j].float() - op.snapshot[j].float()) for j in low]
                 # before - after, in place (no second copy), with the norms of after and of the difference
                 moved_weight, moved = subtract_with_sumsq(op.snapshot, after, device)
+                if self.count_frozen:
+                    sums["frozen"], op.frozen_rows = self._frozen_counts(op, device)
                 weight = self._merge(moved_weight, op.moving, weights, device)
                 if low:
                     moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
@@ -491,6 +539,39 @@ class Meter:
         if total is not None:
             packer.add("skipped_total", total.reshape(-1)[:1])
         self._done = (op, packer)
+
+    @staticmethod
+    def _frozen_counts(op: _Open, device: torch.device) -> tuple[torch.Tensor, list[bool]]:
+        """Per row, how many elements had a non-zero gradient and kept their value through the step (the
+        snapshot holds before - after here, so "kept" is `== 0`): updates rounded away by the weights' dtype.
+        Rows judged: low-precision floats (fp16, bf16, 8-bit; fp32 is left out: the count is 3 passes over a
+        tensor, and fp32 loses an update only below ~6e-8 of the value) moved by the optimizer with lr > 0,
+        with a dense gradient of the weight's shape.
+        One `&` and one count per tensor on the device, stacked: no host read."""
+        assert op.snapshot is not None
+        judged = [False] * len(op.rows)
+        at: list[int] = []
+        counts: list[torch.Tensor] = []
+        for j, i in enumerate(op.moving):
+            lr = op.lr[i]
+            g = op.rows[i].param.grad
+            d = op.snapshot[j]
+            if lr is None or not lr > 0 or g is None or not d.is_floating_point() or d.element_size() >= 4:
+                continue  # fp32/fp64 weights: an update rounds away only below ~6e-8 of the value (not counted)
+            if not d.numel():
+                continue
+            g = local_tensor(g)
+            if g.layout != torch.strided or g.shape != d.shape:
+                continue  # a sparse gradient: which elements it touched is not compared here (cannot tell)
+            judged[i] = True
+            at.append(i)
+            host = _host_frozen(d, g)
+            counts.append(torch.count_nonzero(torch.logical_and(d == 0, g != 0)) if host is None else host)
+        out = torch.zeros(len(op.rows), dtype=op.grad.dtype, device=device)
+        if counts:
+            stacked = torch.stack([c.to(device) for c in counts]).to(out.dtype)
+            out = _every_row(stacked, at, len(op.rows))
+        return out, judged
 
     def _queue_histogram(self, op: _Open, kind: str, xs: list[torch.Tensor], negate: bool = False) -> None:
         """One kind's histograms of the step: on the CPU its counts and moments are kept on the step (`held`);
@@ -596,4 +677,6 @@ class Meter:
             skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
             clip_coef=float(host["clip_coef"].item()) if "clip_coef" in host else None,
             dead_frac=host["dead"] if "dead" in host else None,
+            frozen=host["frozen"].double() if "frozen" in host else None,
+            frozen_rows=op.frozen_rows if "frozen" in host else None,
         )

@@ -240,10 +240,38 @@ class SliceGrads:
         #: CPU tensors whose every row has had a non-zero gradient (known from a host read): only their
         #: columns are looked at from then on (a trained head over dead inputs never completes its columns)
         self.rows_full: set[int] = set()
+        #: stopped slices (`gradlog.verdict.stopped_slices`): per slice, the last measured step (optimizer step)
+        #: whose gradient was non-zero there, -1 for none (int32, on the gradient's device). Kept lazily: a
+        #: tensor whose every slice was non-zero at a step, known on the host (its zero count, or the probe),
+        #: only moves `all_at` (the last such step); its vectors are made at its first step with a zero slice.
+        #: The slice's last step is max(vector, all_at).
+        self.last_rows: dict[int, torch.Tensor] = {}
+        self.last_cols: dict[int, torch.Tensor] = {}
+        self.all_at: dict[int, int] = {}
+        self.track_last = True  # False: only the never-had-a-gradient evidence (benchmarks' A/B)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for d in (self.rows, self.cols) for t in d.values())
+        dicts = (self.rows, self.cols, self.last_rows, self.last_cols)
+        return sum(t.numel() * t.element_size() for d in dicts for t in d.values())
+
+    def forget(self, key: int) -> None:
+        """A tensor was freed (replaced): its evidence goes."""
+        for d in (self.rows, self.cols, self.last_rows, self.last_cols):
+            d.pop(key, None)
+        self.full.discard(key)
+        self.rows_full.discard(key)
+        self.all_at.pop(key, None)
+
+    def _mark_last(self, key: int, step: int, r_nz: torch.Tensor, c_nz: torch.Tensor | None) -> None:
+        """This step's per-slice "non-zero" into the last-step vectors (in place on the device, no sync)."""
+        for store, nz in ((self.last_rows, r_nz), (self.last_cols, c_nz)):
+            if nz is None:
+                continue
+            last = store.get(key)
+            if last is None or last.shape != nz.shape or last.device != nz.device:
+                last = store[key] = torch.full(nz.shape, self.all_at.get(key, -1), dtype=torch.int32, device=nz.device)
+            last.masked_fill_(nz, step)
 
     def observe(
         self,
@@ -253,10 +281,15 @@ class SliceGrads:
         device: torch.device,
         keep_rows: bool = True,
         dense: list[bool] | None = None,
+        step: int | None = None,
     ) -> Observed:
         """OR this step's gradients into the evidence; see `Observed` for what comes back (`Observed.rows`
         only with `keep_rows`: sharded tensors need them, the others only their `dead_frac`). `dense[i]`:
-        the caller knows gradient i has no zero entry (its zero count), so every slice of it is non-zero."""
+        the caller knows gradient i has no zero entry (its zero count), so every slice of it is non-zero.
+        `step` (the optimizer step): also keep each slice's last step with a non-zero gradient (`last_rows`),
+        which needs this step's slices of every tensor, complete or not (on the CPU most are proven non-zero
+        everywhere by their zero count or the probe, which costs a few reads)."""
+        last = step is not None and self.track_last
         local: dict[int, torch.Tensor] = {}
         fresh: list[int] = []
         flags: list[torch.Tensor] = []
@@ -272,8 +305,8 @@ class SliceGrads:
                     i: local_tensor(g.detach() if g.requires_grad else g)
                     for i, (row, g) in enumerate(zip(rows, grads))
                     if g is not None
-                    and (dead or row.index not in self.full)
-                    and row.index not in self.rows_full
+                    and (dead or last or row.index not in self.full)
+                    and (last or row.index not in self.rows_full)
                     and not (dense is not None and dense[i])
                 }
             )
@@ -282,11 +315,11 @@ class SliceGrads:
                 continue
             key = row.index
             track = key not in self.full
-            if not track and not dead:
+            if not track and not dead and not last:
                 continue
             g = local_tensor(g.detach() if g.requires_grad else g)
             known = host and g.device.type == "cpu" and ((dense is not None and dense[i]) or i in probed)
-            if not known and track and not dead and key in self.rows_full and g.dim() >= 2 and host:
+            if not known and track and not dead and not last and key in self.rows_full and g.dim() >= 2 and host:
                 acc = self.cols.get(key)
                 c_nz = _host_cols(g) if acc is not None and self.rows[key].shape[0] == g.shape[0] else None
                 if c_nz is not None:
@@ -294,9 +327,12 @@ class SliceGrads:
                     if bool(self.cols[key].all()):  # a host read, free on this (CPU) path
                         self.full.add(key)
                     continue
-            hs = None if known or not host else _host_slices(g, need_cols=track and g.dim() >= 2)
+            hs = None if known or not host else _host_slices(g, need_cols=(track or last) and g.dim() >= 2)
             if hs is not None and hs[0].all() and (hs[1] is None or hs[1].all()):
                 known = True  # every slice non-zero (columns too where tracked)
+            if known and last:
+                assert step is not None
+                self.all_at[key] = step
             if known:  # every slice non-zero, known on the host
                 if dead:
                     dense_pos.append(i)
@@ -312,7 +348,10 @@ class SliceGrads:
                 r_nz = torch.from_numpy(hs[0])
                 c_nz = torch.from_numpy(hs[1]) if hs[1] is not None else None
             else:
-                r_nz, c_nz = slice_nonzero(g, rows_only=not track)
+                r_nz, c_nz = slice_nonzero(g, rows_only=not (track or last))
+            if last and g.numel():
+                assert step is not None
+                self._mark_last(key, step, r_nz, c_nz)
             if dead:
                 if keep_rows:
                     local[i] = r_nz

@@ -24,7 +24,15 @@ from collections.abc import Iterable
 #: The group every per-tensor series is written under.
 TENSORS = "weights/"
 #: Per-tensor scalar metrics, in the order the meter writes them for one tensor.
-SCALAR_METRICS = ("weight_norm", "grad_norm", "grad_zero_frac", "grad_nonfinite", "update_ratio", "dead_frac")
+SCALAR_METRICS = (
+    "weight_norm",
+    "grad_norm",
+    "grad_zero_frac",
+    "grad_nonfinite",
+    "update_ratio",
+    "dead_frac",
+    "frozen_frac",
+)
 #: Per-tensor histogram kinds.
 HISTOGRAM_KINDS = ("grad", "weight", "update")
 #: The run-level group.

@@ -39,15 +39,21 @@ from gradlog.readers.points import Series, SeriesBuilder
 from gradlog.verdict.policy import Policy, Rule
 from gradlog.verdict.report import (
     DIM_NAMES,
+    EXPERT_COLUMNS,
     PARTLY_COLUMNS,
+    PRECISION_COLUMNS,
     STALLED_COLUMNS,
+    STOPPED_COLUMNS,
     TABLE_COLUMNS,
+    IdleExperts,
     NeverUpdated,
     NonFinite,
     PartlyUpdated,
+    PrecisionLoss,
     Reason,
     Report,
     Stalled,
+    StoppedSlice,
     parse_ranges,
 )
 
@@ -60,6 +66,9 @@ TABLE_NAMES = (
     "gradlog/never_updated",
     "gradlog/partly_updated",
     "gradlog/stalled",
+    "gradlog/stopped_slices",
+    "gradlog/experts",
+    "gradlog/precision",
     "gradlog/summary",
     "gradlog/alerts",
     "gradlog/policy",
@@ -670,6 +679,7 @@ def closed_report(run: RunData) -> Report | None:
             run.skipped.append(f"table gradlog/stalled: row {c['name']!r} cannot be read ({exc})")
             continue
         stalled.append(Stalled(c["name"], since, last, _reason(c["reason"]), c["detail"]))
+    stopped, experts, precision = _stopped_expert_precision_tables(run)
     first = None
     if "first_nonfinite_step" in summary and "first_nonfinite_tensor" in summary:
         first = NonFinite(
@@ -691,6 +701,9 @@ def closed_report(run: RunData) -> Report | None:
         partly_updated=partly,
         stalled=stalled,
         policy=recorded_policy(run),
+        stopped_slices=stopped,
+        experts=experts,
+        precision=precision,
         first_nonfinite=first,
         optimizer_steps=_int(summary.get("optimizer_steps", "0")),
         measured_steps=_int(summary.get("measured_steps", "0")),
@@ -698,3 +711,46 @@ def closed_report(run: RunData) -> Report | None:
         tracked_tensors=tracked if tracked >= 0 else len(names | {r.name for r in never}),
         error=summary.get("error") or None,
     )
+
+
+def _stopped_expert_precision_tables(run: RunData) -> tuple[list[StoppedSlice], list[IdleExperts], list[PrecisionLoss]]:
+    """The stopped-slice, expert and rounded-away tables (absent in older runs: empty)."""
+    dims = {v: k for k, v in DIM_NAMES.items()}
+    stopped: list[StoppedSlice] = []
+    for c in _cells(run.tables.get("gradlog/stopped_slices", ([], [])), STOPPED_COLUMNS):
+        try:
+            total = int(c["total"])
+            indices = parse_ranges(c["indices"], limit=min(total, 10_000_000))
+            stopped.append(
+                StoppedSlice(
+                    c["name"],
+                    dims[c["dim"]],
+                    int(c["stopped"]),
+                    total,
+                    indices,
+                    int(c["since_step"]),
+                    int(c["last_grad_step"]),
+                    _reason(c["reason"]),
+                    c["detail"],
+                )
+            )
+        except (KeyError, ValueError) as exc:
+            run.skipped.append(f"table gradlog/stopped_slices: row {c['name']!r} cannot be read ({exc})")
+    experts: list[IdleExperts] = []
+    for c in _cells(run.tables.get("gradlog/experts", ([], [])), EXPERT_COLUMNS):
+        try:
+            total = int(c["total"])
+            idx = parse_ranges(c["experts"], limit=min(total, 1_000_000))
+            since = int(c["since_step"])
+            experts.append(IdleExperts(c["layer"], c["state"], idx, total, since, _reason(c["reason"]), c["detail"]))
+        except ValueError as exc:
+            run.skipped.append(f"table gradlog/experts: row {c['layer']!r} cannot be read ({exc})")
+    precision: list[PrecisionLoss] = []
+    for c in _cells(run.tables.get("gradlog/precision", ([], [])), PRECISION_COLUMNS):
+        try:
+            mean, top, steps = float(c["mean_frac"]), float(c["max_frac"]), int(c["steps"])
+        except ValueError as exc:
+            run.skipped.append(f"table gradlog/precision: row {c['name']!r} cannot be read ({exc})")
+            continue
+        precision.append(PrecisionLoss(c["name"], c["dtype"], mean, top, steps, c["detail"]))
+    return stopped, experts, precision

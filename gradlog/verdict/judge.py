@@ -109,6 +109,10 @@ def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> li
         add(f"partly.{p.reason}", p.name)
     for s in report.stalled:
         add(f"stalled.{s.reason}", s.name)
+    for sl in report.stopped_slices:
+        add(f"stopped.{sl.reason}", sl.name)
+    for q in report.precision:
+        add("precision.rounded_away", q.name)
     for p in getattr(report, "in_batch", ()):  # gradlog.check: judged by the same policy as a run's slices
         add(f"partly.{p.reason}", p.name, in_batch=True)
     if report.skipped_steps:
@@ -175,6 +179,17 @@ def judge(report: Report, extra: Sequence[tuple[str, str | None]] = (), label: s
             f"{_plural(len(stalled), 'tensor')} stopped learning ({_by_reason(reasons)}), the first from step {first}"
         )
         add(text, _worst(stalled))
+    sliced = of("stopped.")
+    if sliced:
+        names = {f.name for f in sliced}
+        first = min(r.since_step for r in report.stopped_slices if r.name in names)
+        reasons = [f.kind.split(".", 1)[1] for f in sliced]
+        text = f"{_plural(len(names), 'tensor')} with slices that stopped learning ({_by_reason(reasons)})"
+        add(text + f", the first from step {first}", _worst(sliced))
+    rounded = of("precision.")
+    if rounded:
+        text = f"{_plural(len(rounded), 'tensor')} with updates partly rounded away (below its dtype's precision)"
+        add(text, _worst(rounded))
     skipped = of("run.skipped")
     if skipped:
         add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", _worst(skipped))

@@ -54,6 +54,11 @@ class Evidence:
     dtype: str = ""
     last_update: int = -1  # optimizer step of the last measured step with a non-zero update
     quiet: Quiet = field(default_factory=Quiet)  # the measured steps since then
+    #: updates rounded away (`Measurement.frozen_frac`): measured steps judged, the sum and the maximum of
+    #: the share of elements with a non-zero gradient whose value did not change
+    frozen_steps: int = 0
+    frozen_sum: float = 0.0
+    frozen_max: float = 0.0
 
 
 class StepIndex:
@@ -158,6 +163,14 @@ class Ledger:
         self.skipped_steps = m.skipped_total if m.skipped_total is not None else self.skipped_steps + m.skipped
         host = m.lists
         nonzero, nonfinite, upd = host.nonzero, host.nonfinite, host.update
+        frozen = m.frozen_frac if not m.skipped else None  # a skipped step changes nothing, by design
+        if frozen is not None:
+            for row, frac in zip(m.rows, frozen):
+                if frac is not None:
+                    ev = self._ev(row)
+                    ev.frozen_steps += 1
+                    ev.frozen_sum += frac
+                    ev.frozen_max = max(ev.frozen_max, frac)
         for i, row in enumerate(m.rows):
             ev = self._ev(row)
             ev.measured += 1

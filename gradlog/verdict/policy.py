@@ -45,6 +45,8 @@ _REASONS = (
     "below_precision",
     "not_in_batch",
     "padding_idx",
+    "dead_units",
+    "not_routed",
     "unknown",
 )
 
@@ -92,6 +94,25 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     "partly.unknown": (PROBLEM, "slices never measured"),
     # stopped learning
     **{f"stalled.{r}": (PROBLEM, "learned, then stopped: something changed mid-run") for r in _REASONS},
+    # slices that stopped learning mid-run (rows, columns, elements, experts)
+    "stopped.dead_units": (
+        PROBLEM,
+        "units that had a gradient and then none, in the layer's paired tensors too (ReLU units pushed dead): "
+        "capacity lost for good",
+    ),
+    "stopped.not_routed": (PROBLEM, "experts the router stopped choosing (router collapse): capacity lost for good"),
+    "stopped.zero_grad": (PROBLEM, "slices that had a gradient and then none while the rest of the tensor learned"),
+    **{
+        f"stopped.{r}": (PROBLEM, "slices that learned, then stopped while the rest of the tensor learned")
+        for r in _REASONS
+        if r not in ("dead_units", "not_routed", "zero_grad")
+    },
+    # updates rounded away by a low-precision dtype
+    "precision.rounded_away": (
+        PROBLEM,
+        "a large share of the tensor's updates rounded away every step (pure bf16/fp16 weights): it barely "
+        "learns; fp32 master weights, stochastic rounding or Kahan summation fix it",
+    ),
     # alerts during training
     "alert.update_ratio_high": (WARNING, "update ratio far above the run's other tensors of its kind: lr too high?"),
     "alert.update_ratio_low": (WARNING, "update ratio far below the run's other tensors of its kind: barely learning"),

@@ -27,6 +27,8 @@ class Reason(str, enum.Enum):
     BELOW_PRECISION = "below_precision"
     NOT_IN_BATCH = "not_in_batch"  # slices only: embedding rows absent from every measured batch
     PADDING_IDX = "padding_idx"  # slices only: an embedding's padding row, never updated by design
+    DEAD_UNITS = "dead_units"  # stopped slices: the same units stopped in the layer's paired tensors too
+    NOT_ROUTED = "not_routed"  # experts: the router's rows for them stopped too (no token routed any more)
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:
@@ -46,6 +48,9 @@ WARNING_KINDS = frozenset({"grad_norm_spike", "update_ratio_high", "update_ratio
 RATIO_KINDS = frozenset({"update_ratio_high", "update_ratio_low"})
 PARTLY_COLUMNS = ["name", "dim", "never", "total", "indices", "reason", "detail"]
 STALLED_COLUMNS = ["name", "since_step", "last_update_step", "reason", "detail"]
+STOPPED_COLUMNS = ["name", "dim", "stopped", "total", "indices", "since_step", "last_grad_step", "reason", "detail"]
+EXPERT_COLUMNS = ["layer", "state", "experts", "idle", "total", "since_step", "reason", "detail"]
+PRECISION_COLUMNS = ["name", "dtype", "mean_frac", "max_frac", "steps", "detail"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,106 @@ class Stalled:
 
 
 @dataclass(frozen=True)
+class StoppedSlice:
+    """Slices of a tensor that had a non-zero gradient at some measured step and none from `since_step` on
+    (to the end of the run), while the rest of the tensor kept getting one: units that died mid-run, experts
+    no longer routed. `dim` as in `PartlyUpdated`; `last_grad_step` is the last measured step with a non-zero
+    gradient in any of them (they stopped between it and `since_step`)."""
+
+    name: str
+    dim: int | None
+    stopped: int
+    total: int
+    indices: tuple[int, ...]
+    since_step: int
+    last_grad_step: int
+    reason: Reason
+    detail: str
+
+    @property
+    def slices(self) -> str:
+        return DIM_NAMES.get(self.dim, f"dim {self.dim}")
+
+    def row(self, limit: int | None = None) -> list[str]:
+        """`STOPPED_COLUMNS` cells; `limit` cuts the index ranges for the console."""
+        return [
+            self.name,
+            self.slices,
+            str(self.stopped),
+            str(self.total),
+            format_ranges(self.indices, limit),
+            str(self.since_step),
+            str(self.last_grad_step),
+            self.reason.value,
+            self.detail,
+        ]
+
+    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+        return {
+            **dataclasses.asdict(self),
+            "indices": list(self.indices),
+            "reason": self.reason.value,
+            "severity": (policy or Policy()).severity(f"stopped.{self.reason}", self.name),
+        }
+
+
+@dataclass(frozen=True)
+class IdleExperts:
+    """Experts of one MoE layer (`layer`: the module holding them) that got no gradient: `state` "never" (at
+    no measured step) or "stopped" (from `since_step` on). Derived from the never-updated, partly-updated,
+    stalled and stopped-slice records of the layer's expert tensors (`gradlog.verdict.experts`): the same
+    finding said per expert, not per row."""
+
+    layer: str
+    state: str
+    experts: tuple[int, ...]
+    total: int
+    since_step: int  # -1 for "never"
+    reason: Reason
+    detail: str
+
+    def row(self) -> list[str]:
+        return [
+            self.layer,
+            self.state,
+            format_ranges(self.experts),
+            str(len(self.experts)),
+            str(self.total),
+            str(self.since_step),
+            self.reason.value,
+            self.detail,
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types (no severity of its own: the verdict counts the records it is built from)."""
+        return {**dataclasses.asdict(self), "experts": list(self.experts), "reason": self.reason.value}
+
+
+@dataclass(frozen=True)
+class PrecisionLoss:
+    """A low-precision tensor whose updates round away in part: on measured steps, `mean_frac` (and at most
+    `max_frac`) of its elements had a non-zero gradient and lr > 0, yet kept their value."""
+
+    name: str
+    dtype: str
+    mean_frac: float
+    max_frac: float
+    steps: int  # measured steps it was judged on
+    detail: str
+
+    def row(self) -> list[str]:
+        return [self.name, self.dtype, f"{self.mean_frac:.3f}", f"{self.max_frac:.3f}", str(self.steps), self.detail]
+
+    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+        return {
+            **dataclasses.asdict(self),
+            "severity": (policy or Policy()).severity("precision.rounded_away", self.name),
+        }
+
+
+@dataclass(frozen=True)
 class Alert:
     """A warning raised during training: `step` is the optimizer step it was measured at.
 
@@ -208,6 +313,12 @@ class Report:
     never_updated: list[NeverUpdated] = field(default_factory=list)
     partly_updated: list[PartlyUpdated] = field(default_factory=list)
     stalled: list[Stalled] = field(default_factory=list)
+    #: slices (rows, columns, elements, experts) that had a gradient, then none to the end (`StoppedSlice`)
+    stopped_slices: list[StoppedSlice] = field(default_factory=list)
+    #: the experts of each MoE layer that got no gradient, never or from some step on (`IdleExperts`)
+    experts: list[IdleExperts] = field(default_factory=list)
+    #: tensors whose updates round away in part (`PrecisionLoss`)
+    precision: list[PrecisionLoss] = field(default_factory=list)
     first_nonfinite: NonFinite | None = None
     optimizer_steps: int = 0
     measured_steps: int = 0
@@ -311,6 +422,17 @@ class Report:
         if self.stalled:
             n = len(self.stalled)
             out.append((f"Stopped learning ({n} tensor{'s' * (n != 1)})", STALLED_COLUMNS, self.stalled_rows()))
+        if self.stopped_slices:
+            n = len(self.stopped_slices)
+            head = f"Stopped slices ({n} record{'s' * (n != 1)}: had a gradient, then none to the end)"
+            out.append((head, STOPPED_COLUMNS, [r.row(RANGES_SHOWN if console else None) for r in self.stopped_slices]))
+        if self.experts:
+            n = len(self.experts)
+            out.append((f"Experts ({n} record{'s' * (n != 1)})", EXPERT_COLUMNS, [r.row() for r in self.experts]))
+        if self.precision:
+            n = len(self.precision)
+            head = f"Updates rounded away ({n} tensor{'s' * (n != 1)})"
+            out.append((head, PRECISION_COLUMNS, [r.row() for r in self.precision]))
         return out
 
     def warning_lines(self) -> list[str]:
@@ -361,6 +483,9 @@ class Report:
             "never_updated": [r.to_dict(policy) for r in self.never_updated],
             "partly_updated": [r.to_dict(policy) for r in self.partly_updated],
             "stalled": [r.to_dict(policy) for r in self.stalled],
+            "stopped_slices": [r.to_dict(policy) for r in self.stopped_slices],
+            "experts": [r.to_dict() for r in self.experts],
+            "precision": [r.to_dict(policy) for r in self.precision],
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
             "hint": self.hint,
             "alerts": [dataclasses.asdict(a) for a in self.alerts],

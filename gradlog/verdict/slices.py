@@ -29,6 +29,7 @@ from gradlog.measure.distributed import Reducer, is_dtensor
 from gradlog.measure.fingerprint import Changes
 from gradlog.measure.params import Tracked
 from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
+from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Reason, format_ranges
 
@@ -55,6 +56,7 @@ _WORDS: dict[tuple[str, int | None], tuple[str, str]] = {
     ("conv.bias", None): ("filters", "dead filters (a ReLU that never fires?)"),
     ("embedding.weight", 0): ("rows", "ids never in a batch?"),
     ("embedding.weight", 1): ("columns", "embedding dims with no gradient"),
+    ("experts", 0): ("experts", "no token routed to them (a collapsed router, or too few tokens?)"),
 }
 _GENERIC = {0: "rows", 1: "columns", None: "elements"}
 #: a position-embedding table by its usual names (GPT-2's wpe, BERT's position_embeddings, BART's embed_positions)
@@ -288,6 +290,8 @@ def partly_updated(
             owners = _owners(model)
         owner = owners.get(id(row.param))
         kind = _kind(owner)
+        if not kind and is_fused_experts(owner[0] if owner else None, row.name, row.param):
+            kind = "experts"  # a fused 3-D expert tensor: its rows are experts (gradlog.verdict.experts)
         padding = _padding_idx(owner, row.shape[0]) if kind == "embedding.weight" else None
         for dim in todo:
             changed = f.changed[dim]

@@ -169,9 +169,16 @@ def marks(tables: Mapping[str, Table], summary: Mapping[str, str], live: Mapping
 
     if summary.get("first_nonfinite_tensor"):
         put(summary["first_nonfinite_tensor"], "nonfinite")
-    for kind in ("partly_updated", "stalled", "never_updated"):
-        if kind in tables:
-            columns, rows = tables[kind]
+    # stopped slices mark their tensor as stopped learning (in part); rounded-away updates as partly updated
+    for table, kind in (
+        ("precision", "partly_updated"),
+        ("partly_updated", "partly_updated"),
+        ("stopped_slices", "stalled"),
+        ("stalled", "stalled"),
+        ("never_updated", "never_updated"),
+    ):
+        if table in tables:
+            columns, rows = tables[table]
             at = columns.index("name") if "name" in columns else 0
             for row in rows:
                 if len(row) > at and row[at].strip():

@@ -241,10 +241,11 @@ class Tab {
     this.findings.replaceChildren(
       h("h3", {}, marked.length ? `Findings (${marked.length})` : "Findings: none"), list);
     const titles = {
-      never_updated: "Never updated", partly_updated: "Partly updated", stalled: "Stalled", alerts: "Alerts",
+      never_updated: "Never updated", partly_updated: "Partly updated", stalled: "Stalled",
+      stopped_slices: "Stopped slices", experts: "Experts", precision: "Updates rounded away", alerts: "Alerts",
     };
     const parts = [];
-    for (const key of ["never_updated", "partly_updated", "stalled", "alerts"]) {
+    for (const key of ["never_updated", "partly_updated", "stalled", "stopped_slices", "experts", "precision", "alerts"]) {
       const t = ov.tables[key];
       if (!t) continue;
       parts.push(h("h3", {}, `${titles[key]} (${t.rows.length})`), this.table(key, t));

@@ -1,0 +1,281 @@
+"""At close: rows, columns, elements and experts that had a gradient, then none from some step on.
+
+`partly_updated` names the slices that never changed over the whole run; a unit that learned for 30
+steps and then died is not among them. The meter keeps, per slice, the last measured step whose
+gradient was non-zero there (`SliceGrads.last_rows`, 4 bytes per row and per column of a tensor with
+2+ dims, per element of a 1-D one). A slice is reported as stopped when
+
+- it had a non-zero gradient at some measured step (never: `partly_updated`'s finding), and
+- the tensor kept getting a non-zero gradient elsewhere on at least `MIN_QUIET_STEPS` (4) measured
+  steps after the slice's last one, and `MIN_QUIET_FRACTION` (20%) of all measured steps: a unit
+  quiet on a few steps is not a finding.
+
+What a measured step sees is that step's gradient only: with ``every=k`` a slice used on unmeasured
+steps and never on measured ones looks stopped, and the step it stopped is known to the measured step:
+after `last_grad_step`, no later than `since_step`. Rows of an `nn.Embedding` are not judged (ids stop
+appearing in batches all the time); a run with `MIN_QUIET_STEPS` or fewer measured steps cannot
+tell a stopped slice from a quiet one and reports none.
+
+Reasons, most specific first:
+- `not_routed`: experts (dim 0 of a fused expert tensor, `gradlog.verdict.experts`) whose router rows
+  (a 2-D tensor of the same MoE block with one row per expert) stopped at the same step too;
+- `dead_units`: the same indices stopped at the same step in two or more tensors of one block (a
+  layer's weight rows or columns, its bias, the next layer's input rows or columns): units that no
+  longer fire (a ReLU driven negative);
+- `zero_grad`: otherwise; the question names what the slice is (an input feature: an input that went
+  to zero, dead units upstream).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gradlog.measure.distributed import Reducer, is_dtensor
+from gradlog.measure.params import Tracked, is_materialized, local_tensor
+from gradlog.measure.slice_grads import SliceGrads
+from gradlog.verdict.experts import is_fused_experts
+from gradlog.verdict.ledger import StepIndex
+from gradlog.verdict.report import Reason, StoppedSlice, format_ranges
+
+#: a slice is stopped after at least this many quiet measured steps, and this share of all measured steps:
+#: a stricter bar than a whole tensor's (`gradlog.verdict.stalled`: 3 and 10%), as a model has many slices
+#: and each is noisier: a ReLU unit fed a batch of 5 was quiet 3 steps in a row by chance in a 12-step run
+MIN_QUIET_STEPS = 4
+MIN_QUIET_FRACTION = 0.2
+
+#: at most this many records (groups by stop step) per tensor and dim; later groups fold into the last, which
+#: then spans several stop steps: `last_grad_step` is its earliest last step, `since_step` its latest since
+MAX_GROUPS = 16
+
+_NOUNS: dict[tuple[str, int | None], tuple[str, str]] = {
+    ("linear.weight", 0): ("output units", "units that stopped firing (a ReLU driven negative?)"),
+    ("linear.weight", 1): ("input features", "inputs that went to zero (dead units upstream?)"),
+    ("linear.bias", None): ("units", "units that stopped firing (a ReLU driven negative?)"),
+    ("conv.weight", 0): ("filters", "filters that stopped firing"),
+    ("conv.weight", 1): ("input channels", "input channels that went to zero (dead filters upstream?)"),
+    ("conv.bias", None): ("filters", "filters that stopped firing"),
+    ("experts", 0): ("experts", "no token routed to them any more (a collapsed router?)"),
+}
+_GENERIC = {0: "rows", 1: "columns", None: "elements"}
+
+
+@dataclass
+class _Group:
+    row: Tracked
+    dim: int | None
+    kind: str
+    indices: list[int]
+    since: int
+    last: int
+    total: int
+    folded: bool = False
+
+
+def _kind(module: nn.Module | None, attr: str, row: Tracked) -> str:
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return f"embedding.{attr}"
+    if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D":  # transformers' Conv1D: (in, out)
+        return f"linear.{attr}" if isinstance(module, nn.Linear) else f"conv1d_t.{attr}"
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return f"conv.{attr}"
+    if is_fused_experts(module, row.name, row.param):
+        return "experts"
+    return ""
+
+
+def _words(kind: str, dim: int | None) -> tuple[str, str]:
+    if kind.startswith("conv1d_t."):  # transformers' Conv1D holds (in, out): columns are its units
+        kind = "linear." + kind.split(".", 1)[1]
+        dim = {0: 1, 1: 0}.get(dim, dim) if dim is not None else None
+    return _NOUNS.get((kind, dim), (_GENERIC[dim], "zero gradient since (masked, or multiplied by 0?)"))
+
+
+def _block(name: str) -> str:
+    """The block two records must share to be paired: the name less its module and attribute."""
+    parts = name.split(".")
+    return ".".join(parts[:-2])
+
+
+#: per tensor (`Tracked.index`), per dim (0 rows, 1 columns, None elements): each slice's last measured step
+#: with a non-zero gradient, -1 for none
+Lasts = dict[int, dict[int | None, torch.Tensor]]
+
+
+def _dims(row: Tracked) -> tuple[int | None, ...]:
+    return (0, 1) if row.param.dim() >= 2 else (None,)
+
+
+def last_steps(rows: Sequence[Tracked], grads: SliceGrads) -> Lasts:
+    """This process's last-step vectors (its shards' slices under FSDP2/DTensor), `all_at` folded in, on
+    their device. A plain tensor with no vector (every slice non-zero at every step it was looked at) is
+    left out: nothing of it stopped. A sharded one is always in: its ranks combine their vectors."""
+    out: Lasts = {}
+    for row in rows:
+        if not row.param.requires_grad or not is_materialized(row.param) or row.param.dim() == 0:
+            continue
+        r, c = grads.last_rows.get(row.index), grads.last_cols.get(row.index)
+        at = grads.all_at.get(row.index, -1)
+        sharded = is_dtensor(row.param)
+        if r is None and not (sharded and at >= 0):
+            continue
+        local = local_tensor(row.param)
+        found: dict[int | None, torch.Tensor] = {}
+        for dim, vec in zip(_dims(row), (r, c)):
+            axis = dim or 0
+            if vec is None:
+                vec = torch.full((local.shape[axis],), at, dtype=torch.int32, device=local.device)
+            found[dim] = vec.clamp(min=at) if at >= 0 else vec
+        out[row.index] = found
+    return out
+
+
+def global_last_steps(rows: Sequence[Tracked], lasts: Lasts, reducer: Reducer) -> Lasts:
+    """Sharded tensors' vectors at their global indices, combined over ranks (a slice's last step is the
+    latest any rank saw). One all_reduce(MAX); every rank passes the same items."""
+    items: list[tuple[Tracked, int | None, torch.Tensor | None]] = []
+    for row in rows:
+        if not is_dtensor(row.param) or not row.param.requires_grad or row.param.dim() == 0:
+            continue
+        mine = lasts.get(row.index, {})
+        for dim in _dims(row):
+            vec = mine.get(dim)
+            items.append((row, dim, None if vec is None else vec.to(torch.float64) + 1))  # 0: never, or not here
+    merged = reducer.global_slices(items, values=True)
+    out = dict(lasts)
+    for (row, dim, _), vec in zip(items, merged):
+        if vec is None:
+            out.pop(row.index, None)
+            continue
+        out.setdefault(row.index, {})[dim] = (vec - 1).to(torch.int64)
+    by_index = {r.index: r for r in rows}
+    return {k: v for k, v in out.items() if all(d in v for d in _dims(by_index[k]))}  # every dim, or none
+
+
+def stopped_slices(
+    rows: Sequence[Tracked],
+    lasts: Lasts,
+    steps: StepIndex,
+    measured_steps: int,
+    model: nn.Module | None,
+    exclude: set[str] | frozenset[str] = frozenset(),
+) -> list[StoppedSlice]:
+    """One record per tensor, dim, stop step and reason, in model order; `exclude` names tensors already
+    reported whole (never updated, stalled). One host copy for all the last-step vectors."""
+    need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * measured_steps))
+    if measured_steps <= need:
+        return []  # cannot tell: too few measured steps for any slice to be quiet long enough
+    keys: list[tuple[Tracked, int | None]] = []
+    parts: list[torch.Tensor] = []
+    for row in rows:
+        vecs = lasts.get(row.index)
+        if vecs is None or row.name in exclude:
+            continue
+        for dim, vec in vecs.items():
+            keys.append((row, dim))
+            parts.append(vec)
+    if not parts:
+        return []
+    dev = parts[0].device
+    flat = torch.cat([p.to(dev, torch.int64) for p in parts]).cpu()
+    owners: dict[int, tuple[nn.Module, str]] = {}
+    if model is not None:
+        for mod in model.modules():
+            for attr, p in mod.named_parameters(recurse=False):
+                owners.setdefault(id(p), (mod, attr))
+    groups: list[_Group] = []
+    at = 0
+    for (row, dim), part in zip(keys, parts):
+        n = part.numel()
+        last = flat[at : at + n]
+        at += n
+        if not n:
+            continue
+        tensor_last = int(last.max())
+        owner = owners.get(id(row.param))
+        kind = _kind(owner[0], owner[1], row) if owner is not None else ""
+        if kind == "embedding.weight" and dim == 0:
+            continue  # ids leave the batches all the time: not a finding
+        cand = (last >= 0) & (last < tensor_last)
+        if not bool(cand.any()):
+            continue
+        values = torch.unique(last[cand]).tolist()  # the distinct last steps, ascending
+        quiet_after_tensor = steps.after(tensor_last)[0]
+        found: list[_Group] = []
+        for v in values:
+            quiet, since, _ = steps.after(v)
+            if quiet - quiet_after_tensor < need:
+                continue
+            idx = (last == v).nonzero().flatten().tolist()
+            if len(found) == MAX_GROUPS:
+                g = found[-1]
+                g.indices = sorted(g.indices + idx)
+                g.since, g.folded = since, True  # v ascends: the latest since; `last` stays the earliest
+                continue
+            found.append(_Group(row, dim, kind, idx, since, v, n))
+        groups += found
+    return _records(groups)
+
+
+def _records(groups: list[_Group]) -> list[StoppedSlice]:
+    """Reasons from pairing (see the module docstring), then the records."""
+    by_key: dict[tuple[str, int, int, tuple[int, ...]], list[_Group]] = {}
+    for g in groups:
+        by_key.setdefault((_block(g.row.name), g.total, g.since, tuple(g.indices)), []).append(g)
+    out: list[StoppedSlice] = []
+    for g in groups:
+        noun, question = _words(g.kind, g.dim)
+        key = (_block(g.row.name), g.total, g.since, tuple(g.indices))
+        peers = [p for p in by_key[key] if p is not g]
+        reason = Reason.ZERO_GRAD
+        extra = ""
+        if g.kind == "experts":
+            layer = g.row.name.rsplit(".", 1)[0]
+            parent = layer.rsplit(".", 1)[0] if "." in layer else ""
+            router = [
+                p
+                for p in groups
+                if p.kind != "experts"
+                and p.dim == 0
+                and p.total == g.total
+                and p.row.name.startswith(parent + ".")
+                and set(g.indices) <= set(p.indices)
+                and p.since <= g.since
+            ]
+            if router:
+                reason = Reason.NOT_ROUTED
+                extra = f"; the router's rows for them ({router[0].row.name}) stopped too: no token is routed to them"
+        elif g.dim == 0 and (routed := _routed(g, groups)) is not None:
+            reason = Reason.NOT_ROUTED
+            extra = f"; the same experts stopped in {routed.row.name}: the router no longer picks them"
+        elif peers:
+            reason = Reason.DEAD_UNITS
+            named = ", ".join(f"{p.row.name} {_words(p.kind, p.dim)[0]}" for p in peers[:4])
+            extra = f"; the same {len(g.indices)} stopped in {named}: dead units (a ReLU driven negative?)"
+        what = (
+            f"{noun if len(g.indices) > 1 else noun[:-1]} {format_ranges(g.indices, 8)} ({len(g.indices)} of {g.total})"
+        )
+        if g.folded:
+            when = f"stopped at different steps, each after step {g.last} and by step {g.since}"
+        else:
+            when = f"had a non-zero gradient until step {g.last} and none at any measured step from step {g.since} on"
+        detail = f"{what} {when}, while the rest of the tensor kept learning ({question}){extra}"
+        out.append(
+            StoppedSlice(g.row.name, g.dim, len(g.indices), g.total, tuple(g.indices), g.since, g.last, reason, detail)
+        )
+    return out
+
+
+def _routed(g: _Group, groups: list[_Group]) -> _Group | None:
+    """The experts group that the router-like group `g` (one row per expert, in the same MoE block) matches."""
+    block = _block(g.row.name)
+    for p in groups:
+        if p.kind == "experts" and p.total == g.total and p.since >= g.since and set(p.indices) <= set(g.indices):
+            layer = p.row.name.rsplit(".", 1)[0]
+            if layer.rsplit(".", 1)[0] == block:
+                return p
+    return None

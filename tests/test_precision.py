@@ -1,0 +1,123 @@
+"""Updates rounded away in part: a pure-bf16 GPT-2 at lr 1e-5 against its fp32 twin.
+
+The expected shares come from copies of the weights the test takes before and after every step and the
+gradients it reads itself (elements with a non-zero gradient whose value did not change), never from gradlog.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog.measure.tags import tag
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_gpt2(dtype: torch.dtype) -> nn.Module:
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg).to(dtype)
+
+
+def train(
+    dtype: torch.dtype, steps: int = 12, every: int = 1
+) -> tuple[gradlog.Report, gradlog.MemoryWriter, dict[str, list[float]]]:
+    model = tiny_gpt2(dtype)
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=every, print_report=False)
+    gen = torch.Generator().manual_seed(0)
+    ref: dict[str, list[float]] = {n: [] for n in params}  # per measured step: the share, by hand
+    for step in range(steps):
+        ids = torch.randint(0, 64, (4, 12), generator=gen)
+        model(input_ids=ids, labels=ids).loss.backward()
+        before = {n: p.detach().clone() for n, p in params.items()}
+        grads = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
+        opt.step()
+        if step % every == 0:
+            for n, p in params.items():
+                kept = (p.detach() == before[n]) & (grads[n] != 0)
+                ref[n].append(kept.sum().item() / p.numel())
+        gl.log(step)
+        opt.zero_grad()
+    return gl.close(), mem, ref
+
+
+def series(mem: gradlog.MemoryWriter, name: str) -> list[float]:
+    return [v for _, v in mem.scalars.get(tag("frozen_frac", name), [])]
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_bf16_gpt2_reports_the_share_of_updates_rounded_away_and_its_fp32_twin_does_not(every: int) -> None:
+    report, mem, ref = train(torch.bfloat16, every=every)
+    never = {r.name for r in report.never_updated}
+    assert never == {n for n, shares in ref.items() if min(shares) == 1.0}  # the LayerNorm weights, whole
+    found = {r.name: r for r in report.precision}
+    for name, shares in ref.items():
+        assert series(mem, name) == pytest.approx([s for s in shares if s]), name  # each measured step's share
+        mean = sum(shares) / len(shares)
+        if name in never:
+            assert name not in found  # never_updated says it (below_precision): not repeated
+        elif mean >= 0.25:
+            rec = found[name]
+            assert abs(rec.mean_frac - mean) < 0.10 and rec.max_frac == pytest.approx(max(shares))
+            assert "fp32 master weights" in rec.detail and "stochastic rounding" in rec.detail
+        else:
+            assert name not in found
+    assert len(found) >= 10  # the weight matrices and embeddings: 65-96% of their updates round away
+    assert not report.healthy and "updates partly rounded away" in report.verdict
+
+    twin, twin_mem, twin_ref = train(torch.float32, every=every)
+    assert twin.precision == [] and twin.never_updated == []
+    for name, shares in twin_ref.items():
+        assert series(twin_mem, name) == []  # fp32 is not counted (its LayerNorm weights lose up to 2% a step)
+        assert sum(shares) / len(shares) < 0.05
+
+
+def test_precision_table_reads_back(tmp_path: Path) -> None:
+    from gradlog.readers.run import closed_report, load
+
+    model = tiny_gpt2(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    log_dir = str(tmp_path / "tb")
+    gl = gradlog.GradLogger(model, opt, every=1, print_report=False, log_dir=log_dir)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(5):
+        ids = torch.randint(0, 64, (4, 12), generator=gen)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    back = closed_report(load(log_dir))
+    assert back is not None and report.precision
+    assert [(r.name, r.dtype, r.steps) for r in back.precision] == [
+        (r.name, r.dtype, r.steps) for r in report.precision
+    ]
+    assert all(abs(a.mean_frac - b.mean_frac) < 1e-3 for a, b in zip(back.precision, report.precision))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_host_count_equals_the_torch_count_on_signed_zeros_and_nan(dtype: torch.dtype) -> None:
+    from gradlog.measure.meter import _host_frozen
+
+    gen = torch.Generator().manual_seed(0)
+    n = 100_003  # several blocks and a ragged end
+    d = torch.randn(n, generator=gen).to(dtype)
+    d[torch.rand(n, generator=gen) < 0.7] = 0.0
+    g = torch.randn(n, generator=gen).to(dtype)
+    g[torch.rand(n, generator=gen) < 0.2] = 0.0
+    g[torch.rand(n, generator=gen) < 0.1] = -0.0
+    g[:50] = float("nan")
+    want = int(((d == 0) & (g != 0)).sum())
+    got = _host_frozen(d, g)
+    assert got is not None and int(got) == want
+    assert _host_frozen(d[::2], g[::2]) is None  # not contiguous: the caller's torch path

@@ -1,0 +1,215 @@
+"""Slices that stop learning mid-run: units killed at step k in a real transformers GPT-2 (Conv1D layout),
+a Mixtral whose router collapses at step k, and the cases where nothing can be told.
+
+Every expected index set and stop step comes from the gradients the test reads itself at every step (the
+last step each slice's gradient was non-zero), never from gradlog.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+from gradlog.verdict.stopped_slices import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
+
+transformers = pytest.importorskip("transformers")
+
+KILLED = list(range(8, 24))  # 16 units of block 0's MLP
+
+
+def tiny_gpt2(dtype: torch.dtype = torch.float32) -> nn.Module:
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=64,
+        n_positions=16,
+        activation_function="relu",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg).to(dtype)
+
+
+class LastNonzero:
+    """Reference: per tensor and dim, the last measured step at which each slice's gradient was non-zero
+    (-1: never), from the gradients the test reads at the measured steps (every `every`-th)."""
+
+    def __init__(self, model: nn.Module, dims: dict[str, int | None], every: int = 1) -> None:
+        self.params = dict(model.named_parameters())
+        self.dims, self.every, self.measured = dims, every, 0
+        self.last = {n: torch.full((self.params[n].shape[d or 0],), -1) for n, d in dims.items()}
+
+    def __call__(self, step: int) -> None:
+        if step % self.every:
+            return
+        self.measured += 1
+        for n, d in self.dims.items():
+            g = self.params[n].grad
+            assert g is not None
+            nz = (g != 0) if d is None else (g != 0).movedim(d, 0).reshape(g.shape[d], -1).any(1)
+            self.last[n][nz] = step
+
+    def stopped(self) -> set[tuple[str, int | None, tuple[int, ...], int]]:
+        """(name, dim, indices, since step) of the slices quiet on at least max(4, 20% of the measured steps)
+        measured steps after their last non-zero gradient, up to the tensor's last one, grouped by stop step
+        (the policy's bar, `gradlog.verdict.stopped_slices.MIN_QUIET_*`)."""
+        need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * self.measured))
+        out = set()
+        for n, last in self.last.items():
+            top = int(last.max())
+            for v in sorted(set(last[(last >= 0) & (last < top)].tolist())):
+                if (top - v) // self.every >= need:
+                    out.add((n, self.dims[n], tuple((last == v).nonzero().flatten().tolist()), v + self.every))
+        return out
+
+
+def mlp_dims(model: nn.Module) -> dict[str, int | None]:
+    """Every MLP weight and bias of the GPT-2 blocks, with the dim its units are along (Conv1D: (in, out))."""
+    return {
+        n: (1 if n.endswith("c_fc.weight") else 0) if p.dim() == 2 else None
+        for n, p in model.named_parameters()
+        if ".mlp." in n and not n.endswith("c_proj.bias")
+    }
+
+
+MLP = "transformer.h.0.mlp."
+GPT_DIMS: dict[str, int | None] = {MLP + "c_fc.weight": 1, MLP + "c_fc.bias": None, MLP + "c_proj.weight": 0}
+
+
+def train_gpt2(
+    model: nn.Module, steps: int, kill_at: int | None, every: int, ref: LastNonzero | None, lr: float = 1e-3
+) -> tuple[gradlog.Report, gradlog.MemoryWriter]:
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=every, print_report=False)
+    gen = torch.Generator().manual_seed(0)
+    bias = dict(model.named_parameters())[MLP + "c_fc.bias"]
+    for step in range(steps):
+        if step == kill_at:
+            with torch.no_grad():
+                bias[KILLED] = -100.0  # a bad update: these ReLU units never fire again
+        ids = torch.randint(0, 64, (4, 12), generator=gen)
+        model(input_ids=ids, labels=ids).loss.backward()
+        if ref is not None:
+            ref(step)
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    return gl.close(), mem
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_gpt2_units_killed_at_step_k_are_reported_with_their_step(every: int) -> None:
+    k = 16
+    model = tiny_gpt2()
+    ref = LastNonzero(model, mlp_dims(model), every)
+    report, _ = train_gpt2(model, steps=32, kill_at=k, every=every, ref=ref)
+    # the reference sees the planted bug: 16 units of block 0 last had a gradient at the measured step before k
+    killed = {(n, d, tuple(KILLED), since) for n, d in GPT_DIMS.items() for since in [k + (-k) % every]}
+    want = ref.stopped()
+    assert killed <= want
+    # ...and units of block 1 that died on their own (a real ReLU MLP at lr 1e-3): gradlog finds exactly these
+    got = {(r.name, r.dim, r.indices, r.since_step) for r in report.stopped_slices}
+    assert got == want
+    for r in report.stopped_slices:
+        assert r.last_grad_step < r.since_step <= r.last_grad_step + every
+        if r.name.startswith(MLP):
+            assert r.since_step - every < k <= r.since_step and r.reason is Reason.DEAD_UNITS
+    fc = next(r for r in report.stopped_slices if r.name == MLP + "c_fc.weight")
+    assert "output units 8-23 (16 of 128)" in fc.detail  # Conv1D: its columns are the units
+    assert not report.healthy and "slices that stopped learning (dead_units" in report.verdict
+    assert "Stopped slices (" in report.table()
+
+
+def test_gelu_gpt2_has_no_stopped_slices_as_its_gradients_say() -> None:
+    model = tiny_gpt2()
+    for block in model.transformer.h:
+        block.mlp.act = nn.GELU()  # no unit of a GELU MLP ever gets an exactly zero gradient
+    dims = {n: (d if p.dim() == 2 else None) for n, p in model.named_parameters() for d in [0] if p.dim() <= 2}
+    dims = {n: d for n, d in dims.items() if not n.startswith("transformer.w")}  # embeddings: rows not judged
+    ref = LastNonzero(model, dims)
+    report, _ = train_gpt2(model, steps=24, kill_at=None, every=1, ref=ref)
+    assert ref.stopped() == set()
+    assert report.stopped_slices == []
+
+
+def test_stopped_slices_table_reads_back_through_tensorboard(tmp_path: Any) -> None:
+    from gradlog.readers.run import closed_report, load
+
+    model = tiny_gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gl = gradlog.GradLogger(model, opt, every=2, print_report=False, log_dir=str(tmp_path / "tb"))
+    gen = torch.Generator().manual_seed(0)
+    bias = dict(model.named_parameters())[MLP + "c_fc.bias"]
+    for step in range(30):
+        if step == 12:
+            with torch.no_grad():
+                bias[KILLED] = -100.0
+        ids = torch.randint(0, 64, (4, 12), generator=gen)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert {r.name for r in report.stopped_slices if r.name.startswith(MLP)} == set(GPT_DIMS)
+    back = closed_report(load(str(tmp_path / "tb")))
+    assert back is not None
+    assert back.stopped_slices == report.stopped_slices
+    assert "slices that stopped learning" in back.verdict and back.status == report.status == "PROBLEM"
+
+
+def test_one_measured_step_or_every_beyond_the_run_tells_nothing_and_does_not_crash() -> None:
+    for every, steps in ((100, 20), (1, 1)):
+        model = tiny_gpt2()
+        report, _ = train_gpt2(model, steps=steps, kill_at=0, every=every, ref=None)
+        assert report.measured_steps == 1
+        assert report.stopped_slices == []
+
+
+class Odd(nn.Module):
+    """Zero-element, 1-D and sparse-gradient tensors next to a unit that dies at step 5."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=True)
+        self.empty = nn.Parameter(torch.zeros(0, 3))
+        self.fc = nn.Linear(4, 6)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc(self.emb(ids).mean(1)))
+        return self.out(h) + self.empty.sum()
+
+
+def test_sparse_zero_element_tensors_and_a_dying_unit() -> None:
+    torch.manual_seed(0)
+    model = Odd()
+    dense = [p for n, p in model.named_parameters() if n != "emb.weight"]
+    opts = [torch.optim.SGD(dense, lr=0.05), torch.optim.SparseAdam([model.emb.weight], lr=0.01)]
+    gl = gradlog.GradLogger(model, opts[0], writer=gradlog.MemoryWriter(), every=1, print_report=False)
+    ref = LastNonzero(model, {"fc.weight": 0, "fc.bias": None, "out.weight": 1})
+    gen = torch.Generator().manual_seed(0)
+    for step in range(20):
+        if step == 5:
+            with torch.no_grad():
+                model.fc.bias[2] = -100.0
+        model(torch.randint(0, 10, (8, 3), generator=gen)).pow(2).mean().backward()
+        ref(step)
+        for o in opts:
+            o.step()
+        gl.log(step)
+        for o in opts:
+            o.zero_grad()
+    report = gl.close()
+    want = ref.stopped()
+    assert {("fc.weight", 0, (2,), 5), ("fc.bias", None, (2,), 5), ("out.weight", 1, (2,), 5)} <= want
+    assert {(r.name, r.dim, r.indices, r.since_step) for r in report.stopped_slices} == want
