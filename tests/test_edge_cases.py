@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -494,3 +495,33 @@ def test_writers_asking_to_be_called_inline_are_called_on_the_training_thread(
     gl.log(0)
     gl.close()
     assert (threads == {threading.main_thread().name}) is inline, threads
+
+
+def test_the_constructor_takes_twelve_parameters_and_names_where_old_keywords_went() -> None:
+    params = list(inspect.signature(gradlog.GradLogger).parameters)
+    assert params == [
+        "model",
+        "optimizer",
+        "writer",
+        "every",
+        "log_dir",
+        "include",
+        "exclude",
+        "histograms",
+        "alerts",
+        "scaler",
+        "print_report",
+        "policy",
+    ]
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"bins= is now histograms=gradlog\.HistogramOptions\(bins=\.\.\.\)"):
+        gradlog.GradLogger(model, opt, writer="memory", bins=16)
+    with pytest.raises(TypeError, match=r"writer_timeout= is now writer=gradlog\.Output\(\.\.\., timeout=\.\.\.\)"):
+        gradlog.GradLogger(model, opt, writer="memory", writer_timeout=1.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        gradlog.GradLogger(model, opt, writer="memory", bogus=1)
+    with pytest.raises(ValueError, match=r"histograms must be True, False or a gradlog\.HistogramOptions"):
+        gradlog.GradLogger(model, opt, writer="memory", histograms="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Output: timeout must be a number of seconds > 0, got 0"):
+        gradlog.Output("memory", timeout=0)
