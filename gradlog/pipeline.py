@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from gradlog import lifecycle
+import gradlog.lifecycle as lifecycle
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter

@@ -16,12 +16,54 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from gradlog.verdict.policy import DEFAULTS, IGNORE, NOTE, PROBLEM, SEVERITIES, WARNING, Policy
 
-if TYPE_CHECKING:  # report.py imports this module: the types only, for the checker
-    from gradlog.verdict.report import Report
+
+class Report(Protocol):
+    """What the judge reads of a `gradlog.verdict.report.Report` (which imports this module, so the judge
+    names the fields it reads instead of importing the class: no import circle)."""
+
+    @property
+    def policy(self) -> Policy | None: ...
+
+    @property
+    def first_nonfinite(self) -> Any: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def never_updated(self) -> Sequence[Any]: ...
+
+    @property
+    def partly_updated(self) -> Sequence[Any]: ...
+
+    @property
+    def stalled(self) -> Sequence[Any]: ...
+
+    @property
+    def stopped_slices(self) -> Sequence[Any]: ...
+
+    @property
+    def precision(self) -> Sequence[Any]: ...
+
+    @property
+    def alerts(self) -> Sequence[Any]: ...
+
+    @property
+    def skipped_steps(self) -> int: ...
+
+    @property
+    def tracked_tensors(self) -> int: ...
+
+    @property
+    def optimizer_steps(self) -> int: ...
+
+    @property
+    def measured_steps(self) -> int: ...
+
 
 OK = "OK"
 #: the verdict's status word for a run with a problem (the severity is spelled "problem")

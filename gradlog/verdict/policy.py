@@ -72,6 +72,8 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     "never.not_in_batch": (PROBLEM, f"{_WHOLE}, not only some rows"),
     "never.padding_idx": (NOTE, "a padding row, never updated by design"),
     "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
+    "never.dead_units": (PROBLEM, f"{_WHOLE} (units, stopped slices' reason: not given to whole tensors today)"),
+    "never.not_routed": (PROBLEM, f"{_WHOLE} (experts, stopped slices' reason: not given to whole tensors today)"),
     # partly updated: rows / columns / elements
     "partly.frozen": (NOTE, "frozen slices (not produced today; listed for completeness)"),
     "partly.not_in_optimizer": (PROBLEM, "slices left out of the optimizer"),
@@ -92,6 +94,8 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     ),
     "partly.padding_idx": (NOTE, "the embedding's padding_idx row, never updated by design"),
     "partly.unknown": (PROBLEM, "slices never measured"),
+    "partly.dead_units": (PROBLEM, "units that never learned (stopped slices' reason: not given here today)"),
+    "partly.not_routed": (PROBLEM, "experts never routed to (stopped slices' reason: not given here today)"),
     # stopped learning
     **{f"stalled.{r}": (PROBLEM, "learned, then stopped: something changed mid-run") for r in _REASONS},
     # slices that stopped learning mid-run (rows, columns, elements, experts)
