@@ -1,10 +1,16 @@
-"""Run-level series, the overview image (PNG drawn without Pillow, off the training thread) and its cadence."""
+"""Run-level series, the overview image (pixels drawn by gradlog, encoded by Pillow, off the training thread) and its
+cadence."""
 
 from __future__ import annotations
 
 import io
+import os
 import statistics
+import subprocess
+import sys
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -259,3 +265,43 @@ def test_merged_overview_cells_keep_blow_ups_and_agree_with_and_without_numpy(mo
         for g, w in zip(got, want):
             assert (g != g and w != w) or g == w
         assert list(grads) == [w for _, _, w in states] + [no_grad]
+
+
+NO_PILLOW = """
+import sys, importlib.abc, warnings
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "PIL":
+            raise ImportError("PIL is not installed")
+        return None
+sys.meta_path.insert(0, Block())
+import importlib.util
+importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] == "PIL" else _find(name, *a)
+"""
+
+
+def test_without_pillow_a_memory_run_has_no_overview_image_and_no_warning(tmp_path: Any) -> None:
+    """A core install (`pip install gradlog`, writer="memory") has no Pillow: the run goes on without images."""
+    code = (
+        "import importlib.util\n_find = importlib.util.find_spec\n"
+        + NO_PILLOW
+        + """
+warnings.simplefilter("error")
+import torch, gradlog
+model = torch.nn.Linear(3, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+mem = gradlog.MemoryWriter()
+gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+for step in range(3):
+    model(torch.randn(4, 3)).sum().backward(); opt.step(); gl.log(step); opt.zero_grad()
+gl.close()
+assert "PIL" not in sys.modules
+assert not mem.images and len(mem.scalars["weights/grad_norm/weight"]) == 3, (mem.images, mem.scalars)
+print("ok")
+"""
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

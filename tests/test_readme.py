@@ -31,7 +31,7 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
 
 BLOCKER = """
 import sys, importlib.abc
-EXTRAS = ("wandb", "matplotlib", "transformers", "lightning", "pytorch_lightning", "accelerate", "peft", "PIL")
+EXTRAS = ("wandb", "matplotlib", "transformers", "lightning", "pytorch_lightning", "accelerate", "peft")
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in EXTRAS:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 
 from gradlog.measure.meter import Measurement
-from gradlog.writers.png import heatmap_png, heatmap_png_arrays
+from gradlog.writers.png import PILLOW_HINT, has_pillow, heatmap_png, heatmap_png_arrays
 
 try:  # optional: without numpy the rows are Python lists
     import numpy as np
@@ -65,6 +65,9 @@ class Overview:
         self, every: int | None = None, min_interval: float = MIN_INTERVAL_S, max_columns: int = MAX_COLUMNS
     ) -> None:
         self.every = check_every(every)
+        if self.every != 0 and not has_pillow():  # a core install (writer="memory") may lack it: no images
+            logging.getLogger("gradlog").info("gradlog: no overview images: they need Pillow (%s)", PILLOW_HINT)
+            self.every = 0
         self.min_interval = min_interval
         self.names: list[str] = []  # model order: the order tensors were first published
         self._row: dict[str, int] = {}

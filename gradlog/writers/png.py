@@ -1,15 +1,15 @@
-"""A heatmap as PNG bytes with nothing but the standard library (zlib), so images need no Pillow or matplotlib.
+"""A heatmap as PNG bytes: the pixels are drawn here (numpy, or plain Python), the file is Pillow's.
 
 The overview image (one row per tensor in model order, one column per measured step) is drawn here:
-the training loop may import this module (it sits at the writers stage), and it is cheap enough to run
-on a background thread every few measured steps.
+the training loop may import this module (it sits at the writers stage; Pillow is imported only when an
+image is encoded), and it is cheap enough to run on a background thread every few measured steps.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import math
-import struct
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,22 +48,26 @@ def scale_colour(t: float) -> RGB:
 
 
 def encode_png(width: int, height: int, rgb: bytes | memoryview) -> bytes:
-    """An 8-bit RGB PNG from `height` rows of `width * 3` bytes (filter type 0 on every row)."""
+    """An 8-bit RGB PNG from `height` rows of `width * 3` bytes, encoded by Pillow (installed with the
+    tensorboard and wandb extras; `gradlog.writers.overview` turns images off where it is missing)."""
     if len(rgb) != width * height * 3:
         raise ValueError(f"expected {width * height * 3} bytes of RGB for {width}x{height}, got {len(rgb)}")
-    stride = width * 3
-    # rows fed to the compressor one at a time: no filtered copy of the whole image (a 5,000-tensor
-    # overview is ~4.5 MB of pixels); the stream is the same as compressing the joined rows at once
-    comp = zlib.compressobj(6)
-    view = memoryview(rgb)
-    packed = [comp.compress(b"\x00" + view[y * stride : (y + 1) * stride]) for y in range(height)]
-    packed.append(comp.flush())
+    try:
+        from PIL import Image
+    except ImportError as exc:  # pragma: no cover - the overview checks first
+        raise ImportError(f"gradlog's overview image needs Pillow: {PILLOW_HINT}") from exc
+    out = io.BytesIO()
+    Image.frombuffer("RGB", (width, height), bytes(rgb), "raw", "RGB", 0, 1).save(out, format="PNG")
+    return out.getvalue()
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"".join(packed)) + chunk(b"IEND", b"")
+#: how to get Pillow, in the messages that need it
+PILLOW_HINT = "pip install pillow (the gradlog[tensorboard] and gradlog[wandb] extras install it)"
+
+
+def has_pillow() -> bool:
+    """Whether PNGs can be encoded here, without importing Pillow."""
+    return importlib.util.find_spec("PIL") is not None
 
 
 def log_range(values: Sequence[Sequence[float | None]]) -> tuple[float, float]:
