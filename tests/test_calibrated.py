@@ -46,7 +46,6 @@ def falls(losses: list[float]) -> bool:
     return sum(losses[-5:]) / 5 < 0.99 * sum(losses[:5]) / 5
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("name", list(cm.BUILDERS))
 def test_healthy_real_runs_are_ok_with_no_warning(name: str) -> None:
     report, losses, changed = train(cm.BUILDERS[name]())
@@ -65,7 +64,6 @@ def test_healthy_real_runs_are_ok_with_no_warning(name: str) -> None:
         assert emb.indices == tuple(range(100, 128)) and "ids 100, 101, 102, 103, 104, ... (28 of 128)" in emb.detail
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("factor", [30.0, 1e-4])
 def test_a_block_planted_at_another_lr_is_named_and_only_it(factor: float) -> None:
     t = cm.gpt2(planted=factor, block=1)
