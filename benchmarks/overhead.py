@@ -66,6 +66,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -901,6 +902,13 @@ def bench_model(
     if base is None:
         raise SystemExit("the baseline configuration is required (it is what every ratio divides by)")
     bench.runs, bench.base = runs, base
+    if shared is not None:  # one model, an optimizer per configuration: none replaces another's (gradlog would
+        for run in runs:  # otherwise follow the baseline's optimizer, which steps the same parameters)
+            gl = getattr(run.mon, "gl", None)
+            if gl is not None:
+                for other in runs:
+                    if other.opt is not run.opt:
+                        gl.pipeline._others[id(other.opt)] = weakref.ref(other.opt)
     t0 = time.perf_counter()
     for run in runs:
         for _ in range(args.warmup):
