@@ -442,6 +442,8 @@ class Gradlog(Monitor):
             on = kwargs.pop("histograms", True)
             kinds = gradlog.HistogramOptions().kinds if on else ()
             kwargs["histograms"] = gradlog.HistogramOptions(kinds=kinds, count_zeros=kwargs.pop("count_zeros"))
+        if "writer_options" in kwargs:  # the writer's own keyword arguments go through gradlog.Output
+            kwargs["writer"] = gradlog.Output(writer, options=kwargs.pop("writer_options"))
         if writer != "memory":
             kwargs.setdefault("log_dir", os.path.join(tmp, f"gradlog-{writer}"))
         try:
