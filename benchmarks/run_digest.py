@@ -1,0 +1,197 @@
+"""Digest of the files a fixed-seed run writes, timestamps removed: to show a refactor changed no byte.
+
+    python benchmarks/run_digest.py OUT.json           # run the demo model with TensorBoard + W&B offline
+    python benchmarks/run_digest.py --compare A.json B.json
+
+The run: the demo's five planted bugs, 24 steps, `every=2`, histograms, both writers. TensorBoard
+events are compared as serialized `Event` protos with `wall_time` set to 0, in file order; W&B
+records as serialized `Record` protos with the fields that carry clocks, run ids, hosts and paths
+cleared. Other files (provisional tables, overview PNGs) by their bytes. Names of files are normalised
+(timestamps, hostnames and run ids replaced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _run(root: Path) -> None:
+    import torch
+    from torch import nn
+
+    import gradlog
+    from gradlog.cli.demo import build, scheduler
+
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ["WANDB_SILENT"] = "true"
+    os.environ["WANDB_DIR"] = str(root / "wandb_dir")
+    (root / "wandb_dir").mkdir()
+    for name in ("tensorboard", "wandb"):
+        model, optimizer = build(0)
+        steps = 24
+        sched = scheduler(optimizer, steps)
+        g = torch.Generator().manual_seed(1)
+        xs = [torch.randn(32, 16, generator=g) for _ in range(steps)]
+        ys = [torch.randint(0, 4, (32,), generator=g) for _ in range(steps)]
+        writer: Any = (
+            name
+            if name == "tensorboard"
+            else gradlog.Output("wandb", options={"project": "digest", "dir": str(root / "wandb_dir")})
+        )
+        gl = gradlog.GradLogger(model, optimizer, writer=writer, every=2, log_dir=str(root / name), print_report=False)
+        for step in range(steps):
+            loss = nn.functional.cross_entropy(model(xs[step]), ys[step])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            sched.step()
+            gl.log(step)
+        gl.close()
+
+
+_NAME_NOISE = [
+    (re.compile(r"gradlog-run-\d{8}T\d{6}-\d+-\d+"), "gradlog-run-<id>"),
+    (re.compile(r"\d{10}"), "<time>"),
+    (re.compile(r"run-\d{8}_\d{6}-[a-z0-9]+"), "run-<id>"),
+    (re.compile(r"run-[a-z0-9]{8}\.wandb"), "run-<id>.wandb"),
+]
+
+
+_RUN_ID = re.compile(rb"\d{8}T\d{6}-\d+-\d+|\b\d+-\d{9,}\b")  # gradlog's run ids: time-pid-n, pid-object id
+_RUN_ID_TEXT = re.compile(_RUN_ID.pattern.decode())
+#: records wandb writes about itself (clocks, hosts, files, its own output): not gradlog's bytes
+_W_AND_B_OWN = {"files", "stats", "run", "telemetry", "environment", "exit", "final", "footer", "header"}
+_W_AND_B_OWN |= {"output", "output_raw", "request", "preempting", "use_artifact", "artifact"}
+_ARTIFACT = re.compile(r"wandb-client-artifact://[a-z0-9]+")
+
+
+def _norm(rel: str) -> str:
+    import socket
+
+    rel = rel.replace(socket.gethostname(), "<host>")
+    for pat, sub in _NAME_NOISE:
+        rel = pat.sub(sub, rel)
+    return re.sub(r"\.\d+\.\d+(\.|$)", r".<pid>\1", rel)
+
+
+def _tb_digest(path: Path) -> list[str]:
+    """One line per (tag, step, value) in tag order: how many values share an `Event` depends on the
+    writer thread's timing, so events are flattened; the order of each tag's values is kept."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    out = []
+    for e in LegacyEventFileLoader(str(path)).Load():  # TensorBoard's own reader, not gradlog's
+        if e.HasField("summary"):
+            for v in e.summary.value:
+                if v.HasField("tensor") and v.tensor.string_val:
+                    clean = [_RUN_ID.sub(b"<run id>", x) for x in v.tensor.string_val]
+                    del v.tensor.string_val[:]
+                    v.tensor.string_val.extend(clean)
+                body = hashlib.sha256(v.SerializeToString(deterministic=True)).hexdigest()[:16]
+                out.append(f"{v.tag}@{e.step}:{body}")
+        elif not e.HasField("file_version"):
+            e.wall_time = 0
+            out.append(f"event@{e.step}:" + hashlib.sha256(e.SerializeToString(deterministic=True)).hexdigest()[:16])
+    order = {line: i for i, line in enumerate(out)}
+    return sorted(out, key=lambda line: (line.split("@")[0], order[line]))
+
+
+def _wandb_digest(path: Path) -> list[str]:
+    from wandb.proto import wandb_internal_pb2
+
+    from gradlog.readers.wandb_offline import read_chunks
+
+    out = []
+    data = path.read_bytes()  # wandb 0.31 ships no reader for its run files: gradlog's chunk reader
+    for raw in read_chunks(data, []):
+        r = wandb_internal_pb2.Record()
+        r.ParseFromString(raw)
+        kind = r.WhichOneof("record_type")
+        if kind in ("history", "summary", "config"):
+            body: Any = getattr(r, kind)
+            items = []
+            for it in body.item if kind == "history" else body.update:
+                key = it.key or "/".join(it.nested_key)
+                if key.endswith("/sha256") or (key.endswith("/path") and "media/table" in it.value_json):
+                    continue  # a table's file name and hash: the table's own file is compared instead
+                if key in ("_timestamp", "_runtime") or key.startswith("_wandb"):
+                    continue
+                value = _ARTIFACT.sub("<artifact>", _RUN_ID_TEXT.sub("<run id>", it.value_json))
+                items.append((key, value))
+            items.sort()  # wandb-core writes a row's items in map order, which varies from run to run
+            out.append(kind + ":" + hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16])
+        elif kind == "metric":
+            out.append("metric:" + hashlib.sha256(r.metric.SerializeToString(deterministic=True)).hexdigest()[:16])
+        elif kind not in _W_AND_B_OWN:
+            out.append(str(kind))
+    return out
+
+
+def digest(root: Path) -> dict[str, Any]:
+    files: dict[str, Any] = {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file():
+            continue
+        rel = _norm(str(p.relative_to(root)))
+        if p.name.endswith(".table.json"):
+            rel = re.sub(r"_[0-9a-f]{20}\.table\.json$", ".table.json", rel)
+            files[rel] = hashlib.sha256(_RUN_ID.sub(b"<run id>", p.read_bytes())).hexdigest()[:16]
+            continue
+        if "wandb_dir" in rel and not p.name.endswith(".wandb"):
+            continue  # W&B's own logs, metadata, media written by wandb
+        if "tfevents" in p.name:
+            files[rel] = _tb_digest(p)
+        elif p.name.endswith(".wandb"):
+            files[rel] = _wandb_digest(p)
+        else:
+            files[rel] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    return files
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> int:
+    bad = 0
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            print(f"only in {'A' if name in a else 'B'}: {name}")
+            bad += 1
+        elif a[name] != b[name]:
+            if isinstance(a[name], list):
+                diff = [i for i, (x, y) in enumerate(zip(a[name], b[name])) if x != y]
+                print(f"differs: {name}: {len(a[name])} vs {len(b[name])} records, first differing record {diff[:5]}")
+                for i in diff[:5]:
+                    print("   ", a[name][i], "|", b[name][i])
+            else:
+                print(f"differs: {name}")
+            bad += 1
+        else:
+            n = len(a[name]) if isinstance(a[name], list) else 1
+            print(f"same: {name} ({n} records)")
+    print("IDENTICAL" if not bad else f"{bad} files differ")
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--compare", nargs=2)
+    args = ap.parse_args()
+    if args.compare:
+        return compare(*(json.loads(Path(p).read_text()) for p in args.compare))
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(Path(tmp))
+        d = digest(Path(tmp))
+    Path(args.out).write_text(json.dumps(d, indent=1))
+    print(f"{len(d)} files, {sum(len(v) if isinstance(v, list) else 1 for v in d.values())} records -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
