@@ -3,11 +3,15 @@
     python benchmarks/run_digest.py OUT.json           # run the demo model with TensorBoard + W&B offline
     python benchmarks/run_digest.py --compare A.json B.json
 
-The run: the demo's five planted bugs, 24 steps, `every=2`, histograms, both writers. TensorBoard
-events are compared as serialized `Event` protos with `wall_time` set to 0, in file order; W&B
-records as serialized `Record` protos with the fields that carry clocks, run ids, hosts and paths
-cleared. Other files (provisional tables, overview PNGs) by their bytes. Names of files are normalised
-(timestamps, hostnames and run ids replaced).
+The run: the demo's five planted bugs, 24 steps, `every=2`, histograms, once with the TensorBoard writer
+and once with W&B offline. TensorBoard values are read with TensorBoard's own loader and compared as
+serialized `Summary.Value` protos per tag, in the order written (how many values share one `Event`
+depends on the writer thread's timing, so events are flattened); gradlog's run ids inside table text
+are replaced. W&B history, summary and config items are compared sorted by key (wandb-core writes a
+row's items in map order), without wandb's clocks (`_timestamp`, `_runtime`), artifact ids and the
+tables' file names and hashes; the tables' own JSON files are compared instead, run ids replaced.
+Records wandb writes about itself (system stats, files, telemetry) are left out. File names are
+normalised (times, hostnames, pids and run ids replaced).
 """
 
 from __future__ import annotations
