@@ -10,24 +10,32 @@ then see one run whose last tables speak for all segments. See docs/resume.md.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import torch
 
+from gradlog.lifecycle import warn
 from gradlog.measure.params import Tracked
+from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Report, Stalled
+from gradlog.writers.tensorboard import TensorBoardWriter
+
+logger = logging.getLogger("gradlog")
 
 __all__ = [
     "SEGMENT_COLUMNS",
     "SEGMENT_TABLE",
+    "Continuation",
     "Earlier",
     "Segment",
     "check_resume",
     "checkpoint_step",
     "find_earlier",
+    "start",
 ]
 
 #: `Output(resume=...)`: False (a new run), True (continue the run in log_dir), "auto" (continue it when
@@ -233,3 +241,75 @@ def find_earlier(log_dir: str) -> Earlier | str:
         step = cells.get("last_update_step", "-1")
         last[cells["name"]] = int(step) if step.lstrip("-").isdigit() else -1
     return Earlier(log_dir, run_id, report, segments, shapes, last)
+
+
+@dataclass
+class Continuation:
+    """This process's segment of the run and, when it continues an earlier run, that run's segments:
+    what the logger writes with every report (`rows`) and how its report is judged (`merge`)."""
+
+    segment: Segment
+    earlier: Earlier | None = None
+
+    def rows(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> tuple[list[list[str]], list[list[str]]]:
+        """(summary rows, `gradlog/segment` rows): what a later segment reads back."""
+        last = {i: e.last_update for i, e in evidence.items()}
+        return self.segment.summary_rows(), Segment.rows(tracked, last, self.earlier)
+
+    def merge(self, report: Report, tracked: list[Tracked]) -> Report:
+        """`report` judged over every segment of the run (itself when there is no earlier one)."""
+        if self.earlier is None:
+            return report
+        return self.earlier.merge(report, self.segment.first_step, {r.name for r in tracked})
+
+
+def start(
+    resume: Resume, writers: list[Any], tracked: list[Tracked], optimizer: torch.optim.Optimizer | None, new_id: str
+) -> Continuation:
+    """This run's id (its TensorBoard file mark, else `new_id`), and with `resume` the earlier run it
+    continues: its id, its step count, its evidence (merged at close). A run that cannot be continued
+    (none there, another model's) is said once and a new run starts beside it; nothing is overwritten."""
+    tb = next((w for w in writers if isinstance(w, TensorBoardWriter)), None)
+    fresh = Continuation(Segment(tb.run if tb is not None else new_id))
+    if resume is False:
+        return fresh
+    said = f"resume={resume!r}"
+    if tb is None:
+        warn(f"gradlog: {said} needs the TensorBoard writer (its log_dir holds the run); a new run starts")
+        return fresh
+    found = find_earlier(tb.log_dir) if os.path.isdir(tb.log_dir) else f"{tb.log_dir!r} does not exist"
+    why = _not_continued(found, resume, tracked, optimizer, tb.log_dir)
+    if why is not None or isinstance(found, str):
+        if why:
+            warn(why)
+        return fresh
+    tb.continue_run(found.run_id)
+    # the checkpoint's own step count where the optimizer keeps one (Adam's "step"): a job preempted
+    # some steps after its last checkpoint redoes them, and the x-axis should say so
+    first = checkpoint_step(optimizer)
+    first = found.end_step if first is None else first
+    logger.info("gradlog: continuing the run in %s from step %d", tb.log_dir, first)
+    return Continuation(Segment(found.run_id, found.segments + 1, first), found)
+
+
+def _not_continued(
+    found: Earlier | str, resume: Resume, tracked: list[Tracked], optimizer: torch.optim.Optimizer | None, where: str
+) -> str | None:
+    """Why the run found in `where` is not continued (a warning; "" for a first start under "auto",
+    the normal case, not worth a word), or None when it is."""
+    said = f"resume={resume!r}"
+    if isinstance(found, str):
+        return f"gradlog: {said}: {found}; nothing to continue, a new run starts" if resume is True else ""
+    why = found.mismatch(tracked)
+    if why is not None:
+        return (
+            f"gradlog: {said}: the run in {where!r} is of another model ({why}); a new run starts "
+            "beside it (pass another log_dir to keep them apart)"
+        )
+    if resume == "auto" and (optimizer is None or not optimizer.state):
+        return (
+            f"gradlog: resume='auto': {where!r} holds a run of this model, but the optimizer's state "
+            "was not loaded from a checkpoint, so this is taken for a new run (written beside it); pass "
+            "resume=True to continue it"
+        )
+    return None

@@ -345,8 +345,8 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["layout"] = None
     except gradlog.DistributedMismatchError as exc:
         results["layout"] = str(exc)
-    gl._handles[0].remove()
-    gl._handles[1].remove()
+    gl.pipeline.handles[0].remove()
+    gl.pipeline.handles[1].remove()
     gradlog.lifecycle.ACTIVE.remove(gl)
 
     # 2. rank 1 drops its first measurement (a failure before its collective): the next exchange pairs
@@ -375,7 +375,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["index"] = None
     except gradlog.DistributedMismatchError as exc:
         results["index"] = str(exc)
-    for h in gl._handles:
+    for h in gl.pipeline.handles:
         h.remove()
     gradlog.lifecycle.ACTIVE.remove(gl)
 
