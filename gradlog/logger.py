@@ -32,7 +32,7 @@ from gradlog.options import (
 )
 from gradlog.pipeline import IDLE_LOG_CALLS, Pipeline
 from gradlog.publishing import Failures, Publisher
-from gradlog.resume import Continuation, start
+from gradlog.resume import Continuation, start, wandb_earlier
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.policy import Policy, PolicyLike
@@ -133,12 +133,16 @@ class GradLogger:
         self.pipeline = Pipeline(
             model, optimizer, every, self.options, scaler, selection, self.failures, self.rank_zero
         )
-        writers = make_writers(out.writer, log_dir=log_dir, strict=wstrict, **options) if self.rank_zero else []
+        # a W&B run to continue is found before wandb.init, which then gets its id (gradlog/resume.py)
+        wb = wandb_earlier(out.resume, out.writer, log_dir, self.table.live, self.optimizer) if self.rank_zero else None
+        named = {"wandb": {"id": wb.run_id, "resume": "allow"}} if wb is not None else None
+        writers = make_writers(out.writer, log_dir, wstrict, named, **options) if self.rank_zero else []
         self.writers = GuardedWriters(writers, strict=out.strict, timeout=out.timeout)
         #: this run's segment, and the earlier segments it continues (gradlog/resume.py); None off rank 0
         self.segments: Continuation | None = None
         if self.rank_zero:
-            self.segments = start(out.resume, writers, self.table.live, self.optimizer, f"{os.getpid()}-{id(self)}")
+            new_id = f"{os.getpid()}-{id(self)}"
+            self.segments = start(out.resume, writers, self.table.live, self.optimizer, new_id, wb)
             if self.segments.earlier is not None:
                 self.pipeline.start_at(self.segments.segment.first_step)
         segs = self.segments

@@ -242,8 +242,20 @@ class Publisher:
                 )
             elif run is not None and isinstance(getattr(run, "dir", None), str):
                 run_dir = os.path.dirname(os.path.normpath(run.dir))
-                lines.append(f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {run_dir})")
+                lines.append(f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {_whole_run(run_dir)})")
         return "\n".join(lines) or None
+
+
+def _whole_run(run_dir: str) -> str:
+    """The folder `gradlog report` reads the whole W&B run from: its parent when a resumed run left other
+    segments beside it (`offline-run-<time>-<id>`, one per segment, the same id), else the run folder."""
+    parent, name = os.path.split(run_dir)
+    run_id = name.rsplit("-", 1)[-1]
+    try:
+        others = [n for n in os.listdir(parent) if n != name and n.endswith("-" + run_id)]
+    except OSError:
+        return run_dir
+    return parent if others else run_dir
 
 
 def final_counts(report: Report) -> dict[str, float]:
