@@ -32,7 +32,7 @@ from gradlog.options import (
 )
 from gradlog.pipeline import IDLE_LOG_CALLS, Pipeline
 from gradlog.publishing import Failures, Publisher
-from gradlog.resume import Continuation, start, wandb_earlier
+from gradlog.resume import Continuation, share, start, wandb_earlier
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.policy import Policy, PolicyLike
@@ -143,8 +143,10 @@ class GradLogger:
         if self.rank_zero:
             new_id = f"{os.getpid()}-{id(self)}"
             self.segments = start(out.resume, writers, self.table.live, self.optimizer, new_id, wb)
-            if self.segments.earlier is not None:
-                self.pipeline.start_at(self.segments.segment.first_step)
+        if out.resume is not False and self.pipeline.rank_local():  # FSDP2/DTensor: every rank counts on alike
+            self.segments = share(self.segments)
+        if self.segments is not None and self.segments.earlier is not None:
+            self.pipeline.start_at(self.segments.segment.first_step)
         segs = self.segments
         rows = (lambda: segs.rows(self.table.live, self.ledger.evidence)) if segs is not None else None
         self.overview = Overview(hist.overview_every)

@@ -36,6 +36,7 @@ __all__ = [
     "check_resume",
     "checkpoint_step",
     "find_earlier",
+    "share",
     "start",
     "wandb_earlier",
 ]
@@ -367,6 +368,17 @@ def start(
         return fresh
     tb.continue_run(found.run_id)
     return _continued(found, optimizer)
+
+
+def share(continuation: Continuation | None) -> Continuation | None:
+    """Rank 0's continuation on every rank (a broadcast; rank 0 alone reads the earlier segment and owns the
+    writers). Under sharded parameters (FSDP2/DTensor) every rank must count its steps on from the same step
+    (gradlog's collectives compare the measured step) and judge over the same segments, so that `close()`
+    returns the same report on every rank. Every rank creates its logger there, so every rank meets here."""
+    box: list[Any] = [continuation]
+    torch.distributed.broadcast_object_list(box, src=0)
+    shared: Continuation | None = box[0]
+    return shared
 
 
 def _continued(found: Earlier, optimizer: torch.optim.Optimizer | None) -> Continuation:
