@@ -180,9 +180,10 @@ class Output:
     - `handle_signals`: on SIGTERM, write the final tables before the process ends;
     - `sync_timeout`: seconds a rank waits for the others in gradlog's collectives (FSDP2/DTensor);
     - `strict`: raise instead of warning when measuring or writing fails (for tests and debugging);
-    - `resume`: continue the gradlog run in ``log_dir`` as one logical run (a preempted job restarted
-      from its checkpoint): True, or ``"auto"`` (only when that run is of this model and the optimizer
-      state was loaded from a checkpoint); False (default) starts a new run. See docs/resume.md.
+    - `resume`: continue the gradlog run in ``log_dir`` (TensorBoard, or W&B: the same W&B run id) as one
+      logical run (a preempted job restarted from its checkpoint): True, or ``"auto"`` (only when that run
+      is of this model and the optimizer state was loaded from a checkpoint); False (default) starts a new
+      run. See docs/resume.md.
     """
 
     writer: WriterSpec = "tensorboard"
