@@ -32,12 +32,12 @@ from gradlog.options import (
 )
 from gradlog.pipeline import IDLE_LOG_CALLS, Pipeline
 from gradlog.publishing import Failures, Publisher
-from gradlog.resume import Continuation, share, start, wandb_earlier
+from gradlog.resume import Continuation, open_run
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.policy import Policy, PolicyLike
 from gradlog.verdict.report import Report
-from gradlog.writers import WriterSpec, make_writers
+from gradlog.writers import WriterSpec
 from gradlog.writers.guard import GuardedWriters
 from gradlog.writers.overview import Overview
 
@@ -133,20 +133,10 @@ class GradLogger:
         self.pipeline = Pipeline(
             model, optimizer, every, self.options, scaler, selection, self.failures, self.rank_zero
         )
-        # a W&B run to continue is found before wandb.init, which then gets its id (gradlog/resume.py)
-        wb = wandb_earlier(out.resume, out.writer, log_dir, self.table.live, self.optimizer) if self.rank_zero else None
-        named = {"wandb": {"id": wb.run_id, "resume": "allow"}} if wb is not None else None
-        writers = make_writers(out.writer, log_dir, wstrict, named, **options) if self.rank_zero else []
-        self.writers = GuardedWriters(writers, strict=out.strict, timeout=out.timeout)
         #: this run's segment, and the earlier segments it continues (gradlog/resume.py); None off rank 0
-        self.segments: Continuation | None = None
-        if self.rank_zero:
-            new_id = f"{os.getpid()}-{id(self)}"
-            self.segments = start(out.resume, writers, self.table.live, self.optimizer, new_id, wb)
-        if out.resume is not False and self.pipeline.rank_local():  # FSDP2/DTensor: every rank counts on alike
-            self.segments = share(self.segments)
-        if self.segments is not None and self.segments.earlier is not None:
-            self.pipeline.start_at(self.segments.segment.first_step)
+        self.segments: Continuation | None
+        writers, self.segments = open_run(out, log_dir, wstrict, options, self.pipeline, f"{os.getpid()}-{id(self)}")
+        self.writers = GuardedWriters(writers, strict=out.strict, timeout=out.timeout)
         segs = self.segments
         rows = (lambda: segs.rows(self.table.live, self.ledger.evidence)) if segs is not None else None
         self.overview = Overview(hist.overview_every)

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
@@ -23,7 +23,12 @@ from gradlog.lifecycle import warn
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Report, Stalled
+from gradlog.writers import make_writers
 from gradlog.writers.tensorboard import TensorBoardWriter
+
+if TYPE_CHECKING:
+    from gradlog.options import Output
+    from gradlog.pipeline import Pipeline
 
 logger = logging.getLogger("gradlog")
 
@@ -36,6 +41,7 @@ __all__ = [
     "check_resume",
     "checkpoint_step",
     "find_earlier",
+    "open_run",
     "share",
     "start",
     "wandb_earlier",
@@ -289,6 +295,24 @@ class Continuation:
         if self.earlier is None:
             return report
         return self.earlier.merge(report, self.segment.first_step, {r.name for r in tracked})
+
+
+def open_run(
+    out: Output, log_dir: str | None, strict: bool, options: dict[str, Any], pipeline: Pipeline, new_id: str
+) -> tuple[list[Any], Continuation | None]:
+    """The writers (rank 0's; none elsewhere) and the run they write: a new one, or with `out.resume` the
+    earlier run they continue. A W&B run to continue is found before `wandb.init`, which then gets its id;
+    the step count goes on from the earlier run's (on every rank under FSDP2/DTensor, see `share`)."""
+    tracked, optimizer = pipeline.table.live, pipeline.optimizer
+    wandb = wandb_earlier(out.resume, out.writer, log_dir, tracked, optimizer) if pipeline.rank_zero else None
+    named = {"wandb": {"id": wandb.run_id, "resume": "allow"}} if wandb is not None else None
+    writers = make_writers(out.writer, log_dir, strict, named, **options) if pipeline.rank_zero else []
+    run = start(out.resume, writers, tracked, optimizer, new_id, wandb) if pipeline.rank_zero else None
+    if out.resume is not False and pipeline.rank_local():  # FSDP2/DTensor: every rank counts on alike
+        run = share(run)
+    if run is not None and run.earlier is not None:
+        pipeline.start_at(run.segment.first_step)
+    return writers, run
 
 
 def _names(spec: object) -> list[str]:
