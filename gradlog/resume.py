@@ -304,7 +304,8 @@ def open_run(
     earlier run they continue. A W&B run to continue is found before `wandb.init`, which then gets its id;
     the step count goes on from the earlier run's (on every rank under FSDP2/DTensor, see `share`)."""
     tracked, optimizer = pipeline.table.live, pipeline.optimizer
-    wandb = wandb_earlier(out.resume, out.writer, log_dir, tracked, optimizer) if pipeline.rank_zero else None
+    wandb_dir = options.get("dir", log_dir)  # wandb.init(dir=...) given in the writer options wins (WandbWriter)
+    wandb = wandb_earlier(out.resume, out.writer, wandb_dir, tracked, optimizer) if pipeline.rank_zero else None
     named = {"wandb": {"id": wandb.run_id, "resume": "allow"}} if wandb is not None else None
     writers = make_writers(out.writer, log_dir, strict, named, **options) if pipeline.rank_zero else []
     run = start(out.resume, writers, tracked, optimizer, new_id, wandb) if pipeline.rank_zero else None

@@ -237,3 +237,29 @@ def test_wandb_resume_of_nothing_or_another_model_starts_fresh(tmp_path: Path, m
     assert len(ids) == 2  # a second run beside the first, under its own id
     with pytest.raises(gradlog.readers.run.BadRun, match="holds 2 runs; pass one of them"):
         load(str(tmp_path / "old"))  # two unrelated runs: today's clear message
+
+
+def test_tensorboard_and_wandb_together_continue_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TensorBoard folder holds the evidence; the W&B run goes on under its earlier id beside it."""
+    pytest.importorskip("wandb")
+    for key, value in _wandb_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    gl = gradlog.GradLogger(model, opt, writer=["tensorboard", "wandb"], log_dir=str(tmp_path), print_report=False)
+    _train(model, opt, gl, 3)
+    gl.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing to warn about: both runs continue
+        output = gradlog.Output(["tensorboard", "wandb"], resume="auto")
+        gl = gradlog.GradLogger(model, opt, writer=output, log_dir=str(tmp_path), every=1, print_report=False)
+    _train(model, opt, gl, 2)
+    report = gl.close()
+    assert report.optimizer_steps == 5 and report.measured_steps == 3  # every=50, then every=1: steps 0, 3, 4
+    files = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 2 and files[0].name == files[1].name
+    assert len(list(tmp_path.glob("*tfevents*"))) == 2
+    tb = closed_report(load(str(tmp_path)))
+    wb = closed_report(load(str(tmp_path / "wandb")))
+    assert tb is not None and wb is not None and tb.verdict == wb.verdict == report.verdict
