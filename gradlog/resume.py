@@ -2,10 +2,11 @@
 
 At start, the earlier segment's tables are read back (`gradlog.readers.run`): its report, its step count,
 and its `gradlog/segment` table (every tracked tensor's name, shape and last measured update). The new
-segment writes under the same run id (the TensorBoard event files' `.gradlog-run-<id>` mark), counts its
-steps on from the earlier ones, and at close merges the earlier evidence into its report: a tensor updated
-in any segment is not never-updated; one updated before the resume and not since has stalled. Readers
-then see one run whose last tables speak for all segments. See docs/resume.md.
+segment writes under the same run id (the TensorBoard event files' `.gradlog-run-<id>` mark, or the W&B
+run id, given to `wandb.init(id=..., resume="allow")`), counts its steps on from the earlier ones (on every
+rank under FSDP2/DTensor: rank 0 reads, then broadcasts), and at close merges the earlier evidence into its
+report: a tensor updated in any segment is not never-updated; one updated before the resume and not since
+has stalled. Readers then see one run whose last tables speak for all segments. See docs/resume.md.
 """
 
 from __future__ import annotations
