@@ -114,6 +114,7 @@ def _wandb_digest(path: Path) -> list[str]:
     from gradlog.readers.wandb_offline import read_chunks
 
     out = []
+    run_id = path.name[len("run-") : -len(".wandb")]  # gradlog's run_id in a W&B run is the W&B id
     data = path.read_bytes()  # wandb 0.31 ships no reader for its run files: gradlog's chunk reader
     for raw in read_chunks(data, []):
         r = wandb_internal_pb2.Record()
@@ -124,11 +125,12 @@ def _wandb_digest(path: Path) -> list[str]:
             items = []
             for it in body.item if kind == "history" else body.update:
                 key = it.key or "/".join(it.nested_key)
-                if key.endswith("/sha256") or (key.endswith("/path") and "media/table" in it.value_json):
-                    continue  # a table's file name and hash: the table's own file is compared instead
+                if key.endswith(("/sha256", "/size")) or (key.endswith("/path") and "media/table" in it.value_json):
+                    continue  # a table's file name, size and hash: the table's own file is compared instead
                 if key in ("_timestamp", "_runtime") or key.startswith("_wandb"):
                     continue
                 value = _ARTIFACT.sub("<artifact>", _RUN_ID_TEXT.sub("<run id>", it.value_json))
+                value = value.replace(f'"{run_id}"', '"<run id>"')
                 items.append((key, value))
             items.sort()  # wandb-core writes a row's items in map order, which varies from run to run
             out.append(kind + ":" + hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16])
@@ -147,7 +149,11 @@ def digest(root: Path) -> dict[str, Any]:
         rel = _norm(str(p.relative_to(root)))
         if p.name.endswith(".table.json"):
             rel = re.sub(r"_[0-9a-f]{20}\.table\.json$", ".table.json", rel)
-            files[rel] = hashlib.sha256(_RUN_ID.sub(b"<run id>", p.read_bytes())).hexdigest()[:16]
+            data = _RUN_ID.sub(b"<run id>", p.read_bytes())
+            for part in p.parts:  # a W&B run's id (gradlog's run_id there): its folder offline-run-<time>-<id>
+                if part.startswith(("offline-run-", "run-")) and "-" in part[4:]:
+                    data = data.replace(part.rsplit("-", 1)[1].encode(), b"<run id>")
+            files[rel] = hashlib.sha256(data).hexdigest()[:16]
             continue
         if "wandb_dir" in rel and not p.name.endswith(".wandb"):
             continue  # W&B's own logs, metadata, media written by wandb

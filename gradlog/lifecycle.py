@@ -13,15 +13,38 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
 
 from gradlog.measure import once
+from gradlog.measure.distributed import DistributedMismatchError
+
+if TYPE_CHECKING:
+    from gradlog.verdict.report import Report
 
 logger = logging.getLogger("gradlog")
 logger.addHandler(logging.NullHandler())
 
-__all__ = ["ACTIVE", "Closable", "LogCall", "caller", "describe", "register", "replace_earlier", "unregister", "warn"]
+__all__ = [
+    "ACTIVE",
+    "Closable",
+    "LogCall",
+    "caller",
+    "clip_grad_norm_",
+    "close",
+    "describe",
+    "end_on_sigterm",
+    "log",
+    "register",
+    "replace_earlier",
+    "unregister",
+    "warn",
+]
+
+#: Seconds a collective at close may wait for the other ranks when a signal is ending the run.
+SIGNAL_SYNC_TIMEOUT_S = 10.0
 
 
 class Closable(Protocol):
@@ -204,6 +227,29 @@ def on_sigterm(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # the exit status stays the signal's (-15, or 143 in a shell)
 
 
+def end_on_sigterm(gl: Any, ending: bool) -> None:
+    """SIGTERM for logger `gl`. `ending`: the process ends after this, so close, with bounded waits for
+    other ranks (they may get the signal later, or never): if they do not join, the answer is this rank's
+    own, written as provisional. Otherwise (the program handles SIGTERM itself and may go on) only the
+    provisional tables are written."""
+    if not ending:
+        if gl.rank_zero:
+            gl.write_provisional()
+            gl.writers.flush()
+            gl.writers.sync()
+        return
+    reducer = gl.meter.reducer
+    if reducer is not None:
+        reducer.timeout_s = min(reducer.timeout_s, SIGNAL_SYNC_TIMEOUT_S)
+    try:
+        gl.close()
+    except DistributedMismatchError as exc:
+        logger.warning("gradlog: ranks did not meet at close() after SIGTERM (%s); writing this rank's answer", exc)
+        gl.meter.abandon()
+        gl.write_provisional(exact=True)
+        gl.writers.close()
+
+
 def _after_fork_in_child() -> None:
     for gl in list(ACTIVE):
         registration = _registrations.pop(id(gl), None)
@@ -235,3 +281,43 @@ def _close_ref(ref: weakref.ref[Any]) -> None:
             gl.close()
         except Exception as exc:  # never turn interpreter exit into a traceback
             logger.warning("gradlog: closing at exit failed: %s", exc)
+
+
+# --- the module-level API: every open logger ------------------------------------------------------
+def clip_grad_norm_(
+    parameters: torch.Tensor | Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_`, same arguments and result, that also tells every open GradLogger.
+
+    Clipping changes the gradients before the optimizer step, where gradlog reads them: without this,
+    `weights/grad_norm/...` would read the clipped norms (pinned at max_norm), and a spike would go unseen.
+    With it, the measured step reports the norms before clipping (per tensor and `gradlog/grad_norm_total`)
+    and `gradlog/clip_coef`, computed from the clipped gradients and this total: no extra pass.
+    """
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    total = torch.nn.utils.clip_grad_norm_(
+        params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
+    )
+    for gl in list(ACTIVE):
+        gl.note_clip(params, total, max_norm)
+    return total
+
+
+def log(step: int | None = None) -> None:
+    """Publish the latest measurement of every open GradLogger (see `GradLogger.log`)."""
+    if not ACTIVE:
+        raise RuntimeError("gradlog.log() needs an open logger: call gradlog.watch(model, optimizer) first")
+    for gl in list(ACTIVE):
+        gl.log(step)
+
+
+def close() -> Report | None:
+    """Close every open GradLogger; returns the last one's Report (None if none was open)."""
+    report: Report | None = None
+    for gl in list(ACTIVE):
+        report = gl.close()
+    return report

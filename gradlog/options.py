@@ -14,9 +14,14 @@ A bad value raises `ValueError` naming it when the object is made, not at the fi
 
 from __future__ import annotations
 
+import math
+import operator
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+
+import torch
 
 from gradlog.measure.distributed import DEFAULT_TIMEOUT_S as DEFAULT_SYNC_TIMEOUT_S
 from gradlog.measure.histogram import MAX_BINS
@@ -43,11 +48,15 @@ __all__ = [
     "MOVED",
     "AlertOptions",
     "HistogramOptions",
+    "Options",
     "Output",
     "alert_options",
+    "check_every",
     "check_moved",
     "histogram_options",
     "output",
+    "whole_step",
+    "writer_options",
 ]
 
 
@@ -171,9 +180,10 @@ class Output:
     - `handle_signals`: on SIGTERM, write the final tables before the process ends;
     - `sync_timeout`: seconds a rank waits for the others in gradlog's collectives (FSDP2/DTensor);
     - `strict`: raise instead of warning when measuring or writing fails (for tests and debugging);
-    - `resume`: continue the gradlog run in ``log_dir`` as one logical run (a preempted job restarted
-      from its checkpoint): True, or ``"auto"`` (only when that run is of this model and the optimizer
-      state was loaded from a checkpoint); False (default) starts a new run. See docs/resume.md.
+    - `resume`: continue the gradlog run in ``log_dir`` (TensorBoard, or W&B: the same W&B run id) as one
+      logical run (a preempted job restarted from its checkpoint): True, or ``"auto"`` (only when that run
+      is of this model and the optimizer state was loaded from a checkpoint); False (default) starts a new
+      run. See docs/resume.md.
     """
 
     writer: WriterSpec = "tensorboard"
@@ -248,3 +258,53 @@ def check_moved(kwargs: Mapping[str, object]) -> None:
     if moved:
         where = "; ".join(f"{k}= is now {MOVED[k]}" for k in moved)
         raise TypeError(f"GradLogger() got keyword arguments that moved into option objects: {where}")
+
+
+class Options(NamedTuple):
+    """The validated option objects a logger runs with (`GradLogger.options`)."""
+
+    histograms: HistogramOptions
+    alerts: AlertOptions | None
+    output: Output
+
+
+def check_every(every: object) -> int:
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an integer >= 1 (measure every k-th optimizer step), got {every!r}")
+    return every
+
+
+def writer_options(out: Output, log_dir: str | None) -> tuple[str | None, dict[str, Any], bool]:
+    """(log_dir, the writers' keyword arguments, the writers' strictness) from `out` and ``log_dir=``.
+    `log_dir` in the writer options (the writers' own spelling) is accepted where it cannot be ambiguous;
+    the writer options may set the writers' own strictness."""
+    options = dict(out.options)
+    if "log_dir" in options:
+        opt_dir = options.pop("log_dir")
+        if log_dir is not None and os.fspath(opt_dir) != os.fspath(log_dir):
+            raise ValueError(
+                f"log_dir={log_dir!r} and Output(options={{'log_dir': {opt_dir!r}}}) disagree; pass log_dir= only"
+            )
+        log_dir = opt_dir
+    strict = bool(options.pop("strict", out.strict))
+    return log_dir, options, strict
+
+
+def whole_step(step: object) -> int:
+    """`log(step)`'s x-axis value as an int: a whole number (int, numpy integer, 2.0, a one-element tensor
+    holding one). Anything else is a bug in the loop, named at the first call rather than written as a
+    truncated or garbled axis (2.5 was silently 2, "4" a string)."""
+    value: object = step
+    if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_complex():
+        value = step.item()
+    elif hasattr(step, "__index__") and not isinstance(step, (bool, torch.Tensor)):
+        value = operator.index(step)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(
+        f"log(step={step!r}): step is the x-axis value and must be a whole number (an int, or a one-element "
+        "tensor holding one); pass your loop's step or batch index, or call log() with none to use the "
+        "optimizer step"
+    )

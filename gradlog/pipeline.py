@@ -16,14 +16,14 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import gradlog.lifecycle as lifecycle
+from gradlog.measure import once
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
-from gradlog.measure.params import NameFilter, ParamTable, Selection
+from gradlog.measure.params import ParamTable, Selection
 from gradlog.measure.tags import HISTOGRAM_KINDS
-from gradlog.options import HistogramOptions
+from gradlog.options import Options
 from gradlog.publishing import Failures
-from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Ledger
@@ -34,7 +34,41 @@ from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
 from gradlog.verdict.stopped_slices import global_last_steps, last_steps, stopped_slices
 
-__all__ = ["Pipeline"]
+__all__ = ["IDLE_LOG_CALLS", "IdleWatch", "Pipeline"]
+
+#: log() calls in a row with no step of the watched optimizer (and 4x the longest such gap seen between
+#: two steps, for gradient accumulation) before gradlog says that nothing it watches is stepping.
+IDLE_LOG_CALLS = 200
+
+
+class IdleWatch:
+    """log() keeps coming and the optimizer gradlog watches does not step: something else trains the
+    model (a manual update, an optimizer whose steps torch's hooks do not see), or nothing does. Said once."""
+
+    def __init__(self) -> None:
+        self.steps_at_log = 0  # optimizer steps at the last log() call, and log() calls since they changed
+        self.idle = 0
+        self.longest = 0  # the most log() calls between two steps so far (gradient accumulation)
+        self.warned = False
+
+    def observe(self, steps: int, optimizer: torch.optim.Optimizer | None) -> None:
+        """One log() call, with `steps` optimizer steps counted so far."""
+        if steps != self.steps_at_log:
+            self.steps_at_log = steps
+            self.longest = max(self.longest, self.idle)
+            self.idle = 0
+            return
+        self.idle += 1
+        if self.idle == max(IDLE_LOG_CALLS, 4 * self.longest) and not self.warned:
+            self.warned = True
+            name = type(optimizer).__name__ if optimizer is not None else "the optimizer (garbage-collected)"
+            once.warn(  # pointing at the user's log() call: observe <- Pipeline.on_log <- GradLogger.log <- user
+                f"gradlog: log() was called {self.idle} times since the last step of {name}, the optimizer "
+                f"gradlog measures ({steps} steps so far); nothing new is measured. If another optimizer trains "
+                "the model now, pass it with gl.watch_optimizer(optimizer); if the weights are updated by hand, "
+                "create the GradLogger with optimizer=None (it then measures inside log())",
+                stacklevel=4,
+            )
 
 
 class Pipeline:
@@ -45,15 +79,17 @@ class Pipeline:
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None,
         every: int,
-        hist: HistogramOptions,
-        alerts: Alerts | None,
+        options: Options,
         scaler: Any,
-        include: NameFilter,
-        exclude: NameFilter,
-        sync_timeout: float,
+        selection: Selection,
         failures: Failures,
         rank_zero: bool,
     ) -> None:
+        hist = options.histograms
+        # Alerts read the host-side Measurement only; every rank judges the same reduced numbers, rank 0 says so
+        alerts = options.alerts.make() if options.alerts is not None else None
+        if alerts is not None:
+            alerts.emit = rank_zero
         self.amp = AmpState(optimizer, scaler)
         self.with_optimizer = optimizer is not None
         self.every = every
@@ -64,7 +100,7 @@ class Pipeline:
         self.rank_zero = rank_zero
         self.inert = False  # a forked child's copy: does nothing
         self.closed = False
-        self.table = ParamTable(model, optimizer, Selection(include, exclude))
+        self.table = ParamTable(model, optimizer, selection)
         self.table.check_selection()
         self.meter = Meter(
             self.table,
@@ -73,7 +109,7 @@ class Pipeline:
             hist.kinds,
             grad_scale=self.amp.inv_scale,
             skipped=self.amp.found_inf,
-            reducer=Reducer(self._layout(hist.bins, hist.kinds), sync_timeout),
+            reducer=Reducer(self._layout(hist.bins, hist.kinds), options.output.sync_timeout),
             skip_count=self.amp.count,
         )
         self.ledger = Ledger()
@@ -82,6 +118,7 @@ class Pipeline:
         self.calls = 0  # log() calls: the step counter without an optimizer
         self.pending: Measurement | None = None  # fetched, not yet published
         self.handles: list[Any] = []
+        self.idle = IdleWatch()
         self._clips: list[Clip] = []  # this step's gradient clipping, recorded only when the step is measured
         self._closure_pending = False  # a step(closure) is running and will be measured after its first call
         #: the optimizer whose steps are measured; another one that steps watched parameters takes its place
@@ -174,6 +211,18 @@ class Pipeline:
         watched = {id(p) for p in (r.held() for r in self.table.live) if p is not None}
         return any(id(p) in watched for g in optimizer.param_groups for p in g["params"])
 
+    def watch(self, optimizer: torch.optim.Optimizer, closed: bool) -> None:
+        """`GradLogger.watch_optimizer`: follow `optimizer` from now on, if this run can (`closed`: the
+        logger's run has ended)."""
+        if closed:
+            raise RuntimeError("GradLogger.watch_optimizer() called after close(); create a new GradLogger")
+        if not self.with_optimizer:
+            raise ValueError(
+                "watch_optimizer(): this GradLogger was made with optimizer=None and measures inside log(); "
+                "create it with the optimizer instead"
+            )
+        self.follow(optimizer)
+
     def follow(self, optimizer: torch.optim.Optimizer) -> None:
         """Measure `optimizer`'s steps from now on instead of the current one's; the tensors it adds are
         tracked from its next measured step on. Registered hooks fire for the step in progress too (torch
@@ -209,6 +258,13 @@ class Pipeline:
         self.meter.optimizer = None
         self.amp.optimizer = None
 
+    def on_log(self, step: int | None) -> None:
+        """A log() call: without an optimizer it counts (and may measure); with one, it watches for idleness."""
+        if not self.with_optimizer:
+            self.count_call(step)
+        else:
+            self.idle.observe(self.optimizer_steps, self.optimizer)
+
     def count_call(self, step: int | None) -> None:
         """Without an optimizer there are no step hooks: log() counts, and measures every `every`-th call."""
         call = self.calls
@@ -223,6 +279,17 @@ class Pipeline:
         self.guarded(self.collect)
         m, self.pending = self.pending, None
         return m
+
+    def histogram_step(self, index: int) -> bool:
+        """Whether measured step `index` is a histogram step (every measured step when histograms are off)."""
+        return not self.histogram_every or index % self.histogram_every == 0
+
+    def run_scalars(self) -> dict[str, float]:
+        """The run's counters written with every published step: skipped steps, alerts fired."""
+        extra = {"gradlog/skipped_steps": float(self.ledger.skipped_steps)}
+        if self.alerts is not None:
+            extra["gradlog/alerts"] = float(len(self.alerts.fired))
+        return extra
 
     def rank_local(self) -> bool:
         """Whether this rank's answer covers only its shards (FSDP2/DTensor)."""
@@ -428,6 +495,31 @@ class Pipeline:
             tracked_tensors=len(rows),
             policy=policy,
         )
+
+    def final_report(self, diagnose: Callable[[], Report], policy: Policy, strict: bool) -> Report:
+        """The diagnosis at close (`diagnose`, after a last look for new tensors); if it fails, a warning
+        and a Report that says so, never a traceback at the end of a training run (strict mode and
+        distributed mismatches still raise)."""
+        try:
+            self.table.rescan()
+            return diagnose()
+        except DistributedMismatchError:
+            raise
+        except Exception as exc:
+            if strict:
+                raise
+            key = lifecycle.describe(exc)
+            lifecycle.warn(
+                f"gradlog: the never-updated diagnosis failed at close() ({key}); the run's data is still written"
+            )
+            return Report(
+                optimizer_steps=self.steps,
+                measured_steps=self.ledger.measured_steps,
+                skipped_steps=self.ledger.skipped_steps,
+                tracked_tensors=len(self.table.live),
+                error=key,
+                policy=policy,
+            )
 
 
 def _shared(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:

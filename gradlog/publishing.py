@@ -8,12 +8,14 @@ copies (`gradlog/provisional/<name>`) that a run killed with ``kill -9`` leaves 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from gradlog.lifecycle import describe, warn
 from gradlog.measure import tags
+from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.meter import Measurement
 from gradlog.measure.once import WarnOnce
 from gradlog.resume import SEGMENT_COLUMNS, SEGMENT_TABLE
@@ -61,7 +63,12 @@ class Publisher:
     """Writes what the logger measured and concluded; never raises for a writer (see `GuardedWriters`)."""
 
     def __init__(
-        self, writers: GuardedWriters, overview: Overview, provisional_every: float | None, failures: Failures
+        self,
+        writers: GuardedWriters,
+        overview: Overview,
+        provisional_every: float | None,
+        failures: Failures,
+        segment: Callable[[], tuple[list[list[str]], list[list[str]]]] | None,
     ) -> None:
         self.writers = writers
         self.overview = overview
@@ -69,7 +76,7 @@ class Publisher:
         self.failures = failures
         self._provisional_at: float | None = None  # monotonic time of the last provisional table
         #: (summary rows, `gradlog/segment` rows) written with every report: what a resumed run reads back
-        self.segment: Callable[[], tuple[list[list[str]], list[list[str]]]] | None = None
+        self.segment = segment
         self._sparse_tables: set[tuple[str, bool]] = set()  # (name, final) of the tables written only when non-empty
 
     # --- every published step ---------------------------------------------------------------
@@ -101,6 +108,20 @@ class Publisher:
         self.writers.flush()
         if due:  # the provisional answer is what a kill -9 leaves: handed over before training goes on
             self.writers.sync()
+
+    def attempt(self, diagnose: Callable[[], Report]) -> Report | None:
+        """A provisional answer (`diagnose()`), or None when it failed: a provisional answer is a bonus
+        and never costs the step (a distributed mismatch still raises)."""
+        try:
+            return diagnose()
+        except DistributedMismatchError:
+            raise
+        except Exception as exc:
+            self.failures.handle(
+                exc,
+                lambda key: f"gradlog: the provisional never-updated table failed ({key}); training continues",
+            )
+            return None
 
     def _overview(self, m: Measurement, step: int, histogram_step: bool) -> None:
         """Record the step for the overview image; hand over images the drawing thread finished; start the
@@ -200,6 +221,13 @@ class Publisher:
                 raise
             warn(f"gradlog: the final overview image failed ({describe(exc)})")
 
+    def print_final(self, report: Report) -> None:
+        """Where the files went, then the report: the verdict stays the last line of the output."""
+        where = self.where()
+        if where:
+            print(where, file=sys.stdout, flush=True)
+        print(report.table(), file=sys.stdout, flush=True)
+
     def where(self) -> str | None:
         """Where this run's files went, and the commands that read them (None for memory-only writers)."""
         lines = []
@@ -214,8 +242,20 @@ class Publisher:
                 )
             elif run is not None and isinstance(getattr(run, "dir", None), str):
                 run_dir = os.path.dirname(os.path.normpath(run.dir))
-                lines.append(f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {run_dir})")
+                lines.append(f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {_whole_run(run_dir)})")
         return "\n".join(lines) or None
+
+
+def _whole_run(run_dir: str) -> str:
+    """The folder `gradlog report` reads the whole W&B run from: its parent when a resumed run left other
+    segments beside it (`offline-run-<time>-<id>`, one per segment, the same id), else the run folder."""
+    parent, name = os.path.split(run_dir)
+    run_id = name.rsplit("-", 1)[-1]
+    try:
+        others = [n for n in os.listdir(parent) if n != name and n.endswith("-" + run_id)]
+    except OSError:
+        return run_dir
+    return parent if others else run_dir
 
 
 def final_counts(report: Report) -> dict[str, float]:

@@ -2,32 +2,50 @@
 
 At start, the earlier segment's tables are read back (`gradlog.readers.run`): its report, its step count,
 and its `gradlog/segment` table (every tracked tensor's name, shape and last measured update). The new
-segment writes under the same run id (the TensorBoard event files' `.gradlog-run-<id>` mark), counts its
-steps on from the earlier ones, and at close merges the earlier evidence into its report: a tensor updated
-in any segment is not never-updated; one updated before the resume and not since has stalled. Readers
-then see one run whose last tables speak for all segments. See docs/resume.md.
+segment writes under the same run id (the TensorBoard event files' `.gradlog-run-<id>` mark, or the W&B
+run id, given to `wandb.init(id=..., resume="allow")`), counts its steps on from the earlier ones (on every
+rank under FSDP2/DTensor: rank 0 reads, then broadcasts), and at close merges the earlier evidence into its
+report: a tensor updated in any segment is not never-updated; one updated before the resume and not since
+has stalled. Readers then see one run whose last tables speak for all segments. See docs/resume.md.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
+from gradlog.lifecycle import warn
 from gradlog.measure.params import Tracked
+from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Report, Stalled
+from gradlog.writers import make_writers
+from gradlog.writers.tensorboard import TensorBoardWriter
+
+if TYPE_CHECKING:
+    from gradlog.options import Output
+    from gradlog.pipeline import Pipeline
+
+logger = logging.getLogger("gradlog")
 
 __all__ = [
     "SEGMENT_COLUMNS",
     "SEGMENT_TABLE",
+    "Continuation",
     "Earlier",
     "Segment",
     "check_resume",
     "checkpoint_step",
     "find_earlier",
+    "open_run",
+    "share",
+    "start",
+    "wandb_earlier",
 ]
 
 #: `Output(resume=...)`: False (a new run), True (continue the run in log_dir), "auto" (continue it when
@@ -197,16 +215,36 @@ def run_id_of(log_dir: str) -> tuple[str | None, int]:
 
 
 def find_earlier(log_dir: str) -> Earlier | str:
-    """The earlier run in `log_dir`, or why there is none to continue (a sentence for the warning)."""
+    """The earlier TensorBoard run in `log_dir`, or why there is none to continue (a sentence for the warning)."""
     run_id, count = run_id_of(log_dir)
     if run_id is None:
         return f"{log_dir!r} holds no gradlog run"
     if count > 1:
         return f"{log_dir!r} holds {count} gradlog runs already (not one to continue)"
+    return _read_earlier(log_dir, log_dir, run_id)
+
+
+def find_earlier_wandb(log_dir: str) -> Earlier | str:
+    """The earlier W&B run under `log_dir` (its `wandb/` folder: every segment of it, grouped by run id), or
+    why there is none to continue."""
+    from gradlog.readers.run import wandb_runs
+
+    folder = os.path.join(log_dir, "wandb")
+    runs = wandb_runs(folder)
+    if not runs:
+        return f"{log_dir!r} holds no W&B run"
+    if len(runs) > 1:
+        return f"{folder!r} holds {len(runs)} W&B runs already (not one to continue)"
+    (run_id,) = runs
+    return _read_earlier(folder, log_dir, run_id)
+
+
+def _read_earlier(path: str, log_dir: str, run_id: str) -> Earlier | str:
+    """The earlier run's report, segment count and `gradlog/segment` table, read from `path`."""
     from gradlog.readers.run import BadRun, closed_report, load
 
     try:
-        run = load(log_dir)
+        run = load(path)
     except BadRun as exc:
         return f"{log_dir!r} cannot be read as one gradlog run ({exc})"
     report = closed_report(run)
@@ -220,7 +258,12 @@ def find_earlier(log_dir: str) -> Earlier | str:
     if run.provisional_step is not None and not summary.get("optimizer_steps", "").isdigit():
         report.optimizer_steps = run.provisional_step + 1
     segments = int(summary["segment"]) if summary.get("segment", "").isdigit() else 1
-    columns, rows = table
+    shapes, last = _segment_table(*table)
+    return Earlier(log_dir, run_id, report, segments, shapes, last)
+
+
+def _segment_table(columns: list[str], rows: list[list[str]]) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """`gradlog/segment`'s shapes and last measured updates, by tensor name."""
     index = {c: i for i, c in enumerate(columns)}
     shapes: dict[str, tuple[int, ...]] = {}
     last: dict[str, int] = {}
@@ -232,4 +275,166 @@ def find_earlier(log_dir: str) -> Earlier | str:
         shapes[cells["name"]] = shape
         step = cells.get("last_update_step", "-1")
         last[cells["name"]] = int(step) if step.lstrip("-").isdigit() else -1
-    return Earlier(log_dir, run_id, report, segments, shapes, last)
+    return shapes, last
+
+
+@dataclass
+class Continuation:
+    """This process's segment of the run and, when it continues an earlier run, that run's segments:
+    what the logger writes with every report (`rows`) and how its report is judged (`merge`)."""
+
+    segment: Segment
+    earlier: Earlier | None = None
+
+    def rows(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> tuple[list[list[str]], list[list[str]]]:
+        """(summary rows, `gradlog/segment` rows): what a later segment reads back."""
+        last = {i: e.last_update for i, e in evidence.items()}
+        return self.segment.summary_rows(), Segment.rows(tracked, last, self.earlier)
+
+    def merge(self, report: Report, tracked: list[Tracked]) -> Report:
+        """`report` judged over every segment of the run (itself when there is no earlier one)."""
+        if self.earlier is None:
+            return report
+        return self.earlier.merge(report, self.segment.first_step, {r.name for r in tracked})
+
+
+def open_run(
+    out: Output, log_dir: str | None, strict: bool, options: dict[str, Any], pipeline: Pipeline, new_id: str
+) -> tuple[list[Any], Continuation | None]:
+    """The writers (rank 0's; none elsewhere) and the run they write: a new one, or with `out.resume` the
+    earlier run they continue. A W&B run to continue is found before `wandb.init`, which then gets its id;
+    the step count goes on from the earlier run's (on every rank under FSDP2/DTensor, see `share`)."""
+    tracked, optimizer = pipeline.table.live, pipeline.optimizer
+    wandb_dir = options.get("dir", log_dir)  # wandb.init(dir=...) given in the writer options wins (WandbWriter)
+    wandb = wandb_earlier(out.resume, out.writer, wandb_dir, tracked, optimizer) if pipeline.rank_zero else None
+    named = {"wandb": {"id": wandb.run_id, "resume": "allow"}} if wandb is not None else None
+    writers = make_writers(out.writer, log_dir, strict, named, **options) if pipeline.rank_zero else []
+    run = start(out.resume, writers, tracked, optimizer, new_id, wandb) if pipeline.rank_zero else None
+    if out.resume is not False and pipeline.rank_local():  # FSDP2/DTensor: every rank counts on alike
+        run = share(run)
+    if run is not None and run.earlier is not None:
+        pipeline.start_at(run.segment.first_step)
+    return writers, run
+
+
+def _names(spec: object) -> list[str]:
+    """The writer names in `writer=` (a name, an instance, or a list of either)."""
+    items = [spec] if isinstance(spec, (str, bytes)) or not isinstance(spec, (list, tuple)) else list(spec)
+    return [i for i in items if isinstance(i, str)]
+
+
+def wandb_earlier(
+    resume: Resume, spec: object, log_dir: str | None, tracked: list[Tracked], optimizer: torch.optim.Optimizer | None
+) -> Earlier | None:
+    """Before the writers start: with `resume` and a W&B writer, the W&B run in `log_dir` to continue (its id
+    then goes to `wandb.init(id=..., resume="allow")`), or None. Why not is said here unless a TensorBoard
+    writer holds the run too (that one's check says it)."""
+    names = _names(spec)
+    if resume is False or "wandb" not in names:
+        return None
+    said = "tensorboard" not in names
+    if log_dir is None:
+        if said:
+            warn(
+                f"gradlog: resume={resume!r} with W&B needs log_dir= (the folder that holds the run); a new run starts"
+            )
+        return None
+    found = find_earlier_wandb(log_dir)
+    why = _not_continued(found, resume, tracked, optimizer, log_dir)
+    if why is not None or isinstance(found, str):
+        if why and said:
+            warn(why)
+        return None
+    return found
+
+
+def _wandb_writer(writers: list[Any]) -> Any:
+    """The W&B writer among `writers` (its module is loaded only where one was made), or None."""
+    module = sys.modules.get("gradlog.writers.wandb")
+    return next((w for w in writers if module is not None and isinstance(w, module.WandbWriter)), None)
+
+
+def start(
+    resume: Resume,
+    writers: list[Any],
+    tracked: list[Tracked],
+    optimizer: torch.optim.Optimizer | None,
+    new_id: str,
+    wandb: Earlier | None = None,
+) -> Continuation:
+    """This run's id (its TensorBoard file mark, else its W&B run id, else `new_id`), and with `resume` the
+    earlier run it continues: its id, its step count, its evidence (merged at close). The TensorBoard
+    writer's folder holds the run where there is one; else the W&B run `wandb` found (`wandb_earlier`). A
+    run that cannot be continued (none there, another model's) is said once and a new run starts beside it;
+    nothing is overwritten."""
+    tb = next((w for w in writers if isinstance(w, TensorBoardWriter)), None)
+    wb = _wandb_writer(writers)
+    wb_id = str(getattr(wb.run, "id", "") or "") if wb is not None else ""
+    fresh = Continuation(Segment(tb.run if tb is not None else wb_id or new_id))
+    if resume is False:
+        return fresh
+    said = f"resume={resume!r}"
+    if tb is None and wb is None:
+        warn(f"gradlog: {said} needs a TensorBoard or W&B writer (its folder holds the run); a new run starts")
+        return fresh
+    if tb is None:
+        if wandb is not None and wb_id != wandb.run_id:
+            warn(
+                f"gradlog: {said}: gradlog logs into the active W&B run {wb_id!r}, not the earlier run "
+                f"{wandb.run_id!r}; start it with wandb.init(id={wandb.run_id!r}, resume='allow'), or let gradlog "
+                "start the run, to continue it; a new run starts"
+            )
+            return fresh
+        return _continued(wandb, optimizer) if wandb is not None else fresh
+    found = find_earlier(tb.log_dir) if os.path.isdir(tb.log_dir) else f"{tb.log_dir!r} does not exist"
+    why = _not_continued(found, resume, tracked, optimizer, tb.log_dir)
+    if why is not None or isinstance(found, str):
+        if why:
+            warn(why)
+        return fresh
+    tb.continue_run(found.run_id)
+    return _continued(found, optimizer)
+
+
+def share(continuation: Continuation | None) -> Continuation | None:
+    """Rank 0's continuation on every rank (a broadcast; rank 0 alone reads the earlier segment and owns the
+    writers). Under sharded parameters (FSDP2/DTensor) every rank must count its steps on from the same step
+    (gradlog's collectives compare the measured step) and judge over the same segments, so that `close()`
+    returns the same report on every rank. Every rank creates its logger there, so every rank meets here."""
+    box: list[Any] = [continuation]
+    torch.distributed.broadcast_object_list(box, src=0)
+    shared: Continuation | None = box[0]
+    return shared
+
+
+def _continued(found: Earlier, optimizer: torch.optim.Optimizer | None) -> Continuation:
+    """The segment that continues `found`: from the checkpoint's own step count where the optimizer keeps
+    one (Adam's "step": a job preempted some steps after its last checkpoint redoes them, and the x-axis
+    should say so), else from the earlier segments' last step."""
+    first = checkpoint_step(optimizer)
+    first = found.end_step if first is None else first
+    logger.info("gradlog: continuing the run in %s from step %d", found.log_dir, first)
+    return Continuation(Segment(found.run_id, found.segments + 1, first), found)
+
+
+def _not_continued(
+    found: Earlier | str, resume: Resume, tracked: list[Tracked], optimizer: torch.optim.Optimizer | None, where: str
+) -> str | None:
+    """Why the run found in `where` is not continued (a warning; "" for a first start under "auto",
+    the normal case, not worth a word), or None when it is."""
+    said = f"resume={resume!r}"
+    if isinstance(found, str):
+        return f"gradlog: {said}: {found}; nothing to continue, a new run starts" if resume is True else ""
+    why = found.mismatch(tracked)
+    if why is not None:
+        return (
+            f"gradlog: {said}: the run in {where!r} is of another model ({why}); a new run starts "
+            "beside it (pass another log_dir to keep them apart)"
+        )
+    if resume == "auto" and (optimizer is None or not optimizer.state):
+        return (
+            f"gradlog: resume='auto': {where!r} holds a run of this model, but the optimizer's state "
+            "was not loaded from a checkpoint, so this is taken for a new run (written beside it); pass "
+            "resume=True to continue it"
+        )
+    return None

@@ -3,8 +3,9 @@
 Usage: python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py OUT_DIR SUITE
 SUITE "main" trains the same model under DDP, FSDP2 and tensor parallel and dumps, per rank and
 scenario, what gradlog wrote and reported to OUT_DIR/<scenario>-rank<r>.json. SUITE "mismatch"
-makes the ranks disagree on purpose and records the errors. The single-process reference runs the
-same `train` in the test process (`wrap=None`).
+makes the ranks disagree on purpose and records the errors. SUITEs "resume_first" and
+"resume_second" are the two launches of a preempted FSDP2 run resumed from its checkpoint. The
+single-process reference runs the same `train` in the test process (`wrap=None`).
 """
 
 from __future__ import annotations
@@ -345,8 +346,8 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["layout"] = None
     except gradlog.DistributedMismatchError as exc:
         results["layout"] = str(exc)
-    gl._handles[0].remove()
-    gl._handles[1].remove()
+    gl.pipeline.handles[0].remove()
+    gl.pipeline.handles[1].remove()
     gradlog.lifecycle.ACTIVE.remove(gl)
 
     # 2. rank 1 drops its first measurement (a failure before its collective): the next exchange pairs
@@ -375,7 +376,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["index"] = None
     except gradlog.DistributedMismatchError as exc:
         results["index"] = str(exc)
-    for h in gl._handles:
+    for h in gl.pipeline.handles:
         h.remove()
     gradlog.lifecycle.ACTIVE.remove(gl)
 
@@ -412,6 +413,65 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
     _save(out, "mismatch", rank, {"results": results})
 
 
+class ResumeNet(nn.Module):
+    """`frozen` is frozen throughout; `late` until the resume; `slow`'s lr goes to 0 at the resume."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(4, 4)
+        self.main = nn.Linear(4, 6)
+        self.late = nn.Linear(6, 6)
+        self.slow = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.slow(torch.tanh(self.late(torch.tanh(self.main(self.frozen(x))))))
+        return out
+
+
+def resume_suite(out: str, rank: int, world: int, second: bool) -> None:
+    """One launch of the resumed FSDP2 run: steps 0..29 then a checkpoint, or (`second`) the checkpoint
+    loaded and steps 30..59 with `late` unfrozen and `slow`'s lr at 0, resumed into the same log_dir."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = ResumeNet()
+    model.frozen.requires_grad_(False)
+    model.late.requires_grad_(False)
+    fully_shard(model, mesh=mesh)
+    groups = [
+        {"params": [*model.main.parameters(), *model.late.parameters()]},
+        {"params": list(model.slow.parameters())},
+    ]
+    opt = torch.optim.Adam(groups, lr=1e-2)
+    log_dir, ckpt = os.path.join(out, "run"), os.path.join(out, "ckpt")
+    output = gradlog.Output("tensorboard", resume=second)
+    if second:  # load first: gradlog fingerprints the weights it starts from
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=ckpt)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        model.late.requires_grad_(True)
+        opt.param_groups[1]["lr"] = 0.0
+    gl = gradlog.GradLogger(model, opt, writer=output, every=5, log_dir=log_dir, print_report=False)
+    for step in range(30, 60) if second else range(30):
+        g = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn(8, 4, generator=g)[rank * 4 : rank * 4 + 4]
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        gl.log()
+    if not second:
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+    report = gl.close()
+    steps = {"optimizer_steps": gl.optimizer_steps}
+    _save(out, "resume_second" if second else "resume_first", rank, {"report": report.to_dict(), **steps})
+
+
 if __name__ == "__main__":
     out_dir, suite = sys.argv[1], sys.argv[2]
     import torch.distributed as dist
@@ -419,7 +479,10 @@ if __name__ == "__main__":
     dist.init_process_group("gloo")
     r, w = dist.get_rank(), dist.get_world_size()
     try:
-        (main_suite if suite == "main" else mismatch_suite)(out_dir, r, w)
+        if suite.startswith("resume_"):
+            resume_suite(out_dir, r, w, second=suite == "resume_second")
+        else:
+            (main_suite if suite == "main" else mismatch_suite)(out_dir, r, w)
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()

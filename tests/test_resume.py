@@ -146,3 +146,120 @@ def test_resume_option_is_checked() -> None:
         gradlog.Output(resume="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="resume"):
         gradlog.Output(resume=1)  # type: ignore[arg-type]
+
+
+# --- W&B: a resumed run continues the same W&B run id ------------------------------------------------
+def _wandb_env(tmp_path: Path) -> dict[str, str]:
+    wandb_env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    for name in ("CONFIG", "CACHE", "DATA"):
+        wandb_env[f"WANDB_{name}_DIR"] = str(tmp_path / f"wandb-{name.lower()}")
+    return wandb_env
+
+
+@pytest.mark.parametrize("resume", ["True", "auto"])
+def test_a_resumed_wandb_run_continues_the_same_run(
+    tmp_path: Path, resume: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")
+    for key, value in _wandb_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    log_dir, ckpt = str(tmp_path / "run"), str(tmp_path / "ckpt.pt")
+    first = _run("first", log_dir, ckpt, "wandb")
+    assert first.returncode == -15, first.stderr
+    second = _run("second", log_dir, ckpt, resume, "wandb")
+    assert second.returncode == 0, second.stderr
+    assert "a new run starts" not in second.stderr
+    closed = torch.load(ckpt + ".report")
+    # one W&B run id, one offline-run folder per segment
+    files = sorted((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 2 and files[0].name == files[1].name and files[0].parent != files[1].parent
+    run_id = files[0].name[len("run-") : -len(".wandb")]
+    assert f"gradlog report {tmp_path / 'run' / 'wandb'}" in second.stdout  # the whole run, not the last segment
+
+    run = load(log_dir)  # both segments, one logical run
+    assert sorted(run.files) == [str(f) for f in files]
+    report = closed_report(run)
+    assert report is not None
+    assert report.optimizer_steps == 60 and report.measured_steps == 12
+    assert {r.name for r in report.never_updated} == {"frozen.weight", "frozen.bias"} == set(closed["never"])
+    stalled = {s.name: s for s in report.stalled}
+    assert set(stalled) == {"slow.weight", "slow.bias"}
+    assert all(s.since_step == 30 and s.reason.value == "zero_lr" for s in stalled.values())
+    assert not any(r.name.startswith("late.") for r in report.never_updated)
+    assert report.verdict == closed["verdict"]
+    summary = dict(run.tables["gradlog/summary"][1])
+    assert summary["run_id"] == run_id and summary["segment"] == "2" and summary["segment_first_step"] == "30"
+    assert [s for s, _ in run.scalars["weights/grad_norm/main.weight"]] == list(range(0, 60, 5))
+    assert [s for s, _ in run.scalars["weights/grad_norm/late.weight"]] == list(range(30, 60, 5))
+
+    for folder in (log_dir, str(tmp_path / "run" / "wandb")):
+        cli = subprocess.run(
+            [sys.executable, "-m", "gradlog", "report", folder],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+            timeout=300,
+        )
+        assert cli.returncode != 2, cli.stderr
+        assert cli.stdout.strip().splitlines()[-1] == closed["verdict"]
+
+
+def _wandb_logger(model: nn.Module, opt: torch.optim.Optimizer, folder: Path, resume: bool | str) -> gradlog.GradLogger:
+    output = gradlog.Output("wandb", options={"mode": "offline"}, resume=resume)  # type: ignore[arg-type]
+    return gradlog.GradLogger(model, opt, writer=output, log_dir=str(folder), every=1, print_report=False)
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` (not W&B's `latest-run` and `debug*.log` links, which follow the newest run)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def test_wandb_resume_of_nothing_or_another_model_starts_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
+    for key, value in _wandb_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    with pytest.warns(RuntimeWarning, match="holds no W&B run.*a new run starts"):
+        gl = _wandb_logger(model, opt, tmp_path / "old", True)
+    _train(model, opt, gl, 3)
+    assert gl.close().optimizer_steps == 3
+    before = _tree(tmp_path / "old")
+    other = nn.Linear(3, 5)  # another model: other shapes
+    opt = torch.optim.Adam(other.parameters())
+    with pytest.warns(RuntimeWarning, match=r"of another model \('weight' had shape 2x3 there"):
+        gl = _wandb_logger(other, opt, tmp_path / "old", True)
+    _train(other, opt, gl, 2)
+    assert gl.close().optimizer_steps == 2  # a fresh run: its own steps only
+    after = _tree(tmp_path / "old")
+    assert all(after[name] == data for name, data in before.items())  # nothing of the old run overwritten
+    ids = {p.name for p in (tmp_path / "old" / "wandb").glob("offline-run-*/run-*.wandb")}
+    assert len(ids) == 2  # a second run beside the first, under its own id
+    with pytest.raises(gradlog.readers.run.BadRun, match="holds 2 runs; pass one of them"):
+        load(str(tmp_path / "old"))  # two unrelated runs: today's clear message
+
+
+def test_tensorboard_and_wandb_together_continue_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TensorBoard folder holds the evidence; the W&B run goes on under its earlier id beside it."""
+    pytest.importorskip("wandb")
+    for key, value in _wandb_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    gl = gradlog.GradLogger(model, opt, writer=["tensorboard", "wandb"], log_dir=str(tmp_path), print_report=False)
+    _train(model, opt, gl, 3)
+    gl.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing to warn about: both runs continue
+        output = gradlog.Output(["tensorboard", "wandb"], resume="auto")
+        gl = gradlog.GradLogger(model, opt, writer=output, log_dir=str(tmp_path), every=1, print_report=False)
+    _train(model, opt, gl, 2)
+    report = gl.close()
+    assert report.optimizer_steps == 5 and report.measured_steps == 3  # every=50, then every=1: steps 0, 3, 4
+    files = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 2 and files[0].name == files[1].name
+    assert len(list(tmp_path.glob("*tfevents*"))) == 2
+    tb = closed_report(load(str(tmp_path)))
+    wb = closed_report(load(str(tmp_path / "wandb")))
+    assert tb is not None and wb is not None and tb.verdict == wb.verdict == report.verdict

@@ -136,7 +136,7 @@ def load(path: str, *, limits: Limits | None = None) -> RunData:
             _one_run(target, [os.path.basename(f) for f in files])
             run = _load_tensorboard(target, root, files, limits)
         else:
-            run = _load_wandb(target, root, limits)
+            run = _load_wandb(files, root, limits)
         run = settle_provisional(run)
     except Refused as exc:
         raise BadRun(str(exc)) from None
@@ -231,12 +231,12 @@ def _detect(path: str, st: os.stat_result, limits: Limits) -> tuple[str, str, st
         tb_runs = [root]
     else:
         tb_runs = ours or tb_runs
-    wandb_files = [f for f in candidates if f.endswith(".wandb")]
-    runs = [("tensorboard", r) for r in tb_runs] + [("wandb", f) for f in wandb_files]
+    wandb_runs = wandb_groups([f for f in candidates if f.endswith(".wandb")])
+    runs = [("tensorboard", r) for r in tb_runs] + [("wandb", group[-1]) for group in wandb_runs.values()]
     if root in tb_runs or len(runs) == 1:
         kind, target = runs[0]
-        if kind == "wandb":
-            return kind, target, root, [target]
+        if kind == "wandb":  # every segment of a resumed W&B run: one logical run
+            return kind, target, root, next(g for g in wandb_runs.values() if g[-1] == target)
         here = [f for f in candidates if os.path.dirname(f) == target and _is_event_file(os.path.basename(f))]
         return kind, target, root, here
     if not runs:
@@ -414,6 +414,9 @@ _SUMMARY_KEYS = (
     "first_nonfinite_tensor",
     "first_nonfinite_count",
     "error",
+    "run_id",  # what a resumed run reads back (gradlog/resume.py)
+    "segment",
+    "segment_first_step",
 )
 _STEP_KEY = "gradlog/step"
 
@@ -497,17 +500,68 @@ def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> Table:
     return columns, rows
 
 
-def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
+def wandb_runs(folder: str) -> dict[str, list[str]]:
+    """The W&B runs under `folder` (a W&B `dir`'s `wandb/` folder): run id -> its segments' files."""
+    from gradlog.readers.wandb_offline import find_run_files
+
+    return wandb_groups(find_run_files(folder)) if os.path.isdir(folder) else {}
+
+
+def wandb_groups(run_files: list[str]) -> dict[str, list[str]]:
+    """W&B run files by run id (`run-<id>.wandb`), each group oldest first: a resumed run (`wandb.init(id=...,
+    resume="allow")`, as gradlog's `Output(resume=...)` does) writes one `offline-run-<time>-<id>` folder per
+    segment, all with the same id. Folders sort by their start time, then by the file's age."""
+    groups: dict[str, list[str]] = {}
+    for f in run_files:
+        name = os.path.basename(f)
+        key = name[len("run-") : -len(".wandb")] if name.startswith("run-") else f
+        groups.setdefault(key, []).append(f)
+    for files in groups.values():
+        files.sort(key=lambda f: (os.path.basename(os.path.dirname(f)), _mtime(f), f))
+    return groups
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
+
+
+def _load_wandb(run_files: list[str], root: str, limits: Limits) -> RunData:
+    """One W&B run from its segments' files, oldest first: the series of every segment (a step written twice
+    keeps its last value); the tables and summary of the last segment that wrote any (at close a resumed run's
+    tables speak for every segment)."""
+    dirs = [os.path.dirname(f) for f in run_files]
+    path = dirs[0] if len(set(dirs)) == 1 else os.path.commonpath(dirs)
+    run = RunData(path=path, backend="wandb", files=list(run_files))
+    points: defaultdict[str, SeriesBuilder] = defaultdict(SeriesBuilder)
+    order: list[str] = []
+    answer: tuple[str, dict[str, Any], dict[str, Any]] | None = None
+    for run_file in run_files:
+        offline = _read_wandb_file(run_file, root, limits, run)
+        table_files = _wandb_history(offline.history, points, run.skipped)
+        if table_files or "gradlog/verdict" in offline.summary:
+            answer = (os.path.dirname(run_file), table_files, offline.summary)
+        order = _tensor_order(offline.config) or order
+    scalars = current_names({tag: b.build() for tag, b in points.items()})
+    run.scalars = model_order(scalars, order)
+    if answer is not None:
+        _wandb_answer(run, *answer, root, limits)
+    return run
+
+
+def _read_wandb_file(run_file: str, root: str, limits: Limits, run: RunData) -> Any:
+    """One `.wandb` file read; what is damaged goes to `run.skipped`, a missing exit record to `run.notes`."""
     from gradlog.readers.wandb_offline import WandbFileError, read_offline_run
 
-    run_dir = os.path.dirname(run_file)
     try:
         offline = read_offline_run(run_file, root=root, max_bytes=limits.max_file_bytes)
     except (WandbFileError, ImportError) as exc:  # ImportError names pip install 'gradlog[wandb]'
         raise BadRun(str(exc)) from exc
     except OSError as exc:
         raise BadRun(f"{run_file!r} cannot be read ({exc.strerror or exc})") from exc
-    run = RunData(path=run_dir, backend="wandb", files=[run_file], skipped=list(offline.skipped))
+    run.skipped += list(offline.skipped)
     if offline.torn_tail:
         if offline.finished:  # the exit record was written, so the damage after it is damage
             run.skipped += offline.torn_tail
@@ -517,10 +571,16 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
             )
     elif not offline.finished:
         run.notes.append("the W&B run has no exit record: it was killed or is still running")
-    points: defaultdict[str, SeriesBuilder] = defaultdict(SeriesBuilder)
+    return offline
+
+
+def _wandb_history(
+    history: list[dict[str, Any]], points: dict[str, SeriesBuilder], skipped: list[str]
+) -> dict[str, Any]:
+    """Add the history rows' numbers to `points`; returns the tables they name (table name -> file path)."""
     table_files: dict[str, Any] = {}
     bad_steps: dict[str, list[int]] = {}
-    for n, row in enumerate(offline.history):
+    for n, row in enumerate(history):
         step = row.get(_STEP_KEY, row.get("_step"))
         if isinstance(step, bool) or not isinstance(step, (int, float)):
             bad_steps.setdefault(f"{_STEP_KEY} is not a number", []).append(n)
@@ -537,9 +597,14 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
                 table_files[_WANDB_TABLES.get(key, key)] = value["path"]
     for why, numbers in bad_steps.items():
         first = ", ".join(str(r) for r in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
-        run.skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {first})")
-    scalars = current_names({tag: b.build() for tag, b in points.items()})
-    run.scalars = model_order(scalars, _tensor_order(offline.config))
+        skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {first})")
+    return table_files
+
+
+def _wandb_answer(
+    run: RunData, run_dir: str, table_files: dict[str, Any], summary: dict[str, Any], root: str, limits: Limits
+) -> None:
+    """The tables (their files in `run_dir`) and the summary of one segment into `run`."""
     for name, rel in table_files.items():
         if not _wanted_table(name):
             continue
@@ -547,11 +612,9 @@ def _load_wandb(run_file: str, root: str, limits: Limits) -> RunData:
             run.tables[name] = _read_table(run_dir, root, rel, limits)
         except (Refused, OSError, ValueError, RecursionError) as exc:
             run.skipped.append(f"table {name}: {str(rel)[:200]} cannot be read ({type(exc).__name__}: {exc})")
-    summary = offline.summary
     if "gradlog/verdict" in summary:
         rows = [[k, _summary_text(summary[f"gradlog/{k}"])] for k in _SUMMARY_KEYS if f"gradlog/{k}" in summary]
         run.tables["gradlog/summary"] = (["key", "value"], rows)
-    return run
 
 
 # --- the Report close() returned, rebuilt from its tables ---------------------------------------------

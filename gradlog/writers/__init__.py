@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
 from gradlog.writers.base import Writer
@@ -30,11 +30,16 @@ def writer_class(name: str) -> Callable[..., Writer]:
 
 
 def make_writers(
-    spec: WriterSpec, log_dir: str | None = None, strict: bool | None = None, **options: Any
+    spec: WriterSpec,
+    log_dir: str | None = None,
+    strict: bool | None = None,
+    named: Mapping[str, Mapping[str, Any]] | None = None,
+    **options: Any,
 ) -> list[Writer]:
     """Turn `writer=` into Writer instances: a name, an instance, or a list of either.
 
-    `log_dir` and `strict` go to the writers whose constructor takes them.
+    `log_dir` and `strict` go to the writers whose constructor takes them; `named[name]` to the writer of
+    that name only (a resumed W&B run's id).
     """
     items: list[str | Writer] = [spec] if isinstance(spec, (str, Writer)) else list(spec)
     out: list[Writer] = []
@@ -43,7 +48,7 @@ def make_writers(
             out.append(item)
         elif isinstance(item, str):
             cls = writer_class(item)
-            kwargs = dict(options)
+            kwargs = {**options, **(named or {}).get(item, {})}
             if log_dir is not None and "log_dir" in inspect.signature(cls).parameters:
                 kwargs["log_dir"] = log_dir  # file writers only: writer=["memory", "tensorboard"] works
             if strict is not None and "strict" in inspect.signature(cls).parameters:
