@@ -33,6 +33,7 @@ from gradlog.options import (
 from gradlog.pipeline import Pipeline
 from gradlog.publishing import Failures, Publisher
 from gradlog.resume import Earlier, Resume, Segment, checkpoint_step, find_earlier
+from gradlog.runformat.names import ALERT_COUNT, SKIPPED_STEPS
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.policy import Policy, PolicyLike
@@ -399,9 +400,9 @@ class GradLogger:
         )
 
     def _publish(self, m: Measurement, step: int) -> None:
-        extra = {"gradlog/skipped_steps": float(self.ledger.skipped_steps)}
+        extra = {SKIPPED_STEPS: float(self.ledger.skipped_steps)}
         if self.alerts is not None:
-            extra["gradlog/alerts"] = float(len(self.alerts.fired))
+            extra[ALERT_COUNT] = float(len(self.alerts.fired))
         # histogram steps (measured steps when histograms are off): the overview and the provisional tables
         every = self.pipeline.histogram_every
         histogram_step = not every or m.index % every == 0

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from gradlog.measure.distributed import DEFAULT_TIMEOUT_S as DEFAULT_SYNC_TIMEOUT_S
 from gradlog.measure.histogram import MAX_BINS
-from gradlog.measure.tags import HISTOGRAM_KINDS
 from gradlog.resume import check_resume
+from gradlog.runformat.tags import HISTOGRAM_KINDS
 from gradlog.verdict.alerts import (
     DEFAULT_NO_GRAD_PATIENCE,
     DEFAULT_RATIO_DECADES,

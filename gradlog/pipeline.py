@@ -20,9 +20,9 @@ from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
 from gradlog.measure.params import NameFilter, ParamTable, Selection
-from gradlog.measure.tags import HISTOGRAM_KINDS
 from gradlog.options import HistogramOptions
 from gradlog.publishing import Failures
+from gradlog.runformat.tags import HISTOGRAM_KINDS
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts

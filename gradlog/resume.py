@@ -1,7 +1,7 @@
 """A resumed run: a new process continues an earlier gradlog run in the same folder as one logical run.
 
-At start, the earlier segment's tables are read back (`gradlog.readers.run`): its report, its step count,
-and its `gradlog/segment` table (every tracked tensor's name, shape and last measured update). The new
+At start, the earlier segment's tables are read back (through `gradlog.runformat`): its report, its step
+count, and its `gradlog/segment` table (every tracked tensor's name, shape and last measured update). The new
 segment writes under the same run id (the TensorBoard event files' `.gradlog-run-<id>` mark), counts its
 steps on from the earlier ones, and at close merges the earlier evidence into its report: a tensor updated
 in any segment is not never-updated; one updated before the resume and not since has stalled. Readers
@@ -18,6 +18,10 @@ from typing import Literal, Union
 import torch
 
 from gradlog.measure.params import Tracked
+from gradlog.runformat import names
+from gradlog.runformat.rundata import BadRun
+from gradlog.runformat.tables import closed_report
+from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
 from gradlog.verdict.report import PartlyUpdated, Report, Stalled
 
 __all__ = [
@@ -34,9 +38,8 @@ __all__ = [
 #: it is safe to tell: see `Earlier.mismatch` and docs/resume.md).
 Resume = Union[bool, Literal["auto"]]
 
-SEGMENT_TABLE = "gradlog/segment"
-SEGMENT_COLUMNS = ["name", "shape", "last_update_step"]
-_RUN_MARK = ".gradlog-run-"
+SEGMENT_TABLE = names.SEGMENT
+SEGMENT_COLUMNS = names.SEGMENT_COLUMNS
 
 
 def check_resume(value: object) -> None:
@@ -192,7 +195,7 @@ def run_id_of(log_dir: str) -> tuple[str | None, int]:
         names = os.listdir(log_dir)
     except OSError:
         return None, 0
-    ids = sorted({n.rsplit(_RUN_MARK, 1)[1] for n in names if "tfevents" in n and _RUN_MARK in n})
+    ids = sorted({run_key(n) for n in names if is_event_file(n)} - {""})
     return (ids[-1] if ids else None), len(ids)
 
 
@@ -203,10 +206,8 @@ def find_earlier(log_dir: str) -> Earlier | str:
         return f"{log_dir!r} holds no gradlog run"
     if count > 1:
         return f"{log_dir!r} holds {count} gradlog runs already (not one to continue)"
-    from gradlog.readers.run import BadRun, closed_report, load
-
     try:
-        run = load(log_dir)
+        run = read_folder(log_dir)
     except BadRun as exc:
         return f"{log_dir!r} cannot be read as one gradlog run ({exc})"
     report = closed_report(run)
@@ -216,7 +217,7 @@ def find_earlier(log_dir: str) -> Earlier | str:
             f"the run in {log_dir!r} wrote no gradlog/segment table (it was written by an older gradlog, or "
             "killed before its first table)"
         )
-    summary = {r[0]: r[1] for r in run.tables.get("gradlog/summary", ([], []))[1] if len(r) >= 2}
+    summary = {r[0]: r[1] for r in run.tables.get(names.SUMMARY, ([], []))[1] if len(r) >= 2}
     if run.provisional_step is not None and not summary.get("optimizer_steps", "").isdigit():
         report.optimizer_steps = run.provisional_step + 1
     segments = int(summary["segment"]) if summary.get("segment", "").isdigit() else 1

@@ -16,7 +16,7 @@ LevelDB does), and every skip is described in `OfflineRun.skipped`. A torn tail 
 when the process was killed) is dropped and described in `OfflineRun.torn_tail`: in a run without an
 exit record it is the expected end of a crash, not damage.
 
-The file may come from someone else: it is opened through `readers.files` (a regular file, size cap),
+The file may come from someone else: it is opened through `runformat.files` (a regular file, size cap),
 JSON values are parsed with a nesting limit, and a bad value is skipped and named, never fatal.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradlog.readers.files import GIB, MAX_JSON_DEPTH, Limits, find_files, loads_json, read_regular, real_root
+from gradlog.runformat.files import GIB, MAX_JSON_DEPTH, Limits, find_files, loads_json, read_regular, real_root
 
 HEADER = struct.Struct("<4sHB")
 IDENT, MAGIC, VERSION = b":W&B", 0xBEE1, 0
@@ -197,7 +197,7 @@ def read_offline_run(
     Damage is reported in `.skipped`, a torn tail in `.torn_tail` (or either raised as `WandbFileError`
     with `strict=True`); a file that is not a W&B run file at all always raises. The file must be a
     regular file of at most `max_bytes` inside the resolved folder `root` (default: its own folder);
-    `readers.files.Refused` says why not.
+    `runformat.files.Refused` says why not.
     """
     try:
         from wandb.proto import wandb_internal_pb2

@@ -16,12 +16,12 @@ from collections.abc import Iterable
 
 import crc32c
 
+from gradlog.runformat.names import RUN_MARK
+
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
-#: Event file names end in `.<RUN_MARK><run>`: the files of one TensorBoardWriter share it.
-RUN_MARK = "gradlog-run-"
 _serial = itertools.count()  # distinguishes event files one process creates in the same second
 
 
