@@ -217,7 +217,7 @@ def find_earlier(log_dir: str) -> Earlier | str:
             f"the run in {log_dir!r} wrote no gradlog/segment table (it was written by an older gradlog, or "
             "killed before its first table)"
         )
-    summary = {r[0]: r[1] for r in run.tables.get(names.SUMMARY, ([], []))[1] if len(r) >= 2}
+    summary = run.summary()
     if run.provisional_step is not None and not summary.get("optimizer_steps", "").isdigit():
         report.optimizer_steps = run.provisional_step + 1
     segments = int(summary["segment"]) if summary.get("segment", "").isdigit() else 1

@@ -22,7 +22,8 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from gradlog.runformat.markdown import parse_markdown_table
-from gradlog.runformat.names import ORDER_TAG, PACK_TAG, PLUGIN_NAME, RUN, TABLE_SUFFIX
+from gradlog.runformat.names import ORDER_TAG, PACK_TAG, PLUGIN_NAME, RUN, SUMMARY, TABLE_SUFFIX
+from gradlog.runformat.rundata import summary_dict
 from gradlog.runformat.tags import TENSORS
 from gradlog.views.tensorboard_plugin import data
 
@@ -182,7 +183,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             series = self._read(ctx, eid, run, [t for t in tags if t.startswith(tuple(heads))])
             live = data.live_marks(names, *(self._by_name(series, h) for h in heads))
         tables = self._tables(ctx, eid, run)
-        summary = {r[0]: r[1] for r in tables.pop("summary", ([], []))[1] if len(r) >= 2}
+        summary = summary_dict(tables.pop(SUMMARY.removeprefix(RUN), None))
         line, final = data.verdict(summary, run_level, live, last_step, tables)
         body = {
             "run": run,
