@@ -112,7 +112,7 @@ def test_the_check_itself_catches_an_upward_import(tmp_path: Path) -> None:
     assert not {"views", "cli"} & ALLOWED["measure"]
 
 
-def test_the_run_format_vocabulary_imports_nothing_of_gradlog_above_it() -> None:
+def test_every_stage_may_take_the_run_format_and_resume_reads_through_it() -> None:
     """Every stage takes its names from the run format: its bottom stage must stay at the bottom, and the
     resumed run's reading (resume.py) goes through it rather than through the readers."""
     assert all("runformat" in allowed for allowed in ALLOWED.values())
