@@ -25,8 +25,7 @@ import torch
 
 from gradlog.measure.distributed import DEFAULT_TIMEOUT_S as DEFAULT_SYNC_TIMEOUT_S
 from gradlog.measure.histogram import MAX_BINS
-from gradlog.measure.tags import HISTOGRAM_KINDS
-from gradlog.resume import check_resume
+from gradlog.runformat.tags import HISTOGRAM_KINDS
 from gradlog.verdict.alerts import (
     DEFAULT_NO_GRAD_PATIENCE,
     DEFAULT_RATIO_DECADES,
@@ -163,6 +162,15 @@ class AlertOptions:
             self.spike_factor,
             ratio_decades=self.ratio_decades,
             ratio_min_peers=self.ratio_min_peers,
+        )
+
+
+def check_resume(value: object) -> None:
+    if value not in (False, True, "auto") or (isinstance(value, int) and not isinstance(value, bool)):
+        raise ValueError(
+            f"Output(resume={value!r}): must be False (a new run), True (continue the gradlog run in log_dir) "
+            "or 'auto' (continue it when the folder holds an earlier run of this model and the optimizer "
+            "state was loaded from a checkpoint)"
         )
 
 

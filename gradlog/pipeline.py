@@ -21,9 +21,10 @@ from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
 from gradlog.measure.params import ParamTable, Selection
-from gradlog.measure.tags import HISTOGRAM_KINDS
 from gradlog.options import Options
 from gradlog.publishing import Failures
+from gradlog.runformat.names import ALERT_COUNT, SKIPPED_STEPS
+from gradlog.runformat.tags import HISTOGRAM_KINDS
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Ledger
@@ -286,9 +287,9 @@ class Pipeline:
 
     def run_scalars(self) -> dict[str, float]:
         """The run's counters written with every published step: skipped steps, alerts fired."""
-        extra = {"gradlog/skipped_steps": float(self.ledger.skipped_steps)}
+        extra = {SKIPPED_STEPS: float(self.ledger.skipped_steps)}
         if self.alerts is not None:
-            extra["gradlog/alerts"] = float(len(self.alerts.fired))
+            extra[ALERT_COUNT] = float(len(self.alerts.fired))
         return extra
 
     def rank_local(self) -> bool:

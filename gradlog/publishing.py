@@ -14,22 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from gradlog.lifecycle import describe, warn
-from gradlog.measure import tags
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.meter import Measurement
 from gradlog.measure.once import WarnOnce
-from gradlog.resume import SEGMENT_COLUMNS, SEGMENT_TABLE
-from gradlog.verdict.alerts import ALERT_COLUMNS
-from gradlog.verdict.policy import POLICY_COLUMNS
-from gradlog.verdict.report import (
-    EXPERT_COLUMNS,
-    PARTLY_COLUMNS,
-    PRECISION_COLUMNS,
-    STALLED_COLUMNS,
-    STOPPED_COLUMNS,
-    TABLE_COLUMNS,
-    Report,
-)
+from gradlog.runformat import names, tags
+from gradlog.runformat.tables import SPARSE_TABLES, final_counts, report_tables, summary_rows
+from gradlog.verdict.report import Report
 from gradlog.verdict.series import run_level
 from gradlog.writers import Writer
 from gradlog.writers.guard import GuardedWriters
@@ -37,10 +27,7 @@ from gradlog.writers.overview import TAG as OVERVIEW_TAG
 from gradlog.writers.overview import Overview
 from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when one is constructed
 
-#: Table names of the provisional answer: `gradlog/provisional/<name>` for each final `gradlog/<name>`.
-PROVISIONAL_PREFIX = "gradlog/provisional/"
-
-__all__ = ["PROVISIONAL_PREFIX", "Failures", "Publisher"]
+__all__ = ["Failures", "Publisher"]
 
 
 class Failures:
@@ -166,27 +153,16 @@ class Publisher:
         segment = self._segment()
         if segment is not None:  # what a resumed run reads back (gradlog/resume.py)
             summary += segment[0]
-        out.log_table("gradlog/summary", ["key", "value"], summary)
-        out.log_table("gradlog/never_updated", TABLE_COLUMNS, report.table_rows())
-        out.log_table("gradlog/partly_updated", PARTLY_COLUMNS, report.partly_rows())
-        out.log_table("gradlog/stalled", STALLED_COLUMNS, report.stalled_rows())
-        for name, columns, rows in (
-            ("gradlog/stopped_slices", STOPPED_COLUMNS, [r.row() for r in report.stopped_slices]),
-            ("gradlog/experts", EXPERT_COLUMNS, [r.row() for r in report.experts]),
-            ("gradlog/precision", PRECISION_COLUMNS, [r.row() for r in report.precision]),
-        ):
-            # written once there is something to say (most runs: never), then always: an emptied provisional
-            # table must replace the rows written before it
-            key = (name, provisional_step is None)
-            if rows or key in self._sparse_tables:
+        out.log_table(names.SUMMARY, names.SUMMARY_COLUMNS, summary)
+        for name, (columns, rows) in report_tables(report).items():
+            if name in SPARSE_TABLES:  # written once non-empty, then always (`runformat.tables.SPARSE_TABLES`)
+                key = (name, provisional_step is None)
+                if not rows and key not in self._sparse_tables:
+                    continue
                 self._sparse_tables.add(key)
-                out.log_table(name, columns, rows)
-        if report.alerts:
-            out.log_table("gradlog/alerts", ALERT_COLUMNS, [a.row() for a in report.alerts])
-        if report.policy is not None and report.policy.rules:  # `gradlog report` then judges as close() did
-            out.log_table("gradlog/policy", POLICY_COLUMNS, report.policy.rows())
+            out.log_table(name, columns, rows)
         if segment is not None:
-            out.log_table(SEGMENT_TABLE, SEGMENT_COLUMNS, segment[1])
+            out.log_table(names.SEGMENT, names.SEGMENT_COLUMNS, segment[1])
         if provisional_step is None and self.overview.every != 0 and self.overview.steps:
             self._final_overview(report)
 
@@ -258,53 +234,6 @@ def _whole_run(run_dir: str) -> str:
     return parent if others else run_dir
 
 
-def final_counts(report: Report) -> dict[str, float]:
-    """The scalars written once at close: how many findings of each table, and of each reason."""
-    final = {
-        "gradlog/never_updated": float(len(report.never_updated)),
-        "gradlog/partly_updated": float(len(report.partly_updated)),
-        "gradlog/stalled": float(len(report.stalled)),
-    }
-    for prefix, counts in (
-        ("gradlog/never_updated/", report.counts()),
-        ("gradlog/partly_updated/", report.partly_counts()),
-        ("gradlog/stalled/", report.stalled_counts()),
-    ):
-        for reason, n in counts.items():
-            final[prefix + reason] = float(n)
-    return final
-
-
-def summary_rows(report: Report, provisional_step: int | None, rank_local: bool) -> list[list[str]]:
-    """The `gradlog/summary` table: the verdict first, then what it was judged on."""
-    summary = [
-        ["verdict", report.verdict],
-        ["status", report.status],
-        ["healthy", str(report.healthy)],
-        ["optimizer_steps", str(report.optimizer_steps)],
-        ["measured_steps", str(report.measured_steps)],
-        ["skipped_steps", str(report.skipped_steps)],
-        ["tracked_tensors", str(report.tracked_tensors)],
-        ["warnings", str(sum(report.warnings().values()))],
-        ["notes", str(report.severities().get("note", 0))],
-    ]
-    if report.hint:
-        summary.append(["hint", report.hint])
-    if report.first_nonfinite is not None:
-        summary += [
-            ["first_nonfinite_step", str(report.first_nonfinite.step)],
-            ["first_nonfinite_tensor", report.first_nonfinite.name],
-            ["first_nonfinite_count", str(report.first_nonfinite.count)],
-        ]
-    if report.error is not None:
-        summary.append(["error", report.error])
-    if provisional_step is not None:
-        summary += [["final", "False"], ["as_of_step", str(provisional_step)]]
-        if rank_local:
-            summary.append(["scope", "rank-local"])
-    return summary
-
-
 class _Provisional(Writer):
     """Routes the report's tables to `gradlog/provisional/<name>`; scalars are final-only."""
 
@@ -323,4 +252,4 @@ class _Provisional(Writer):
         pass
 
     def log_table(self, name: str, columns: Any, rows: Any) -> None:
-        self.inner.log_table(PROVISIONAL_PREFIX + name.removeprefix("gradlog/"), columns, rows)
+        self.inner.log_table(names.provisional(name), columns, rows)

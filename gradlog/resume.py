@@ -1,6 +1,6 @@
 """A resumed run: a new process continues an earlier gradlog run in the same folder as one logical run.
 
-At start, the earlier segment's tables are read back (`gradlog.readers.run`): its report, its step count,
+At start, the earlier segment's tables are read back (through `gradlog.runformat`): its report, its step count,
 and its `gradlog/segment` table (every tracked tensor's name, shape and last measured update). The new
 segment writes under the same run id (the TensorBoard event files' `.gradlog-run-<id>` mark, or the W&B
 run id, given to `wandb.init(id=..., resume="allow")`), counts its steps on from the earlier ones (on every
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -22,6 +22,11 @@ import torch
 
 from gradlog.lifecycle import warn
 from gradlog.measure.params import Tracked
+from gradlog.runformat import names
+from gradlog.runformat.rundata import BadRun, RunData
+from gradlog.runformat.tables import closed_report
+from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
+from gradlog.runformat.wandb_run import read_segments, runs_in
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Report, Stalled
 from gradlog.writers import make_writers
@@ -39,7 +44,6 @@ __all__ = [
     "Continuation",
     "Earlier",
     "Segment",
-    "check_resume",
     "checkpoint_step",
     "find_earlier",
     "open_run",
@@ -52,18 +56,8 @@ __all__ = [
 #: it is safe to tell: see `Earlier.mismatch` and docs/resume.md).
 Resume = Union[bool, Literal["auto"]]
 
-SEGMENT_TABLE = "gradlog/segment"
-SEGMENT_COLUMNS = ["name", "shape", "last_update_step"]
-_RUN_MARK = ".gradlog-run-"
-
-
-def check_resume(value: object) -> None:
-    if value not in (False, True, "auto") or (isinstance(value, int) and not isinstance(value, bool)):
-        raise ValueError(
-            f"Output(resume={value!r}): must be False (a new run), True (continue the gradlog run in log_dir) "
-            "or 'auto' (continue it when the folder holds an earlier run of this model and the optimizer "
-            "state was loaded from a checkpoint)"
-        )
+SEGMENT_TABLE = names.SEGMENT
+SEGMENT_COLUMNS = names.SEGMENT_COLUMNS
 
 
 def _shape(text: str) -> tuple[int, ...] | None:
@@ -210,7 +204,7 @@ def run_id_of(log_dir: str) -> tuple[str | None, int]:
         names = os.listdir(log_dir)
     except OSError:
         return None, 0
-    ids = sorted({n.rsplit(_RUN_MARK, 1)[1] for n in names if "tfevents" in n and _RUN_MARK in n})
+    ids = sorted({run_key(n) for n in names if is_event_file(n)} - {""})
     return (ids[-1] if ids else None), len(ids)
 
 
@@ -221,30 +215,26 @@ def find_earlier(log_dir: str) -> Earlier | str:
         return f"{log_dir!r} holds no gradlog run"
     if count > 1:
         return f"{log_dir!r} holds {count} gradlog runs already (not one to continue)"
-    return _read_earlier(log_dir, log_dir, run_id)
+    return _read_earlier(lambda: read_folder(log_dir), log_dir, run_id)
 
 
 def find_earlier_wandb(log_dir: str) -> Earlier | str:
     """The earlier W&B run under `log_dir` (its `wandb/` folder: every segment of it, grouped by run id), or
     why there is none to continue."""
-    from gradlog.readers.run import wandb_runs
-
     folder = os.path.join(log_dir, "wandb")
-    runs = wandb_runs(folder)
+    runs = runs_in(folder)
     if not runs:
         return f"{log_dir!r} holds no W&B run"
     if len(runs) > 1:
         return f"{folder!r} holds {len(runs)} W&B runs already (not one to continue)"
-    (run_id,) = runs
-    return _read_earlier(folder, log_dir, run_id)
+    ((run_id, files),) = runs.items()
+    return _read_earlier(lambda: read_segments(files, folder), log_dir, run_id)
 
 
-def _read_earlier(path: str, log_dir: str, run_id: str) -> Earlier | str:
-    """The earlier run's report, segment count and `gradlog/segment` table, read from `path`."""
-    from gradlog.readers.run import BadRun, closed_report, load
-
+def _read_earlier(read: Callable[[], RunData], log_dir: str, run_id: str) -> Earlier | str:
+    """The earlier run's report, segment count and `gradlog/segment` table, as `read` returns the run."""
     try:
-        run = load(path)
+        run = read()
     except BadRun as exc:
         return f"{log_dir!r} cannot be read as one gradlog run ({exc})"
     report = closed_report(run)
@@ -254,7 +244,7 @@ def _read_earlier(path: str, log_dir: str, run_id: str) -> Earlier | str:
             f"the run in {log_dir!r} wrote no gradlog/segment table (it was written by an older gradlog, or "
             "killed before its first table)"
         )
-    summary = {r[0]: r[1] for r in run.tables.get("gradlog/summary", ([], []))[1] if len(r) >= 2}
+    summary = run.summary()
     if run.provisional_step is not None and not summary.get("optimizer_steps", "").isdigit():
         report.optimizer_steps = run.provisional_step + 1
     segments = int(summary["segment"]) if summary.get("segment", "").isdigit() else 1

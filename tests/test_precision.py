@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import gradlog
-from gradlog.measure.tags import tag
+from gradlog.runformat.tags import tag
 
 transformers = pytest.importorskip("transformers")
 

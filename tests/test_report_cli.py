@@ -18,8 +18,8 @@ from torch import nn
 
 import gradlog
 from gradlog.cli.entry import main
-from gradlog.measure import tags
 from gradlog.readers.run import RunData, load, parse_markdown_table
+from gradlog.runformat import tags
 from gradlog.verdict.report import COLUMNS, WARNING_KINDS
 from gradlog.views.health import analyze
 

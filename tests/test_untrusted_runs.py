@@ -30,8 +30,8 @@ from torch import nn
 
 import gradlog
 from gradlog.cli.entry import main
-from gradlog.readers.files import Limits, loads_json, parse_size, shown
 from gradlog.readers.run import load
+from gradlog.runformat.files import Limits, loads_json, parse_size, shown
 from gradlog.verdict.report import COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -480,7 +480,7 @@ def test_shown_escapes_what_a_terminal_would_act_on() -> None:
     ],
 )
 def test_table_paths_named_in_a_run_file(rel: Any, ok: str | None) -> None:
-    from gradlog.readers.run import _table_path
+    from gradlog.runformat.wandb_run import _table_path
 
     assert _table_path(rel) == ok
 
@@ -488,7 +488,7 @@ def test_table_paths_named_in_a_run_file(rel: Any, ok: str | None) -> None:
 def test_open_regular_refuses_pipes_sockets_devices_and_folders_before_opening(tmp_path: Path) -> None:
     import socket
 
-    from gradlog.readers.files import Refused, open_regular, read_regular
+    from gradlog.runformat.files import Refused, open_regular, read_regular
 
     root = os.path.realpath(tmp_path)
     os.mkfifo(tmp_path / "pipe")
@@ -827,7 +827,7 @@ def test_a_long_run_reads_back_in_the_memory_of_its_numbers(tmp_path: Path) -> N
 
 
 def test_series_reads_like_a_list_of_points() -> None:
-    from gradlog.readers.points import Series
+    from gradlog.runformat.points import Series
 
     pts = [(0, 1.0), (5, float("nan")), (9, -2.5)]
     s = Series(pts)

@@ -26,8 +26,8 @@ def main() -> int:
     import gradlog.cli.entry
     import gradlog.cli.report
     import gradlog.readers.run
-    import gradlog.readers.tfevents
     import gradlog.readers.wandb_offline
+    import gradlog.runformat.tfevents
     import gradlog.views.health
 
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

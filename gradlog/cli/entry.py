@@ -46,7 +46,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from gradlog.cli.report import run_report
-    from gradlog.readers.files import Limits
+    from gradlog.runformat.files import Limits
 
     limits = Limits(max_file_bytes=args.max_file_size, max_table_bytes=args.max_table_size, max_files=args.max_files)
     return run_report(
@@ -55,7 +55,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _size(text: str) -> int:
-    from gradlog.readers.files import parse_size
+    from gradlog.runformat.files import parse_size
 
     try:
         return parse_size(text)

@@ -4,7 +4,7 @@ A file that is only partly readable (torn or corrupt event file) still gets the 
 read, followed by exit 2; a run that never closed (no never-updated table) exits 1.
 
 Everything printed may hold text from someone else's run files: the console output escapes control and
-escape characters (`readers.files.shown`), and `--json` is strict JSON (no NaN, no lone surrogates).
+escape characters (`runformat.files.shown`), and `--json` is strict JSON (no NaN, no lone surrogates).
 
 Kept apart from `cli.entry` so the argument parser stays importable without tensorboard or matplotlib.
 """
@@ -17,8 +17,9 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from gradlog.readers.files import Limits, shown_lines, valid_text
 from gradlog.readers.run import BadRun, load
+from gradlog.runformat.cells import bare_name
+from gradlog.runformat.files import Limits, shown_lines, valid_text
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND, check_band
 from gradlog.verdict.policy import Policy
 from gradlog.views.health import DEFAULT_SPIKE_FACTOR, analyze
@@ -66,7 +67,7 @@ def run_report(
 ) -> int:
     """Never raises: bad input, an unreadable file or a missing extra is a message on stderr and exit 2.
 
-    `limits` caps what reading the run may cost (`readers.files.Limits`: file and table sizes, files searched).
+    `limits` caps what reading the run may cost (`runformat.files.Limits`: file and table sizes, files searched).
     `rules` are ("KIND[:PATTERN]", severity) pairs (--fail-on, --warn, --note, --ignore): they override the
     policy the run recorded.
     """
@@ -98,7 +99,7 @@ def run_report(
             from gradlog.views import plot as plotting
 
             first = health.first_nonfinite
-            never = {r.name.split(" (= ", 1)[0]: r.reason for r in health.never_updated}
+            never = {bare_name(r.name): r.reason for r in health.never_updated}
             plotting.save(
                 plot,
                 run.scalars,

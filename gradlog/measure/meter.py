@@ -40,9 +40,10 @@ from gradlog.measure.stats import (
     stat_dtype,
     subtract_with_sumsq,
 )
-from gradlog.measure.tags import HISTOGRAM_KINDS, prefix
+from gradlog.runformat import names
+from gradlog.runformat.tags import HISTOGRAM_KINDS, prefix
 
-#: Per-tensor tag prefixes (`weights/<metric>/`, see `gradlog.measure.tags`), built once.
+#: Per-tensor tag prefixes (`weights/<metric>/`, see `gradlog.runformat.tags`), built once.
 WEIGHT_NORM, GRAD_NORM, GRAD_ZERO_FRAC = prefix("weight_norm"), prefix("grad_norm"), prefix("grad_zero_frac")
 GRAD_NONFINITE, UPDATE_RATIO, DEAD_FRAC = prefix("grad_nonfinite"), prefix("update_ratio"), prefix("dead_frac")
 #: the share of a tensor's elements whose gradient was non-zero (lr > 0) yet whose value did not change
@@ -218,7 +219,7 @@ class Measurement:
         return None if ratio is None else torch.tensor(ratio, dtype=torch.float64)
 
     def scalars(self) -> dict[str, float]:
-        """Every scalar tag of this step, for the writers (names: `gradlog.measure.tags`)."""
+        """Every scalar tag of this step, for the writers (names: `gradlog.runformat.tags`)."""
         out: dict[str, float] = {}
         host = self.lists
         gnorm, nf, sumsq, ratios, wnorm = host.grad_norm, host.nonfinite, host.sumsq, host.ratio, host.weight_norm
@@ -246,11 +247,11 @@ class Measurement:
         for i, frac in enumerate((self.frozen_frac or ()) if not self.skipped else ()):
             if frac:  # written while non-zero: a healthy fp32 run writes none of these series
                 out[FROZEN_FRAC + self.rows[i].name] = frac
-        out["gradlog/grad_norm_total"] = math.sqrt(total) if math.isfinite(total) else total
-        out["gradlog/nonfinite_tensors"] = float(n_nonfinite)
-        out["gradlog/no_grad_tensors"] = float(n_nograd)
+        out[names.GRAD_NORM_TOTAL] = math.sqrt(total) if math.isfinite(total) else total
+        out[names.NONFINITE_TENSORS] = float(n_nonfinite)
+        out[names.NO_GRAD_TENSORS] = float(n_nograd)
         if self.clip_coef is not None:
-            out["gradlog/clip_coef"] = self.clip_coef
+            out[names.CLIP_COEF] = self.clip_coef
         return out
 
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gradlog.measure.meter import Measurement
+from gradlog.runformat.names import ALERT_COLUMNS
 from gradlog.verdict.report import WARNING_KINDS, Alert
 
 log = logging.getLogger("gradlog")
@@ -61,8 +62,6 @@ NO_GRAD = "no_grad"
 KINDS = (NONFINITE, SPIKE, RATIO_HIGH, RATIO_LOW, NO_GRAD)
 assert {SPIKE, RATIO_HIGH, RATIO_LOW} == WARNING_KINDS  # the verdict's warnings (report.py) are these kinds
 
-#: Columns of the `gradlog/alerts` table written at close.
-ALERT_COLUMNS = ["step", "kind", "name", "detail"]
 
 #: the fixed band, for ``ratio_band=DEFAULT_RATIO_BAND`` (the default is calibrated: ``ratio_band=None``)
 DEFAULT_RATIO_BAND = (1e-4, 1e-2)

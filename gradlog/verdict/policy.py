@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
+from gradlog.runformat.names import POLICY_COLUMNS
+
 PROBLEM = "problem"
 WARNING = "warning"
 NOTE = "note"
@@ -134,9 +136,6 @@ DEFAULTS: dict[str, tuple[str, str]] = {
 KINDS = tuple(DEFAULTS)
 _TABLES = tuple(dict.fromkeys(k.split(".", 1)[0] for k in KINDS))
 _BARE = frozenset(k.split(".", 1)[1] for k in KINDS)
-
-#: columns of the `gradlog/policy` table the logger writes (the user's rules, in order)
-POLICY_COLUMNS = ["kind", "pattern", "severity"]
 
 
 def _valid_kinds() -> str:

@@ -10,6 +10,16 @@ from typing import Any
 
 import torch
 
+from gradlog.runformat.cells import DIM_NAMES, bare_name, name_cell, shape_cell
+from gradlog.runformat.names import (
+    COLUMNS,
+    EXPERT_COLUMNS,
+    PARTLY_COLUMNS,
+    PRECISION_COLUMNS,
+    STALLED_COLUMNS,
+    STOPPED_COLUMNS,
+    TABLE_COLUMNS,
+)
 from gradlog.verdict.judge import ALERT_FINDINGS, NAMED_BY_TABLES, Verdict, finding_lines, judge, never_kind
 from gradlog.verdict.policy import IGNORE, WARNING, Policy
 
@@ -38,19 +48,21 @@ class Reason(str, enum.Enum):
 #: Reasons that usually mean the user meant it (fine-tuning with a frozen backbone, padding rows).
 INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX})
 
-COLUMNS = ["name", "shape", "numel", "reason", "detail"]
-#: the never-updated table as written to TensorBoard and W&B: `suspect` travels with it, so that
-#: `gradlog report` can judge the run from disk exactly as close() judged it
-TABLE_COLUMNS = [*COLUMNS, "suspect"]
 #: Alert kinds that are warnings by default (`gradlog.verdict.policy.DEFAULTS`: `alert.<kind>`); a NaN/Inf
 #: gradient is the problem `first_nonfinite`, a missing gradient ends in the never-updated table.
 WARNING_KINDS = frozenset({"grad_norm_spike", "update_ratio_high", "update_ratio_low"})
 RATIO_KINDS = frozenset({"update_ratio_high", "update_ratio_low"})
-PARTLY_COLUMNS = ["name", "dim", "never", "total", "indices", "reason", "detail"]
-STALLED_COLUMNS = ["name", "since_step", "last_update_step", "reason", "detail"]
-STOPPED_COLUMNS = ["name", "dim", "stopped", "total", "indices", "since_step", "last_grad_step", "reason", "detail"]
-EXPERT_COLUMNS = ["layer", "state", "experts", "idle", "total", "since_step", "reason", "detail"]
-PRECISION_COLUMNS = ["name", "dtype", "mean_frac", "max_frac", "steps", "detail"]
+#: The tables' columns are the run format's (`gradlog.runformat.names`); the console shows the same.
+__all__ = [
+    "COLUMNS",
+    "DIM_NAMES",
+    "EXPERT_COLUMNS",
+    "PARTLY_COLUMNS",
+    "PRECISION_COLUMNS",
+    "STALLED_COLUMNS",
+    "STOPPED_COLUMNS",
+    "TABLE_COLUMNS",
+]
 
 
 @dataclass(frozen=True)
@@ -72,9 +84,8 @@ class NeverUpdated:
         return self.reason in INTENTIONAL and not self.suspect
 
     def row(self) -> list[str]:
-        name = self.name if not self.aliases else f"{self.name} (= {', '.join(self.aliases)})"
-        shape = "x".join(map(str, self.shape)) or ("scalar" if self.numel else "not materialised")  # lazy, never run
-        return [name, shape, str(self.numel), self.reason.value, self.detail]
+        shape = shape_cell(self.shape, self.numel)  # "not materialised": a lazy module, never run
+        return [name_cell(self.name, self.aliases), shape, str(self.numel), self.reason.value, self.detail]
 
     def table_row(self) -> list[str]:
         """The row of the written table (`TABLE_COLUMNS`)."""
@@ -147,10 +158,6 @@ class PartlyUpdated:
             "intentional": self.intentional,
             "severity": (policy or Policy()).severity(f"partly.{self.reason}", self.name),
         }
-
-
-#: how the `dim` of a `PartlyUpdated` reads in tables, and back
-DIM_NAMES: dict[int | None, str] = {0: "rows", 1: "columns", None: "elements"}
 
 
 @dataclass(frozen=True)
@@ -574,7 +581,7 @@ def _human(n: int) -> str:
 
 def _subtree(name: str) -> str:
     """The module subtree a tensor belongs to, with layer indices folded: transformer.h.3.attn.w -> transformer.h.*"""
-    parts = name.split(" (= ", 1)[0].split(".")
+    parts = bare_name(name).split(".")
     for i, p in enumerate(parts[:-1]):
         if p.isdigit() and i > 0:
             return ".".join(parts[:i]) + ".*"

@@ -11,16 +11,17 @@ import math
 import statistics
 
 from gradlog.measure.meter import Measurement
+from gradlog.runformat import names
 
 #: The run-level tags, in the order a user reads them; TensorBoard shows them as the `gradlog/` group.
 RUN_LEVEL = (
-    "gradlog/no_update_tensors",
-    "gradlog/no_grad_tensors",
-    "gradlog/zero_grad_tensors",
-    "gradlog/nonfinite_tensors",
-    "gradlog/update_ratio_min",
-    "gradlog/update_ratio_median",
-    "gradlog/update_ratio_max",
+    names.NO_UPDATE_TENSORS,
+    names.NO_GRAD_TENSORS,
+    names.ZERO_GRAD_TENSORS,
+    names.NONFINITE_TENSORS,
+    names.UPDATE_RATIO_MIN,
+    names.UPDATE_RATIO_MEDIAN,
+    names.UPDATE_RATIO_MAX,
 )
 
 
@@ -52,15 +53,15 @@ def run_level(m: Measurement) -> dict[str, float]:
             if math.isfinite(r):
                 spread.append(r)
     out = {
-        "gradlog/no_update_tensors": float(no_update),
-        "gradlog/no_grad_tensors": float(no_grad),
-        "gradlog/zero_grad_tensors": float(zero_grad),
-        "gradlog/nonfinite_tensors": float(bad),
+        names.NO_UPDATE_TENSORS: float(no_update),
+        names.NO_GRAD_TENSORS: float(no_grad),
+        names.ZERO_GRAD_TENSORS: float(zero_grad),
+        names.NONFINITE_TENSORS: float(bad),
     }
     if spread:
-        out["gradlog/update_ratio_min"] = min(spread)
-        out["gradlog/update_ratio_median"] = float(statistics.median(spread))
-        out["gradlog/update_ratio_max"] = max(spread)
+        out[names.UPDATE_RATIO_MIN] = min(spread)
+        out[names.UPDATE_RATIO_MEDIAN] = float(statistics.median(spread))
+        out[names.UPDATE_RATIO_MAX] = max(spread)
     return out
 
 

@@ -13,9 +13,11 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from gradlog.measure import tags
-from gradlog.readers.files import shown
-from gradlog.readers.run import RunData, closed_report, series_first_nonfinite, series_names, series_steps
+from gradlog.runformat import names, tags
+from gradlog.runformat.cells import bare_name
+from gradlog.runformat.files import shown
+from gradlog.runformat.rundata import RunData
+from gradlog.runformat.tables import closed_report, read_alerts, series_first_nonfinite, series_names, series_steps
 from gradlog.verdict.alerts import (
     DEFAULT_SPIKE_FACTOR,
     RATIO_HIGH,
@@ -315,17 +317,7 @@ def replay(
 
 
 def _from_table(run: RunData) -> list[Alert] | None:
-    if "gradlog/alerts" not in run.tables:
-        return None
-    cols, rows = run.tables["gradlog/alerts"]
-    index = {c: i for i, c in enumerate(cols)}
-    out = []
-    for r in rows:
-        try:
-            out.append(Alert(int(r[index["step"]]), r[index["kind"]], r[index["name"]], r[index["detail"]]))
-        except (KeyError, IndexError, ValueError):
-            continue  # a damaged row: the others still count
-    return out
+    return read_alerts(run.tables[names.ALERTS]) if names.ALERTS in run.tables else None
 
 
 def _first_nonfinite(run: RunData, summary: dict[str, str], closed: bool) -> FirstNonFinite | None:
@@ -356,23 +348,20 @@ def analyze(
     """
     rejudge = band is not None or spike_factor is not None
     spike_factor = DEFAULT_SPIKE_FACTOR if spike_factor is None else spike_factor
-    summary: dict[str, str] = {}
-    if "gradlog/summary" in run.tables:
-        cols, rows = run.tables["gradlog/summary"]
-        summary = {r[0]: r[1] for r in rows if len(r) >= 2}
+    summary = run.summary()
     never: list[NeverUpdatedRow] = []
-    known = "gradlog/never_updated" in run.tables
+    known = names.NEVER_UPDATED in run.tables
     if known:
-        cols, rows = run.tables["gradlog/never_updated"]
+        cols, rows = run.tables[names.NEVER_UPDATED]
         index = {c: i for i, c in enumerate(cols)}
         for r in rows:
             cell = {c: (r[index[c]] if c in index and index[c] < len(r) else "") for c in COLUMNS}
             never.append(NeverUpdatedRow(**cell))
-    names = series_names(run)
+    tensors = series_names(run)
     measured = _count(summary.get("measured_steps", ""), default=len(series_steps(run)))
-    never_names = {r.name.split(" (= ", 1)[0] for r in never}
-    recorded = None if rejudge or "gradlog/summary" not in run.tables else _from_table(run)
-    if recorded is None and not rejudge and "gradlog/summary" in run.tables and summary.get("warnings") == "0":
+    never_names = {bare_name(r.name) for r in never}
+    recorded = None if rejudge or names.SUMMARY not in run.tables else _from_table(run)
+    if recorded is None and not rejudge and names.SUMMARY in run.tables and summary.get("warnings") == "0":
         recorded = []  # closed with no warning (or with alerts off): nothing to re-judge against
     report = closed_report(run)
     closed = report is not None and run.provisional_step is None and bool(summary)  # else the series answer
@@ -389,7 +378,7 @@ def analyze(
         band=None if band is None else (float(band[0]), float(band[1])),
         spike_factor=float(spike_factor),
         measured_steps=measured,
-        tensors=len(names | never_names),
+        tensors=len(tensors | never_names),
         never_updated=never,
         never_updated_known=known,
         partly_updated=as_dict.get("partly_updated", []),

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from gradlog.measure import tags
+from gradlog.runformat import tags
 from gradlog.verdict.alerts import DEFAULT_RATIO_BAND
 
 if TYPE_CHECKING:

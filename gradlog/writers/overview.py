@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping
 
 from gradlog.measure.meter import Measurement
+from gradlog.runformat.names import OVERVIEW
 from gradlog.writers.png import PILLOW_HINT, has_pillow, heatmap_png, heatmap_png_arrays
 
 try:  # optional: without numpy the rows are Python lists
@@ -29,7 +30,7 @@ except ImportError:  # pragma: no cover
 
 log = logging.getLogger("gradlog")
 
-TAG = "gradlog/overview"
+TAG = OVERVIEW
 #: At most one image per this many seconds of wall time during training (the final one always comes).
 MIN_INTERVAL_S = 20.0
 #: At most this many columns are kept: when full, neighbouring columns merge in pairs and each column

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gradlog.measure.tags import TENSORS, prefix
+from gradlog.runformat.tags import TENSORS, prefix
 
 PREFIX = prefix("grad_nonfinite")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import array
 import struct
 import sys
-import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +17,16 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from gradlog.measure.histogram import Histogram
-from gradlog.measure.tags import prefix
+
+# the writer's tables, in the run format's markdown (the readers parse it back): `format.markdown_table`
+from gradlog.runformat.markdown import escape_markdown as escape_markdown
+from gradlog.runformat.markdown import markdown_table as markdown_table
+from gradlog.runformat.names import HIDDEN_TABLES, ORDER_TAG, PACK_MISSING, PACKED, PLUGIN_NAME
+
+# the packed rows' tag and block, read by the writer as `format.PACK_TAG`, `format.PACK_BLOCK`
+from gradlog.runformat.names import PACK_BLOCK as PACK_BLOCK
+from gradlog.runformat.names import PACK_TAG as PACK_TAG
+from gradlog.runformat.tags import prefix
 
 #: The custom-scalars tab: a few charts of run-level series, each with a handful of lines (a chart with
 #: one line per tensor, 400 in one colour, shows nothing).
@@ -29,9 +37,6 @@ CHARTS = (
     ("skipped steps, alerts", r"^gradlog/(skipped_steps|alerts)$"),
 )
 LAYOUT_TAG = "custom_scalars__config__"
-#: Tensor names in model order, for the gradlog TensorBoard tab (its own plugin name: no other tab shows it).
-ORDER_TAG = "gradlog/tensor_order"
-PLUGIN_NAME = "gradlog"
 #: Values per Event record: few records, yet no single record so large that a torn write loses much.
 MAX_VALUES_PER_EVENT = 1024
 
@@ -124,9 +129,8 @@ def _string_tensor(data: bytes) -> Any:
     )
 
 
-#: Tables for gradlog's readers only (a resumed run's per-tensor record, gradlog/resume.py): written under
-#: gradlog's plugin, so TensorBoard's Text tab does not show a card of every tensor name.
-HIDDEN_TABLES = ("gradlog/segment", "gradlog/provisional/segment")
+#: Tables for gradlog's readers only (`HIDDEN_TABLES`: a resumed run's per-tensor record, gradlog/resume.py):
+#: written under gradlog's plugin, so TensorBoard's Text tab does not show a card of every tensor name.
 _HIDDEN_METADATA = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"table")
 )
@@ -145,12 +149,8 @@ def order_value(names: Sequence[str]) -> Any:
 
 
 #: Per-step packed rows for the gradlog tab: one float32 tensor [len(PACKED), tensors] per published step, under
-#: `gradlog/heatmap/<block>`, PACK_BLOCK steps per tag (TensorBoard keeps 10 points of a tag of an unknown
-#: plugin, so a block is never sampled down). Reading 1,000 of these is ~1,000x faster than 1,000,000 scalars.
-PACKED = ("update_ratio", "grad_norm", "grad_zero_frac", "grad_nonfinite")
-PACK_BLOCK = 10
-PACK_TAG = "gradlog/heatmap/"
-PACK_MISSING = -1.0  # no value (real values are >= 0, NaN or +Inf)
+#: `PACK_TAG<block>`, PACK_BLOCK steps per tag (TensorBoard keeps 10 points of a tag of an unknown plugin, so a
+#: block is never sampled down). Reading 1,000 of these is ~1,000x faster than 1,000,000 scalars.
 _PACK_METADATA = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"heatmap"),
     data_class=summary_pb2.DATA_CLASS_TENSOR,
@@ -197,37 +197,6 @@ def image_value(tag: str, png: bytes) -> Any:
     image = summary_pb2.Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
     meta = summary_pb2.SummaryMetadata(summary_description=IMAGE_DESCRIPTION)
     return Value(tag=tag, image=image, metadata=meta)
-
-
-#: Long cells are wrapped at this many characters with <br>: TensorBoard's Text tab lets a table fill the
-#: page and breaks words anywhere, so one long "detail" column squeezed the short ones to "shap|e", "nume|l".
-WRAP_AT = 48
-
-
-def _wrap(cell: str) -> str:
-    if len(cell) <= WRAP_AT:
-        return cell
-    return "<br>".join(textwrap.wrap(cell, WRAP_AT, break_long_words=False, break_on_hyphens=False)) or cell
-
-
-def escape_markdown(text: str) -> str:
-    """Plain text inside markdown emphasis: characters markdown would act on are backslash-escaped."""
-    return "".join("\\" + ch if ch in "\\`*_[]<>|#" else ch for ch in " ".join(text.split()))
-
-
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|") or " "
-
-
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]], wrap: bool = True) -> str:
-    """A GitHub-style markdown table; cells are escaped so a `|` or newline in a name cannot break it, and
-    long cells are wrapped (see WRAP_AT, unless `wrap=False`) so that short columns keep their words whole."""
-    fit = _wrap if wrap else (lambda c: c)
-    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fit(_cell(c)) for c in row) + " |" for row in rows]
-    if not rows:
-        lines += ["", "_(no rows)_"]
-    return "\n".join(lines)
 
 
 def layout_value() -> Any:

@@ -23,6 +23,7 @@ from typing import Any, Union
 
 from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.measure.once import warn
+from gradlog.runformat.names import GRAD_NORM_TOTAL, SUMMARY
 from gradlog.writers.base import Writer
 from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
@@ -392,7 +393,7 @@ class TensorBoardWriter(Writer):
             self._order.update(dict.fromkeys(new))
             self._put(("o", int(step), time.time(), list(self._order)))
         pairs = [(tag, float(v)) for tag, v in scalars.items()]
-        if self._order and "gradlog/grad_norm_total" in scalars:  # a measured step (not the close() counts)
+        if self._order and GRAD_NORM_TOTAL in scalars:  # a measured step (not the close() counts)
             tag = f"{self._sink.format.PACK_TAG}{self._packed // self._sink.format.PACK_BLOCK:06d}"
             self._packed += 1
             self._put(("p", int(step), time.time(), (tag, tuple(self._order), pairs)))  # packed on the writer thread
@@ -426,7 +427,7 @@ class TensorBoardWriter(Writer):
         `gradlog/never_updated` too): TensorBoard keeps one kind of data per tag and drops the other.
         """
         tag = f"{name}/table" if name in self._scalar_tags else name
-        summary = name == "gradlog/summary"  # key/value: the verdict stays one line, as scripts grep it
+        summary = name == SUMMARY  # key/value: the verdict stays one line, as scripts grep it
         markdown = self._sink.format.markdown_table(columns, rows, wrap=not summary)
         if summary:  # the logger writes it first: the other tables repeat its verdict on top
             self._verdict = next((str(r[1]) for r in rows if len(r) >= 2 and r[0] == "verdict"), None)

@@ -1,8 +1,9 @@
-"""TFRecord framing and one append-only event file, the container TensorBoard reads.
+"""One append-only event file, the container TensorBoard reads; its records are framed by the run format
+(`gradlog.runformat.tfevents.frame`: the same module reads them back).
 
-A record is: little-endian u64 length, masked CRC32C of those 8 bytes, the payload, masked CRC32C of
-the payload. The CRC comes from the `crc32c` package (C, hardware-accelerated where the CPU has it),
-because a pure-Python CRC over every record is what makes the usual writers slow.
+The CRC must come from the `crc32c` package (C, hardware-accelerated where the CPU has it), because a
+pure-Python CRC over every record is what makes the usual writers slow: it is imported here, so that
+`TensorBoardWriter()` fails with the install hint without it.
 """
 
 from __future__ import annotations
@@ -10,35 +11,15 @@ from __future__ import annotations
 import itertools
 import os
 import socket
-import struct
 import time
-from collections.abc import Iterable
 
-import crc32c
+import crc32c  # noqa: F401  # required by the writer (see above); the framing itself is runformat.tfevents
 
-_MASK_DELTA = 0xA282EAD8
-_U32 = 0xFFFFFFFF
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
-#: Event file names end in `.<RUN_MARK><run>`: the files of one TensorBoardWriter share it.
-RUN_MARK = "gradlog-run-"
+from gradlog.runformat.names import RUN_MARK
+from gradlog.runformat.tfevents import frame as frame
+from gradlog.runformat.tfevents import frames as frames
+
 _serial = itertools.count()  # distinguishes event files one process creates in the same second
-
-
-def masked_crc(data: bytes) -> int:
-    """CRC32C rotated right by 15 bits plus a constant, as TFRecord stores it."""
-    crc = crc32c.crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
-
-
-def frame(payload: bytes) -> bytes:
-    """One complete TFRecord."""
-    header = _LENGTH.pack(len(payload))
-    return b"".join((header, _CRC.pack(masked_crc(header)), payload, _CRC.pack(masked_crc(payload))))
-
-
-def frames(payloads: Iterable[bytes]) -> bytes:
-    return b"".join(frame(p) for p in payloads)
 
 
 class EventFile:

@@ -30,39 +30,33 @@ import torch
 from gradlog.measure.distributed import is_rank_zero
 from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.measure.once import WarnOnce
-from gradlog.measure.tags import RUN, TENSORS
+from gradlog.runformat.cells import summary_value
+from gradlog.runformat.names import (
+    COUNTED_TABLES,
+    DROPPED_KEY,
+    ORDER_KEY,
+    STEP_KEY,
+    SUMMARY,
+    WANDB_TABLE_KEYS,
+    summary_key,
+)
+from gradlog.runformat.tags import RUN, TENSORS
 from gradlog.writers.base import Writer
 from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
 log = logging.getLogger("gradlog")
 
 INSTALL_HINT = "pip install 'gradlog[wandb]'"
-STEP_KEY = "gradlog/step"
 #: Seconds between wandb-core's writes of a run gradlog starts to its `.wandb` file (wandb's default, 15 s,
 #: is what a kill -9 would lose); its `x_transaction_log_flush_interval` setting.
 DEFAULT_FILE_FLUSH_S = 0.1
 #: Less free space than this where the run is written counts as a full disk (warned about once).
 MIN_FREE_BYTES = 1 << 20
 #: key prefixes gradlog writes (every per-tensor key under `weights/`, run-level under `gradlog/`:
-#: `gradlog.measure.tags`); each gets `define_metric(prefix + "/*", step_metric="gradlog/step")`.
+#: `gradlog.runformat.tags`); each gets `define_metric(prefix + "/*", step_metric="gradlog/step")`.
 PREFIXES = (TENSORS.rstrip("/"), RUN.rstrip("/"))
 #: W&B rejects a `run.log` call above ~10 MB (wandb#3701); stay well under it.
 DEFAULT_MAX_PAYLOAD_BYTES = 4_000_000
-#: tables logged under another key, because the plain name already holds a scalar (the count) in W&B.
-TABLE_KEYS = {
-    "gradlog/never_updated": "gradlog/never_updated_table",
-    "gradlog/partly_updated": "gradlog/partly_updated_table",
-    "gradlog/stalled": "gradlog/stalled_table",
-    "gradlog/alerts": "gradlog/alerts_table",
-}
-#: close-time counts that also go into the run summary (the table of each is in the history row)
-SUMMARY_COUNTS = ("gradlog/never_updated", "gradlog/partly_updated", "gradlog/stalled")
-SUMMARY_TABLE = "gradlog/summary"
-#: run-summary key of the number of records dropped because the writer fell behind (absent when none were)
-DROPPED_KEY = "gradlog/dropped_records"
-#: run.config key holding the tensor names in model order: W&B writes a row's keys in arbitrary order,
-#: so a reader cannot learn the order from the history (gradlog.readers.run sorts by this list).
-ORDER_KEY = "gradlog/tensor_order"
 
 
 class WandbSetupError(RuntimeError):
@@ -297,16 +291,6 @@ def split_payload(payload: StepPayload, max_bytes: int) -> list[StepPayload]:
     return parts
 
 
-def summary_value(text: str) -> Any:
-    """The summary table arrives as strings; W&B shows numbers and booleans better as themselves."""
-    if text in ("True", "False"):
-        return text == "True"
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
 class WandbWriter(Writer):
     """Logs gradlog's scalars, histograms and never-updated report into a W&B run.
 
@@ -405,7 +389,7 @@ class WandbWriter(Writer):
                 self._warn_once("value", f"gradlog: W&B cannot log {key}={value!r} (not a number); it is left out")
                 continue
             payload.scalars[key] = v
-            if key.startswith(SUMMARY_COUNTS):
+            if key.startswith(COUNTED_TABLES):  # close-time counts: in the run summary too
                 self._summary[key] = round(v) if v.is_integer() else v
 
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
@@ -427,13 +411,13 @@ class WandbWriter(Writer):
         payload.image_steps[tag] = int(step)
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        if name == SUMMARY_TABLE:
+        if name == SUMMARY:
             for row in rows:
                 if len(row) >= 2:
-                    self._summary[f"gradlog/{row[0]}"] = summary_value(str(row[1]))
+                    self._summary[summary_key(str(row[0]))] = summary_value(str(row[1]))
             return
         step = self._buffer.step if self._buffer is not None else self._last_step
-        self._payload(step).tables[TABLE_KEYS.get(name, name)] = (list(columns), [list(r) for r in rows])
+        self._payload(step).tables[WANDB_TABLE_KEYS.get(name, name)] = (list(columns), [list(r) for r in rows])
 
     def record_dropped(self, n: int) -> None:
         """`n` records never reached this writer (it fell behind; see `writers.guard`): kept in the run summary as

@@ -16,7 +16,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gradlog.measure import tags as names_mod
+from gradlog.runformat import names as fmt
+from gradlog.runformat import tags as names_mod
+from gradlog.runformat.cells import bare_name
+from gradlog.runformat.names import PACK_MISSING, PACKED
 
 #: Metrics the heatmap can show (tags `weights/<metric>/<tensor>`) -> how the browser colours it.
 METRICS: dict[str, str] = {
@@ -26,7 +29,8 @@ METRICS: dict[str, str] = {
     "grad_nonfinite": "count",
 }
 #: Special cells (all real values are >= 0, NaN or +Inf).
-NOT_MEASURED = -1.0  # no value at that step (not in the optimizer, not measured, not written)
+#: no value at that step (not in the optimizer, not measured, not written): the packed rows' own sentinel
+NOT_MEASURED = PACK_MISSING
 NO_GRAD = -2.0  # the tensor had no gradient at that step
 ZERO_GRAD = -3.0  # the gradient was exactly zero (all entries)
 PROVISIONAL = "gradlog (training, provisional):"
@@ -39,7 +43,7 @@ Table = tuple[list[str], list[list[str]]]
 
 
 def tensor_group(tags: Sequence[str]) -> str:
-    """What precedes `<metric>/<tensor name>` in this run's tags: `weights/` (`gradlog.measure.tags`), or ""
+    """What precedes `<metric>/<tensor name>` in this run's tags: `weights/` (`gradlog.runformat.tags`), or ""
     for a run written before gradlog put every per-tensor series under that group (`grad_norm/<name>`)."""
     return "" if names_mod.old_to_new(tags) else names_mod.TENSORS
 
@@ -156,7 +160,7 @@ def _swapped(cells: array.array[float]) -> array.array[float]:
 
 def name_in_cell(cell: str) -> str:
     """A table's name cell without the tied-weight aliases (`w (= a, b)`) or a slice suffix."""
-    return cell.split(" (= ", 1)[0].strip()
+    return bare_name(cell).strip()
 
 
 def marks(tables: Mapping[str, Table], summary: Mapping[str, str], live: Mapping[str, str]) -> dict[str, str]:
@@ -207,20 +211,6 @@ def live_marks(names: Sequence[str], ratio: Series, grad_norm: Series, nonfinite
     return out
 
 
-def _alerts(table: Table) -> list[Any]:
-    from gradlog.verdict.report import Alert
-
-    cols, rows = table
-    index = {c: i for i, c in enumerate(cols)}
-    out = []
-    for r in rows:
-        try:
-            out.append(Alert(int(r[index["step"]]), r[index["kind"]], r[index["name"]], r[index["detail"]]))
-        except (KeyError, IndexError, ValueError):
-            continue
-    return out
-
-
 def verdict(
     summary: Mapping[str, str],
     run_level: Mapping[str, Sequence[tuple[int, float]]],
@@ -233,16 +223,17 @@ def verdict(
     close; else a provisional line from the run-level series of the latest step, else (a run without
     them) from the latest step's `live` marks."""
     if tables is not None and "never_updated" in tables and summary:
-        from gradlog.readers.run import RunData, closed_report  # imports torch: only for a run that closed
+        from gradlog.runformat.rundata import RunData
+        from gradlog.runformat.tables import closed_report, read_alerts  # imports torch: only for a run that closed
         from gradlog.verdict.judge import judge
 
-        run = RunData("<tensorboard>", "tensorboard", tables={f"gradlog/{k}": v for k, v in tables.items()})
-        run.tables["gradlog/summary"] = (["key", "value"], [[k, v] for k, v in summary.items()])
+        run = RunData("<tensorboard>", "tensorboard", tables={fmt.RUN + k: v for k, v in tables.items()})
+        run.tables[fmt.SUMMARY] = (list(fmt.SUMMARY_COLUMNS), [[k, v] for k, v in summary.items()])
         report = closed_report(run)
         if report is not None:
-            alerts = tables.get("alerts")
+            alerts = tables.get(fmt.ALERTS.removeprefix(fmt.RUN))
             if alerts is not None:
-                report.alerts = _alerts(alerts)
+                report.alerts = read_alerts(alerts)
             return judge(report).text, summary.get("final") != "False"
     if summary.get("verdict"):
         return summary["verdict"], True
@@ -292,8 +283,7 @@ __all__ = [
 
 
 # --- the packed rows (gradlog's TensorBoard writer writes one per step) --------------------------------------
-#: Row order of a packed step (gradlog.writers.tb_format.PACKED); -1 there means "no value".
-PACKED = ("update_ratio", "grad_norm", "grad_zero_frac", "grad_nonfinite")
+# Row order of a packed step: `PACKED`; `PACK_MISSING` (= NOT_MEASURED) there means "no value".
 
 
 def packed_matrices(points: Sequence[tuple[int, Any]], n: int) -> tuple[list[int], dict[str, Any]]:

@@ -21,14 +21,13 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from gradlog.measure.tags import TENSORS
-from gradlog.readers.run import parse_markdown_table
+from gradlog.runformat.markdown import parse_markdown_table
+from gradlog.runformat.names import ORDER_TAG, PACK_TAG, PLUGIN_NAME, RUN, SUMMARY, TABLE_SUFFIX
+from gradlog.runformat.rundata import summary_dict
+from gradlog.runformat.tags import TENSORS
 from gradlog.views.tensorboard_plugin import data
 
-PLUGIN_NAME = "gradlog"
 STATIC = os.path.join(os.path.dirname(__file__), "static")
-ORDER_TAG = "gradlog/tensor_order"
-PACK_TAG = "gradlog/heatmap/"
 #: More points than TensorBoard keeps per tag (it samples at load time): ask for all of them.
 _ALL = 1_000_000
 
@@ -146,10 +145,9 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
     def _tables(self, ctx: RequestContext, eid: str, run: str) -> dict[str, data.Table]:
         out: dict[str, data.Table] = {}
         for tag, text in self._last_text(ctx, eid, run, "text", None).items():
-            if not tag.startswith("gradlog/"):
+            if not tag.startswith(RUN):
                 continue
-            name = tag[len("gradlog/") :]
-            name = name[: -len("/table")] if name.endswith("/table") else name
+            name = tag[len(RUN) :].removesuffix(TABLE_SUFFIX)
             try:
                 out[name] = parse_markdown_table(text)
             except ValueError:
@@ -174,7 +172,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         tags = self._scalar_tags(ctx, eid, run)
         order = self._order(ctx, eid, run)
         names = data.tensor_names(tags, order)
-        run_level = self._read(ctx, eid, run, [t for t in tags if t.startswith("gradlog/")])
+        run_level = self._read(ctx, eid, run, [t for t in tags if t.startswith(RUN)])
         packed = self._packed(ctx, eid, run, order)
         last_step = None
         if packed is not None:
@@ -185,7 +183,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             series = self._read(ctx, eid, run, [t for t in tags if t.startswith(tuple(heads))])
             live = data.live_marks(names, *(self._by_name(series, h) for h in heads))
         tables = self._tables(ctx, eid, run)
-        summary = {r[0]: r[1] for r in tables.pop("summary", ([], []))[1] if len(r) >= 2}
+        summary = summary_dict(tables.pop(SUMMARY.removeprefix(RUN), None))
         line, final = data.verdict(summary, run_level, live, last_step, tables)
         body = {
             "run": run,

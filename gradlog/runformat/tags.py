@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-#: The group every per-tensor series is written under.
-TENSORS = "weights/"
+from gradlog.runformat.names import RUN, TENSORS
+
 #: Per-tensor scalar metrics, in the order the meter writes them for one tensor.
 SCALAR_METRICS = (
     "weight_norm",
@@ -35,8 +35,6 @@ SCALAR_METRICS = (
 )
 #: Per-tensor histogram kinds.
 HISTOGRAM_KINDS = ("grad", "weight", "update")
-#: The run-level group.
-RUN = "gradlog/"
 
 
 def prefix(metric: str) -> str:

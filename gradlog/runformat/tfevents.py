@@ -1,4 +1,5 @@
-"""TensorBoard event files, read by gradlog itself: each file opened once, damage skipped, not fatal.
+"""TensorBoard event files: TFRecord framing, written (`frame`) and read back by gradlog itself (`records`,
+`events`: each file opened once, damage skipped, not fatal).
 
 A TFRecord is: u64 little-endian length, masked CRC32C of those 8 bytes, the payload, masked CRC32C of
 the payload. TensorBoard's own reader stops at the first bad record, so one flipped bit loses the rest of
@@ -12,8 +13,14 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
+
+_crc32c: Any
+try:  # C, hardware-accelerated where the CPU has it: a pure-Python CRC over every record is what makes
+    import crc32c as _crc32c  # the usual writers slow (gradlog's writer requires it, see writers/tfrecord.py)
+except ImportError:
+    _crc32c = None
 
 _LENGTH = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -25,16 +32,24 @@ _SCAN_CHUNK = 1 << 20
 
 
 def masked_crc(data: bytes | memoryview) -> int:
-    """TFRecord's masked CRC32C: the C `crc32c` package (the tensorboard extra), else tensorboard's own."""
-    try:
-        import crc32c
-
-        crc = int(crc32c.crc32c(data))
-    except ImportError:
+    """TFRecord's masked CRC32C (rotated right by 15 bits plus a constant): the C `crc32c` package (the
+    tensorboard extra), else tensorboard's own."""
+    if _crc32c is None:
         from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
 
         return int(stub.masked_crc32c(bytes(data)))
+    crc = int(_crc32c.crc32c(data))
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(payload: bytes) -> bytes:
+    """One complete TFRecord (the write side: gradlog's TensorBoard writer)."""
+    header = _LENGTH.pack(len(payload))
+    return b"".join((header, _U32.pack(masked_crc(header)), payload, _U32.pack(masked_crc(payload))))
+
+
+def frames(payloads: Iterable[bytes]) -> bytes:
+    return b"".join(frame(p) for p in payloads)
 
 
 def _header_ok(buf: bytes | memoryview, i: int) -> bool:
