@@ -1,0 +1,386 @@
+"""One catalogue of the tiny models, planted bugs and training loop the tests share (issue 32).
+
+Each model's docstring says which bug it plants and what ground truth that lets a test assert. The
+models are tiny on purpose: a test computes its reference (norms by hand, copies of the weights before
+and after a step) next to gradlog, and a whole run takes well under a second on a CPU. Attribute names
+and creation order are part of a model's contract: tests assert on `name.weight` strings, and the
+weights a seed gives depend on the order the layers are built in.
+
+`import catalogue` works from any test module and from the child scripts in tests/ (run as scripts,
+their folder is on sys.path); it imports torch and gradlog only, transformers only when asked.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import gradlog
+
+Step = Callable[[int], None]
+
+
+# --- the training loop -----------------------------------------------------------------------------------
+def train(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    gl: gradlog.GradLogger,
+    steps: int,
+    loss: Callable[[int], torch.Tensor],
+    after_backward: Step | None = None,
+    after_log: Step | None = None,
+    after_zero: Step | None = None,
+) -> gradlog.Report:
+    """The loop most tests run: backward, step, log, zero_grad, `steps` times; returns `gl.close()`.
+
+    `loss(step)` draws its own batch, so each test keeps its own data and generator. The hooks run
+    where a test plants a bug or records its reference: after backward (gradients are there, the
+    weights are not yet updated), after `gl.log` (the step is measured and published), after
+    zero_grad (between two steps).
+    """
+    for step in range(steps):
+        loss(step).backward()
+        if after_backward is not None:
+            after_backward(step)
+        opt.step()
+        gl.log(step)
+        if after_log is not None:
+            after_log(step)
+        opt.zero_grad()
+        if after_zero is not None:
+            after_zero(step)
+    return gl.close()
+
+
+def mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The default loss: the mean square of the output, so every used weight gets a gradient."""
+    out: torch.Tensor = model(x).pow(2).mean()
+    return out
+
+
+# --- healthy small nets (the bug, if any, is planted by the test) ----------------------------------------
+class TwoLayer(nn.Module):
+    """`a` (6->8), `act`, `b` (8->3): every tensor learns, so each metric has a hand-computed reference.
+
+    `act` is the test's choice (test_metrics uses relu, whose dead units give exact zero gradients;
+    test_amp uses tanh); it is a parameter so neither test silently changes the other's model.
+    """
+
+    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 3)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.b(self.act(self.a(x)))
+        return out
+
+
+class BodyHeadUnused(nn.Module):
+    """`body` (6->8), `head` (8->3) and `unused` (3->3), never called: exactly `unused.*` never learns
+    (reason `no_grad`), whatever optimizer wrapper drives the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 3)
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.body(x)))
+        return out
+
+
+class FrozenInFront(nn.Module):
+    """`frozen` (6->6) feeds `body` (6->5) and `head` (5->3); the test freezes `frozen` (in both phases of
+    a two-optimizer run), so the gradient norms of `body` and `head` are the ones to follow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 5)
+        self.frozen = nn.Linear(6, 6)  # frozen in both phases
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.body(self.frozen(x))))
+        return out
+
+
+class EncoderHead(nn.Module):
+    """`encoder` (Sequential 6->8->8), `head` (8->3), `unused` (3->3, never called): include/exclude
+    patterns select `encoder.*` and the hand-computed total norm covers exactly those tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8))
+        self.head = nn.Linear(8, 3)
+        self.unused = nn.Linear(3, 3)  # never called: no_grad, when watched
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.encoder(x)))
+        return out
+
+
+class Recommender(nn.Module):
+    """`items` (Embedding 50x8) and `head`: a test that feeds ids below 40 only leaves rows 40-49 never
+    updated, a partly-updated embedding whose rows are known."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items = nn.Embedding(50, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.items(ids).mean(1))
+        return out
+
+
+class FastSlowMid(nn.Module):
+    """Three bias-free 8->8 layers `fast`, `slow`, `mid` in a row: a test gives each its own lr, so the
+    update ratio of each is known to be far above, far below and inside the alert band."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast = nn.Linear(8, 8, bias=False)
+        self.slow = nn.Linear(8, 8, bias=False)
+        self.mid = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.mid(torch.tanh(self.slow(torch.tanh(self.fast(x)))))
+        return out
+
+
+class GatedThree(nn.Module):
+    """`a` (6->8), a residual `b` (8->8), `c` (8->3). `use_b = False` cuts `b` out of the forward pass and
+    `scale_b` shrinks its share: the step at which `b` stops learning is the test's to choose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 3)
+        self.use_b = True
+        self.scale_b = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if self.use_b:
+            h = h + self.scale_b * torch.tanh(self.b(h))
+        out: torch.Tensor = self.c(h)
+        return out
+
+
+# --- nets with the bugs planted in them ------------------------------------------------------------------
+class EmbeddingPlanted(nn.Module):
+    """`emb` (20x8), `body`, a residual `frozen` layer (requires_grad off: reason `frozen`), `tail`, and
+    `unused` (8->2, never called: reason `no_grad`). test_verdict swaps `unused` for an Identity when
+    its scenario is not "never_updated" and stalls or poisons `tail` through its own param group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.body = nn.Linear(8, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.tail = nn.Linear(8, 8)
+        self.unused = nn.Linear(8, 2)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.body(self.emb(ids).mean(1)))
+        h = h + self.frozen(h)
+        out: torch.Tensor = self.tail(h)
+        return out
+
+
+class InfPlanted(nn.Module):
+    """Returns its own loss. `frozen` never learns (frozen), `unused` never learns (not in forward);
+    `bad` and `worse` are where a test plants Inf gradients (one entry, all entries) with a hook."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 2)
+        self.frozen = nn.Linear(2, 2)  # never learns: frozen
+        self.frozen.requires_grad_(False)
+        self.unused = nn.Linear(2, 2)  # never learns: not used in forward
+        self.bad = nn.Parameter(torch.ones(3))  # one Inf gradient entry, then one Inf weight
+        self.worse = nn.Parameter(torch.ones(2))  # an all-Inf gradient: no finite weight left to draw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The sum's backward does not multiply by its value: body/head gradients stay finite even
+        # after bad holds Inf, so only bad's own numbers go non-finite.
+        out: torch.Tensor = (
+            self.head(torch.relu(self.body(x))).pow(2).mean() + (self.bad * 0.5).sum() + self.worse.sum()
+        )
+        return out
+
+
+class NonfinitePlanted(nn.Module):
+    """A small net plus tensors whose gradients or weights are NaN, Inf, empty or constant; after each
+    backward, `plant_nonfinite` writes the NaN/Inf gradients, so the flags and counts are known exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 5)
+        self.norm = nn.LayerNorm(5)
+        self.head = nn.Linear(5, 1)
+        self.const = nn.Parameter(torch.full((7,), 2.5))  # lr 0 and zero grad: constant weight, grad and update
+        self.nan_part = nn.Parameter(torch.randn(8))  # 3 NaN gradient entries
+        self.nan_all = nn.Parameter(torch.randn(4))  # all-NaN gradient
+        self.inf_part = nn.Parameter(torch.randn(3))  # one +Inf gradient entry
+        self.empty = nn.Parameter(torch.empty(0))  # an empty tensor with an (empty) gradient
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.lin(x)))
+        return out + self.empty.sum() + (self.const * 0).sum()
+
+
+def plant_nonfinite(model: NonfinitePlanted) -> None:
+    """Entries 1, 4 and 6 of `nan_part`'s gradient NaN, all of `nan_all`'s, entry 0 of `inf_part`'s +Inf
+    (draws from the global generator, as the hand reference does)."""
+    g = torch.randn(8)
+    g[[1, 4, 6]] = math.nan
+    model.nan_part.grad = g
+    model.nan_all.grad = torch.full((4,), math.nan)
+    g = torch.randn(3)
+    g[0] = math.inf
+    model.inf_part.grad = g
+
+
+class ResidualPlanted(nn.Module):
+    """Residual MLP with planted bugs: a frozen layer, an unused head, a layer left out of the optimizer.
+
+    The test freezes `frozen` and leaves `orphan` out of the optimizer, so the never-updated table is
+    known: frozen.* (frozen), unused.weight (no_grad), orphan.weight (not_in_optimizer).
+    """
+
+    def __init__(self, width: int = 16, blocks: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.frozen = nn.Linear(width, width)
+        self.orphan = nn.Linear(width, width, bias=False)
+        self.head = nn.Linear(width, 4)
+        self.unused = nn.Linear(width, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + torch.tanh(b(x))
+        x = x + 0.1 * torch.tanh(self.frozen(x)) + 0.1 * self.orphan(x)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+class StallPlanted(nn.Module):
+    """Returns its own (summed) loss. `stall` gets its own param group, whose lr a run sets to 0 (stalled);
+    `aux` is summed into the loss, so a NaN planted in its gradient never reaches other gradients;
+    `unused` is never in the forward pass (no gradient)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.stall = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 2)
+        self.aux = nn.Linear(4, 2)  # summed into the loss: its NaN weight never reaches other gradients
+        self.unused = nn.Linear(2, 2)  # never in the forward pass: no gradient
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(torch.relu(self.stall(torch.relu(self.inp(x))))).sum() + self.aux(x).sum()
+        return out
+
+
+class CheckpointPlanted(nn.Module):
+    """For `gradlog diff`: an embedding whose rows `seen`.. never appear in a batch, a frozen layer, an
+    unused head, a `mid` layer whose lr the run sets to 0 midway, and an `out` layer that gets a NaN
+    before the last checkpoint (see tests/diff_models.py)."""
+
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.frozen = nn.Linear(dim, dim)
+        self.mid = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, 4)
+        self.head = nn.Linear(dim, 3)  # never used in forward
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x).mean(dim=1)
+        h = torch.tanh(self.mid(torch.tanh(self.frozen(h))))
+        out: torch.Tensor = self.out(h)
+        return out
+
+
+# --- language-model shapes ------------------------------------------------------------------------------
+class TiedLM(nn.Module):
+    """`head.weight` is `emb.weight`: one tensor under two names, so a report must count it once and
+    name the other as its alias."""
+
+    def __init__(self, vocab: int = 20, dim: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.emb(tokens)))
+        return out
+
+
+class TinyEncoderLM(nn.Module):
+    """A healthy transformer-shaped LM (2 encoder layers, no dropout, a learned position table): nothing
+    in it is planted, so any never-updated row it reports is a false alarm."""
+
+    def __init__(self, vocab: int = 32, dim: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(8, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.blocks(self.emb(tokens) + self.pos)))
+        return out
+
+
+def tiny_gpt2(dtype: torch.dtype = torch.float32, activation: str = "gelu_new") -> nn.Module:
+    """A 2-layer Hugging Face GPT-2 (n_embd 32, vocab 64, no dropout), seeded with 0 as it is built.
+
+    `activation` is GPT-2's own default unless a test needs another (test_stopped_slices kills MLP
+    units with a large negative bias, which only relu turns into exact zeros).
+    """
+    import transformers
+
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=64,
+        n_positions=16,
+        activation_function=activation,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    model: nn.Module = transformers.GPT2LMHeadModel(cfg).to(dtype)
+    return model
+
+
+# --- helpers around a run --------------------------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a tensorboard server or a torchrun rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of every weight, by name: the independent reference for what a step changed."""
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
