@@ -453,19 +453,6 @@ def test_memory_run_data_gives_the_same_findings_as_disk(tmp_path: Path) -> None
 
 
 # --- W&B offline ---------------------------------------------------------------------------------------
-@pytest.fixture
-def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The real wandb package in offline mode, every file it writes kept under tmp_path."""
-    wandb = pytest.importorskip("wandb")
-    for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    yield wandb
-    if wandb.run is not None:  # a failed test must not leave a run for the next one to adopt
-        wandb.run.finish()
-
-
 def wandb_run(tmp_path: Path, **kwargs: Any) -> tuple[Path, gradlog.MemoryWriter, gradlog.Report]:
     """A planted-bug run logged to W&B offline; returns the folder holding wandb/offline-run-*."""
     from gradlog.readers.wandb_offline import find_run_files, read_finished_run
