@@ -26,34 +26,51 @@ Step = Callable[[int], None]
 
 # --- the training loop -----------------------------------------------------------------------------------
 def train(
-    model: nn.Module,
     opt: torch.optim.Optimizer,
     gl: gradlog.GradLogger,
     steps: int,
     loss: Callable[[int], torch.Tensor],
     after_backward: Step | None = None,
+    after_step: Step | None = None,
     after_log: Step | None = None,
     after_zero: Step | None = None,
 ) -> gradlog.Report:
-    """The loop most tests run: backward, step, log, zero_grad, `steps` times; returns `gl.close()`.
+    """`loop`, then `gl.close()`: the whole run most tests make; returns the report."""
+    loop(opt, gl, steps, loss, after_backward, after_step, after_log, after_zero)
+    return gl.close()
+
+
+def loop(
+    opt: torch.optim.Optimizer,
+    gl: gradlog.GradLogger,
+    steps: int,
+    loss: Callable[[int], torch.Tensor],
+    after_backward: Step | None = None,
+    after_step: Step | None = None,
+    after_log: Step | None = None,
+    after_zero: Step | None = None,
+) -> None:
+    """The loop most tests run: backward, step, log, zero_grad, `steps` times (the run stays open).
 
     `loss(step)` draws its own batch, so each test keeps its own data and generator. The hooks run
     where a test plants a bug or records its reference: after backward (gradients are there, the
-    weights are not yet updated), after `gl.log` (the step is measured and published), after
-    zero_grad (between two steps).
+    weights are not yet updated), after the optimizer step (the new weights, before gradlog's `log`
+    could touch anything), after `gl.log` (the step is measured and published), after zero_grad
+    (between two steps).
     """
     for step in range(steps):
         loss(step).backward()
         if after_backward is not None:
             after_backward(step)
         opt.step()
+        if after_step is not None:
+            after_step(step)
         gl.log(step)
         if after_log is not None:
             after_log(step)
         opt.zero_grad()
         if after_zero is not None:
             after_zero(step)
-    return gl.close()
 
 
 def mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ def _train(**kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Report, EncoderH
         watched = [p.grad for n, p in model.named_parameters() if n.startswith("encoder.") and p.grad is not None]
         totals.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in watched])).item())
 
-    report = train(model, opt, gl, 3, lambda step: mse(model, torch.randn(4, 6)), after_backward=total_norm)
+    report = train(opt, gl, 3, lambda step: mse(model, torch.randn(4, 6)), after_backward=total_norm)
     return mem, report, model, totals
 
 

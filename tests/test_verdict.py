@@ -94,7 +94,7 @@ def planted_run(scenario: str, writer: Any, log_dir: Path | None = None) -> grad
         if scenario == "nan" and step >= 50:
             model.tail.bias.grad.fill_(float("nan"))  # type: ignore[union-attr]
 
-    return train(model, opt, gl, 60, loss, after_backward=plant_nan)
+    return train(opt, gl, 60, loss, after_backward=plant_nan)
 
 
 EXPECT = {

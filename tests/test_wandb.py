@@ -83,7 +83,7 @@ def train(writer: Any, steps: int = STEPS, after_log: Any = None, **kwargs: Any)
         value: torch.Tensor = model(torch.randn(5, 4))  # InfPlanted returns its own loss
         return value
 
-    return catalogue.train(model, opt, gl, steps, loss, after_log=after_log)
+    return catalogue.train(opt, gl, steps, loss, after_log=after_log)
 
 
 def same(a: float, b: float) -> bool:
