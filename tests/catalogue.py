@@ -390,6 +390,13 @@ def tiny_gpt2(dtype: torch.dtype = torch.float32, activation: str = "gelu_new") 
     return model
 
 
+def gpt2_loss(model: nn.Module, gen: torch.Generator) -> torch.Tensor:
+    """`tiny_gpt2`'s language-model loss on a fresh batch of 4x12 token ids below its vocab (64)."""
+    ids = torch.randint(0, 64, (4, 12), generator=gen)
+    out: torch.Tensor = model(input_ids=ids, labels=ids).loss
+    return out
+
+
 # --- helpers around a run --------------------------------------------------------------------------------
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a tensorboard server or a torchrun rendezvous)."""

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from catalogue import FastSlowMid
 from torch import nn
 
 import gradlog
@@ -16,23 +17,11 @@ def _records(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "gradlog" and "alert" in r.getMessage()]
 
 
-class Three(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fast = nn.Linear(8, 8, bias=False)
-        self.slow = nn.Linear(8, 8, bias=False)
-        self.mid = nn.Linear(8, 8, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.mid(torch.tanh(self.slow(torch.tanh(self.fast(x)))))
-        return out
-
-
 def test_update_ratio_alert_fires_when_the_hand_computed_streak_reaches_patience(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     torch.manual_seed(0)
-    model = Three()
+    model = FastSlowMid()
     opt = torch.optim.SGD(
         [
             {"params": model.fast.parameters(), "lr": 5.0},
