@@ -49,6 +49,7 @@ def loop(
     after_step: Step | None = None,
     after_log: Step | None = None,
     after_zero: Step | None = None,
+    start: int = 0,
 ) -> None:
     """The loop most tests run: backward, step, log, zero_grad, `steps` times (the run stays open).
 
@@ -56,9 +57,9 @@ def loop(
     where a test plants a bug or records its reference: after backward (gradients are there, the
     weights are not yet updated), after the optimizer step (the new weights, before gradlog's `log`
     could touch anything), after `gl.log` (the step is measured and published), after zero_grad
-    (between two steps).
+    (between two steps). `start` numbers the steps from there (a run continued after a pause).
     """
-    for step in range(steps):
+    for step in range(start, start + steps):
         loss(step).backward()
         if after_backward is not None:
             after_backward(step)
@@ -77,6 +78,12 @@ def mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The default loss: the mean square of the output, so every used weight gets a gradient."""
     out: torch.Tensor = model(x).pow(2).mean()
     return out
+
+
+def random_mse(model: nn.Module, *shape: int, gen: torch.Generator | None = None) -> Callable[[int], torch.Tensor]:
+    """`loss` for `train`: `mse` on a fresh `torch.randn(*shape)` each step (from `gen`, else the global
+    generator, as the test's own loop drew it)."""
+    return lambda step: mse(model, torch.randn(*shape, generator=gen))
 
 
 # --- healthy small nets (the bug, if any, is planted by the test) ----------------------------------------
@@ -190,6 +197,16 @@ class GatedThree(nn.Module):
             h = h + self.scale_b * torch.tanh(self.b(h))
         out: torch.Tensor = self.c(h)
         return out
+
+
+def frozen_tail() -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Seed 0, a 4->4->2->2 Sequential whose last layer is frozen (a finding every table must show) and SGD
+    (lr 0.005) over the rest: the run the crash, signal and disk-full tests kill and read back."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(2, 2))
+    model[2].requires_grad_(False)  # a finding every table must show: frozen
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.005)
+    return model, opt
 
 
 # --- nets with the bugs planted in them ------------------------------------------------------------------

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import catalogue
 import pytest
 import torch
 from torch import nn
@@ -106,17 +107,15 @@ def train(
 ) -> gradlog.Report:
     opt = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     gl = gradlog.GradLogger(model, opt, every=1, log_dir=str(log_dir), print_report=False, **kw)
-    for step in range(steps):
-        loss = loss_fn(model, step) * (1000.0 if step == spike_at else 1.0)
-        loss.backward()
+
+    def clip_grads(step: int) -> None:
         if clip is not None:
             clip_fn(model.parameters(), clip)
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-        if between is not None:
-            between(step)
-    return gl.close()
+
+    def loss(step: int) -> torch.Tensor:
+        return loss_fn(model, step) * (1000.0 if step == spike_at else 1.0)
+
+    return catalogue.train(opt, gl, steps, loss, after_backward=clip_grads, after_zero=between)
 
 
 def report_exit(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
