@@ -164,6 +164,23 @@ class Recommender(nn.Module):
         return out
 
 
+class FrozenMainLateSlow(nn.Module):
+    """`frozen` (4->4), `main` (4->6), `late` (6->6), `slow` (6->2) in a row: tests/resume_child.py freezes
+    `frozen` throughout, `late` until the resume, and zeroes `slow`'s lr at the resume, so the tables of a
+    run stitched from two processes are known."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(4, 4)
+        self.main = nn.Linear(4, 6)
+        self.late = nn.Linear(6, 6)
+        self.slow = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.slow(torch.tanh(self.late(torch.tanh(self.main(self.frozen(x))))))
+        return out
+
+
 class FastSlowMid(nn.Module):
     """Three bias-free 8->8 layers `fast`, `slow`, `mid` in a row: a test gives each its own lr, so the
     update ratio of each is known to be far above, far below and inside the alert band."""
@@ -345,6 +362,43 @@ class CheckpointPlanted(nn.Module):
         h = self.embed(x).mean(dim=1)
         h = torch.tanh(self.mid(torch.tanh(self.frozen(h))))
         out: torch.Tensor = self.out(h)
+        return out
+
+
+class SparseDyingUnit(nn.Module):
+    """Zero-element, 1-D and sparse-gradient tensors next to a unit that dies: `emb` (10x4, sparse
+    gradients), `empty` (0x3), `fc` (4->6, relu) and `out` (6->1); the test sets one of `fc`'s biases to
+    -100 at a step of its choosing, so that unit's slices stop from then on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=True)
+        self.empty = nn.Parameter(torch.zeros(0, 3))
+        self.fc = nn.Linear(4, 6)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc(self.emb(ids).mean(1)))
+        out: torch.Tensor = self.out(h) + self.empty.sum()
+        return out
+
+
+class OddTensors(nn.Module):
+    """Tensors that are easy to get wrong: zero-element, a 0-d scalar, an fp16 layer, a lazy layer
+    (materialised by the first forward) and a complex weight; a run must measure them without crashing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.empty = nn.Parameter(torch.zeros(0, 4))
+        self.scalar = nn.Parameter(torch.tensor(1.5))
+        self.fp16 = nn.Linear(4, 4).half()
+        self.lazy = nn.LazyLinear(3)
+        self.cplx = nn.Parameter(torch.randn(3, 4, dtype=torch.complex64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fp16(x.half()).float() * self.scalar + self.empty.sum()
+        h = h + (self.cplx @ torch.ones(4, dtype=torch.complex64)).real.sum()
+        out: torch.Tensor = self.lazy(h)
         return out
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import catalogue
 import pytest
 import torch
+from catalogue import OddTensors
 from torch import nn
 
 import gradlog
@@ -35,14 +37,9 @@ def run(
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=every, print_report=False)
     gen = torch.Generator().manual_seed(0)
-    for step in range(steps):
-        loss(model(batch(gen))).backward()
-        if spy is not None:
-            spy()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close(), gl, mem
+    spy_step = None if spy is None else lambda step: spy()
+    report = catalogue.train(opt, gl, steps, lambda step: loss(model(batch(gen))), after_backward=spy_step)
+    return report, gl, mem
 
 
 def records(report: gradlog.Report) -> set[tuple[str, int | None, tuple[int, ...], Reason]]:
@@ -437,25 +434,9 @@ def test_sparse_gradient_rows_are_the_present_non_zero_ones() -> None:
 # --- bad input ------------------------------------------------------------------------------
 
 
-class Odd(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.empty = nn.Parameter(torch.zeros(0, 4))
-        self.scalar = nn.Parameter(torch.tensor(1.5))
-        self.fp16 = nn.Linear(4, 4).half()
-        self.lazy = nn.LazyLinear(3)
-        self.cplx = nn.Parameter(torch.randn(3, 4, dtype=torch.complex64))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fp16(x.half()).float() * self.scalar + self.empty.sum()
-        h = h + (self.cplx @ torch.ones(4, dtype=torch.complex64)).real.sum()
-        out: torch.Tensor = self.lazy(h)
-        return out
-
-
 def test_zero_element_scalar_fp16_lazy_and_complex_tensors_work() -> None:
     torch.manual_seed(0)
-    model = Odd()
+    model = OddTensors()
     mem = gradlog.MemoryWriter()
     model(torch.randn(2, 4))  # materialises the lazy layer
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import gpt2_loss, tiny_gpt2, train
+from catalogue import SparseDyingUnit, gpt2_loss, tiny_gpt2, train
 from torch import nn
 
 import gradlog
@@ -154,24 +154,9 @@ def test_one_measured_step_or_every_beyond_the_run_tells_nothing_and_does_not_cr
         assert report.stopped_slices == []
 
 
-class Odd(nn.Module):
-    """Zero-element, 1-D and sparse-gradient tensors next to a unit that dies at step 5."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(10, 4, sparse=True)
-        self.empty = nn.Parameter(torch.zeros(0, 3))
-        self.fc = nn.Linear(4, 6)
-        self.out = nn.Linear(6, 1)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.fc(self.emb(ids).mean(1)))
-        return self.out(h) + self.empty.sum()
-
-
 def test_sparse_zero_element_tensors_and_a_dying_unit() -> None:
     torch.manual_seed(0)
-    model = Odd()
+    model = SparseDyingUnit()
     dense = [p for n, p in model.named_parameters() if n != "emb.weight"]
     opts = [torch.optim.SGD(dense, lr=0.05), torch.optim.SparseAdam([model.emb.weight], lr=0.01)]
     gl = gradlog.GradLogger(model, opts[0], writer=gradlog.MemoryWriter(), every=1, print_report=False)
