@@ -461,8 +461,9 @@ def tiny_gpt2(dtype: torch.dtype = torch.float32, activation: str = "gelu_new") 
     return model
 
 
-def gpt2_loss(model: nn.Module, gen: torch.Generator) -> torch.Tensor:
-    """`tiny_gpt2`'s language-model loss on a fresh batch of 4x12 token ids below its vocab (64)."""
+def lm_loss(model: nn.Module, gen: torch.Generator) -> torch.Tensor:
+    """A Hugging Face causal LM's loss on a fresh batch of 4x12 token ids below 64 (the vocab of
+    `tiny_gpt2` and test_experts' tiny Mixtral), the labels being the ids themselves."""
     ids = torch.randint(0, 64, (4, 12), generator=gen)
     out: torch.Tensor = model(input_ids=ids, labels=ids).loss
     return out

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from catalogue import TwoLayer
+from catalogue import TwoLayer, mse, train
 from torch import nn
 
 import gradlog
@@ -214,12 +214,7 @@ def _train_compiled(compile_model: bool) -> gradlog.MemoryWriter:
     gl = gradlog.GradLogger(
         model, opt, writer=mem, every=1, print_report=False, histograms=gradlog.HistogramOptions(bins=8)
     )
-    for step in range(3):
-        model(batch(step)).pow(2).mean().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    gl.close()
+    train(opt, gl, 3, lambda step: mse(model, batch(step)))
     return mem
 
 

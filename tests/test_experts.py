@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import lm_loss, mse, random_mse, train
 from torch import nn
 
 import gradlog
@@ -65,19 +66,16 @@ def train_mixtral(
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=every, print_report=False)
     gen = torch.Generator().manual_seed(0)
-    for step in range(steps):
-        ids = torch.randint(0, 64, (4, 12), generator=gen)
-        model(input_ids=ids, labels=ids).loss.backward()
+
+    def record(step: int) -> None:
         if spy is not None:
             params = dict(model.named_parameters())
             for n in spy:
                 g = params[n].grad
                 if g is not None:
                     spy[n] |= (g != 0).reshape(g.shape[0], -1).any(1)
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close()
+
+    return train(opt, gl, steps, lambda step: lm_loss(model, gen), after_backward=record)
 
 
 def test_fused_mixtral_experts_never_routed_are_named_per_expert_and_layer() -> None:
@@ -138,14 +136,12 @@ def test_per_expert_modules_never_used_are_grouped_per_layer() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
     used: dict[str, bool] = {n: False for n, _ in model.named_parameters()}
-    for step in range(4):
-        model(torch.randn(6, 8)).pow(2).mean().backward()
+
+    def record(step: int) -> None:
         for n, p in model.named_parameters():
             used[n] |= p.grad is not None and bool((p.grad != 0).any())
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = train(opt, gl, 4, random_mse(model, 6, 8), after_backward=record)
     # reference: per layer, the experts none of whose tensors ever had a non-zero gradient
     want = set()
     for i in range(2):
@@ -175,12 +171,7 @@ def test_a_conv1d_weight_is_never_taken_for_experts() -> None:
     assert not is_fused_experts(model.experts, "experts.weight", model.experts.weight)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
-    for step in range(3):
-        model(torch.randn(2, 4, 9)).pow(2).mean().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+    report = train(opt, gl, 3, random_mse(model, 2, 4, 9))
     assert report.experts == []
     rows = [r for r in report.partly_updated if r.name == "experts.weight" and r.dim == 0]
     assert len(rows) == 1 and rows[0].indices == (4, 5) and rows[0].reason is Reason.ZERO_GRAD
@@ -200,19 +191,19 @@ def test_mixtral_router_collapse_at_step_k_reports_experts_stopped_from_k(every:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=every, print_report=False)
     gen = torch.Generator().manual_seed(0)
-    for step in range(steps):
+
+    def loss(step: int) -> torch.Tensor:
         step_now[0] = step
-        ids = torch.randint(0, 64, (4, 12), generator=gen)
-        model(input_ids=ids, labels=ids).loss.backward()
+        return lm_loss(model, gen)
+
+    def record(step: int) -> None:
         if step % every == 0:
             for n in watched:
                 g = params[n].grad
                 assert g is not None
                 last[n][(g != 0).reshape(g.shape[0], -1).any(1)] = step
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = train(opt, gl, steps, loss, after_backward=record)
     for h in hooks:
         h.remove()
     since = k + (-k) % every  # the first measured step from k on
@@ -238,17 +229,18 @@ def test_per_expert_modules_that_stop_being_routed_are_one_record_per_layer() ->
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
     last: dict[str, int] = {}  # reference: the last step each tensor had a non-zero gradient
-    for step in range(16):
+
+    def loss(step: int) -> torch.Tensor:
         if step == 6:
             model.routes[0] = [0, 1, 0, 1, 4, 5]  # layer 0 stops routing tokens to experts 2 and 3
-        model(torch.randn(6, 8)).pow(2).mean().backward()
+        return mse(model, torch.randn(6, 8))
+
+    def record(step: int) -> None:
         for n, p in model.named_parameters():
             if p.grad is not None and bool((p.grad != 0).any()):
                 last[n] = step
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = train(opt, gl, 16, loss, after_backward=record)
     stopped = {n for n, s in last.items() if s < 15}
     assert stopped == {f"layers.0.experts.{k}.{m}.{w}" for k in (2, 3) for m in (0, 2) for w in ("weight", "bias")}
     assert {last[n] for n in stopped} == {5}

@@ -11,7 +11,7 @@ from pathlib import Path
 import catalogue
 import pytest
 import torch
-from catalogue import gpt2_loss, tiny_gpt2
+from catalogue import lm_loss, tiny_gpt2
 
 import gradlog
 from gradlog.measure.tags import tag
@@ -43,7 +43,7 @@ def train(
                 ref[n].append(kept.sum().item() / p.numel())
 
     report = catalogue.train(
-        opt, gl, steps, lambda step: gpt2_loss(model, gen), copy_weights_and_grads, after_step=share_kept
+        opt, gl, steps, lambda step: lm_loss(model, gen), copy_weights_and_grads, after_step=share_kept
     )
     return report, mem, ref
 
@@ -87,7 +87,7 @@ def test_precision_table_reads_back(tmp_path: Path) -> None:
     log_dir = str(tmp_path / "tb")
     gl = gradlog.GradLogger(model, opt, every=1, print_report=False, log_dir=log_dir)
     gen = torch.Generator().manual_seed(0)
-    report = catalogue.train(opt, gl, 5, lambda step: gpt2_loss(model, gen))
+    report = catalogue.train(opt, gl, 5, lambda step: lm_loss(model, gen))
     back = closed_report(load(log_dir))
     assert back is not None and report.precision
     assert [(r.name, r.dtype, r.steps) for r in back.precision] == [

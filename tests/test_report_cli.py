@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import ResidualPlanted, mse, train
+from catalogue import ResidualPlanted, random_mse, train
 from tb_plugin_run import write_old_style
 from torch import nn
 
@@ -73,7 +73,7 @@ def planted_run(
         if nan_at is not None and step >= nan_at:
             model.blocks[0].bias.grad.fill_(float("nan"))
 
-    report = train(opt, gl, steps, lambda step: mse(model, torch.randn(32, 16, generator=gen)), plant)
+    report = train(opt, gl, steps, random_mse(model, 32, 16, gen=gen), plant)
     return mem, report
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from catalogue import EncoderHead, mse, train
+from catalogue import EncoderHead, random_mse, train
 from torch import nn
 
 import gradlog
@@ -23,7 +23,7 @@ def _train(**kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Report, EncoderH
         watched = [p.grad for n, p in model.named_parameters() if n.startswith("encoder.") and p.grad is not None]
         totals.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in watched])).item())
 
-    report = train(opt, gl, 3, lambda step: mse(model, torch.randn(4, 6)), after_backward=total_norm)
+    report = train(opt, gl, 3, random_mse(model, 4, 6), after_backward=total_norm)
     return mem, report, model, totals
 
 

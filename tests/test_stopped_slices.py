@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import SparseDyingUnit, gpt2_loss, tiny_gpt2, train
+from catalogue import SparseDyingUnit, lm_loss, tiny_gpt2, train
 from torch import nn
 
 import gradlog
@@ -83,7 +83,7 @@ def train_gpt2(
         if step == kill_at:
             with torch.no_grad():
                 bias[KILLED] = -100.0  # a bad update: these ReLU units never fire again
-        return gpt2_loss(model, gen)
+        return lm_loss(model, gen)
 
     return train(opt, gl, steps, loss, after_backward=ref), mem
 
@@ -136,7 +136,7 @@ def test_stopped_slices_table_reads_back_through_tensorboard(tmp_path: Any) -> N
         if step == 12:
             with torch.no_grad():
                 bias[KILLED] = -100.0
-        return gpt2_loss(model, gen)
+        return lm_loss(model, gen)
 
     report = train(opt, gl, 30, loss)
     assert {r.name for r in report.stopped_slices if r.name.startswith(MLP)} == set(GPT_DIMS)

@@ -522,14 +522,13 @@ def test_vanished_log_dir_warns_once_and_continues_in_a_new_file(tmp_path: Path)
     gl = gradlog.GradLogger(model, opt, writer=tb, every=1, print_report=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for step in range(8):
+
+        def loss(step: int) -> torch.Tensor:
             if step in (3, 6):
                 shutil.rmtree(tmp_path / "run")
-            model(torch.randn(4, 3)).sum().backward()
-            opt.step()
-            gl.log(step)
-            opt.zero_grad()
-        gl.close()
+            return model(torch.randn(4, 3)).sum()
+
+        train(opt, gl, 8, loss)
     messages = gradlog_warnings(caught)
     assert len(messages) == 1 and "deleted" in messages[0], messages
     assert len(tb.files) == 3 and [Path(f).exists() for f in tb.files] == [False, False, True]
