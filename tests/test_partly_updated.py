@@ -552,16 +552,19 @@ def test_column_evidence_after_every_row_had_a_gradient_keeps_accumulating() -> 
     opt = torch.optim.SGD(lin.parameters(), lr=1e-4)
     gl = gradlog.GradLogger(lin, opt, writer="memory", every=1, histograms=False, print_report=False)
     seen = torch.zeros(200, dtype=torch.bool)
-    for step in range(6):
+
+    def loss(step: int) -> torch.Tensor:
         x = torch.randn(8, 200)
         x[:, 150:] = 0  # inputs 150.. never fire ...
         x[:, 10] = 0 if step < 4 else 1.0  # ... input 10 only from step 4 on, after the rows are complete,
         x[:, 20] = 1.0 if step == 2 else 0  # and input 20 at step 2 only
-        lin(x).square().sum().backward()
+        return lin(x).square().sum()
+
+    def record(step: int) -> None:
+        nonlocal seen
         seen |= (lin.weight.grad != 0).any(0)
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
+
+    catalogue.loop(opt, gl, 6, loss, after_backward=record)
     row = gl.table.get(lin.weight)
     assert row is not None
     evidence = gl.meter.slice_grads

@@ -255,14 +255,13 @@ def test_healthy_runs_have_no_stalled_records() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     gl = gradlog.GradLogger(model, opt, writer="memory", every=2, print_report=False)
     gen = torch.Generator().manual_seed(3)
-    for step in range(40):
+
+    def loss(step: int) -> torch.Tensor:
         ids = torch.randint(0, 20, (4, 7), generator=gen)
         logits = head(block(emb(ids)))
-        nn.functional.cross_entropy(logits.reshape(-1, 20), ids.reshape(-1)).backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+        return nn.functional.cross_entropy(logits.reshape(-1, 20), ids.reshape(-1))
+
+    report = catalogue.train(opt, gl, 40, loss)
     assert report.stalled == [] and report.never_updated == [] and report.healthy
 
 
