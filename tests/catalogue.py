@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -469,14 +470,18 @@ def lm_loss(model: nn.Module, gen: torch.Generator) -> torch.Tensor:
     return out
 
 
+def hf_args(output_dir: str, **kw: Any) -> Any:
+    """`transformers.TrainingArguments` for a quiet CPU run (no reporting, no progress bar, no
+    checkpoints unless `save_strategy` says so); `kw` holds what the test itself is about."""
+    import transformers
+
+    base: dict[str, Any] = {"report_to": [], "use_cpu": True, "save_strategy": "no", "disable_tqdm": True}
+    return transformers.TrainingArguments(output_dir=output_dir, **{**base, **kw})
+
+
 # --- helpers around a run --------------------------------------------------------------------------------
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a tensorboard server or a torchrun rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of every weight, by name: the independent reference for what a step changed."""
-    return {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import catalogue
 import pytest
 import torch
+from catalogue import hf_args
 from torch import nn
 
 import gradlog
@@ -246,14 +247,10 @@ def test_planted_block_frozen_by_mistake_in_an_hf_trainer_run(tmp_path: Path) ->
     model = transformers.GPT2LMHeadModel(cfg)
     model.transformer.h[1].requires_grad_(False)  # meant model.transformer.h[:1], say
     cb = GradlogCallback(writer="memory", every=1, print_report=False)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
+    args = hf_args(
+        str(tmp_path),
         per_device_train_batch_size=4,
         max_steps=3,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
         seed=0,
         remove_unused_columns=False,  # keep shift_labels
     )
