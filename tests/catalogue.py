@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import gradlog
+from gradlog import Reason
 
 Step = Callable[[int], None]
 
@@ -227,6 +228,25 @@ def frozen_tail() -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
+class ConvNet(nn.Module):
+    """A small ResNet-like net, built by hand (torchvision cannot be installed beside the CPU torch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.layer1 = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()) for _ in range(3)
+        )
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.layer1:
+            h = h + block(h)
+        out: torch.Tensor = self.fc(h.mean((2, 3)))
+        return out
+
+
 # --- nets with the bugs planted in them ------------------------------------------------------------------
 class EmbeddingPlanted(nn.Module):
     """`emb` (20x8), `body`, a residual `frozen` layer (requires_grad off: reason `frozen`), `tail`, and
@@ -403,6 +423,166 @@ class OddTensors(nn.Module):
         return out
 
 
+# --- slices that never learn: embedding rows, dead units, dead filters; a branch cut off ------------------
+class Bag(nn.Module):
+    """An embedding bag (`emb`, 16 wide, optionally sparse or with a padding row) and a `head`: feed ids
+    from part of the vocab only and exactly the other rows never change (reason `not_in_batch`)."""
+
+    def __init__(self, sparse: bool = False, padding_idx: int | None = None, vocab: int = 100) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 16, sparse=sparse, padding_idx=padding_idx)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.emb(ids).mean(1))
+        return out
+
+
+class DeadUnits(nn.Module):
+    """Units 0..7 of fc1 never fire (bias -100 before the ReLU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+        with torch.no_grad():
+            self.fc1.bias[:8] = -100.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
+        return out
+
+
+class DeadFilters(nn.Module):
+    """Filters 1, 4 and 5 of `conv1` never fire (bias -100 before the ReLU): those output channels of
+    `conv1` and the matching input channels of `conv2` never change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3)
+        self.conv2 = nn.Conv2d(8, 4, 3)
+        with torch.no_grad():
+            self.conv1.bias[[1, 4, 5]] = -100.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv2(torch.relu(self.conv1(x)))
+        return out
+
+
+class TwoPath(nn.Module):
+    """main path plus a branch whose use each test plants a bug into."""
+
+    def __init__(self, mode: str = "ok") -> None:
+        super().__init__()
+        self.mode = mode
+        self.main = nn.Linear(6, 4)
+        self.branch = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.branch(x)
+        if self.mode == "detached":
+            b = b.detach()
+        elif self.mode == "times_zero":
+            b = b * 0
+        return self.main(x) + b
+
+
+# --- every bug at once; experts ---------------------------------------------------------------------------
+class EveryBug(nn.Module):
+    """One tensor per bug gradlog knows, around a healthy body and head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.orphan = nn.Linear(8, 8, bias=False)  # left out of the optimizer
+        self.unused = nn.Linear(8, 3)  # never called
+        self.detached = nn.Linear(8, 8, bias=False)  # run under torch.no_grad()
+        self.zero_lr = nn.Linear(8, 8, bias=False)  # its param group has lr 0
+        self.times_zero = nn.Linear(8, 8, bias=False)  # output multiplied by 0
+        self.nan = nn.Parameter(torch.ones(4))  # NaN gradient through the where-sqrt trap
+        self.bf16 = nn.Parameter(torch.ones(8, dtype=torch.bfloat16))  # Adam's ~lr step rounds away in bf16
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.body(x))
+        h = h + self.frozen(h) + self.orphan(h)
+        with torch.no_grad():
+            d = self.detached(h)
+        h = h + d + self.zero_lr(h) + 0 * self.times_zero(h)
+        h = h * self.bf16.float()
+        trap = torch.where(torch.zeros(4, dtype=torch.bool), torch.sqrt(self.nan - 10), torch.zeros(4)).sum()
+        return self.head(h) + trap
+
+
+#: the reason gradlog must give for each tensor `EveryBug` plants a bug into (the rest learn)
+EVERY_BUG = {
+    "frozen.weight": Reason.FROZEN,
+    "frozen.bias": Reason.FROZEN,
+    "orphan.weight": Reason.NOT_IN_OPTIMIZER,
+    "unused.weight": Reason.NO_GRAD,
+    "unused.bias": Reason.NO_GRAD,
+    "detached.weight": Reason.NO_GRAD,
+    "zero_lr.weight": Reason.ZERO_LR,
+    "times_zero.weight": Reason.ZERO_GRAD,
+    "nan": Reason.NONFINITE_GRAD,
+    "bf16": Reason.BELOW_PRECISION,
+}
+
+
+def every_bug_optimizer(model: EveryBug) -> torch.optim.Optimizer:
+    """Adam over what `EveryBug` trains: `orphan` left out, `zero_lr` in its own group at lr 0."""
+    skip = {"orphan.weight", "zero_lr.weight"}
+    main = [p for n, p in model.named_parameters() if n not in skip and p.requires_grad]
+    return torch.optim.Adam([{"params": main}, {"params": [model.zero_lr.weight], "lr": 0.0}], lr=1e-3)
+
+
+class PerExpertMoE(nn.Module):
+    """A MoE layer with one module per expert (`experts.3.w1.weight`) and a fixed routing: token t goes to
+    expert `route[t]`, so the experts never in `route` get no gradient."""
+
+    def __init__(self, d: int, n: int) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d)) for _ in range(n)
+        )
+
+    def forward(self, x: torch.Tensor, route: list[int]) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for k in sorted(set(route)):
+            at = torch.tensor([t for t, r in enumerate(route) if r == k])
+            out = out.index_add(0, at, self.experts[k](x[at]))
+        return out
+
+
+class TwoLayerMoE(nn.Module):
+    """Two `PerExpertMoE` layers of 6 experts with fixed `routes`: experts never routed to (4 and 5 in
+    layer 0; 2, 3 and 5 in layer 1) get no gradient, and a test can change `routes` mid-run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([PerExpertMoE(8, 6), PerExpertMoE(8, 6)])
+        self.routes = [[0, 1, 2, 3, 0, 1], [0, 0, 1, 1, 4, 4]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, route in zip(self.layers, self.routes):
+            x = x + layer(x, route)
+        return x
+
+
+class ConvExperts(nn.Module):
+    """A Conv1d whose path says "experts": its 3-D weight holds filters, not experts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.Conv1d(4, 6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.experts(x)
+        return y[:, :4]  # filters 4-5 never reach the loss
+
+
 # --- language-model shapes ------------------------------------------------------------------------------
 class TiedLM(nn.Module):
     """`head.weight` is `emb.weight`: one tensor under two names, so a report must count it once and
@@ -436,6 +616,47 @@ class TinyEncoderLM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(self.norm(self.blocks(self.emb(tokens) + self.pos)))
         return out
+
+
+class TinyLM(nn.Module):
+    """A healthy one-block transformer LM (token and position embeddings, optionally tied head): under
+    AdamW with decay no slice is stuck, so any partly-updated record is a false alarm."""
+
+    def __init__(self, vocab: int = 32, seq: int = 8, d: int = 16, tied: bool = False) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.block = nn.TransformerEncoderLayer(d, 2, 32, dropout=0.0, batch_first=True)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        if tied:
+            self.head.weight = self.tok.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        out: torch.Tensor = self.head(self.norm(self.block(h)))
+        return out
+
+
+class TinyClassifier(nn.Module):
+    """Token and position embeddings (padding row 0), one encoder layer with dropout, a BatchNorm, a head."""
+
+    def __init__(self, vocab: int = 50, d: int = 16, max_len: int = 32) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d, padding_idx=0)
+        self.pos = nn.Embedding(max_len, d)
+        self.layer = nn.TransformerEncoderLayer(d, nhead=2, dim_feedforward=32, dropout=0.1, batch_first=True)
+        self.norm = nn.BatchNorm1d(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1]).expand_as(ids)
+        h = self.layer(self.tok(ids) + self.pos(pos))
+        h = self.norm(h.mean(dim=1))
+        logits = self.head(h)
+        if labels is None:
+            return logits
+        return nn.functional.cross_entropy(logits, labels)
 
 
 def tiny_gpt2(dtype: torch.dtype = torch.float32, activation: str = "gelu_new") -> nn.Module:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import lm_loss, mse, random_mse, train
+from catalogue import ConvExperts, TwoLayerMoE, lm_loss, mse, random_mse, train
 from torch import nn
 
 import gradlog
@@ -100,36 +100,6 @@ def test_fused_mixtral_experts_never_routed_are_named_per_expert_and_layer() -> 
     assert "Experts (2 records)" in report.table()
 
 
-class PerExpertMoE(nn.Module):
-    """A MoE layer with one module per expert (`experts.3.w1.weight`) and a fixed routing: token t goes to
-    expert `route[t]`, so the experts never in `route` get no gradient."""
-
-    def __init__(self, d: int, n: int) -> None:
-        super().__init__()
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d)) for _ in range(n)
-        )
-
-    def forward(self, x: torch.Tensor, route: list[int]) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        for k in sorted(set(route)):
-            at = torch.tensor([t for t, r in enumerate(route) if r == k])
-            out = out.index_add(0, at, self.experts[k](x[at]))
-        return out
-
-
-class TwoLayerMoE(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([PerExpertMoE(8, 6), PerExpertMoE(8, 6)])
-        self.routes = [[0, 1, 2, 3, 0, 1], [0, 0, 1, 1, 4, 4]]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer, route in zip(self.layers, self.routes):
-            x = x + layer(x, route)
-        return x
-
-
 def test_per_expert_modules_never_used_are_grouped_per_layer() -> None:
     torch.manual_seed(0)
     model = TwoLayerMoE()
@@ -151,18 +121,6 @@ def test_per_expert_modules_never_used_are_grouped_per_layer() -> None:
         want.add((f"layers.{i}.experts", "never", idle, 6))
     assert want == {("layers.0.experts", "never", (4, 5), 6), ("layers.1.experts", "never", (2, 3, 5), 6)}
     assert {(e.layer, e.state, e.experts, e.total) for e in report.experts} == want
-
-
-class ConvExperts(nn.Module):
-    """A Conv1d whose path says "experts": its 3-D weight holds filters, not experts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.experts = nn.Conv1d(4, 6, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.experts(x)
-        return y[:, :4]  # filters 4-5 never reach the loss
 
 
 def test_a_conv1d_weight_is_never_taken_for_experts() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import catalogue
 import pytest
 import torch
-from catalogue import TiedLM, TinyEncoderLM, mse
+from catalogue import TiedLM, TinyEncoderLM, TwoPath, mse
 from torch import nn
 
 import gradlog
@@ -34,24 +34,6 @@ def train(
 
 def reported(report: gradlog.Report) -> dict[str, Reason]:
     return {r.name: r.reason for r in report.never_updated}
-
-
-class TwoPath(nn.Module):
-    """main path plus a branch whose use each test plants a bug into."""
-
-    def __init__(self, mode: str = "ok") -> None:
-        super().__init__()
-        self.mode = mode
-        self.main = nn.Linear(6, 4)
-        self.branch = nn.Linear(6, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b = self.branch(x)
-        if self.mode == "detached":
-            b = b.detach()
-        elif self.mode == "times_zero":
-            b = b * 0
-        return self.main(x) + b
 
 
 def test_frozen_layer() -> None:

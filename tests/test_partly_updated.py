@@ -13,7 +13,7 @@ from collections.abc import Callable
 import catalogue
 import pytest
 import torch
-from catalogue import OddTensors
+from catalogue import Bag, DeadFilters, DeadUnits, OddTensors, TinyLM
 from torch import nn
 
 import gradlog
@@ -78,17 +78,6 @@ class ZeroGradRows:
 # --- planted bugs ---------------------------------------------------------------------------
 
 
-class Bag(nn.Module):
-    def __init__(self, sparse: bool = False, padding_idx: int | None = None, vocab: int = 100) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, 16, sparse=sparse, padding_idx=padding_idx)
-        self.head = nn.Linear(16, 4)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.emb(ids).mean(1))
-        return out
-
-
 def first_half(gen: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 50, (8, 6), generator=gen)
 
@@ -142,21 +131,6 @@ def test_unseen_ids_that_moved_only_by_weight_decay_are_reported(every: int) -> 
     assert "moved only through weight decay (0.1)" in report.partly_updated[0].detail
 
 
-class DeadUnits(nn.Module):
-    """Units 0..7 of fc1 never fire (bias -100 before the ReLU)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-        with torch.no_grad():
-            self.fc1.bias[:8] = -100.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
-        return out
-
-
 def normal16(gen: torch.Generator) -> torch.Tensor:
     return torch.randn(32, 16, generator=gen)
 
@@ -195,19 +169,6 @@ def test_dead_units_under_adamw_moved_only_by_decay() -> None:
         ("fc2.weight", 1, tuple(range(8)), Reason.ZERO_GRAD),
     }
     assert all("moved only through weight decay (0.01)" in r.detail for r in report.partly_updated)
-
-
-class DeadFilters(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3)
-        self.conv2 = nn.Conv2d(8, 4, 3)
-        with torch.no_grad():
-            self.conv1.bias[[1, 4, 5]] = -100.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.conv2(torch.relu(self.conv1(x)))
-        return out
 
 
 def test_dead_conv_filters_and_the_next_layers_input_channels() -> None:
@@ -278,23 +239,6 @@ def test_bf16_rows_whose_update_rounds_away() -> None:
 
 
 # --- healthy runs: no records at all ----------------------------------------------------------
-
-
-class TinyLM(nn.Module):
-    def __init__(self, vocab: int = 32, seq: int = 8, d: int = 16, tied: bool = False) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Embedding(seq, d)
-        self.block = nn.TransformerEncoderLayer(d, 2, 32, dropout=0.0, batch_first=True)
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-        if tied:
-            self.head.weight = self.tok.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
-        out: torch.Tensor = self.head(self.norm(self.block(h)))
-        return out
 
 
 @pytest.mark.parametrize(("tied", "every"), [(False, 1), (True, 1), (False, 4)])

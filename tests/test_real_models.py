@@ -19,7 +19,7 @@ from typing import Any, Callable
 import catalogue
 import pytest
 import torch
-from catalogue import hf_args
+from catalogue import ConvNet, hf_args
 from torch import nn
 
 import gradlog
@@ -66,25 +66,6 @@ def vit_loss(model: nn.Module, step: int) -> torch.Tensor:
     return model(
         pixel_values=torch.randn(4, 3, 16, 16, generator=g), labels=torch.randint(0, 3, (4,), generator=g)
     ).loss  # type: ignore[no-any-return]
-
-
-class ConvNet(nn.Module):
-    """A small ResNet-like net, built by hand (torchvision cannot be installed beside the CPU torch)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
-        self.layer1 = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()) for _ in range(3)
-        )
-        self.fc = nn.Linear(8, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        for block in self.layer1:
-            h = h + block(h)
-        out: torch.Tensor = self.fc(h.mean((2, 3)))
-        return out
 
 
 def conv_loss(model: nn.Module, step: int) -> torch.Tensor:
