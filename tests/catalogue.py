@@ -683,6 +683,28 @@ def tiny_gpt2(dtype: torch.dtype = torch.float32, activation: str = "gelu_new") 
     return model
 
 
+def tiny_mixtral(experts: int = 8) -> nn.Module:
+    """A 2-layer Hugging Face Mixtral (hidden 16, vocab 64, top-2 of `experts` fused experts, no router
+    jitter), seeded with 0 as it is built: a test masks the router to starve the experts it chooses."""
+    import transformers
+
+    cfg = transformers.MixtralConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=experts,
+        num_experts_per_tok=2,
+        max_position_embeddings=32,
+        router_jitter_noise=0.0,
+    )
+    torch.manual_seed(0)
+    model: nn.Module = transformers.MixtralForCausalLM(cfg)
+    return model
+
+
 def lm_loss(model: nn.Module, gen: torch.Generator) -> torch.Tensor:
     """A Hugging Face causal LM's loss on a fresh batch of 4x12 token ids below 64 (the vocab of
     `tiny_gpt2` and test_experts' tiny Mixtral), the labels being the ids themselves."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import ConvExperts, TwoLayerMoE, lm_loss, mse, random_mse, train
+from catalogue import ConvExperts, TwoLayerMoE, lm_loss, mse, random_mse, tiny_mixtral, train
 from torch import nn
 
 import gradlog
@@ -19,23 +19,6 @@ from gradlog import Reason
 from gradlog.verdict.experts import expert_layout, is_fused_experts
 
 transformers = pytest.importorskip("transformers")
-
-
-def tiny_mixtral(experts: int = 8) -> nn.Module:
-    cfg = transformers.MixtralConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=experts,
-        num_experts_per_tok=2,
-        max_position_embeddings=32,
-        router_jitter_noise=0.0,
-    )
-    torch.manual_seed(0)
-    return transformers.MixtralForCausalLM(cfg)
 
 
 def mask_router(model: nn.Module, masked: list[int], active: Callable[[], bool]) -> list[Any]:
