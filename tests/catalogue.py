@@ -123,8 +123,8 @@ class BodyHeadUnused(nn.Module):
 
 
 class FrozenInFront(nn.Module):
-    """`frozen` (6->6) feeds `body` (6->5) and `head` (5->3); the test freezes `frozen` (in both phases of
-    a two-optimizer run), so the gradient norms of `body` and `head` are the ones to follow."""
+    """`frozen` (6->6) feeds `body` (6->5) and `head` (5->3), for two-phase fine-tuning: `head` alone, then
+    `body` too under a new optimizer; `frozen` stays frozen in both, so it alone is never updated."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -439,7 +439,8 @@ class Bag(nn.Module):
 
 
 class DeadUnits(nn.Module):
-    """Units 0..7 of fc1 never fire (bias -100 before the ReLU)."""
+    """Units 0..7 of fc1 never fire (bias -100 before the ReLU): rows 0-7 of `fc1.weight`, entries 0-7 of
+    `fc1.bias` and columns 0-7 of `fc2.weight` never change."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -470,7 +471,8 @@ class DeadFilters(nn.Module):
 
 
 class TwoPath(nn.Module):
-    """main path plus a branch whose use each test plants a bug into."""
+    """`main` plus a `branch` (both 6->4), summed; each test plants a bug into the branch: frozen, or
+    `mode` "detached" (no gradient reaches it: `no_grad`) or "times_zero" (an all-zero gradient: `zero_grad`)."""
 
     def __init__(self, mode: str = "ok") -> None:
         super().__init__()
@@ -639,7 +641,9 @@ class TinyLM(nn.Module):
 
 
 class TinyClassifier(nn.Module):
-    """Token and position embeddings (padding row 0), one encoder layer with dropout, a BatchNorm, a head."""
+    """Token and position embeddings (padding row 0), one encoder layer with dropout, a BatchNorm, a head;
+    `model(ids=..., labels=...)` returns the loss, as a Hugging Face model does. Healthy: `check` on one
+    dict batch must call it OK, its unseen rows only notes "in this batch"."""
 
     def __init__(self, vocab: int = 50, d: int = 16, max_len: int = 32) -> None:
         super().__init__()
@@ -707,7 +711,7 @@ def tiny_mixtral(experts: int = 8) -> nn.Module:
 
 def lm_loss(model: nn.Module, gen: torch.Generator) -> torch.Tensor:
     """A Hugging Face causal LM's loss on a fresh batch of 4x12 token ids below 64 (the vocab of
-    `tiny_gpt2` and test_experts' tiny Mixtral), the labels being the ids themselves."""
+    `tiny_gpt2` and `tiny_mixtral`), the labels being the ids themselves."""
     ids = torch.randint(0, 64, (4, 12), generator=gen)
     out: torch.Tensor = model(input_ids=ids, labels=ids).loss
     return out
