@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +29,16 @@ def _close_loggers():
             gl.close()
         except Exception:
             pass  # a strict-mode test's writer may raise again here
+
+
+@pytest.fixture
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The real wandb package in offline mode, every file it writes kept under tmp_path."""
+    wandb = pytest.importorskip("wandb")
+    for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    yield wandb
+    if wandb.run is not None:  # a failed test must not leave a run for the next one to adopt
+        wandb.run.finish()

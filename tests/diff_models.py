@@ -6,35 +6,16 @@ import json
 import os
 
 import torch
-from torch import nn
+from catalogue import CheckpointPlanted
 
 VOCAB, SEEN, DIM = 40, 30, 8
-
-
-class Planted(nn.Module):
-    """An embedding whose rows SEEN.. never appear in a batch, a frozen layer, an unused head, a layer
-    whose lr is set to 0 midway, and an output layer that gets a NaN before the last checkpoint."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.frozen = nn.Linear(DIM, DIM)
-        self.mid = nn.Linear(DIM, DIM)
-        self.out = nn.Linear(DIM, 4)
-        self.head = nn.Linear(DIM, 3)  # never used in forward
-        self.frozen.requires_grad_(False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x).mean(dim=1)
-        h = torch.tanh(self.mid(torch.tanh(self.frozen(h))))
-        return self.out(h)
 
 
 def train_checkpoints(steps_between: int = 4, nan_at_end: bool = True, seed: int = 0) -> list[dict[str, object]]:
     """Three full checkpoints ({"model", "optimizer", "step"}): at init, after the first stretch (then
     mid's lr goes to 0), after the second (then, optionally, a NaN planted in out.weight)."""
     torch.manual_seed(seed)
-    model = Planted()
+    model = CheckpointPlanted(VOCAB, DIM)  # batches draw ids below SEEN only
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and not n.startswith("mid.")]
     opt = torch.optim.Adam(
         [{"params": named}, {"params": [(f"mid.{n}", p) for n, p in model.mid.named_parameters()]}], lr=0.05

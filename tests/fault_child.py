@@ -20,17 +20,10 @@ import time
 from typing import Any
 
 import torch
+from catalogue import frozen_tail
 from torch import nn
 
 import gradlog
-
-
-def tiny() -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(2, 2))
-    model[2].requires_grad_(False)  # a finding every table must show: frozen
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.005)
-    return model, opt
 
 
 def writer_of(name: str, log_dir: str) -> list[gradlog.Writer]:
@@ -40,7 +33,7 @@ def writer_of(name: str, log_dir: str) -> list[gradlog.Writer]:
 
 
 def train(log_dir: str, writer: str, steps: int | None = None, progress: str | None = None) -> None:
-    model, opt = tiny()
+    model, opt = frozen_tail()
     gl = gradlog.GradLogger(
         model,
         opt,
@@ -67,7 +60,7 @@ def train(log_dir: str, writer: str, steps: int | None = None, progress: str | N
 def crash(root: str, runs: int, writer: str) -> None:
     rng = random.Random(int(os.environ.get("FAULT_SEED", "0")))
     # imported once here, not in every forked run (the first optimizer step imports torch._dynamo: seconds)
-    model, opt = tiny()
+    model, opt = frozen_tail()
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
     if writer == "wandb":
@@ -108,7 +101,7 @@ class SignalsItself(gradlog.MemoryWriter):
 
 def inside(log_dir: str) -> None:
     """The signal arrives inside log(): gradlog finishes that call, then closes and re-raises."""
-    model, opt = tiny()
+    model, opt = frozen_tail()
     gl = gradlog.GradLogger(model, opt, writer=[SignalsItself(), gradlog.TensorBoardWriter(log_dir)], every=2)
     for step in range(100):
         model(torch.randn(3, 4)).pow(2).mean().backward()
@@ -128,7 +121,7 @@ def chained(log_dir: str) -> None:
 
 
 def fork(log_dir: str) -> None:
-    model, opt = tiny()
+    model, opt = frozen_tail()
     gl = gradlog.GradLogger(model, opt, writer="tensorboard", log_dir=log_dir, every=1)
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
@@ -221,7 +214,7 @@ def dist_sigterm(log_dir: str) -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model, _ = tiny()
+    model, _ = frozen_tail()
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.005)
     gl = gradlog.GradLogger(

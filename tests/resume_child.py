@@ -16,26 +16,14 @@ import signal
 import sys
 
 import torch
-from torch import nn
+from catalogue import FrozenMainLateSlow
 
 import gradlog
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.frozen = nn.Linear(4, 4)
-        self.main = nn.Linear(4, 6)
-        self.late = nn.Linear(6, 6)
-        self.slow = nn.Linear(6, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.slow(torch.tanh(self.late(torch.tanh(self.main(self.frozen(x))))))
-
-
-def build() -> tuple[Net, torch.optim.Optimizer]:
+def build() -> tuple[FrozenMainLateSlow, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = Net()
+    model = FrozenMainLateSlow()
     model.frozen.requires_grad_(False)
     groups = [
         {"params": [*model.main.parameters(), *model.late.parameters()], "lr": 1e-2},
@@ -44,7 +32,7 @@ def build() -> tuple[Net, torch.optim.Optimizer]:
     return model, torch.optim.Adam(groups)
 
 
-def train(model: Net, opt: torch.optim.Optimizer, steps: range) -> None:
+def train(model: FrozenMainLateSlow, opt: torch.optim.Optimizer, steps: range) -> None:
     for step in steps:
         torch.manual_seed(1000 + step)
         opt.zero_grad()

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 import torch
+from catalogue import StallPlanted, loop
 from torch import nn
 
 import gradlog
@@ -21,19 +22,6 @@ NAN_STEP = 9
 STEPS = 12
 STALLED = "stall.weight"
 NAN_TENSOR = "aux.weight"
-
-
-class Planted(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(4, 8)
-        self.stall = nn.Linear(8, 8)
-        self.out = nn.Linear(8, 2)
-        self.aux = nn.Linear(4, 2)  # summed into the loss: its NaN weight never reaches other gradients
-        self.unused = nn.Linear(2, 2)  # never in the forward pass: no gradient
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.relu(self.stall(torch.relu(self.inp(x))))).sum() + self.aux(x).sum()
 
 
 #: Models of runs left open: alive until the process ends, as in a loop still training.
@@ -47,7 +35,7 @@ def write_run(log_dir: str, close: bool = True) -> tuple[gradlog.GradLogger, dic
     here with `torch.linalg.vector_norm` from copies of the weights before and after the step.
     """
     torch.manual_seed(0)
-    model = Planted()
+    model = StallPlanted()
     stall_params = list(model.stall.parameters())
     others = [p for n, p in model.named_parameters() if not n.startswith("stall.")]
     opt = torch.optim.SGD([{"params": others, "lr": 0.05}, {"params": stall_params, "lr": 0.05}])
@@ -56,20 +44,26 @@ def write_run(log_dir: str, close: bool = True) -> tuple[gradlog.GradLogger, dic
         model, opt, writer=writer, every=1, print_report=False, histograms=gradlog.HistogramOptions(overview_every=1)
     )
     expected: dict[str, list[float]] = {n: [] for n, _ in model.named_parameters()}
-    for step in range(STEPS):
+    before: dict[str, torch.Tensor] = {}
+
+    def loss(step: int) -> torch.Tensor:
         if step == STALL_STEP:
             opt.param_groups[1]["lr"] = 0.0
-        model(torch.randn(5, 4)).backward()
+        value: torch.Tensor = model(torch.randn(5, 4))  # StallPlanted returns its own loss
+        return value
+
+    def plant_nan(step: int) -> None:
         if step == NAN_STEP:
             assert model.aux.weight.grad is not None
             model.aux.weight.grad[0, 0] = float("nan")
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        opt.step()
+        before.update({n: p.detach().clone() for n, p in model.named_parameters()})
+
+    def ratios(step: int) -> None:
         for n, p in model.named_parameters():
             delta = torch.linalg.vector_norm(p.detach() - before[n]).item()
             expected[n].append(delta / torch.linalg.vector_norm(before[n]).item())
-        gl.log(step)
-        opt.zero_grad()
+
+    loop(opt, gl, STEPS, loss, after_backward=plant_nan, after_step=ratios)
     if not close:
         writer.flush()
         _STILL_TRAINING.append(model)  # gradlog closes a logger whose model is garbage-collected (issue 15)

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from catalogue import FastSlowMid, train
 from torch import nn
 
 import gradlog
@@ -16,23 +17,11 @@ def _records(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "gradlog" and "alert" in r.getMessage()]
 
 
-class Three(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fast = nn.Linear(8, 8, bias=False)
-        self.slow = nn.Linear(8, 8, bias=False)
-        self.mid = nn.Linear(8, 8, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.mid(torch.tanh(self.slow(torch.tanh(self.fast(x)))))
-        return out
-
-
 def test_update_ratio_alert_fires_when_the_hand_computed_streak_reaches_patience(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     torch.manual_seed(0)
-    model = Three()
+    model = FastSlowMid()
     opt = torch.optim.SGD(
         [
             {"params": model.fast.parameters(), "lr": 5.0},
@@ -92,14 +81,12 @@ def test_nonfinite_alert_names_tensor_and_step_once(caplog: pytest.LogCaptureFix
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=2, print_report=False)
     caplog.set_level(logging.WARNING, logger="gradlog")
-    for step in range(10):
-        model(torch.randn(8, 4)).sum().backward()
+
+    def plant_nan(step: int) -> None:
         if step >= 5:  # planted: the second layer's bias gradient goes NaN from step 5 on
             model[1].bias.grad.fill_(float("nan"))
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = train(opt, gl, 10, lambda step: model(torch.randn(8, 4)).sum(), after_backward=plant_nan)
     assert gl.alerts is not None
     nonfinite = [a for a in gl.alerts.fired if a.kind == NONFINITE]
     # every=2: step 5 is not measured, step 6 is the first measured step that sees the NaN.
@@ -124,12 +111,7 @@ def test_no_grad_alert_after_patience_skips_frozen_tensors(caplog: pytest.LogCap
         alerts=gradlog.AlertOptions(no_grad_patience=4),
     )
     caplog.set_level(logging.WARNING, logger="gradlog")
-    for step in range(15):
-        model["used"](model["frozen"](torch.randn(2, 4))).sum().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    gl.close()
+    train(opt, gl, 15, lambda step: model["used"](model["frozen"](torch.randn(2, 4))).sum())
     assert gl.alerts is not None
     got = sorted((a.name, a.kind, a.step) for a in gl.alerts.fired if a.kind == NO_GRAD)
     # Measured steps are 0, 3, 6, 9, 12: the fourth of them in a row is step 9.
@@ -144,12 +126,7 @@ def test_alerts_off_logs_and_writes_nothing(caplog: pytest.LogCaptureFixture) ->
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, alerts=False, print_report=False)
     caplog.set_level(logging.WARNING, logger="gradlog")
-    for step in range(5):
-        model["used"](torch.randn(2, 4)).sum().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    gl.close()
+    train(opt, gl, 5, lambda step: model["used"](torch.randn(2, 4)).sum())
     assert gl.alerts is None
     assert _records(caplog) == []
     assert "gradlog/alerts" not in mem.scalars and "gradlog/alerts" not in mem.tables
@@ -197,14 +174,12 @@ def test_update_ratio_of_nan_weights_is_nan_not_zero() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
-    for step in range(3):
-        model(torch.ones(1, 2)).sum().backward()
+
+    def plant_nan(step: int) -> None:
         if step >= 1:
             model.weight.grad.fill_(float("nan"))  # SGD writes NaN into the weights at step 1
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    gl.close()
+
+    train(opt, gl, 3, lambda step: model(torch.ones(1, 2)).sum(), after_backward=plant_nan)
     ratios = [v for _, v in mem.scalars["weights/update_ratio/weight"]]
     assert ratios[0] > 0 and all(v != v for v in ratios[1:])
 

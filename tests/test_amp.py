@@ -8,21 +8,11 @@ import warnings
 
 import pytest
 import torch
+from catalogue import TwoLayer, mse, train
 from torch import nn
 
 import gradlog
 from gradlog import Reason
-
-
-class Small(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(6, 8)
-        self.b = nn.Linear(8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.b(torch.tanh(self.a(x)))
-        return out
 
 
 def batch(step: int) -> torch.Tensor:
@@ -42,7 +32,7 @@ def run_scaled(
     scaler.step, and the weights after each step.
     """
     torch.manual_seed(0)
-    model = Small()
+    model = TwoLayer(torch.tanh)
     opt = make_opt(model.parameters())  # type: ignore[operator]
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
     mem = gradlog.MemoryWriter()
@@ -138,7 +128,7 @@ def test_fused_adamw_with_scaler_passed_and_unscale_first_is_not_divided_twice()
 
 def test_optimizer_stepped_directly_with_scaled_grads_is_unscaled() -> None:
     torch.manual_seed(0)
-    model = Small()
+    model = TwoLayer(torch.tanh)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     mem = gradlog.MemoryWriter()
@@ -152,7 +142,7 @@ def test_optimizer_stepped_directly_with_scaled_grads_is_unscaled() -> None:
 
 
 def test_scaler_argument_is_checked() -> None:
-    model = Small()
+    model = TwoLayer(torch.tanh)
     with pytest.raises(TypeError, match=r"scaler must be a GradScaler .* got float: 65536\.0"):
         gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), scaler=2.0**16)
     with pytest.raises(TypeError, match=r"got collections\.OrderedDict"):
@@ -164,7 +154,7 @@ def test_scaler_argument_is_checked() -> None:
 
 def _train_dtype(dtype: torch.dtype, lr: float, steps: int = 3) -> tuple[gradlog.MemoryWriter, gradlog.Report, list]:
     torch.manual_seed(0)
-    model = Small().to(dtype)
+    model = TwoLayer(torch.tanh).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
@@ -216,7 +206,7 @@ def test_low_precision_update_ratio_matches_fp64_reference(dtype: torch.dtype) -
 
 def _train_compiled(compile_model: bool) -> gradlog.MemoryWriter:
     torch.manual_seed(0)
-    model: nn.Module = Small()
+    model: nn.Module = TwoLayer(torch.tanh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if compile_model:
         model = torch.compile(model, fullgraph=True)  # fullgraph: any graph break raises
@@ -224,12 +214,7 @@ def _train_compiled(compile_model: bool) -> gradlog.MemoryWriter:
     gl = gradlog.GradLogger(
         model, opt, writer=mem, every=1, print_report=False, histograms=gradlog.HistogramOptions(bins=8)
     )
-    for step in range(3):
-        model(batch(step)).pow(2).mean().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    gl.close()
+    train(opt, gl, 3, lambda step: mse(model, batch(step)))
     return mem
 
 
@@ -250,7 +235,7 @@ def test_compiled_model_metrics_equal_eager() -> None:
 
 def test_logger_attached_mid_run_counts_only_later_skips() -> None:
     torch.manual_seed(0)
-    model = Small()
+    model = TwoLayer(torch.tanh)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
     gl = None
@@ -289,7 +274,7 @@ def test_a_disabled_scaler_is_the_same_as_no_scaler(make: object) -> None:
     results = []
     for pass_scaler in (True, False):
         torch.manual_seed(0)
-        model = Small()
+        model = TwoLayer(torch.tanh)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         scaler = make()  # type: ignore[operator]
         assert not scaler.is_enabled()
@@ -329,7 +314,7 @@ def test_an_object_with_gradscalers_interface_is_accepted_and_followed() -> None
     """Duck typing: skipped steps are counted through the wrapper exactly as through the scaler itself."""
     _, direct, _, _ = run_scaled(NON_FUSED["adamw"], {2, 3}, 6, pass_scaler=True)
     torch.manual_seed(0)
-    model = Small()
+    model = TwoLayer(torch.tanh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
     gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, scaler=ScalerLike(scaler))
@@ -356,7 +341,7 @@ def _compiled_steps(
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
-    model = Small()
+    model = TwoLayer(torch.tanh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     mem = gradlog.MemoryWriter() if histograms is not None else None
     gl = None

@@ -8,93 +8,25 @@ import random
 
 import pytest
 import torch
+from catalogue import EVERY_BUG, EveryBug, TinyClassifier, every_bug_optimizer
 from torch import nn
 
 import gradlog
 from gradlog import Reason
 
 
-class Catalogue(nn.Module):
-    """One tensor per bug gradlog knows, around a healthy body and head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(8, 8)
-        self.frozen = nn.Linear(8, 8)
-        self.frozen.requires_grad_(False)
-        self.orphan = nn.Linear(8, 8, bias=False)  # left out of the optimizer
-        self.unused = nn.Linear(8, 3)  # never called
-        self.detached = nn.Linear(8, 8, bias=False)  # run under torch.no_grad()
-        self.zero_lr = nn.Linear(8, 8, bias=False)  # its param group has lr 0
-        self.times_zero = nn.Linear(8, 8, bias=False)  # output multiplied by 0
-        self.nan = nn.Parameter(torch.ones(4))  # NaN gradient through the where-sqrt trap
-        self.bf16 = nn.Parameter(torch.ones(8, dtype=torch.bfloat16))  # Adam's ~lr step rounds away in bf16
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.body(x))
-        h = h + self.frozen(h) + self.orphan(h)
-        with torch.no_grad():
-            d = self.detached(h)
-        h = h + d + self.zero_lr(h) + 0 * self.times_zero(h)
-        h = h * self.bf16.float()
-        trap = torch.where(torch.zeros(4, dtype=torch.bool), torch.sqrt(self.nan - 10), torch.zeros(4)).sum()
-        return self.head(h) + trap
-
-
-CATALOGUE = {
-    "frozen.weight": Reason.FROZEN,
-    "frozen.bias": Reason.FROZEN,
-    "orphan.weight": Reason.NOT_IN_OPTIMIZER,
-    "unused.weight": Reason.NO_GRAD,
-    "unused.bias": Reason.NO_GRAD,
-    "detached.weight": Reason.NO_GRAD,
-    "zero_lr.weight": Reason.ZERO_LR,
-    "times_zero.weight": Reason.ZERO_GRAD,
-    "nan": Reason.NONFINITE_GRAD,
-    "bf16": Reason.BELOW_PRECISION,
-}
-
-
-def _catalogue_optimizer(model: Catalogue) -> torch.optim.Optimizer:
-    skip = {"orphan.weight", "zero_lr.weight"}
-    main = [p for n, p in model.named_parameters() if n not in skip and p.requires_grad]
-    return torch.optim.Adam([{"params": main}, {"params": [model.zero_lr.weight], "lr": 0.0}], lr=1e-3)
-
-
 def test_planted_catalogue_in_one_step(capsys):
     torch.manual_seed(0)
-    model = Catalogue()
-    opt = _catalogue_optimizer(model)
+    model = EveryBug()
+    opt = every_bug_optimizer(model)
     report = gradlog.check(model, opt, torch.randn(16, 8))
-    assert {r.name: r.reason for r in report.never_updated} == CATALOGUE
+    assert {r.name: r.reason for r in report.never_updated} == EVERY_BUG
     assert not report.healthy
     assert report.optimizer_steps == 1 and report.measured_steps == 1
     out = capsys.readouterr().out
     assert "gradlog PROBLEM" in out and "times_zero.weight" in out
     # one batch cannot tell an unused tensor from a rarely used one: the detail says so
     assert "in this batch" in {r.name: r for r in report.never_updated}["unused.weight"].detail
-
-
-class TinyTransformer(nn.Module):
-    """Token and position embeddings (padding row 0), one encoder layer with dropout, a BatchNorm, a head."""
-
-    def __init__(self, vocab: int = 50, d: int = 16, max_len: int = 32) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d, padding_idx=0)
-        self.pos = nn.Embedding(max_len, d)
-        self.layer = nn.TransformerEncoderLayer(d, nhead=2, dim_feedforward=32, dropout=0.1, batch_first=True)
-        self.norm = nn.BatchNorm1d(d)
-        self.head = nn.Linear(d, vocab)
-
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        pos = torch.arange(ids.shape[1]).expand_as(ids)
-        h = self.layer(self.tok(ids) + self.pos(pos))
-        h = self.norm(h.mean(dim=1))
-        logits = self.head(h)
-        if labels is None:
-            return logits
-        return nn.functional.cross_entropy(logits, labels)
 
 
 def _batch(seed: int = 1) -> dict[str, torch.Tensor]:
@@ -105,7 +37,7 @@ def _batch(seed: int = 1) -> dict[str, torch.Tensor]:
 
 def test_healthy_transformer_gives_no_finding(capsys):
     torch.manual_seed(0)
-    model = TinyTransformer()
+    model = TinyClassifier()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = _batch()
     report = gradlog.check(model, opt, batch)  # dict batch: model(**batch) returns the loss tensor
@@ -156,7 +88,7 @@ def _scenario(use_check: bool) -> tuple[list[torch.Tensor], dict[str, object], t
     """Two warm-up steps (Adam state, BatchNorm statistics, grads left in .grad), maybe a check, two more steps."""
     torch.manual_seed(0)
     random.seed(0)
-    model = TinyTransformer()
+    model = TinyClassifier()
     extra = nn.Linear(3, 3)  # in the optimizer with grad None: must stay None
     opt = torch.optim.Adam([*model.parameters(), extra.weight], lr=1e-2)
     losses = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import dist_worker as W
 import pytest
 import torch
+from catalogue import free_port
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,12 +39,6 @@ def same_report(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return plain(a) == plain(b) and close
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(out: Path, suite: str) -> dict[str, list[dict[str, Any]]]:
     cmd = [
         sys.executable,
@@ -55,7 +49,7 @@ def _launch(out: Path, suite: str) -> dict[str, list[dict[str, Any]]]:
         "--master_addr",
         "127.0.0.1",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         str(ROOT / "tests" / "dist_worker.py"),
         str(out),
         suite,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import ConvExperts, TwoLayerMoE, lm_loss, mse, random_mse, tiny_mixtral, train
 from torch import nn
 
 import gradlog
@@ -18,23 +19,6 @@ from gradlog import Reason
 from gradlog.verdict.experts import expert_layout, is_fused_experts
 
 transformers = pytest.importorskip("transformers")
-
-
-def tiny_mixtral(experts: int = 8) -> nn.Module:
-    cfg = transformers.MixtralConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=experts,
-        num_experts_per_tok=2,
-        max_position_embeddings=32,
-        router_jitter_noise=0.0,
-    )
-    torch.manual_seed(0)
-    return transformers.MixtralForCausalLM(cfg)
 
 
 def mask_router(model: nn.Module, masked: list[int], active: Callable[[], bool]) -> list[Any]:
@@ -65,19 +49,16 @@ def train_mixtral(
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=every, print_report=False)
     gen = torch.Generator().manual_seed(0)
-    for step in range(steps):
-        ids = torch.randint(0, 64, (4, 12), generator=gen)
-        model(input_ids=ids, labels=ids).loss.backward()
+
+    def record(step: int) -> None:
         if spy is not None:
             params = dict(model.named_parameters())
             for n in spy:
                 g = params[n].grad
                 if g is not None:
                     spy[n] |= (g != 0).reshape(g.shape[0], -1).any(1)
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close()
+
+    return train(opt, gl, steps, lambda step: lm_loss(model, gen), after_backward=record)
 
 
 def test_fused_mixtral_experts_never_routed_are_named_per_expert_and_layer() -> None:
@@ -102,50 +83,18 @@ def test_fused_mixtral_experts_never_routed_are_named_per_expert_and_layer() -> 
     assert "Experts (2 records)" in report.table()
 
 
-class PerExpertMoE(nn.Module):
-    """A MoE layer with one module per expert (`experts.3.w1.weight`) and a fixed routing: token t goes to
-    expert `route[t]`, so the experts never in `route` get no gradient."""
-
-    def __init__(self, d: int, n: int) -> None:
-        super().__init__()
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d)) for _ in range(n)
-        )
-
-    def forward(self, x: torch.Tensor, route: list[int]) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        for k in sorted(set(route)):
-            at = torch.tensor([t for t, r in enumerate(route) if r == k])
-            out = out.index_add(0, at, self.experts[k](x[at]))
-        return out
-
-
-class TwoLayerMoE(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([PerExpertMoE(8, 6), PerExpertMoE(8, 6)])
-        self.routes = [[0, 1, 2, 3, 0, 1], [0, 0, 1, 1, 4, 4]]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer, route in zip(self.layers, self.routes):
-            x = x + layer(x, route)
-        return x
-
-
 def test_per_expert_modules_never_used_are_grouped_per_layer() -> None:
     torch.manual_seed(0)
     model = TwoLayerMoE()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
     used: dict[str, bool] = {n: False for n, _ in model.named_parameters()}
-    for step in range(4):
-        model(torch.randn(6, 8)).pow(2).mean().backward()
+
+    def record(step: int) -> None:
         for n, p in model.named_parameters():
             used[n] |= p.grad is not None and bool((p.grad != 0).any())
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = train(opt, gl, 4, random_mse(model, 6, 8), after_backward=record)
     # reference: per layer, the experts none of whose tensors ever had a non-zero gradient
     want = set()
     for i in range(2):
@@ -157,30 +106,13 @@ def test_per_expert_modules_never_used_are_grouped_per_layer() -> None:
     assert {(e.layer, e.state, e.experts, e.total) for e in report.experts} == want
 
 
-class ConvExperts(nn.Module):
-    """A Conv1d whose path says "experts": its 3-D weight holds filters, not experts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.experts = nn.Conv1d(4, 6, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.experts(x)
-        return y[:, :4]  # filters 4-5 never reach the loss
-
-
 def test_a_conv1d_weight_is_never_taken_for_experts() -> None:
     torch.manual_seed(0)
     model = ConvExperts()
     assert not is_fused_experts(model.experts, "experts.weight", model.experts.weight)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
-    for step in range(3):
-        model(torch.randn(2, 4, 9)).pow(2).mean().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+    report = train(opt, gl, 3, random_mse(model, 2, 4, 9))
     assert report.experts == []
     rows = [r for r in report.partly_updated if r.name == "experts.weight" and r.dim == 0]
     assert len(rows) == 1 and rows[0].indices == (4, 5) and rows[0].reason is Reason.ZERO_GRAD
@@ -200,19 +132,19 @@ def test_mixtral_router_collapse_at_step_k_reports_experts_stopped_from_k(every:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=every, print_report=False)
     gen = torch.Generator().manual_seed(0)
-    for step in range(steps):
+
+    def loss(step: int) -> torch.Tensor:
         step_now[0] = step
-        ids = torch.randint(0, 64, (4, 12), generator=gen)
-        model(input_ids=ids, labels=ids).loss.backward()
+        return lm_loss(model, gen)
+
+    def record(step: int) -> None:
         if step % every == 0:
             for n in watched:
                 g = params[n].grad
                 assert g is not None
                 last[n][(g != 0).reshape(g.shape[0], -1).any(1)] = step
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = train(opt, gl, steps, loss, after_backward=record)
     for h in hooks:
         h.remove()
     since = k + (-k) % every  # the first measured step from k on
@@ -238,17 +170,18 @@ def test_per_expert_modules_that_stop_being_routed_are_one_record_per_layer() ->
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
     last: dict[str, int] = {}  # reference: the last step each tensor had a non-zero gradient
-    for step in range(16):
+
+    def loss(step: int) -> torch.Tensor:
         if step == 6:
             model.routes[0] = [0, 1, 0, 1, 4, 5]  # layer 0 stops routing tokens to experts 2 and 3
-        model(torch.randn(6, 8)).pow(2).mean().backward()
+        return mse(model, torch.randn(6, 8))
+
+    def record(step: int) -> None:
         for n, p in model.named_parameters():
             if p.grad is not None and bool((p.grad != 0).any()):
                 last[n] = step
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = train(opt, gl, 16, loss, after_backward=record)
     stopped = {n for n, s in last.items() if s < 15}
     assert stopped == {f"layers.0.experts.{k}.{m}.{w}" for k in (2, 3) for m in (0, 2) for w in ("weight", "bias")}
     assert {last[n] for n in stopped} == {5}

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from catalogue import FrozenInFront
 from torch import nn
 from torch.optim.optimizer import _global_optimizer_pre_hooks as global_pre_hooks
 
@@ -13,18 +14,7 @@ import gradlog
 from gradlog.writers.memory import MemoryWriter
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(6, 5)
-        self.frozen = nn.Linear(6, 6)  # frozen in both phases
-        self.head = nn.Linear(5, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.body(self.frozen(x))))
-
-
-def _step(model: Net, opt: torch.optim.Optimizer, x: torch.Tensor) -> dict[str, float]:
+def _step(model: FrozenInFront, opt: torch.optim.Optimizer, x: torch.Tensor) -> dict[str, float]:
     """One training step; returns the body's gradient norms the optimizer is about to use."""
     opt.zero_grad()
     model(x).pow(2).mean().backward()
@@ -35,7 +25,7 @@ def _step(model: Net, opt: torch.optim.Optimizer, x: torch.Tensor) -> dict[str, 
 
 def test_two_phase_fine_tuning_is_followed_and_counted_whole() -> None:
     torch.manual_seed(0)
-    model = Net()
+    model = FrozenInFront()
     model.frozen.requires_grad_(False)
     model.body.requires_grad_(False)  # phase 1: the head alone
     opt1 = torch.optim.SGD(model.head.parameters(), lr=0.05)
@@ -161,7 +151,7 @@ def test_a_second_optimizer_over_other_tensors_is_not_followed() -> None:
     """Two optimizers side by side (sparse embeddings + dense, Muon + AdamW): each trains its own tensors, so
     the second is no replacement; gradlog keeps measuring the one it was given, and says nothing."""
     torch.manual_seed(0)
-    model = Net()
+    model = FrozenInFront()
     body, head = list(model.body.parameters()), [*model.head.parameters(), *model.frozen.parameters()]
     first, second = torch.optim.SGD(body, lr=0.1), torch.optim.Adam(head, lr=1e-3)
     gl = gradlog.GradLogger(model, first, writer=MemoryWriter(), every=1, print_report=False)

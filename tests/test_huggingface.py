@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import hf_args
 from torch import nn
 
 import gradlog
@@ -53,17 +54,13 @@ def test_trainer_with_accumulation_logs_every_real_optimizer_step(tmp_path) -> N
     torch.manual_seed(0)
     mem = gradlog.MemoryWriter()
     cb, ref = GradlogCallback(writer=mem, every=1, print_report=False), HandReference()
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
+    args = hf_args(
+        str(tmp_path),
         per_device_train_batch_size=8,
         gradient_accumulation_steps=2,
         num_train_epochs=1,
         max_grad_norm=0.5,  # the Trainer clips before the step: gradlog must report the norms before clipping
         logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
         seed=0,
     )
     trainer = transformers.Trainer(model=Regressor(), args=args, train_dataset=Data(), callbacks=[cb, ref])
@@ -89,14 +86,10 @@ def test_trainer_with_accumulation_logs_every_real_optimizer_step(tmp_path) -> N
 def test_log_dir_defaults_to_the_trainer_output_dir(tmp_path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("tensorboard")
     cb = GradlogCallback(every=1, print_report=False)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
+    args = hf_args(
+        str(tmp_path),
         per_device_train_batch_size=16,
         max_steps=2,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
     )
     transformers.Trainer(model=Regressor(), args=args, train_dataset=Data(), callbacks=[cb]).train()
     assert any((tmp_path / "gradlog").glob("events.out.tfevents.*"))
@@ -124,16 +117,7 @@ def _train(tmp_path, check_first: bool) -> tuple[GradlogCallback, dict[str, torc
     torch.manual_seed(0)
     mem = gradlog.MemoryWriter()
     cb = GradlogCallback(check_first=check_first, writer=mem, every=1, print_report=False)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / str(check_first)),
-        per_device_train_batch_size=8,
-        max_steps=3,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = hf_args(str(tmp_path / str(check_first)), per_device_train_batch_size=8, max_steps=3, seed=0)
     model = Dropped()
     transformers.Trainer(model=model, args=args, train_dataset=Data(), callbacks=[cb]).train()
     return cb, {k: v.detach().clone() for k, v in model.state_dict().items()}, mem
@@ -162,15 +146,12 @@ def test_a_trainer_resumed_from_its_checkpoint_continues_the_run(tmp_path) -> No
     from gradlog.readers.run import closed_report, load
 
     def args(max_steps: int) -> Any:
-        return transformers.TrainingArguments(
-            output_dir=str(tmp_path),
+        return hf_args(
+            str(tmp_path),
             per_device_train_batch_size=4,
             max_steps=max_steps,
-            report_to=[],
-            use_cpu=True,
             save_strategy="steps",
             save_steps=3,
-            disable_tqdm=True,
             seed=0,
         )
 

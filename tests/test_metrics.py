@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from catalogue import TwoLayer
 from torch import nn
 
 import gradlog
@@ -19,16 +20,6 @@ OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "adamw_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True),
     "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1),
 }
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(6, 8)
-        self.b = nn.Linear(8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(x)))
 
 
 def _reference(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, micro: int, zero_first: bool):
@@ -62,8 +53,8 @@ def _reference(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, mi
 @pytest.mark.parametrize("micro", [1, 3], ids=["no_accum", "accum3"])
 def test_metrics_equal_hand_reference(opt_name: str, zero_first: bool, micro: int) -> None:
     torch.manual_seed(0)
-    ref_model = Net()
-    model = Net()
+    ref_model = TwoLayer(torch.relu)
+    model = TwoLayer(torch.relu)
     model.load_state_dict(ref_model.state_dict())
     ref_opt = OPTIMIZERS[opt_name](list(ref_model.parameters()))
     opt = OPTIMIZERS[opt_name](list(model.parameters()))
@@ -99,7 +90,7 @@ def test_metrics_equal_hand_reference(opt_name: str, zero_first: bool, micro: in
 
 def test_zero_fractions_are_counted_on_histogram_steps_only() -> None:
     torch.manual_seed(0)
-    model = Net()
+    model = TwoLayer(torch.relu)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(
@@ -122,7 +113,7 @@ def test_zero_fractions_are_counted_on_histogram_steps_only() -> None:
 @pytest.mark.parametrize(("histograms", "count_zeros", "counted"), [(False, True, [0, 2, 4]), (True, False, [])])
 def test_count_zeros_overrides_the_histogram_schedule(histograms: bool, count_zeros: bool, counted: list[int]) -> None:
     torch.manual_seed(0)
-    model = Net()
+    model = TwoLayer(torch.relu)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(
@@ -151,7 +142,11 @@ def test_count_zeros_overrides_the_histogram_schedule(histograms: bool, count_ze
 
 def test_count_zeros_must_be_a_bool_or_none() -> None:
     with pytest.raises(ValueError, match=r"count_zeros must be None .* got 'yes'"):
-        gradlog.GradLogger(Net(), writer="memory", histograms=gradlog.HistogramOptions(count_zeros="yes"))  # type: ignore[arg-type]
+        gradlog.GradLogger(
+            TwoLayer(torch.relu),
+            writer="memory",
+            histograms=gradlog.HistogramOptions(count_zeros="yes"),  # type: ignore[arg-type]
+        )
 
 
 def test_weight_norms_of_frozen_and_unoptimised_tensors_beside_moving_ones() -> None:
@@ -183,7 +178,7 @@ def test_weight_norms_of_frozen_and_unoptimised_tensors_beside_moving_ones() -> 
 
 def test_default_x_axis_is_the_measured_optimizer_step_index() -> None:
     torch.manual_seed(0)
-    model = Net()
+    model = TwoLayer(torch.relu)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=3, print_report=False)
@@ -266,7 +261,7 @@ def test_update_ratio_of_zero_initialised_tensor_is_finite() -> None:
 
 def test_optimizer_none_measures_gradients_at_log_time() -> None:
     torch.manual_seed(0)
-    model = Net()
+    model = TwoLayer(torch.relu)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, None, writer=mem, every=2, print_report=False)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import catalogue
 import pytest
 import torch
+from catalogue import TiedLM, TinyEncoderLM, TwoPath, mse
 from torch import nn
 
 import gradlog
@@ -15,51 +17,23 @@ from gradlog import Reason
 Loss = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
 
-def _mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model(x).pow(2).mean()
-
-
 def train(
     model: nn.Module,
     opt: torch.optim.Optimizer,
     steps: int = 12,
     every: int = 3,
-    loss_fn: Loss = _mse,
+    loss_fn: Loss = mse,
     dim: int = 6,
     gl: gradlog.GradLogger | None = None,
     histograms: bool = True,
 ) -> gradlog.Report:
     gl = gl or gradlog.GradLogger(model, opt, writer="memory", every=every, print_report=False, histograms=histograms)
     gen = torch.Generator().manual_seed(1)
-    for step in range(steps):
-        x = torch.randn(16, dim, generator=gen)
-        loss_fn(model, x).backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close()
+    return catalogue.train(opt, gl, steps, lambda step: loss_fn(model, torch.randn(16, dim, generator=gen)))
 
 
 def reported(report: gradlog.Report) -> dict[str, Reason]:
     return {r.name: r.reason for r in report.never_updated}
-
-
-class TwoPath(nn.Module):
-    """main path plus a branch whose use each test plants a bug into."""
-
-    def __init__(self, mode: str = "ok") -> None:
-        super().__init__()
-        self.mode = mode
-        self.main = nn.Linear(6, 4)
-        self.branch = nn.Linear(6, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b = self.branch(x)
-        if self.mode == "detached":
-            b = b.detach()
-        elif self.mode == "times_zero":
-            b = b * 0
-        return self.main(x) + b
 
 
 def test_frozen_layer() -> None:
@@ -203,18 +177,6 @@ def test_bf16_weights_with_a_tiny_adam_lr(dtype: torch.dtype) -> None:
         assert reported(report) == {}
 
 
-class TiedLM(nn.Module):
-    def __init__(self, vocab: int = 20, dim: int = 8) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.emb(tokens)))
-
-
 def _lm_loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     tokens = (x.abs() * 7).long().clamp(max=19)
     return nn.functional.cross_entropy(m(tokens).reshape(-1, 20), tokens.reshape(-1))
@@ -241,23 +203,9 @@ def test_tied_embeddings_frozen_are_reported_once_with_alias() -> None:
     assert report.never_updated[0].aliases == ("head.weight",)
 
 
-class TinyTransformer(nn.Module):
-    def __init__(self, vocab: int = 32, dim: int = 16) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.pos = nn.Parameter(torch.randn(8, dim) * 0.02)
-        layer = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
-        self.blocks = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.blocks(self.emb(tokens) + self.pos)))
-
-
 def test_healthy_transformer_like_model_reports_nothing() -> None:
     torch.manual_seed(0)
-    model = TinyTransformer()
+    model = TinyEncoderLM()
 
     def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         tokens = (x.abs() * 10).long().clamp(max=31)[:, :8]

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import frozen_tail, loop, random_mse
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -45,20 +46,8 @@ def child_env() -> dict[str, str]:
     }
 
 
-def tiny() -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(2, 2))
-    model[2].requires_grad_(False)
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.005)
-    return model, opt
-
-
 def steps(gl: gradlog.GradLogger, model: nn.Module, opt: torch.optim.Optimizer, n: int, start: int = 0) -> None:
-    for step in range(start, start + n):
-        model(torch.randn(3, 4)).pow(2).mean().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
+    loop(opt, gl, n, random_mse(model, 3, 4), start=start)
 
 
 class Tables(gradlog.Writer):
@@ -84,7 +73,7 @@ class Tables(gradlog.Writer):
 
 # --- provisional tables -----------------------------------------------------------------------------
 def test_provisional_tables_on_histogram_steps_and_the_final_one_wins() -> None:
-    model, opt = tiny()
+    model, opt = frozen_tail()
     mem, rec = gradlog.MemoryWriter(), Tables()
     gl = gradlog.GradLogger(
         model,
@@ -111,7 +100,9 @@ def test_provisional_tables_on_histogram_steps_and_the_final_one_wins() -> None:
 
 
 def test_provisional_every_is_a_wall_time_gate() -> None:
-    runs = [tiny() for _ in range(3)]  # one model and optimizer per logger (a second one on the same replaces it)
+    runs = [
+        frozen_tail() for _ in range(3)
+    ]  # one model and optimizer per logger (a second one on the same replaces it)
     rare, never = Tables(), Tables()
     gl = gradlog.GradLogger(
         *runs[0], every=1, print_report=False, writer=gradlog.Output(writer=rare, provisional_every=3600.0)
@@ -221,7 +212,7 @@ def test_a_provisional_table_reads_no_frozen_tensor_and_stays_exact() -> None:
 
 
 def test_gradlog_report_on_a_run_that_did_not_close(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    model, opt = tiny()
+    model, opt = frozen_tail()
     # and a real finding: a trainable layer left out of the optimizer (a frozen one is intentional since issue 13)
     opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer="tensorboard", log_dir=str(tmp_path / "run"), every=1)
@@ -286,7 +277,7 @@ def test_sigterm_chains_to_the_programs_own_handler(tmp_path: Path) -> None:
 
 def test_sigterm_handler_only_when_asked_and_restored_at_close() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # whatever an earlier test left
-    model, opt = tiny()
+    model, opt = frozen_tail()
     gl = gradlog.GradLogger(
         model, opt, print_report=False, writer=gradlog.Output(writer="memory", handle_signals=False)
     )
@@ -386,7 +377,7 @@ def test_replacing_a_16_mb_parameter_100_times_keeps_rss_flat() -> None:
 def test_a_replaced_parameter_is_released_and_its_evidence_kept() -> None:
     import weakref
 
-    model, opt = tiny()
+    model, opt = frozen_tail()
     gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
     steps(gl, model, opt, 2)
     old = weakref.ref(model[0].weight)
@@ -409,7 +400,7 @@ def test_a_logger_whose_model_is_gone_closes_itself() -> None:
     import gc
     import weakref
 
-    model, opt = tiny()
+    model, opt = frozen_tail()
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
     steps(gl, model, opt, 2)
@@ -445,7 +436,7 @@ class Stuck(gradlog.Writer):
 
 
 def test_a_writer_that_blocks_in_every_call_never_slows_training() -> None:
-    model, opt = tiny()
+    model, opt = frozen_tail()
     stuck, mem = Stuck(), gradlog.MemoryWriter()
     gl = gradlog.GradLogger(
         model, opt, every=1, print_report=False, writer=gradlog.Output(writer=[stuck, mem], timeout=0.5)
@@ -478,7 +469,7 @@ def test_a_slow_writer_catches_up_and_loses_nothing() -> None:
             threading.Event().wait(0.01)
             super().log_table(name, columns, rows)
 
-    model, opt = tiny()
+    model, opt = frozen_tail()
     slow = Slowish()
     gl = gradlog.GradLogger(
         model, opt, every=1, print_report=False, writer=gradlog.Output(writer=slow, provisional_every=0)
@@ -513,7 +504,7 @@ def test_a_forked_childs_logger_is_inert(tmp_path: Path) -> None:
 
 
 def test_writer_options_log_dir(tmp_path: Path) -> None:
-    model, opt = tiny()
+    model, opt = frozen_tail()
     gl = gradlog.GradLogger(
         model, opt, every=1, print_report=False, writer=gradlog.Output(options={"log_dir": str(tmp_path / "a")})
     )

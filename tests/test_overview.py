@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import catalogue
 import pytest
 import torch
 from PIL import Image
@@ -81,12 +82,7 @@ def train(steps: int, **kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Repor
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, **kw)  # type: ignore[arg-type]
-    for step in range(steps):
-        model(torch.randn(5, 3)).sum().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return mem, gl.close()
+    return mem, catalogue.train(opt, gl, steps, lambda step: model(torch.randn(5, 3)).sum())
 
 
 def test_images_are_rate_limited_and_the_last_comes_at_close() -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import catalogue
 import pytest
 import torch
+from catalogue import Bag, DeadFilters, DeadUnits, OddTensors, TinyLM
 from torch import nn
 
 import gradlog
@@ -35,14 +37,9 @@ def run(
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=every, print_report=False)
     gen = torch.Generator().manual_seed(0)
-    for step in range(steps):
-        loss(model(batch(gen))).backward()
-        if spy is not None:
-            spy()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close(), gl, mem
+    spy_step = None if spy is None else lambda step: spy()
+    report = catalogue.train(opt, gl, steps, lambda step: loss(model(batch(gen))), after_backward=spy_step)
+    return report, gl, mem
 
 
 def records(report: gradlog.Report) -> set[tuple[str, int | None, tuple[int, ...], Reason]]:
@@ -79,17 +76,6 @@ class ZeroGradRows:
 
 
 # --- planted bugs ---------------------------------------------------------------------------
-
-
-class Bag(nn.Module):
-    def __init__(self, sparse: bool = False, padding_idx: int | None = None, vocab: int = 100) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, 16, sparse=sparse, padding_idx=padding_idx)
-        self.head = nn.Linear(16, 4)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.emb(ids).mean(1))
-        return out
 
 
 def first_half(gen: torch.Generator) -> torch.Tensor:
@@ -145,21 +131,6 @@ def test_unseen_ids_that_moved_only_by_weight_decay_are_reported(every: int) -> 
     assert "moved only through weight decay (0.1)" in report.partly_updated[0].detail
 
 
-class DeadUnits(nn.Module):
-    """Units 0..7 of fc1 never fire (bias -100 before the ReLU)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-        with torch.no_grad():
-            self.fc1.bias[:8] = -100.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
-        return out
-
-
 def normal16(gen: torch.Generator) -> torch.Tensor:
     return torch.randn(32, 16, generator=gen)
 
@@ -198,19 +169,6 @@ def test_dead_units_under_adamw_moved_only_by_decay() -> None:
         ("fc2.weight", 1, tuple(range(8)), Reason.ZERO_GRAD),
     }
     assert all("moved only through weight decay (0.01)" in r.detail for r in report.partly_updated)
-
-
-class DeadFilters(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3)
-        self.conv2 = nn.Conv2d(8, 4, 3)
-        with torch.no_grad():
-            self.conv1.bias[[1, 4, 5]] = -100.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.conv2(torch.relu(self.conv1(x)))
-        return out
 
 
 def test_dead_conv_filters_and_the_next_layers_input_channels() -> None:
@@ -281,23 +239,6 @@ def test_bf16_rows_whose_update_rounds_away() -> None:
 
 
 # --- healthy runs: no records at all ----------------------------------------------------------
-
-
-class TinyLM(nn.Module):
-    def __init__(self, vocab: int = 32, seq: int = 8, d: int = 16, tied: bool = False) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Embedding(seq, d)
-        self.block = nn.TransformerEncoderLayer(d, 2, 32, dropout=0.0, batch_first=True)
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-        if tied:
-            self.head.weight = self.tok.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
-        out: torch.Tensor = self.head(self.norm(self.block(h)))
-        return out
 
 
 @pytest.mark.parametrize(("tied", "every"), [(False, 1), (True, 1), (False, 4)])
@@ -437,25 +378,9 @@ def test_sparse_gradient_rows_are_the_present_non_zero_ones() -> None:
 # --- bad input ------------------------------------------------------------------------------
 
 
-class Odd(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.empty = nn.Parameter(torch.zeros(0, 4))
-        self.scalar = nn.Parameter(torch.tensor(1.5))
-        self.fp16 = nn.Linear(4, 4).half()
-        self.lazy = nn.LazyLinear(3)
-        self.cplx = nn.Parameter(torch.randn(3, 4, dtype=torch.complex64))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fp16(x.half()).float() * self.scalar + self.empty.sum()
-        h = h + (self.cplx @ torch.ones(4, dtype=torch.complex64)).real.sum()
-        out: torch.Tensor = self.lazy(h)
-        return out
-
-
 def test_zero_element_scalar_fp16_lazy_and_complex_tensors_work() -> None:
     torch.manual_seed(0)
-    model = Odd()
+    model = OddTensors()
     mem = gradlog.MemoryWriter()
     model(torch.randn(2, 4))  # materialises the lazy layer
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -571,16 +496,19 @@ def test_column_evidence_after_every_row_had_a_gradient_keeps_accumulating() -> 
     opt = torch.optim.SGD(lin.parameters(), lr=1e-4)
     gl = gradlog.GradLogger(lin, opt, writer="memory", every=1, histograms=False, print_report=False)
     seen = torch.zeros(200, dtype=torch.bool)
-    for step in range(6):
+
+    def loss(step: int) -> torch.Tensor:
         x = torch.randn(8, 200)
         x[:, 150:] = 0  # inputs 150.. never fire ...
         x[:, 10] = 0 if step < 4 else 1.0  # ... input 10 only from step 4 on, after the rows are complete,
         x[:, 20] = 1.0 if step == 2 else 0  # and input 20 at step 2 only
-        lin(x).square().sum().backward()
+        return lin(x).square().sum()
+
+    def record(step: int) -> None:
+        nonlocal seen
         seen |= (lin.weight.grad != 0).any(0)
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
+
+    catalogue.loop(opt, gl, 6, loss, after_backward=record)
     row = gl.table.get(lin.weight)
     assert row is not None
     evidence = gl.meter.slice_grads

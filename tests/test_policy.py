@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import Recommender
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -98,17 +99,6 @@ def test_every_kind_has_a_severity_and_the_docs_table_is_the_code() -> None:
 
 
 # --- set in the logger, recorded in the run, read back, overridden -------------------------------------------
-class Recommender(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.items = nn.Embedding(50, 8)
-        self.head = nn.Linear(8, 1)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.items(ids).mean(1))
-        return out
-
-
 def train(writer: Any, log_dir: Path, policy: Any) -> gradlog.Report:
     torch.manual_seed(0)
     model = Recommender()

@@ -8,22 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import catalogue
 import pytest
 import torch
-from torch import nn
+from catalogue import lm_loss, tiny_gpt2
 
 import gradlog
 from gradlog.runformat.tags import tag
 
 transformers = pytest.importorskip("transformers")
-
-
-def tiny_gpt2(dtype: torch.dtype) -> nn.Module:
-    cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
-    )
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(cfg).to(dtype)
 
 
 def train(
@@ -36,19 +29,23 @@ def train(
     gl = gradlog.GradLogger(model, opt, writer=mem, every=every, print_report=False)
     gen = torch.Generator().manual_seed(0)
     ref: dict[str, list[float]] = {n: [] for n in params}  # per measured step: the share, by hand
-    for step in range(steps):
-        ids = torch.randint(0, 64, (4, 12), generator=gen)
-        model(input_ids=ids, labels=ids).loss.backward()
-        before = {n: p.detach().clone() for n, p in params.items()}
-        grads = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
-        opt.step()
+    before: dict[str, torch.Tensor] = {}
+    grads: dict[str, torch.Tensor] = {}
+
+    def copy_weights_and_grads(step: int) -> None:
+        before.update({n: p.detach().clone() for n, p in params.items()})
+        grads.update({n: p.grad.clone() for n, p in params.items() if p.grad is not None})
+
+    def share_kept(step: int) -> None:
         if step % every == 0:
             for n, p in params.items():
                 kept = (p.detach() == before[n]) & (grads[n] != 0)
                 ref[n].append(kept.sum().item() / p.numel())
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close(), mem, ref
+
+    report = catalogue.train(
+        opt, gl, steps, lambda step: lm_loss(model, gen), copy_weights_and_grads, after_step=share_kept
+    )
+    return report, mem, ref
 
 
 def series(mem: gradlog.MemoryWriter, name: str) -> list[float]:
@@ -90,13 +87,7 @@ def test_precision_table_reads_back(tmp_path: Path) -> None:
     log_dir = str(tmp_path / "tb")
     gl = gradlog.GradLogger(model, opt, every=1, print_report=False, log_dir=log_dir)
     gen = torch.Generator().manual_seed(0)
-    for step in range(5):
-        ids = torch.randint(0, 64, (4, 12), generator=gen)
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+    report = catalogue.train(opt, gl, 5, lambda step: lm_loss(model, gen))
     back = closed_report(load(log_dir))
     assert back is not None and report.precision
     assert [(r.name, r.dtype, r.steps) for r in back.precision] == [

@@ -16,8 +16,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import catalogue
 import pytest
 import torch
+from catalogue import ConvNet, hf_args
 from torch import nn
 
 import gradlog
@@ -66,25 +68,6 @@ def vit_loss(model: nn.Module, step: int) -> torch.Tensor:
     ).loss  # type: ignore[no-any-return]
 
 
-class ConvNet(nn.Module):
-    """A small ResNet-like net, built by hand (torchvision cannot be installed beside the CPU torch)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
-        self.layer1 = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()) for _ in range(3)
-        )
-        self.fc = nn.Linear(8, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        for block in self.layer1:
-            h = h + block(h)
-        out: torch.Tensor = self.fc(h.mean((2, 3)))
-        return out
-
-
 def conv_loss(model: nn.Module, step: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(step)
     x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)
@@ -106,17 +89,15 @@ def train(
 ) -> gradlog.Report:
     opt = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     gl = gradlog.GradLogger(model, opt, every=1, log_dir=str(log_dir), print_report=False, **kw)
-    for step in range(steps):
-        loss = loss_fn(model, step) * (1000.0 if step == spike_at else 1.0)
-        loss.backward()
+
+    def clip_grads(step: int) -> None:
         if clip is not None:
             clip_fn(model.parameters(), clip)
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-        if between is not None:
-            between(step)
-    return gl.close()
+
+    def loss(step: int) -> torch.Tensor:
+        return loss_fn(model, step) * (1000.0 if step == spike_at else 1.0)
+
+    return catalogue.train(opt, gl, steps, loss, after_backward=clip_grads, after_zero=between)
 
 
 def report_exit(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -247,14 +228,10 @@ def test_planted_block_frozen_by_mistake_in_an_hf_trainer_run(tmp_path: Path) ->
     model = transformers.GPT2LMHeadModel(cfg)
     model.transformer.h[1].requires_grad_(False)  # meant model.transformer.h[:1], say
     cb = GradlogCallback(writer="memory", every=1, print_report=False)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
+    args = hf_args(
+        str(tmp_path),
         per_device_train_batch_size=4,
         max_steps=3,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
         seed=0,
         remove_unused_columns=False,  # keep shift_labels
     )

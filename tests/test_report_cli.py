@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import ResidualPlanted, random_mse, train
 from tb_plugin_run import write_old_style
 from torch import nn
 
@@ -32,25 +33,6 @@ PLANTED = {
 }
 
 
-class Planted(nn.Module):
-    """Residual MLP with planted bugs: a frozen layer, an unused head, a layer left out of the optimizer."""
-
-    def __init__(self, width: int = 16, blocks: int = 2) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
-        self.frozen = nn.Linear(width, width)
-        self.orphan = nn.Linear(width, width, bias=False)
-        self.head = nn.Linear(width, 4)
-        self.unused = nn.Linear(width, 4, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = x + torch.tanh(b(x))
-        x = x + 0.1 * torch.tanh(self.frozen(x)) + 0.1 * self.orphan(x)
-        out: torch.Tensor = self.head(x)
-        return out
-
-
 def planted_run(
     writer: Any,
     log_dir: Path | None = None,
@@ -62,9 +44,9 @@ def planted_run(
     bugs: bool = True,
     lr: float = 5e-4,
 ) -> tuple[gradlog.MemoryWriter, gradlog.Report]:
-    """Train `Planted`; also log to a MemoryWriter, the in-memory copy of the very same run."""
+    """Train `ResidualPlanted`; also log to a MemoryWriter, the in-memory copy of the very same run."""
     torch.manual_seed(0)
-    model = Planted(blocks=blocks)
+    model = ResidualPlanted(blocks=blocks)
     if bugs:
         model.frozen.requires_grad_(False)
         params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("orphan")]
@@ -84,17 +66,15 @@ def planted_run(
         alerts=gradlog.AlertOptions(ratio_band=BAND),  # the fixed band, so the hand check below can follow it
     )
     gen = torch.Generator().manual_seed(1)
-    for step in range(steps):
-        x = torch.randn(32, 16, generator=gen)
-        model(x).pow(2).mean().backward()
+
+    def plant(step: int) -> None:
         if spike_at == step:
             model.blocks[-1].weight.grad.mul_(1000.0)
         if nan_at is not None and step >= nan_at:
             model.blocks[0].bias.grad.fill_(float("nan"))
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return mem, gl.close()
+
+    report = train(opt, gl, steps, random_mse(model, 32, 16, gen=gen), plant)
+    return mem, report
 
 
 def report_json(path: Path | str, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, Any]]:
@@ -453,19 +433,6 @@ def test_memory_run_data_gives_the_same_findings_as_disk(tmp_path: Path) -> None
 
 
 # --- W&B offline ---------------------------------------------------------------------------------------
-@pytest.fixture
-def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The real wandb package in offline mode, every file it writes kept under tmp_path."""
-    wandb = pytest.importorskip("wandb")
-    for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    yield wandb
-    if wandb.run is not None:  # a failed test must not leave a run for the next one to adopt
-        wandb.run.finish()
-
-
 def wandb_run(tmp_path: Path, **kwargs: Any) -> tuple[Path, gradlog.MemoryWriter, gradlog.Report]:
     """A planted-bug run logged to W&B offline; returns the folder holding wandb/offline-run-*."""
     from gradlog.readers.wandb_offline import find_run_files, read_finished_run

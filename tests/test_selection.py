@@ -4,38 +4,27 @@ from __future__ import annotations
 
 import pytest
 import torch
+from catalogue import EncoderHead, random_mse, train
 from torch import nn
 
 import gradlog
 from gradlog import Reason
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8))
-        self.head = nn.Linear(8, 3)
-        self.unused = nn.Linear(3, 3)  # never called: no_grad, when watched
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.encoder(x)))
-
-
-def _train(**kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Report, Net, list[float]]:
+def _train(**kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Report, EncoderHead, list[float]]:
     torch.manual_seed(0)
-    model = Net()
+    model = EncoderHead()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, **kw)  # type: ignore[arg-type]
     totals = []
-    for step in range(3):
-        model(torch.randn(4, 6)).pow(2).mean().backward()
+
+    def total_norm(step: int) -> None:
         watched = [p.grad for n, p in model.named_parameters() if n.startswith("encoder.") and p.grad is not None]
         totals.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in watched])).item())
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return mem, gl.close(), model, totals
+
+    report = train(opt, gl, 3, random_mse(model, 4, 6), after_backward=total_norm)
+    return mem, report, model, totals
 
 
 def _tensors(mem: gradlog.MemoryWriter, metric: str) -> set[str]:
@@ -97,7 +86,7 @@ def test_tied_weights_match_through_any_alias() -> None:
 
 
 def test_a_filter_that_matches_nothing_names_what_names_look_like() -> None:
-    model = Net()
+    model = EncoderHead()
     with pytest.raises(ValueError, match=r"include='enc\.\*'.*none of the model's 8 tensors.*'encoder\.0\.weight'"):
         gradlog.GradLogger(model, writer="memory", include="enc.*")
 
@@ -105,4 +94,4 @@ def test_a_filter_that_matches_nothing_names_what_names_look_like() -> None:
 @pytest.mark.parametrize("bad", [[], [3], 5])
 def test_a_filter_of_the_wrong_type_is_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="include must be a glob"):
-        gradlog.GradLogger(Net(), writer="memory", include=bad)  # type: ignore[arg-type]
+        gradlog.GradLogger(EncoderHead(), writer="memory", include=bad)  # type: ignore[arg-type]

@@ -12,8 +12,10 @@ import math
 import random
 from collections.abc import Callable
 
+import catalogue
 import pytest
 import torch
+from catalogue import GatedThree, mse
 from torch import nn
 
 import gradlog
@@ -21,27 +23,7 @@ from gradlog.verdict.ledger import Evidence, Quiet, StepIndex
 from gradlog.verdict.report import Reason, Stalled
 from gradlog.verdict.stalled import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
 
-
-class Three(nn.Module):
-    """Three layers in a row; `gate` (0/1) can cut the middle one out of the forward pass."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(6, 8)
-        self.b = nn.Linear(8, 8)
-        self.c = nn.Linear(8, 3)
-        self.use_b = True
-        self.scale_b = 1.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.a(x))
-        if self.use_b:
-            h = h + self.scale_b * torch.tanh(self.b(h))
-        out: torch.Tensor = self.c(h)
-        return out
-
-
-Hook = Callable[[int, Three, torch.optim.Optimizer], None]
+Hook = Callable[[int, GatedThree, torch.optim.Optimizer], None]
 
 
 def train(
@@ -53,10 +35,10 @@ def train(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
 ) -> tuple[gradlog.Report, dict[str, int], list[int]]:
-    """Train `Three`; returns the report, the last step each tensor's value truly changed, and the
+    """Train `GatedThree`; returns the report, the last step each tensor's value truly changed, and the
     measured steps (every `every`-th optimizer step, counted from 0)."""
     torch.manual_seed(seed)
-    model = Three().to(dtype)
+    model = GatedThree().to(dtype)
     groups = [
         {"params": list(model.a.parameters()) + list(model.c.parameters())},
         {"params": list(model.b.parameters())},
@@ -69,22 +51,25 @@ def train(
     gl = gradlog.GradLogger(model, opt, writer="memory", every=every, print_report=False)
     gen = torch.Generator().manual_seed(seed + 1)
     last_change: dict[str, int] = {}
-    for step in range(steps):
+    before: dict[str, torch.Tensor] = {}
+
+    def loss(step: int) -> torch.Tensor:
         if before_step is not None:
             before_step(step, model, opt)
-        x = torch.randn(16, 6, generator=gen).to(dtype)
-        model(x).pow(2).mean().backward()
+        return mse(model, torch.randn(16, 6, generator=gen).to(dtype))
+
+    def plant_and_copy(step: int) -> None:
         if after_backward is not None:
             after_backward(step, model, opt)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        opt.step()
+        before.update({n: p.detach().clone() for n, p in model.named_parameters()})
+
+    def changed(step: int) -> None:
         for n, p in model.named_parameters():
             diff = p.detach().float() - before[n].float()
             if bool(torch.isfinite(diff).all()) and bool((diff != 0).any()):
                 last_change[n] = step
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = catalogue.train(opt, gl, steps, loss, after_backward=plant_and_copy, after_step=changed)
     return report, last_change, list(range(0, steps, every))
 
 
@@ -101,7 +86,7 @@ def by_name(report: gradlog.Report) -> dict[str, Stalled]:
 
 @pytest.mark.parametrize("k", [52, 55])  # between two measured steps, and on one
 def test_lr_dropped_to_zero_at_step_k(k: int) -> None:
-    def schedule(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def schedule(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         if step == k:
             opt.param_groups[1]["lr"] = 0.0  # a scheduler bug: group 1 (layer b) stops at step k
 
@@ -123,7 +108,7 @@ def test_lr_dropped_to_zero_at_step_k(k: int) -> None:
 def test_frozen_midway_at_step_k() -> None:
     k = 33
 
-    def freeze(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def freeze(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         if step == k:
             model.b.requires_grad_(False)
 
@@ -144,7 +129,7 @@ def test_nan_gradients_from_step_k_stop_every_tensor_from_there() -> None:
     (the forward pass is NaN from then on). Each stopped learning where its weights stopped changing."""
     k = 41
 
-    def poison(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def poison(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         if step == k:
             assert model.b.bias.grad is not None
             model.b.bias.grad.fill_(float("nan"))
@@ -152,7 +137,7 @@ def test_nan_gradients_from_step_k_stop_every_tensor_from_there() -> None:
     report, last_change, measured = train(80, 2, after_backward=poison, optimizer="sgd")
     assert last_change["b.bias"] == k - 1 and last_change["a.weight"] == k  # the reference
     stalled = by_name(report)
-    assert set(stalled) == {n for n, _ in Three().named_parameters()}
+    assert set(stalled) == {n for n, _ in GatedThree().named_parameters()}
     for name, rec in stalled.items():
         assert (rec.since_step, rec.last_update_step) == expected(name, last_change, measured), name
         assert rec.reason is Reason.NONFINITE_GRAD
@@ -193,7 +178,7 @@ def test_every_step_skipped_by_gradscaler_from_step_k() -> None:
 
 
 def test_gradient_zero_from_step_k_is_zero_grad() -> None:
-    def mute(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def mute(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         model.scale_b = 0.0 if step >= 20 else 1.0  # b's output multiplied by 0: its gradient is exactly 0
 
     report, last_change, measured = train(60, 2, before_step=mute, optimizer="sgd")
@@ -207,7 +192,7 @@ def test_gradient_zero_from_step_k_is_zero_grad() -> None:
 
 
 def test_layer_dropped_from_forward_is_no_grad() -> None:
-    def drop(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def drop(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         model.use_b = step < 30
 
     report, last_change, measured = train(60, 2, before_step=drop)  # Adam skips a tensor whose grad is None
@@ -218,7 +203,7 @@ def test_layer_dropped_from_forward_is_no_grad() -> None:
 
 
 def test_update_below_bf16_precision_from_step_k() -> None:
-    def shrink(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def shrink(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         if step == 24:
             opt.param_groups[1]["lr"] = 1e-9  # an lr so small that b's bf16 update rounds away
 
@@ -241,7 +226,7 @@ def test_a_short_quiet_stretch_is_not_a_finding(quiet: int, found: bool) -> None
     steps = 50
     assert max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * steps)) == 5
 
-    def schedule(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def schedule(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         opt.param_groups[1]["lr"] = 0.0 if step >= steps - quiet else 1e-2
 
     report, _, _ = train(steps, 1, before_step=schedule)
@@ -250,7 +235,7 @@ def test_a_short_quiet_stretch_is_not_a_finding(quiet: int, found: bool) -> None
 
 
 def test_a_pause_that_ends_is_not_a_finding() -> None:
-    def pause(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def pause(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         opt.param_groups[1]["lr"] = 0.0 if 10 <= step < 40 else 1e-2  # 30 quiet steps, then learning again
 
     report, _, _ = train(60, 1, before_step=pause)
@@ -270,19 +255,18 @@ def test_healthy_runs_have_no_stalled_records() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     gl = gradlog.GradLogger(model, opt, writer="memory", every=2, print_report=False)
     gen = torch.Generator().manual_seed(3)
-    for step in range(40):
+
+    def loss(step: int) -> torch.Tensor:
         ids = torch.randint(0, 20, (4, 7), generator=gen)
         logits = head(block(emb(ids)))
-        nn.functional.cross_entropy(logits.reshape(-1, 20), ids.reshape(-1)).backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+        return nn.functional.cross_entropy(logits.reshape(-1, 20), ids.reshape(-1))
+
+    report = catalogue.train(opt, gl, 40, loss)
     assert report.stalled == [] and report.never_updated == [] and report.healthy
 
 
 def test_never_updated_tensors_are_not_repeated_as_stalled() -> None:
-    def schedule(step: int, model: Three, opt: torch.optim.Optimizer) -> None:
+    def schedule(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         opt.param_groups[1]["lr"] = 0.0  # b never learns at all: never updated, not stalled
 
     report, _, _ = train(30, 1, before_step=schedule)

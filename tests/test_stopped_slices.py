@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import SparseDyingUnit, lm_loss, tiny_gpt2, train
 from torch import nn
 
 import gradlog
@@ -21,22 +22,6 @@ from gradlog.verdict.stopped_slices import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
 transformers = pytest.importorskip("transformers")
 
 KILLED = list(range(8, 24))  # 16 units of block 0's MLP
-
-
-def tiny_gpt2(dtype: torch.dtype = torch.float32) -> nn.Module:
-    cfg = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        vocab_size=64,
-        n_positions=16,
-        activation_function="relu",
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(cfg).to(dtype)
 
 
 class LastNonzero:
@@ -93,24 +78,20 @@ def train_gpt2(
     gl = gradlog.GradLogger(model, opt, writer=mem, every=every, print_report=False)
     gen = torch.Generator().manual_seed(0)
     bias = dict(model.named_parameters())[MLP + "c_fc.bias"]
-    for step in range(steps):
+
+    def loss(step: int) -> torch.Tensor:
         if step == kill_at:
             with torch.no_grad():
                 bias[KILLED] = -100.0  # a bad update: these ReLU units never fire again
-        ids = torch.randint(0, 64, (4, 12), generator=gen)
-        model(input_ids=ids, labels=ids).loss.backward()
-        if ref is not None:
-            ref(step)
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close(), mem
+        return lm_loss(model, gen)
+
+    return train(opt, gl, steps, loss, after_backward=ref), mem
 
 
 @pytest.mark.parametrize("every", [1, 4])
 def test_gpt2_units_killed_at_step_k_are_reported_with_their_step(every: int) -> None:
     k = 16
-    model = tiny_gpt2()
+    model = tiny_gpt2(activation="relu")
     ref = LastNonzero(model, mlp_dims(model), every)
     report, _ = train_gpt2(model, steps=32, kill_at=k, every=every, ref=ref)
     # the reference sees the planted bug: 16 units of block 0 last had a gradient at the measured step before k
@@ -131,7 +112,7 @@ def test_gpt2_units_killed_at_step_k_are_reported_with_their_step(every: int) ->
 
 
 def test_gelu_gpt2_has_no_stopped_slices_as_its_gradients_say() -> None:
-    model = tiny_gpt2()
+    model = tiny_gpt2(activation="relu")
     for block in model.transformer.h:
         block.mlp.act = nn.GELU()  # no unit of a GELU MLP ever gets an exactly zero gradient
     dims = {n: (d if p.dim() == 2 else None) for n, p in model.named_parameters() for d in [0] if p.dim() <= 2}
@@ -145,21 +126,19 @@ def test_gelu_gpt2_has_no_stopped_slices_as_its_gradients_say() -> None:
 def test_stopped_slices_table_reads_back_through_tensorboard(tmp_path: Any) -> None:
     from gradlog.readers.run import closed_report, load
 
-    model = tiny_gpt2()
+    model = tiny_gpt2(activation="relu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gl = gradlog.GradLogger(model, opt, every=2, print_report=False, log_dir=str(tmp_path / "tb"))
     gen = torch.Generator().manual_seed(0)
     bias = dict(model.named_parameters())[MLP + "c_fc.bias"]
-    for step in range(30):
+
+    def loss(step: int) -> torch.Tensor:
         if step == 12:
             with torch.no_grad():
                 bias[KILLED] = -100.0
-        ids = torch.randint(0, 64, (4, 12), generator=gen)
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+        return lm_loss(model, gen)
+
+    report = train(opt, gl, 30, loss)
     assert {r.name for r in report.stopped_slices if r.name.startswith(MLP)} == set(GPT_DIMS)
     back = closed_report(load(str(tmp_path / "tb")))
     assert back is not None
@@ -169,30 +148,15 @@ def test_stopped_slices_table_reads_back_through_tensorboard(tmp_path: Any) -> N
 
 def test_one_measured_step_or_every_beyond_the_run_tells_nothing_and_does_not_crash() -> None:
     for every, steps in ((100, 20), (1, 1)):
-        model = tiny_gpt2()
+        model = tiny_gpt2(activation="relu")
         report, _ = train_gpt2(model, steps=steps, kill_at=0, every=every, ref=None)
         assert report.measured_steps == 1
         assert report.stopped_slices == []
 
 
-class Odd(nn.Module):
-    """Zero-element, 1-D and sparse-gradient tensors next to a unit that dies at step 5."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(10, 4, sparse=True)
-        self.empty = nn.Parameter(torch.zeros(0, 3))
-        self.fc = nn.Linear(4, 6)
-        self.out = nn.Linear(6, 1)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.fc(self.emb(ids).mean(1)))
-        return self.out(h) + self.empty.sum()
-
-
 def test_sparse_zero_element_tensors_and_a_dying_unit() -> None:
     torch.manual_seed(0)
-    model = Odd()
+    model = SparseDyingUnit()
     dense = [p for n, p in model.named_parameters() if n != "emb.weight"]
     opts = [torch.optim.SGD(dense, lr=0.05), torch.optim.SparseAdam([model.emb.weight], lr=0.01)]
     gl = gradlog.GradLogger(model, opts[0], writer=gradlog.MemoryWriter(), every=1, print_report=False)

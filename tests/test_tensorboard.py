@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from catalogue import NonfinitePlanted, free_port, mse, plant_nonfinite, train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import nn
@@ -40,35 +41,6 @@ from gradlog.writers.tb_format import CHARTS, markdown_table
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, EVERY = 10, 3  # measured (and logged) at steps 0, 3, 6, 9
 MEASURED = [s for s in range(STEPS) if s % EVERY == 0]
-
-
-class Planted(nn.Module):
-    """A small net plus tensors whose gradients or weights are NaN, Inf, empty or constant."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(6, 5)
-        self.norm = nn.LayerNorm(5)
-        self.head = nn.Linear(5, 1)
-        self.const = nn.Parameter(torch.full((7,), 2.5))  # lr 0 and zero grad: constant weight, grad and update
-        self.nan_part = nn.Parameter(torch.randn(8))  # 3 NaN gradient entries
-        self.nan_all = nn.Parameter(torch.randn(4))  # all-NaN gradient
-        self.inf_part = nn.Parameter(torch.randn(3))  # one +Inf gradient entry
-        self.empty = nn.Parameter(torch.empty(0))  # an empty tensor with an (empty) gradient
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.norm(self.lin(x)))
-        return out + self.empty.sum() + (self.const * 0).sum()
-
-
-def plant(model: Planted) -> None:
-    g = torch.randn(8)
-    g[[1, 4, 6]] = math.nan
-    model.nan_part.grad = g
-    model.nan_all.grad = torch.full((4,), math.nan)
-    g = torch.randn(3)
-    g[0] = math.inf
-    model.inf_part.grad = g
 
 
 @dataclass
@@ -82,7 +54,7 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     torch.manual_seed(0)
-    model = Planted()
+    model = NonfinitePlanted()
     const = [model.const]
     opt = torch.optim.SGD(
         [{"params": [p for p in model.parameters() if p is not model.const]}, {"params": const, "lr": 0.0}], lr=0.05
@@ -95,20 +67,21 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     )
     refs: dict[str, dict[int, dict[str, torch.Tensor]]] = {"grad": {}, "weight": {}, "update": {}}
     x = torch.randn(16, 6)
-    for step in range(STEPS):
-        model(x).pow(2).mean().backward()
-        plant(model)
-        named = dict(model.named_parameters())
+    named = dict(model.named_parameters())
+    before: dict[str, torch.Tensor] = {}
+
+    def plant_and_record(step: int) -> None:
+        plant_nonfinite(model)
         if step in MEASURED:
             refs["grad"][step] = {n: p.grad.clone() for n, p in named.items() if p.grad is not None}
-            before = {n: p.detach().clone() for n, p in named.items()}
-        opt.step()
+            before.update({n: p.detach().clone() for n, p in named.items()})
+
+    def record_step(step: int) -> None:
         if step in MEASURED:
             refs["weight"][step] = {n: p.detach().clone() for n, p in named.items()}
             refs["update"][step] = {n: p.detach() - before[n] for n, p in named.items()}
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+
+    report = train(opt, gl, STEPS, lambda step: mse(model, x), after_backward=plant_and_record, after_step=record_step)
     assert tb.closed and tb.dropped == 0 and len(tb.files) == 1
     return Run(log_dir, mem, report, refs)
 
@@ -290,7 +263,7 @@ def test_overview_image_in_the_images_tab(run: Run) -> None:
     final = Image.open(io.BytesIO(images[-1].encoded_image_string)).convert("RGB")
     assert (final.width, final.height) == (images[-1].width, images[-1].height)
     order = acc.Tensors("gradlog/tensor_order")[-1].tensor_proto.string_val[0].decode().split("\n")
-    assert order == [n for n, _ in Planted().named_parameters()]  # model order
+    assert order == [n for n, _ in NonfinitePlanted().named_parameters()]  # model order
     row_h = final.height // len(order)
     assert row_h * len(order) == final.height
     never = {r.name for r in run.report.never_updated}
@@ -366,13 +339,6 @@ def test_step_records_hold_tensorboard_histograms_and_float32_scalars() -> None:
 
 
 # --- the real server ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -506,12 +472,7 @@ def tiny_training(writer: Any, steps: int = 6, **kw: Any) -> gradlog.Report:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = gradlog.Output(writer, options=kw.pop("writer_options", {}), strict=kw.pop("strict", False))
     gl = gradlog.GradLogger(model, opt, writer=out, every=1, print_report=False, **kw)
-    for step in range(steps):
-        model(torch.randn(4, 3)).sum().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close()
+    return train(opt, gl, steps, lambda step: model(torch.randn(4, 3)).sum())
 
 
 def gradlog_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
@@ -561,14 +522,13 @@ def test_vanished_log_dir_warns_once_and_continues_in_a_new_file(tmp_path: Path)
     gl = gradlog.GradLogger(model, opt, writer=tb, every=1, print_report=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for step in range(8):
+
+        def loss(step: int) -> torch.Tensor:
             if step in (3, 6):
                 shutil.rmtree(tmp_path / "run")
-            model(torch.randn(4, 3)).sum().backward()
-            opt.step()
-            gl.log(step)
-            opt.zero_grad()
-        gl.close()
+            return model(torch.randn(4, 3)).sum()
+
+        train(opt, gl, 8, loss)
     messages = gradlog_warnings(caught)
     assert len(messages) == 1 and "deleted" in messages[0], messages
     assert len(tb.files) == 3 and [Path(f).exists() for f in tb.files] == [False, False, True]
@@ -667,7 +627,7 @@ def test_reader_keeps_model_order(run: Run) -> None:
     from gradlog.readers.run import load
 
     data = load(str(run.log_dir))
-    order = [n for n, _ in Planted().named_parameters()]
+    order = [n for n, _ in NonfinitePlanted().named_parameters()]
     assert [t.split("/", 2)[2] for t in data.scalars if t.startswith("weights/weight_norm/")] == order
 
 

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from catalogue import free_port, train
 from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_old_style, write_run
 
 import gradlog
@@ -118,12 +118,6 @@ def test_import_gradlog_does_not_import_the_plugin_or_tensorboard() -> None:
 # --- a real TensorBoard --------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env(shim: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(ROOT)] + ([str(shim)] if shim is not None else []) + [env.get("PYTHONPATH", "")]
@@ -164,7 +158,7 @@ class Server:
 @contextlib.contextmanager
 def _tensorboard(logdir: Path, tmp: Path, runs: set[str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A real `tensorboard` process on 127.0.0.1 serving `logdir`, up once gradlog's tab lists `runs`."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--reload_interval", "1"]
     log_path = tmp / f"tensorboard-{port}.log"
@@ -406,12 +400,7 @@ def _write_moe_run(log_dir: Path) -> None:
     model = Mixtral()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.TensorBoardWriter(str(log_dir)), every=1, print_report=False)
-    for step in range(6):
-        model(torch.randn(4, 8)).backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    report = gl.close()
+    report = train(opt, gl, 6, lambda step: model(torch.randn(4, 8)))  # Mixtral returns its own loss
     assert {r.name for r in report.never_updated} == {
         f"model.layers.{i}.block_sparse_moe.experts.3.{w}"
         for i in (0, 1)

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import random_mse, train
 from torch import nn
 
 import gradlog
@@ -541,12 +542,7 @@ def _small_model_run(log_dir: Path, steps: int = 16) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gl = gradlog.GradLogger(model, opt, writer="tensorboard", log_dir=str(log_dir), every=2, print_report=False)
-    for step in range(steps):
-        model(torch.randn(3, 4)).pow(2).mean().backward()
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    gl.close()
+    train(opt, gl, steps, random_mse(model, 3, 4))
 
 
 def _records(data: bytes) -> list[tuple[int, int, bytes]]:

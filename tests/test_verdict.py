@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from catalogue import EmbeddingPlanted, mse, train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -50,30 +51,13 @@ PADDING = PartlyUpdated("emb.weight", 0, 1, 20, (0,), Reason.PADDING_IDX, "row 0
 DEAD = PartlyUpdated("body.weight", 0, 2, 8, (3, 4), Reason.ZERO_GRAD, "output units 3-4 (2 of 8) never changed")
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(20, 8)
-        self.body = nn.Linear(8, 8)
-        self.frozen = nn.Linear(8, 8)
-        self.tail = nn.Linear(8, 8)
-        self.unused = nn.Linear(8, 2)
-        self.frozen.requires_grad_(False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.body(self.emb(ids).mean(1)))
-        h = h + self.frozen(h)
-        out: torch.Tensor = self.tail(h)
-        return out
-
-
 SCENARIOS = ("healthy", "never_updated", "stalled", "nan", "partly", "padding_only", "notes_only", "suspect_freeze")
 
 
 def planted_run(scenario: str, writer: Any, log_dir: Path | None = None) -> gradlog.Report:
     """60 steps, measured every 2; `scenario` plants one bug (or none)."""
     torch.manual_seed(0)
-    model = Net()
+    model = EmbeddingPlanted()
     if scenario != "never_updated":
         model.unused = nn.Identity()  # type: ignore[assignment]
     tail = {id(p) for p in model.tail.parameters()}
@@ -100,16 +84,17 @@ def planted_run(scenario: str, writer: Any, log_dir: Path | None = None) -> grad
 
     gl.report = report  # type: ignore[method-assign]
     gen = torch.Generator().manual_seed(1)
-    for step in range(60):
+
+    def loss(step: int) -> torch.Tensor:
         if scenario == "stalled" and step == 36:
             opt.param_groups[1]["lr"] = 0.0
-        model(torch.randint(0, 20, (8, 5), generator=gen)).pow(2).mean().backward()
+        return mse(model, torch.randint(0, 20, (8, 5), generator=gen))
+
+    def plant_nan(step: int) -> None:
         if scenario == "nan" and step >= 50:
             model.tail.bias.grad.fill_(float("nan"))  # type: ignore[union-attr]
-        opt.step()
-        gl.log(step)
-        opt.zero_grad()
-    return gl.close()
+
+    return train(opt, gl, 60, loss, after_backward=plant_nan)
 
 
 EXPECT = {
@@ -167,18 +152,6 @@ def test_every_output_agrees_tensorboard(scenario: str, tmp_path: Path, capsys: 
     if scenario == "nan":
         assert report.first_nonfinite is not None and report.first_nonfinite.step == 50
         assert {r.reason for r in report.stalled} == {Reason.NONFINITE_GRAD}
-
-
-@pytest.fixture
-def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    wandb = pytest.importorskip("wandb")
-    for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    yield wandb
-    if wandb.run is not None:
-        wandb.run.finish()
 
 
 @pytest.mark.slow

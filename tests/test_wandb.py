@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import catalogue
 import numpy as np
 import pytest
 import torch
+from catalogue import InfPlanted
 from torch import nn
 
 import gradlog
@@ -56,26 +58,9 @@ def no_leftover_run() -> Iterator[None]:
         wandb.run.finish()
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(4, 8)
-        self.head = nn.Linear(8, 2)
-        self.frozen = nn.Linear(2, 2)  # never learns: frozen
-        self.frozen.requires_grad_(False)
-        self.unused = nn.Linear(2, 2)  # never learns: not used in forward
-        self.bad = nn.Parameter(torch.ones(3))  # one Inf gradient entry, then one Inf weight
-        self.worse = nn.Parameter(torch.ones(2))  # an all-Inf gradient: no finite weight left to draw
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The sum's backward does not multiply by its value: body/head gradients stay finite even
-        # after bad holds Inf, so only bad's own numbers go non-finite.
-        return self.head(torch.relu(self.body(x))).pow(2).mean() + (self.bad * 0.5).sum() + self.worse.sum()
-
-
 def train(writer: Any, steps: int = STEPS, after_log: Any = None, **kwargs: Any) -> gradlog.Report:
     torch.manual_seed(0)
-    model = Net()
+    model = InfPlanted()
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad and p is not model.unused.weight], lr=0.1)
     state = {"step": 0}
 
@@ -92,15 +77,13 @@ def train(writer: Any, steps: int = STEPS, after_log: Any = None, **kwargs: Any)
     model.worse.register_hook(poison(slice(None)))
     out = gradlog.Output(writer, options=kwargs.pop("writer_options", {}), strict=kwargs.pop("strict", False))
     gl = gradlog.GradLogger(model, opt, writer=out, every=EVERY, print_report=False, **kwargs)
-    for i in range(steps):
+
+    def loss(i: int) -> torch.Tensor:
         state["step"] = i
-        model(torch.randn(5, 4)).backward()
-        opt.step()
-        gl.log(i)
-        if after_log is not None:
-            after_log(i)
-        opt.zero_grad()
-    return gl.close()
+        value: torch.Tensor = model(torch.randn(5, 4))  # InfPlanted returns its own loss
+        return value
+
+    return catalogue.train(opt, gl, steps, loss, after_log=after_log)
 
 
 def same(a: float, b: float) -> bool:
@@ -544,7 +527,7 @@ def test_overview_images_run_level_series_and_model_order(
     for key in ("gradlog/no_update_tensors", "gradlog/no_grad_tensors", "gradlog/update_ratio_median"):
         assert run.column(key, "gradlog/step") == mem.scalars[key]
     # W&B writes a row's keys in any order; the model order comes back through run.config
-    order = [n for n, p in Net().named_parameters() if p.requires_grad]  # frozen tensors are not measured
+    order = [n for n, p in InfPlanted().named_parameters() if p.requires_grad]  # frozen tensors are not measured
     assert run.config["gradlog/tensor_order"] in (order, {"value": order})
     data = load(str(Path(run.path).parent))
     names = [t.split("/", 2)[2] for t in data.scalars if t.startswith("weights/weight_norm/")]

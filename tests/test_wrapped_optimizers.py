@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from catalogue import BodyHeadUnused
 
 import gradlog
 from gradlog import Reason
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(6, 8)
-        self.head = nn.Linear(8, 3)
-        self.unused = nn.Linear(3, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.body(x)))
 
 
 def test_accelerate_with_gradient_accumulation_counts_real_optimizer_steps() -> None:
     accelerate = pytest.importorskip("accelerate")
     torch.manual_seed(0)
     accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
-    model = Net()
+    model = BodyHeadUnused()
     model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert type(opt).__name__ == "AcceleratedOptimizer"
     mem = gradlog.MemoryWriter()
@@ -67,7 +56,7 @@ class Holder:
 
 def test_a_holder_that_is_not_an_optimizer_is_unwrapped() -> None:
     torch.manual_seed(0)
-    model = Net()
+    model = BodyHeadUnused()
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, Holder(inner), writer=mem, every=1, print_report=False)  # type: ignore[arg-type]
@@ -101,7 +90,7 @@ class Lookahead(torch.optim.Optimizer):
 
 def test_a_wrapper_that_is_a_full_optimizer_is_measured_itself() -> None:
     torch.manual_seed(0)
-    model = Net()
+    model = BodyHeadUnused()
     opt = Lookahead(torch.optim.SGD(model.parameters(), lr=0.1))
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
@@ -119,4 +108,4 @@ def test_a_wrapper_that_is_a_full_optimizer_is_measured_itself() -> None:
 
 def test_an_object_holding_no_optimizer_is_refused() -> None:
     with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer .*got Holder"):
-        gradlog.GradLogger(Net(), Holder(object()), writer="memory")  # type: ignore[arg-type]
+        gradlog.GradLogger(BodyHeadUnused(), Holder(object()), writer="memory")  # type: ignore[arg-type]

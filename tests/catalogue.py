@@ -1,0 +1,734 @@
+"""One catalogue of the tiny models, planted bugs and training loop the tests share (issue 32).
+
+Each model's docstring says which bug it plants and what ground truth that lets a test assert. The
+models are tiny on purpose: a test computes its reference (norms by hand, copies of the weights before
+and after a step) next to gradlog, and a whole run takes well under a second on a CPU. Attribute names
+and creation order are part of a model's contract: tests assert on `name.weight` strings, and the
+weights a seed gives depend on the order the layers are built in.
+
+`import catalogue` works from any test module and from the child scripts in tests/ (run as scripts,
+their folder is on sys.path); it imports torch and gradlog only, transformers only when asked.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import gradlog
+from gradlog import Reason
+
+Step = Callable[[int], None]
+
+
+# --- the training loop -----------------------------------------------------------------------------------
+def train(
+    opt: torch.optim.Optimizer,
+    gl: gradlog.GradLogger,
+    steps: int,
+    loss: Callable[[int], torch.Tensor],
+    after_backward: Step | None = None,
+    after_step: Step | None = None,
+    after_log: Step | None = None,
+    after_zero: Step | None = None,
+) -> gradlog.Report:
+    """`loop`, then `gl.close()`: the whole run most tests make; returns the report."""
+    loop(opt, gl, steps, loss, after_backward, after_step, after_log, after_zero)
+    return gl.close()
+
+
+def loop(
+    opt: torch.optim.Optimizer,
+    gl: gradlog.GradLogger,
+    steps: int,
+    loss: Callable[[int], torch.Tensor],
+    after_backward: Step | None = None,
+    after_step: Step | None = None,
+    after_log: Step | None = None,
+    after_zero: Step | None = None,
+    start: int = 0,
+) -> None:
+    """The loop most tests run: backward, step, log, zero_grad, `steps` times (the run stays open).
+
+    `loss(step)` draws its own batch, so each test keeps its own data and generator. The hooks run
+    where a test plants a bug or records its reference: after backward (gradients are there, the
+    weights are not yet updated), after the optimizer step (the new weights, before gradlog's `log`
+    could touch anything), after `gl.log` (the step is measured and published), after zero_grad
+    (between two steps). `start` numbers the steps from there (a run continued after a pause).
+    """
+    for step in range(start, start + steps):
+        loss(step).backward()
+        if after_backward is not None:
+            after_backward(step)
+        opt.step()
+        if after_step is not None:
+            after_step(step)
+        gl.log(step)
+        if after_log is not None:
+            after_log(step)
+        opt.zero_grad()
+        if after_zero is not None:
+            after_zero(step)
+
+
+def mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The default loss: the mean square of the output, so every used weight gets a gradient."""
+    out: torch.Tensor = model(x).pow(2).mean()
+    return out
+
+
+def random_mse(model: nn.Module, *shape: int, gen: torch.Generator | None = None) -> Callable[[int], torch.Tensor]:
+    """`loss` for `train`: `mse` on a fresh `torch.randn(*shape)` each step (from `gen`, else the global
+    generator, as the test's own loop drew it)."""
+    return lambda step: mse(model, torch.randn(*shape, generator=gen))
+
+
+# --- healthy small nets (the bug, if any, is planted by the test) ----------------------------------------
+class TwoLayer(nn.Module):
+    """`a` (6->8), `act`, `b` (8->3): every tensor learns, so each metric has a hand-computed reference.
+
+    `act` is the test's choice (test_metrics uses relu, whose dead units give exact zero gradients;
+    test_amp uses tanh); it is a parameter so neither test silently changes the other's model.
+    """
+
+    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 3)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.b(self.act(self.a(x)))
+        return out
+
+
+class BodyHeadUnused(nn.Module):
+    """`body` (6->8), `head` (8->3) and `unused` (3->3), never called: exactly `unused.*` never learns
+    (reason `no_grad`), whatever optimizer wrapper drives the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 3)
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.body(x)))
+        return out
+
+
+class FrozenInFront(nn.Module):
+    """`frozen` (6->6) feeds `body` (6->5) and `head` (5->3), for two-phase fine-tuning: `head` alone, then
+    `body` too under a new optimizer; `frozen` stays frozen in both, so it alone is never updated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 5)
+        self.frozen = nn.Linear(6, 6)  # frozen in both phases
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.body(self.frozen(x))))
+        return out
+
+
+class EncoderHead(nn.Module):
+    """`encoder` (Sequential 6->8->8), `head` (8->3), `unused` (3->3, never called): include/exclude
+    patterns select `encoder.*` and the hand-computed total norm covers exactly those tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8))
+        self.head = nn.Linear(8, 3)
+        self.unused = nn.Linear(3, 3)  # never called: no_grad, when watched
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.encoder(x)))
+        return out
+
+
+class Recommender(nn.Module):
+    """`items` (Embedding 50x8) and `head`: a test that feeds ids below 40 only leaves rows 40-49 never
+    updated, a partly-updated embedding whose rows are known."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items = nn.Embedding(50, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.items(ids).mean(1))
+        return out
+
+
+class FrozenMainLateSlow(nn.Module):
+    """`frozen` (4->4), `main` (4->6), `late` (6->6), `slow` (6->2) in a row: tests/resume_child.py freezes
+    `frozen` throughout, `late` until the resume, and zeroes `slow`'s lr at the resume, so the tables of a
+    run stitched from two processes are known."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(4, 4)
+        self.main = nn.Linear(4, 6)
+        self.late = nn.Linear(6, 6)
+        self.slow = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.slow(torch.tanh(self.late(torch.tanh(self.main(self.frozen(x))))))
+        return out
+
+
+class FastSlowMid(nn.Module):
+    """Three bias-free 8->8 layers `fast`, `slow`, `mid` in a row: a test gives each its own lr, so the
+    update ratio of each is known to be far above, far below and inside the alert band."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast = nn.Linear(8, 8, bias=False)
+        self.slow = nn.Linear(8, 8, bias=False)
+        self.mid = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.mid(torch.tanh(self.slow(torch.tanh(self.fast(x)))))
+        return out
+
+
+class GatedThree(nn.Module):
+    """`a` (6->8), a residual `b` (8->8), `c` (8->3). `use_b = False` cuts `b` out of the forward pass and
+    `scale_b` shrinks its share: the step at which `b` stops learning is the test's to choose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 3)
+        self.use_b = True
+        self.scale_b = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if self.use_b:
+            h = h + self.scale_b * torch.tanh(self.b(h))
+        out: torch.Tensor = self.c(h)
+        return out
+
+
+def frozen_tail() -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Seed 0, a 4->4->2->2 Sequential whose last layer is frozen (a finding every table must show) and SGD
+    (lr 0.005) over the rest: the run the crash, signal and disk-full tests kill and read back."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(2, 2))
+    model[2].requires_grad_(False)  # a finding every table must show: frozen
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.005)
+    return model, opt
+
+
+class ConvNet(nn.Module):
+    """A small ResNet-like net, built by hand (torchvision cannot be installed beside the CPU torch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.layer1 = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()) for _ in range(3)
+        )
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.layer1:
+            h = h + block(h)
+        out: torch.Tensor = self.fc(h.mean((2, 3)))
+        return out
+
+
+# --- nets with the bugs planted in them ------------------------------------------------------------------
+class EmbeddingPlanted(nn.Module):
+    """`emb` (20x8), `body`, a residual `frozen` layer (requires_grad off: reason `frozen`), `tail`, and
+    `unused` (8->2, never called: reason `no_grad`). test_verdict swaps `unused` for an Identity when
+    its scenario is not "never_updated" and stalls or poisons `tail` through its own param group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.body = nn.Linear(8, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.tail = nn.Linear(8, 8)
+        self.unused = nn.Linear(8, 2)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.body(self.emb(ids).mean(1)))
+        h = h + self.frozen(h)
+        out: torch.Tensor = self.tail(h)
+        return out
+
+
+class InfPlanted(nn.Module):
+    """Returns its own loss. `frozen` never learns (frozen), `unused` never learns (not in forward);
+    `bad` and `worse` are where a test plants Inf gradients (one entry, all entries) with a hook."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 2)
+        self.frozen = nn.Linear(2, 2)  # never learns: frozen
+        self.frozen.requires_grad_(False)
+        self.unused = nn.Linear(2, 2)  # never learns: not used in forward
+        self.bad = nn.Parameter(torch.ones(3))  # one Inf gradient entry, then one Inf weight
+        self.worse = nn.Parameter(torch.ones(2))  # an all-Inf gradient: no finite weight left to draw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The sum's backward does not multiply by its value: body/head gradients stay finite even
+        # after bad holds Inf, so only bad's own numbers go non-finite.
+        out: torch.Tensor = (
+            self.head(torch.relu(self.body(x))).pow(2).mean() + (self.bad * 0.5).sum() + self.worse.sum()
+        )
+        return out
+
+
+class NonfinitePlanted(nn.Module):
+    """A small net plus tensors whose gradients or weights are NaN, Inf, empty or constant; after each
+    backward, `plant_nonfinite` writes the NaN/Inf gradients, so the flags and counts are known exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 5)
+        self.norm = nn.LayerNorm(5)
+        self.head = nn.Linear(5, 1)
+        self.const = nn.Parameter(torch.full((7,), 2.5))  # lr 0 and zero grad: constant weight, grad and update
+        self.nan_part = nn.Parameter(torch.randn(8))  # 3 NaN gradient entries
+        self.nan_all = nn.Parameter(torch.randn(4))  # all-NaN gradient
+        self.inf_part = nn.Parameter(torch.randn(3))  # one +Inf gradient entry
+        self.empty = nn.Parameter(torch.empty(0))  # an empty tensor with an (empty) gradient
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.lin(x)))
+        return out + self.empty.sum() + (self.const * 0).sum()
+
+
+def plant_nonfinite(model: NonfinitePlanted) -> None:
+    """Entries 1, 4 and 6 of `nan_part`'s gradient NaN, all of `nan_all`'s, entry 0 of `inf_part`'s +Inf
+    (draws from the global generator, as the hand reference does)."""
+    g = torch.randn(8)
+    g[[1, 4, 6]] = math.nan
+    model.nan_part.grad = g
+    model.nan_all.grad = torch.full((4,), math.nan)
+    g = torch.randn(3)
+    g[0] = math.inf
+    model.inf_part.grad = g
+
+
+class ResidualPlanted(nn.Module):
+    """Residual MLP with planted bugs: a frozen layer, an unused head, a layer left out of the optimizer.
+
+    The test freezes `frozen` and leaves `orphan` out of the optimizer, so the never-updated table is
+    known: frozen.* (frozen), unused.weight (no_grad), orphan.weight (not_in_optimizer).
+    """
+
+    def __init__(self, width: int = 16, blocks: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.frozen = nn.Linear(width, width)
+        self.orphan = nn.Linear(width, width, bias=False)
+        self.head = nn.Linear(width, 4)
+        self.unused = nn.Linear(width, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + torch.tanh(b(x))
+        x = x + 0.1 * torch.tanh(self.frozen(x)) + 0.1 * self.orphan(x)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+class StallPlanted(nn.Module):
+    """Returns its own (summed) loss. `stall` gets its own param group, whose lr a run sets to 0 (stalled);
+    `aux` is summed into the loss, so a NaN planted in its gradient never reaches other gradients;
+    `unused` is never in the forward pass (no gradient)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.stall = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 2)
+        self.aux = nn.Linear(4, 2)  # summed into the loss: its NaN weight never reaches other gradients
+        self.unused = nn.Linear(2, 2)  # never in the forward pass: no gradient
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(torch.relu(self.stall(torch.relu(self.inp(x))))).sum() + self.aux(x).sum()
+        return out
+
+
+class CheckpointPlanted(nn.Module):
+    """For `gradlog diff`: an embedding whose rows `seen`.. never appear in a batch, a frozen layer, an
+    unused head, a `mid` layer whose lr the run sets to 0 midway, and an `out` layer that gets a NaN
+    before the last checkpoint (see tests/diff_models.py)."""
+
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.frozen = nn.Linear(dim, dim)
+        self.mid = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, 4)
+        self.head = nn.Linear(dim, 3)  # never used in forward
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x).mean(dim=1)
+        h = torch.tanh(self.mid(torch.tanh(self.frozen(h))))
+        out: torch.Tensor = self.out(h)
+        return out
+
+
+class SparseDyingUnit(nn.Module):
+    """Zero-element, 1-D and sparse-gradient tensors next to a unit that dies: `emb` (10x4, sparse
+    gradients), `empty` (0x3), `fc` (4->6, relu) and `out` (6->1); the test sets one of `fc`'s biases to
+    -100 at a step of its choosing, so that unit's slices stop from then on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=True)
+        self.empty = nn.Parameter(torch.zeros(0, 3))
+        self.fc = nn.Linear(4, 6)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc(self.emb(ids).mean(1)))
+        out: torch.Tensor = self.out(h) + self.empty.sum()
+        return out
+
+
+class OddTensors(nn.Module):
+    """Tensors that are easy to get wrong: zero-element, a 0-d scalar, an fp16 layer, a lazy layer
+    (materialised by the first forward) and a complex weight; a run must measure them without crashing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.empty = nn.Parameter(torch.zeros(0, 4))
+        self.scalar = nn.Parameter(torch.tensor(1.5))
+        self.fp16 = nn.Linear(4, 4).half()
+        self.lazy = nn.LazyLinear(3)
+        self.cplx = nn.Parameter(torch.randn(3, 4, dtype=torch.complex64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fp16(x.half()).float() * self.scalar + self.empty.sum()
+        h = h + (self.cplx @ torch.ones(4, dtype=torch.complex64)).real.sum()
+        out: torch.Tensor = self.lazy(h)
+        return out
+
+
+# --- slices that never learn: embedding rows, dead units, dead filters; a branch cut off ------------------
+class Bag(nn.Module):
+    """An embedding bag (`emb`, 16 wide, optionally sparse or with a padding row) and a `head`: feed ids
+    from part of the vocab only and exactly the other rows never change (reason `not_in_batch`)."""
+
+    def __init__(self, sparse: bool = False, padding_idx: int | None = None, vocab: int = 100) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 16, sparse=sparse, padding_idx=padding_idx)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.emb(ids).mean(1))
+        return out
+
+
+class DeadUnits(nn.Module):
+    """Units 0..7 of fc1 never fire (bias -100 before the ReLU): rows 0-7 of `fc1.weight`, entries 0-7 of
+    `fc1.bias` and columns 0-7 of `fc2.weight` never change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+        with torch.no_grad():
+            self.fc1.bias[:8] = -100.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
+        return out
+
+
+class DeadFilters(nn.Module):
+    """Filters 1, 4 and 5 of `conv1` never fire (bias -100 before the ReLU): those output channels of
+    `conv1` and the matching input channels of `conv2` never change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3)
+        self.conv2 = nn.Conv2d(8, 4, 3)
+        with torch.no_grad():
+            self.conv1.bias[[1, 4, 5]] = -100.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv2(torch.relu(self.conv1(x)))
+        return out
+
+
+class TwoPath(nn.Module):
+    """`main` plus a `branch` (both 6->4), summed; each test plants a bug into the branch: frozen, or
+    `mode` "detached" (no gradient reaches it: `no_grad`) or "times_zero" (an all-zero gradient: `zero_grad`)."""
+
+    def __init__(self, mode: str = "ok") -> None:
+        super().__init__()
+        self.mode = mode
+        self.main = nn.Linear(6, 4)
+        self.branch = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.branch(x)
+        if self.mode == "detached":
+            b = b.detach()
+        elif self.mode == "times_zero":
+            b = b * 0
+        return self.main(x) + b
+
+
+# --- every bug at once; experts ---------------------------------------------------------------------------
+class EveryBug(nn.Module):
+    """One tensor per bug gradlog knows, around a healthy body and head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.orphan = nn.Linear(8, 8, bias=False)  # left out of the optimizer
+        self.unused = nn.Linear(8, 3)  # never called
+        self.detached = nn.Linear(8, 8, bias=False)  # run under torch.no_grad()
+        self.zero_lr = nn.Linear(8, 8, bias=False)  # its param group has lr 0
+        self.times_zero = nn.Linear(8, 8, bias=False)  # output multiplied by 0
+        self.nan = nn.Parameter(torch.ones(4))  # NaN gradient through the where-sqrt trap
+        self.bf16 = nn.Parameter(torch.ones(8, dtype=torch.bfloat16))  # Adam's ~lr step rounds away in bf16
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.body(x))
+        h = h + self.frozen(h) + self.orphan(h)
+        with torch.no_grad():
+            d = self.detached(h)
+        h = h + d + self.zero_lr(h) + 0 * self.times_zero(h)
+        h = h * self.bf16.float()
+        trap = torch.where(torch.zeros(4, dtype=torch.bool), torch.sqrt(self.nan - 10), torch.zeros(4)).sum()
+        return self.head(h) + trap
+
+
+#: the reason gradlog must give for each tensor `EveryBug` plants a bug into (the rest learn)
+EVERY_BUG = {
+    "frozen.weight": Reason.FROZEN,
+    "frozen.bias": Reason.FROZEN,
+    "orphan.weight": Reason.NOT_IN_OPTIMIZER,
+    "unused.weight": Reason.NO_GRAD,
+    "unused.bias": Reason.NO_GRAD,
+    "detached.weight": Reason.NO_GRAD,
+    "zero_lr.weight": Reason.ZERO_LR,
+    "times_zero.weight": Reason.ZERO_GRAD,
+    "nan": Reason.NONFINITE_GRAD,
+    "bf16": Reason.BELOW_PRECISION,
+}
+
+
+def every_bug_optimizer(model: EveryBug) -> torch.optim.Optimizer:
+    """Adam over what `EveryBug` trains: `orphan` left out, `zero_lr` in its own group at lr 0."""
+    skip = {"orphan.weight", "zero_lr.weight"}
+    main = [p for n, p in model.named_parameters() if n not in skip and p.requires_grad]
+    return torch.optim.Adam([{"params": main}, {"params": [model.zero_lr.weight], "lr": 0.0}], lr=1e-3)
+
+
+class PerExpertMoE(nn.Module):
+    """A MoE layer with one module per expert (`experts.3.w1.weight`) and a fixed routing: token t goes to
+    expert `route[t]`, so the experts never in `route` get no gradient."""
+
+    def __init__(self, d: int, n: int) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d)) for _ in range(n)
+        )
+
+    def forward(self, x: torch.Tensor, route: list[int]) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for k in sorted(set(route)):
+            at = torch.tensor([t for t, r in enumerate(route) if r == k])
+            out = out.index_add(0, at, self.experts[k](x[at]))
+        return out
+
+
+class TwoLayerMoE(nn.Module):
+    """Two `PerExpertMoE` layers of 6 experts with fixed `routes`: experts never routed to (4 and 5 in
+    layer 0; 2, 3 and 5 in layer 1) get no gradient, and a test can change `routes` mid-run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([PerExpertMoE(8, 6), PerExpertMoE(8, 6)])
+        self.routes = [[0, 1, 2, 3, 0, 1], [0, 0, 1, 1, 4, 4]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, route in zip(self.layers, self.routes):
+            x = x + layer(x, route)
+        return x
+
+
+class ConvExperts(nn.Module):
+    """A Conv1d whose path says "experts": its 3-D weight holds filters, not experts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.Conv1d(4, 6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.experts(x)
+        return y[:, :4]  # filters 4-5 never reach the loss
+
+
+# --- language-model shapes ------------------------------------------------------------------------------
+class TiedLM(nn.Module):
+    """`head.weight` is `emb.weight`: one tensor under two names, so a report must count it once and
+    name the other as its alias."""
+
+    def __init__(self, vocab: int = 20, dim: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.emb(tokens)))
+        return out
+
+
+class TinyEncoderLM(nn.Module):
+    """A healthy transformer-shaped LM (2 encoder layers, no dropout, a learned position table): nothing
+    in it is planted, so any never-updated row it reports is a false alarm."""
+
+    def __init__(self, vocab: int = 32, dim: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(8, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.blocks(self.emb(tokens) + self.pos)))
+        return out
+
+
+class TinyLM(nn.Module):
+    """A healthy one-block transformer LM (token and position embeddings, optionally tied head): under
+    AdamW with decay no slice is stuck, so any partly-updated record is a false alarm."""
+
+    def __init__(self, vocab: int = 32, seq: int = 8, d: int = 16, tied: bool = False) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.block = nn.TransformerEncoderLayer(d, 2, 32, dropout=0.0, batch_first=True)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        if tied:
+            self.head.weight = self.tok.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        out: torch.Tensor = self.head(self.norm(self.block(h)))
+        return out
+
+
+class TinyClassifier(nn.Module):
+    """Token and position embeddings (padding row 0), one encoder layer with dropout, a BatchNorm, a head;
+    `model(ids=..., labels=...)` returns the loss, as a Hugging Face model does. Healthy: `check` on one
+    dict batch must call it OK, its unseen rows only notes "in this batch"."""
+
+    def __init__(self, vocab: int = 50, d: int = 16, max_len: int = 32) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d, padding_idx=0)
+        self.pos = nn.Embedding(max_len, d)
+        self.layer = nn.TransformerEncoderLayer(d, nhead=2, dim_feedforward=32, dropout=0.1, batch_first=True)
+        self.norm = nn.BatchNorm1d(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1]).expand_as(ids)
+        h = self.layer(self.tok(ids) + self.pos(pos))
+        h = self.norm(h.mean(dim=1))
+        logits = self.head(h)
+        if labels is None:
+            return logits
+        return nn.functional.cross_entropy(logits, labels)
+
+
+def tiny_gpt2(dtype: torch.dtype = torch.float32, activation: str = "gelu_new") -> nn.Module:
+    """A 2-layer Hugging Face GPT-2 (n_embd 32, vocab 64, no dropout), seeded with 0 as it is built.
+
+    `activation` is GPT-2's own default unless a test needs another (test_stopped_slices kills MLP
+    units with a large negative bias, which only relu turns into exact zeros).
+    """
+    import transformers
+
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=64,
+        n_positions=16,
+        activation_function=activation,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    model: nn.Module = transformers.GPT2LMHeadModel(cfg).to(dtype)
+    return model
+
+
+def tiny_mixtral(experts: int = 8) -> nn.Module:
+    """A 2-layer Hugging Face Mixtral (hidden 16, vocab 64, top-2 of `experts` fused experts, no router
+    jitter), seeded with 0 as it is built: a test masks the router to starve the experts it chooses."""
+    import transformers
+
+    cfg = transformers.MixtralConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=experts,
+        num_experts_per_tok=2,
+        max_position_embeddings=32,
+        router_jitter_noise=0.0,
+    )
+    torch.manual_seed(0)
+    model: nn.Module = transformers.MixtralForCausalLM(cfg)
+    return model
+
+
+def lm_loss(model: nn.Module, gen: torch.Generator) -> torch.Tensor:
+    """A Hugging Face causal LM's loss on a fresh batch of 4x12 token ids below 64 (the vocab of
+    `tiny_gpt2` and `tiny_mixtral`), the labels being the ids themselves."""
+    ids = torch.randint(0, 64, (4, 12), generator=gen)
+    out: torch.Tensor = model(input_ids=ids, labels=ids).loss
+    return out
+
+
+def hf_args(output_dir: str, **kw: Any) -> Any:
+    """`transformers.TrainingArguments` for a quiet CPU run (no reporting, no progress bar, no
+    checkpoints unless `save_strategy` says so); `kw` holds what the test itself is about."""
+    import transformers
+
+    base: dict[str, Any] = {"report_to": [], "use_cpu": True, "save_strategy": "no", "disable_tqdm": True}
+    return transformers.TrainingArguments(output_dir=output_dir, **{**base, **kw})
+
+
+# --- helpers around a run --------------------------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a tensorboard server or a torchrun rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
