@@ -24,6 +24,7 @@ from torch import nn
 
 import gradlog
 from gradlog.measure.histogram import Histogram
+from gradlog.readers.run import load
 from gradlog.readers.wandb_offline import (
     OfflineRun,
     WandbFileError,
@@ -234,6 +235,21 @@ def test_summary_values(offline_run: tuple[Any, OfflineRun, Any]) -> None:
     assert run.project == "gradlog-test"  # writer_options reached wandb.init
 
 
+def test_segment_table_and_segment_row_keep_their_own_keys(offline_run: tuple[Any, OfflineRun, Any]) -> None:
+    """The summary row `segment` is `gradlog/segment` in the run summary; the per-tensor segment table goes
+    under `gradlog/segment_table`, so neither hides the other in W&B's run table, and both read back."""
+    mem, run, _ = offline_run
+    assert run.summary["gradlog/segment"] == 1  # the summary row, not the table
+    ref = run.history[-1]["gradlog/segment_table"]
+    assert ref["_type"] == "table-file"
+    table = json.loads((Path(run.path).parent / "files" / ref["path"]).read_text())
+    assert table["columns"] == mem.tables["gradlog/segment"][0]
+    assert {r[0] for r in table["data"]} == {r[0] for r in mem.tables["gradlog/segment"][1]}
+    back = load(str(Path(run.path).parent))
+    assert back.tables["gradlog/segment"] == mem.tables["gradlog/segment"]
+    assert back.summary()["segment"] == "1"
+
+
 @pytest.mark.parametrize("style", ["explicit_step", "auto_step"])
 def test_user_steps_survive_interleaving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, style: str) -> None:
     """The user logs every iteration, right after gradlog did. `explicit_step`: wandb.log(..., step=i), the
@@ -280,7 +296,7 @@ def test_a_step_over_the_size_budget_is_split_into_rows(tmp_path: Path, monkeypa
                 "gradlog/never_updated_table",
                 "gradlog/partly_updated_table",
                 "gradlog/stalled_table",
-                "gradlog/segment",  # per-tensor record for a resumed run (tests/test_resume.py)
+                "gradlog/segment_table",  # per-tensor record for a resumed run (tests/test_resume.py)
                 "gradlog/overview",
             )
             if not key.startswith(("_", "gradlog/provisional/")) and key not in skip:

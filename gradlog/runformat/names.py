@@ -128,8 +128,9 @@ PLUGIN_NAME = "gradlog"
 #: gradlog's x-axis in W&B (W&B's own step is shared with the user's `wandb.log`).
 STEP_KEY = "gradlog/step"
 #: Tables logged under another key (`gradlog/never_updated_table`, ...), because the plain name already holds
-#: a scalar (the count) in W&B.
-WANDB_TABLE_KEYS = {name: name + "_table" for name in (NEVER_UPDATED, PARTLY_UPDATED, STALLED, ALERTS)}
+#: a value in the W&B run summary: the count (never_updated, ...) or a summary row (`segment`). A table
+#: logged under such a key would be hidden in W&B's run table by the value written after it.
+WANDB_TABLE_KEYS = {name: name + "_table" for name in (NEVER_UPDATED, PARTLY_UPDATED, STALLED, ALERTS, SEGMENT)}
 #: run-summary key of the records dropped because the writer fell behind (absent when none were).
 DROPPED_KEY = "gradlog/dropped_records"
 #: run.config key of the tensor names in model order (a history row's keys come in arbitrary order).
