@@ -14,8 +14,8 @@ from test_stats import _near_edge
 from torch import nn
 
 import gradlog
+from gradlog.measure.bucketing import histogram_partials
 from gradlog.measure.histogram import Histogram, Histograms
-from gradlog.measure.stats import histogram_partials
 
 
 def test_the_block_reads_like_a_dict_of_histograms_built_row_by_row() -> None:

@@ -46,7 +46,7 @@ class Histogram:
 
     @classmethod
     def from_partials(cls, row: Sequence[float], numel: int) -> Histogram:
-        """Build from a `stats.histogram_partials` row (counts, min, max, sum, sum of squares, non-finite)."""
+        """Build from a `bucketing.histogram_partials` row (counts, min, max, sum, sum of squares, non-finite)."""
         bins = len(row) - 5
         counts = tuple(map(float, row[:bins]))  # C-level loops: thousands of these per logged step
         if counts and min(counts) < 0:
@@ -71,7 +71,7 @@ class Histograms(Mapping[int, Histogram]):
     __slots__ = ("_index", "counts", "moments", "positions")
 
     def __init__(self, partials: torch.Tensor, positions: Sequence[int]) -> None:
-        """From a `stats.histogram_partials` block [len(positions), bins + 5] (views of it are kept)."""
+        """From a `bucketing.histogram_partials` block [len(positions), bins + 5] (views of it are kept)."""
         if partials.dim() != 2 or partials.shape[0] != len(positions) or partials.shape[1] < 5:
             raise ValueError(f"partials must be [len(positions), bins + 5], got {tuple(partials.shape)}")
         block = partials.detach().to("cpu", torch.float64)
@@ -82,7 +82,7 @@ class Histograms(Mapping[int, Histogram]):
 
     @classmethod
     def of(cls, counts: torch.Tensor, moments: torch.Tensor, positions: Sequence[int]) -> Histograms:
-        """From `stats.host_histograms`' counts (integers or floats) and float64 moments, kept as they are."""
+        """From `bucketing.host_histograms`' counts (integers or floats) and float64 moments, kept as they are."""
         n = len(positions)
         if counts.dim() != 2 or counts.shape[0] != n or tuple(moments.shape) != (n, 5):
             raise ValueError(

@@ -19,6 +19,7 @@ try:  # optional, as in stats: the torch path counts without it
 except ImportError:  # pragma: no cover
     np = None  # type: ignore[assignment]
 
+from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
@@ -30,13 +31,8 @@ from gradlog.measure.stats import (
     Packer,
     copy_with_sumsq,
     dense_values,
-    histogram_bucket,
-    histogram_partials,
-    histogram_ranges,
-    host_histograms,
     host_reads_free,
     norm_partials,
-    on_host,
     stat_dtype,
     subtract_with_sumsq,
 )
