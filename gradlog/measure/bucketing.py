@@ -257,7 +257,10 @@ def _bucket_counts(
     # crowded piece, the next are counted on _LANES interleaved sets of counters (value i on set i % _LANES,
     # folded after): ~0.6 ns a value either way. Exact; the choice only changes the speed.
     lanes = _LANES if width * _LANES <= 2**15 else 1
-    crowded = False
+    # a crowded tensor is often followed by another (Adam's updates, ReLU gradients): the first piece of this
+    # one is counted as the last piece of the previous one was, on this thread (a tensor of one piece, like
+    # a Linear(256, 256), would otherwise never leave the slow count)
+    crowded = lanes > 1 and bool(getattr(_LOCAL, "crowded", False))
     total = np.zeros(width, dtype=np.int64)  # numpy: each torch op here cost ~3 us, per piece and per tensor
     for start in range(0, a.size, step):
         part = a[start : start + step]
@@ -276,6 +279,7 @@ def _bucket_counts(
             got = torch.bincount(torch.from_numpy(pos), minlength=width).numpy()
         total += got
         crowded = lanes > 1 and int(got.max()) * 4 > part.size  # a quarter of the piece in one bucket
+    _LOCAL.crowded = crowded
     return torch.from_numpy(total)
 
 
