@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 MAX_BINS = 512
+#: rows `Histograms.values` reads out of its blocks at once: a few tens of kB of Python numbers at 64 bins
+_CHUNK_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Histogram:
         counts = tuple(map(float, row[:bins]))  # C-level loops: thousands of these per logged step
         if counts and min(counts) < 0:
             counts = tuple(max(c, 0.0) for c in counts)
-        lo, hi, s, s2, nf = (float(v) for v in row[bins:])
+        lo, hi, s, s2, nf = map(float, row[bins:])
         count = round(sum(counts))
         if count == 0:
             lo = hi = s = s2 = 0.0
@@ -113,9 +115,14 @@ class Histograms(Mapping[int, Histogram]):
         return self._row(self._index[pos])
 
     def values(self) -> Iterator[Histogram]:  # type: ignore[override]
-        """Each histogram in row order, built as it is reached."""
-        for i in range(len(self.positions)):
-            yield self._row(i)
+        """Each histogram in row order, built as it is reached. The blocks are read out _CHUNK_ROWS rows at a time:
+        one `tolist` per chunk instead of a tensor index and a `tolist` per row and block, ~4 us of a row's ~10
+        (a TensorBoard or memory writer builds every row of every step)."""
+        for start in range(0, len(self.positions), _CHUNK_ROWS):
+            counts = self.counts[start : start + _CHUNK_ROWS].tolist()
+            moments = self.moments[start : start + _CHUNK_ROWS].tolist()
+            for c, m in zip(counts, moments):
+                yield Histogram.from_partials(c + m, 0)
 
     def items(self) -> Iterator[tuple[int, Histogram]]:  # type: ignore[override]
         return zip(self.positions, self.values())
