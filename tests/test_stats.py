@@ -461,3 +461,21 @@ def test_crowded_pieces_are_counted_exactly(monkeypatch: pytest.MonkeyPatch, bin
         got = bucketing._bucket_counts(x, edge, scale, bins, flip, {})
         ref = torch.bincount(bucketing._positions(x.neg() if flip else x, edge, scale, bins).long(), minlength=bins + 1)
         assert torch.equal(got, ref) and int(got.sum()) == x.numel()
+
+
+def test_a_tensor_after_a_crowded_one_is_counted_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor's first piece is counted on the lanes when the previous tensor's last piece was crowded (this
+    thread's state, carried from tensor to tensor and step to step): the counts of a spread tensor after a
+    crowded one, a crowded one after a spread one, and one-piece tensors in turn must equal a plain bincount."""
+    _patch(monkeypatch, "_BUCKET_BYTES", 4 * 1000)  # pieces of 1000 floats
+    torch.manual_seed(5)
+    crowded = torch.zeros(1000)
+    crowded[:100] = torch.randn(100)
+    tensors = [crowded, torch.randn(1000), crowded.clone(), torch.randn(3000), torch.randn(700), crowded[:999]]
+    for bins in (64, 300):
+        for x in tensors + tensors[::-1]:
+            lo, hi = (float(v) for v in torch.aminmax(x))
+            scale = bins / (hi - lo)
+            got = bucketing._bucket_counts(x, lo, scale, bins, False, {})
+            ref = torch.bincount(bucketing._positions(x, lo, scale, bins).long(), minlength=bins + 1)
+            assert torch.equal(got, ref) and int(got.sum()) == x.numel()
