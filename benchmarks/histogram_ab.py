@@ -1,9 +1,9 @@
 """In-process A/B of the CPU histogram code: this checkout's `histogram_partials` against another copy of
-`gradlog/measure/stats.py` (e.g. main's), patched in turn into the meter of GradLoggers that train their own
+`gradlog/measure/bucketing.py` (e.g. main's), patched in turn into the meter of GradLoggers that train their own
 copies of a benchmark model with histograms every step, interleaved step by step.
 
-    git show main:gradlog/measure/stats.py > /tmp/old_stats.py
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/histogram_ab.py /tmp/old_stats.py --model mlp --writer wandb
+    git show main:gradlog/measure/bucketing.py > /tmp/old_bucketing.py
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/histogram_ab.py /tmp/old_bucketing.py --model mlp --writer wandb
 
 Prints, per variant, the window (optimizer step + gl.log) and the time inside `histogram_partials` per step
 (min and median), and first checks that both give the same rows bit for bit on the model's own tensors.
@@ -50,7 +50,7 @@ def load_old(path: str) -> Partials:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("old", help="path of the other stats.py")
+    ap.add_argument("old", help="path of the other bucketing.py (stats.py before the split)")
     ap.add_argument("--model", default="mlp", help="a model of benchmarks/overhead.py (mlp, gpt, ...)")
     ap.add_argument("--writer", default="memory", help="memory, tensorboard or wandb (offline)")
     ap.add_argument("--steps", type=int, default=12)

@@ -15,8 +15,8 @@ import time
 
 import torch
 
+from gradlog.measure.bucketing import histogram_partials
 from gradlog.measure.histogram import Histogram
-from gradlog.measure.stats import histogram_partials
 from gradlog.readers.run import load
 from gradlog.writers.tensorboard import TensorBoardWriter
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
+from gradlog.measure.bucketing import histogram_partials
 from gradlog.measure.histogram import Histogram
-from gradlog.measure.stats import histogram_partials
 from gradlog.writers.tensorboard import TensorBoardWriter
 
 N_SCALARS, N_HIST, BINS = 1200, 400, 64

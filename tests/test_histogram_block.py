@@ -14,8 +14,8 @@ from test_stats import _near_edge
 from torch import nn
 
 import gradlog
+from gradlog.measure.bucketing import histogram_partials
 from gradlog.measure.histogram import Histogram, Histograms
-from gradlog.measure.stats import histogram_partials
 
 
 def test_the_block_reads_like_a_dict_of_histograms_built_row_by_row() -> None:
@@ -32,6 +32,28 @@ def test_the_block_reads_like_a_dict_of_histograms_built_row_by_row() -> None:
     keep = [False] * 10
     keep[3] = keep[9] = True
     assert dict(block.only(keep).items()) == {3: expected[3], 9: expected[9]}
+
+
+def test_values_read_in_chunks_equal_each_row_built_alone() -> None:
+    """`values()` reads its blocks a chunk of rows at a time: across chunk boundaries (150 rows, chunks of 64)
+    every histogram must be the one `from_partials` builds from that row alone, for integer (CPU) and float
+    (accelerator-layout) count blocks alike, and its counts must be floats with numpy's totals."""
+    torch.manual_seed(3)
+    xs = [torch.randn(40 + i) * (i + 1) for i in range(150)]
+    xs[70] = torch.tensor([1.0, float("nan"), 2.0])  # a NaN row inside the second chunk
+    rows = histogram_partials(xs, 8, torch.device("cpu"))
+    positions = list(range(0, 300, 2))
+    alone = [Histogram.from_partials(r, 0) for r in rows.tolist()]
+    counts = rows[:, :8].to(torch.int32)
+    for block in (Histograms(rows, positions), Histograms.of(counts, rows[:, 8:], positions)):
+        got = list(block.values())
+        assert got == alone and [block[p] for p in positions] == alone
+        assert all(type(c) is float for h in got for c in h.counts)
+    for x, h in zip(xs, alone):
+        finite = x[torch.isfinite(x)].double().numpy()
+        assert h.count == finite.size and h.nonfinite == x.numel() - finite.size
+        ref, _ = np.histogram(finite, bins=8, range=(h.min, h.max))
+        assert np.abs(np.asarray(h.counts) - ref).sum() <= 2 * _near_edge(finite, h.min, h.max, 8)
 
 
 def test_bad_block_shapes_are_named() -> None:

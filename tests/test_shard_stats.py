@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import gradlog
-from gradlog.measure.stats import histogram_bucket, histogram_partials, histogram_ranges
+from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges
 
 CPU = torch.device("cpu")
 BINS = 16

@@ -13,7 +13,8 @@ import pytest
 import torch
 from test_fingerprint import assert_huge_page_eligible
 
-from gradlog.measure import stats
+from gradlog.measure import bucketing, stats
+from gradlog.measure.bucketing import histogram_partials
 from gradlog.measure.histogram import Histogram
 from gradlog.measure.stats import (
     NONFINITE,
@@ -21,7 +22,6 @@ from gradlog.measure.stats import (
     SUMSQ,
     copy_with_sumsq,
     dense_values,
-    histogram_partials,
     norm_partials,
     subtract_with_sumsq,
 )
@@ -29,11 +29,18 @@ from gradlog.measure.stats import (
 CPU = torch.device("cpu")
 
 
+def _patch(mp: pytest.MonkeyPatch, name: str, value: object) -> None:
+    """Sets `name` in `stats` and in `bucketing` (which imports some of stats' names), where each has it."""
+    for mod in (stats, bucketing):
+        if hasattr(mod, name):
+            mp.setattr(mod, name, value)
+
+
 @pytest.fixture(params=["host", "device"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "device":
-        monkeypatch.setattr(stats, "host_reads_free", lambda device: False)
-        monkeypatch.setattr(stats, "_SCRATCH_BYTES", 256)  # several scratch slices even for these small tensors
+        _patch(monkeypatch, "host_reads_free", lambda device: False)
+        _patch(monkeypatch, "_SCRATCH_BYTES", 256)  # several scratch slices even for these small tensors
     return str(request.param)
 
 
@@ -113,7 +120,7 @@ def test_copy_and_subtract_give_norms_of_copies_and_differences(
     path: str, cache_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The snapshot and update helpers work a cache-sized slice at a time on the CPU; slicing must not show."""
-    monkeypatch.setattr(stats, "_CACHE_BYTES", cache_bytes)
+    _patch(monkeypatch, "_CACHE_BYTES", cache_bytes)
     torch.manual_seed(6)
     xs = [
         torch.randn(30, 7),
@@ -214,13 +221,10 @@ def test_host_and_device_paths_agree() -> None:
     xs = _mixed()
     host = histogram_partials(xs, 16, CPU)
     stats_host = norm_partials(xs, CPU)
-    original = stats.host_reads_free
-    stats.host_reads_free = lambda device: False  # type: ignore[assignment]
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        _patch(mp, "host_reads_free", lambda device: False)
         dev = histogram_partials(xs, 16, CPU)
         stats_dev = norm_partials(xs, CPU)
-    finally:
-        stats.host_reads_free = original  # type: ignore[assignment]
     torch.testing.assert_close(stats_host, stats_dev, equal_nan=True)
     torch.testing.assert_close(host[:, 16:], dev[:, 16:], equal_nan=True, rtol=1e-5, atol=1e-5)
     assert (host[:, :16].sum(1) == dev[:, :16].sum(1)).all()
@@ -231,7 +235,7 @@ def test_counts_of_large_tensors_take_the_same_values(
     path: str, slice_entries: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CPU counts large tensors a slice at a time; the counts must not depend on the slicing."""
-    monkeypatch.setattr(stats, "_COUNT_SLICE", slice_entries)
+    _patch(monkeypatch, "_COUNT_SLICE", slice_entries)
     torch.manual_seed(5)
     x = torch.randn(300_000)
     x[x.abs() < 0.1] = 0
@@ -268,7 +272,7 @@ def test_tiny_cache_slices_and_histograms_in_pieces_give_the_same_numbers(monkey
     ]
     whole = norm_partials(xs, CPU)
     whole_flags = norm_partials(xs, CPU, zero_counts=False)
-    monkeypatch.setattr(stats, "_CACHE_BYTES", 64)  # every tensor above 64 bytes is cut
+    _patch(monkeypatch, "_CACHE_BYTES", 64)  # every tensor above 64 bytes is cut
     cut = norm_partials(xs, CPU)
     torch.testing.assert_close(cut, whole, rtol=1e-5, atol=0, equal_nan=True)
     assert torch.equal(cut[:, NONZERO], whole[:, NONZERO]) and torch.equal(cut[:, NONFINITE], whole[:, NONFINITE])
@@ -292,10 +296,10 @@ def test_tiny_cache_slices_and_histograms_in_pieces_give_the_same_numbers(monkey
             torch.linalg.vector_norm(_wide(e)).item() ** 2, rel=1e-2 if a.dtype == torch.bfloat16 else 1e-5
         )
 
-    monkeypatch.setattr(stats, "_CACHE_BYTES", 1 << 20)
+    _patch(monkeypatch, "_CACHE_BYTES", 1 << 20)
     hist_whole = histogram_partials(xs, 64, CPU)
-    monkeypatch.setattr(stats, "_CACHE_BYTES", 64)
-    monkeypatch.setattr(stats, "_GROUP_BYTES", 64)  # and each tensor's moments read back on their own
+    _patch(monkeypatch, "_CACHE_BYTES", 64)
+    _patch(monkeypatch, "_GROUP_BYTES", 64)  # and each tensor's moments read back on their own
     hist_cut = histogram_partials(xs, 64, CPU)
     assert torch.equal(hist_cut[:, :64], hist_whole[:, :64])  # bucket counts are exact
     torch.testing.assert_close(hist_cut[:, 64:], hist_whole[:, 64:], rtol=1e-5, atol=1e-6, equal_nan=True)
@@ -318,7 +322,7 @@ def test_small_tensors_bucketed_in_batches_match_one_by_one_and_numpy(
     xs += [torch.full((8, 4), 2.5), torch.zeros(32), torch.randn(32, dtype=torch.float64)]
     xs += [torch.randn(32).abs() + 1, _poisoned((8, 4), torch.float32, 5), torch.randn(7), torch.randn(7)]
     batched = histogram_partials(xs, bins, CPU)
-    monkeypatch.setattr(stats, "_BATCH_NUMEL", 0)  # every tensor one by one
+    _patch(monkeypatch, "_BATCH_NUMEL", 0)  # every tensor one by one
     alone = histogram_partials(xs, bins, CPU)
     assert torch.equal(batched[:, :bins], alone[:, :bins])
     torch.testing.assert_close(batched[:, bins:], alone[:, bins:], rtol=1e-5, atol=1e-9)
@@ -360,8 +364,8 @@ def test_negated_histograms_are_those_of_the_negated_tensors(path: str, bins: in
     assert all(torch.equal(x.nan_to_num(nan=-7.0), b.nan_to_num(nan=-7.0)) for x, b in zip(xs, before))
     if path == "host":
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(stats, "_CACHE_BYTES", 1024)
-            mp.setattr(stats, "_GROUP_BYTES", 1024)  # moments read back a few tensors at a time
+            _patch(mp, "_CACHE_BYTES", 1024)
+            _patch(mp, "_GROUP_BYTES", 1024)  # moments read back a few tensors at a time
             cut = histogram_partials(xs, bins, CPU, negate=True)
         assert torch.equal(cut[:, :bins], want[:, :bins])
         torch.testing.assert_close(cut[:, bins:], want[:, bins:], rtol=1e-5, atol=1e-6, equal_nan=True)
@@ -445,7 +449,7 @@ def test_crowded_pieces_are_counted_exactly(monkeypatch: pytest.MonkeyPatch, bin
     """A piece crowded into one bucket makes the next pieces count on interleaved sets of counters; the
     counts must stay those of one plain bincount of every position (reference: torch's own path), for
     pieces of odd sizes, spread and crowded data in turn, and bucket counts at the int16 limit."""
-    monkeypatch.setattr(stats, "_BUCKET_BYTES", 4 * 999)  # pieces of 999 floats: odd, many per tensor
+    _patch(monkeypatch, "_BUCKET_BYTES", 4 * 999)  # pieces of 999 floats: odd, many per tensor
     torch.manual_seed(bins)
     x = torch.zeros(20_011)
     x[5000:9000] = torch.randn(4000)  # spread between crowded stretches: the mode switches both ways
@@ -454,6 +458,24 @@ def test_crowded_pieces_are_counted_exactly(monkeypatch: pytest.MonkeyPatch, bin
         lo, hi = (float(v) for v in torch.aminmax(x))
         edge = -hi if flip else lo
         scale = bins / (hi - lo)
-        got = stats._bucket_counts(x, edge, scale, bins, flip, {})
-        ref = torch.bincount(stats._positions(x.neg() if flip else x, edge, scale, bins).long(), minlength=bins + 1)
+        got = bucketing._bucket_counts(x, edge, scale, bins, flip, {})
+        ref = torch.bincount(bucketing._positions(x.neg() if flip else x, edge, scale, bins).long(), minlength=bins + 1)
         assert torch.equal(got, ref) and int(got.sum()) == x.numel()
+
+
+def test_a_tensor_after_a_crowded_one_is_counted_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor's first piece is counted on the lanes when the previous tensor's last piece was crowded (this
+    thread's state, carried from tensor to tensor and step to step): the counts of a spread tensor after a
+    crowded one, a crowded one after a spread one, and one-piece tensors in turn must equal a plain bincount."""
+    _patch(monkeypatch, "_BUCKET_BYTES", 4 * 1000)  # pieces of 1000 floats
+    torch.manual_seed(5)
+    crowded = torch.zeros(1000)
+    crowded[:100] = torch.randn(100)
+    tensors = [crowded, torch.randn(1000), crowded.clone(), torch.randn(3000), torch.randn(700), crowded[:999]]
+    for bins in (64, 300):
+        for x in tensors + tensors[::-1]:
+            lo, hi = (float(v) for v in torch.aminmax(x))
+            scale = bins / (hi - lo)
+            got = bucketing._bucket_counts(x, lo, scale, bins, False, {})
+            ref = torch.bincount(bucketing._positions(x, lo, scale, bins).long(), minlength=bins + 1)
+            assert torch.equal(got, ref) and int(got.sum()) == x.numel()

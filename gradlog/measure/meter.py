@@ -19,10 +19,11 @@ try:  # optional, as in stats: the torch path counts without it
 except ImportError:  # pragma: no cover
     np = None  # type: ignore[assignment]
 
+from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
-from gradlog.measure.slice_grads import Observed, SliceGrads
+from gradlog.measure.slice_grads import SliceGrads
 from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
@@ -30,13 +31,8 @@ from gradlog.measure.stats import (
     Packer,
     copy_with_sumsq,
     dense_values,
-    histogram_bucket,
-    histogram_partials,
-    histogram_ranges,
-    host_histograms,
     host_reads_free,
     norm_partials,
-    on_host,
     stat_dtype,
     subtract_with_sumsq,
 )
@@ -264,18 +260,18 @@ class _Open:
     has_grad: list[bool]
     lr: list[float | None]
     grad: torch.Tensor
-    before: torch.Tensor | None
-    snapshot: list[torch.Tensor] | None
     histograms: bool  # histograms due
     zeros: bool  # exact zero counts (grad_zero_frac) due
     packer: Packer
-    grad_pos: list[int]  # rows that had a gradient
-    moving: list[int]  # rows with a snapshot: in the optimizer and requiring grad
+    grad_pos: list[int]  # rows that had a gradient (sharded: every row)
+    numel: list[float]  # per row
     dist: DistStep | None = None  # sharded parameters: sums pending the step's all_reduce
+    before: torch.Tensor | None = None  # the weights' sums of squares before the step (with a snapshot)
+    snapshot: list[torch.Tensor] | None = None  # copies of the moving rows' weights (`Meter._snapshot`)
+    moving: list[int] = field(default_factory=list)  # rows with a snapshot: in the optimizer and requiring grad
     slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step updated
-    # kind -> (counts, moments) of histograms made on the CPU (`stats.host_histograms`): no host copy to wait for
+    # kind -> (counts, moments) of histograms made on the CPU (`bucketing.host_histograms`): no host copy to wait for
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    numel: list[float] = field(default_factory=list)  # per row
     frozen_rows: list[bool] | None = None  # rows whose frozen count was taken (`Meter._frozen_counts`)
 
 
@@ -360,101 +356,135 @@ class Meter:
         already clipped, so their norms are divided by the clip coefficient: the norms before clipping,
         with no second pass over the gradients."""
         self.tensor_work += 1
-        # Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured
-        # step they are not read at all (no norms, no histograms), however many a fine-tuning run holds.
+        rows, numel = self._measured_rows()
+        device = self._device(rows)
+        grads = [r.param.grad for r in rows]
+        has_grad = [g is not None for g in grads]
+        pos = [i for i, h in enumerate(has_grad) if h]
+        xs = [dense_values(grads[i]) for i in pos]  # type: ignore[arg-type]
+        inv = self.grad_scale() if self.grad_scale is not None else None
+        grad = self._grad_partials(xs, pos, len(rows), device, zeros, inv)
+        active = self.reducer is not None and self.reducer.active(rows)
+        dist = self.reducer.open(index, rows, device, tracked=len(self.table.live)) if self.reducer and active else None
+        op = _Open(
+            index=index,
+            rows=rows,
+            has_grad=has_grad,
+            lr=self._lrs(rows),
+            grad=grad,
+            histograms=histograms,
+            zeros=zeros,
+            packer=Packer(device),
+            grad_pos=pos,
+            numel=numel,
+            dist=dist,
+        )
+        if clips and dist is None:
+            self._unclip(grad, rows, clips, op.packer)
+        op.slice_keys = self._observe_slices(op, grads)
+        if dist is not None:
+            op.grad_pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
+            xs = [dense_values(g) if g is not None else grad.new_zeros(0) for g in grads]
+        self._grad_histogram(op, xs, inv)
+        if snapshot:
+            self._snapshot(op)
+        self._open = op
+
+    def _measured_rows(self) -> tuple[list[Tracked], list[float]]:
+        """The rows a measured step reads, and their numel (global: a DTensor's whole tensor's, as Tracked.numel).
+        Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured step
+        they are not read at all (no norms, no histograms), however many a fine-tuning run holds."""
         live = self.table.live
         picked = [
             (r, p)
             for r, p in zip(live, map(Tracked.held, live))
             if p is not None and p.requires_grad and is_materialized(p)
         ]
-        rows = [r for r, _ in picked]
-        numel = [float(p.numel()) for _, p in picked]  # global (DTensor: the whole tensor's), as Tracked.numel
-        device = self._device(rows)
-        packer = Packer(device)
-        grads = [r.param.grad for r in rows]
-        has_grad = [g is not None for g in grads]
-        pos = [i for i, h in enumerate(has_grad) if h]
-        xs = [dense_values(grads[i]) for i in pos]  # type: ignore[arg-type]
-        inv = self.grad_scale() if self.grad_scale is not None else None
-        if xs:
-            # Counting zeros is a pass of its own; without it "all zero" still comes from the norm.
-            part = norm_partials(xs, device, zero_counts=zeros)
-            if inv is not None:
-                part[:, SUMSQ] *= inv.to(part) ** 2
-            grad = _every_row(part, pos, len(rows))
-        else:
-            grad = torch.zeros(len(rows), 3, dtype=stat_dtype(device), device=device)
-        active = self.reducer is not None and self.reducer.active(rows)
-        dist = self.reducer.open(index, rows, device, tracked=len(live)) if self.reducer and active else None
-        if clips and dist is None:
-            self._unclip(grad, rows, clips, packer)
-        # per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac.
-        # A gradient whose zero count is 0 has every slice non-zero: on the CPU that is read from the
-        # counts just taken, and those tensors need no per-slice pass at all.
+        return [r for r, _ in picked], [float(p.numel()) for _, p in picked]
+
+    @staticmethod
+    def _grad_partials(
+        xs: list[torch.Tensor], pos: list[int], n: int, device: torch.device, zeros: bool, inv: torch.Tensor | None
+    ) -> torch.Tensor:
+        """[n, 3] sum of squares, non-zeros, NaN/Inf of the gradients `xs` (rows `pos`), unscaled by `inv` (AMP).
+        Counting zeros is a pass of its own; without it "all zero" still comes from the norm."""
+        if not xs:
+            return torch.zeros(n, 3, dtype=stat_dtype(device), device=device)
+        part = norm_partials(xs, device, zero_counts=zeros)
+        if inv is not None:
+            part[:, SUMSQ] *= inv.to(part) ** 2
+        return _every_row(part, pos, n)
+
+    def _lrs(self, rows: list[Tracked]) -> list[float | None]:
+        """Each row's learning rate now (its optimizer group's), None outside the optimizer."""
+        group_lr: list[float | None] = []
+        for g in self.optimizer.param_groups if self.optimizer is not None else []:
+            lr = g.get("lr")
+            group_lr.append(float(lr) if lr is not None else None)
+        return [group_lr[r.group] if r.group is not None and r.group < len(group_lr) else None for r in rows]
+
+    def _observe_slices(self, op: _Open, grads: list[torch.Tensor | None]) -> list[int]:
+        """Per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac, queued on
+        the step; returns the tensors whose evidence this step updated. A gradient whose zero count is 0 has every
+        slice non-zero: on the CPU that is read from the counts just taken, and those tensors need no per-slice
+        pass at all."""
+        if not self._slice_evidence:  # private: benchmarks/slice_evidence.py's A/B
+            return []
+        device, dist, packer = op.packer.device, op.dist, op.packer
         dense: list[bool] | None = None
-        if zeros and xs and dist is None and host_reads_free(device):
-            counts = grad[:, NONZERO].tolist()
+        if op.zeros and op.grad_pos and dist is None and host_reads_free(device):
+            counts = op.grad[:, NONZERO].tolist()
             dense = [
                 g is not None and g.layout == torch.strided and counts[i] == g.numel() for i, g in enumerate(grads)
             ]
-        seen = (
-            self.slice_grads.observe(rows, grads, zeros, device, keep_rows=dist is not None, dense=dense, step=index)
-            if self._slice_evidence
-            else Observed([], None, None)
-        )
+        keep = dist is not None
+        seen = self.slice_grads.observe(op.rows, grads, op.zeros, device, keep_rows=keep, dense=dense, step=op.index)
         if seen.done is not None:
             packer.add("slices/done", seen.done)
         if seen.dead_frac is not None:
             packer.add("dead", seen.dead_frac)
             if dist is not None:  # sharded rows: which are all-zero is known only globally
-                dist.add_flag("dead_rows", global_rows(rows, seen.rows, device))
-        if dist is not None:
-            pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
-            xs = [dense_values(g) if g is not None else grad.new_zeros(0) for g in grads]
+                dist.add_flag("dead_rows", global_rows(op.rows, seen.rows, device))
+        return seen.keys
+
+    def _grad_histogram(self, op: _Open, xs: list[torch.Tensor], inv: torch.Tensor | None) -> None:
+        """The gradient histograms due this step, unscaled by `inv` (AMP): sharded (two-phase, global range), on
+        the CPU (kept on the step, `held`) or on an accelerator (a partials block for the step's host copy)."""
+        due = op.histograms and "grad" in self.histogram_kinds and bool(xs)
         h = None
-        held: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        if dist is not None:
-            h = self._dist_grad_histogram(dist, xs, histograms)
-        elif histograms and "grad" in self.histogram_kinds and xs and on_host(xs, device):
-            held["grad"] = host_histograms(xs, self.bins)
+        if op.dist is not None:
+            h = self._dist_grad_histogram(op.dist, xs, op.histograms)
+        elif due and on_host(xs, op.packer.device):
+            counts, moments = host_histograms(xs, self.bins)
             if inv is not None:
-                moments = held["grad"][1]
                 moments[:, :3] *= inv.to(moments)
                 moments[:, 3] *= inv.to(moments) ** 2
-        elif histograms and "grad" in self.histogram_kinds and xs:
-            h = histogram_partials(xs, self.bins, device)
-        if h is not None:
-            if inv is not None:
-                h[:, self.bins : self.bins + 3] *= inv.to(h)
-                h[:, self.bins + 3] *= inv.to(h) ** 2
-            if dist is not None:
-                dist.add("hist/grad", h, keep=(self.bins, self.bins + 1))
-            else:
-                packer.add("hist/grad", h, owned=True)
-        group_lr: list[float | None] = []
-        for g in self.optimizer.param_groups if self.optimizer is not None else []:
-            lr = g.get("lr")
-            group_lr.append(float(lr) if lr is not None else None)
-        lrs = [group_lr[r.group] if r.group is not None and r.group < len(group_lr) else None for r in rows]
-        before = snap = None
-        # Only tensors the optimizer may move need a snapshot: a frozen backbone is never copied.
-        moving = [i for i, r in enumerate(rows) if r.group is not None and r.param.requires_grad] if snapshot else []
-        if snapshot:
-            weights = [local_tensor(rows[i].param) for i in moving]  # no_grad here: no detach needed
-            # Snapshot in the weights' own dtype: one copy, never more (finish() takes the norm of a
-            # low-precision update in fp32, one tensor at a time).
-            keep = self._keeps_snapshot(weights, device) and index - self._last_start <= KEEP_SNAPSHOT_EVERY
-            self._last_start = index
-            into = [self._kept.get(rows[i].index) for i in moving] if keep else None
-            snap, sumsq = copy_with_sumsq(weights, device, into)
-            self._kept = {rows[i].index: c for i, c in zip(moving, snap)} if keep else {}
-            before = _every_row(sumsq, moving, len(rows))
-        self._open = _Open(
-            index, rows, has_grad, lrs, grad, before, snap, histograms, zeros, packer, pos, moving, dist, seen.keys
-        )
-        self._open.held.update(held)
-        self._open.numel = numel
+            op.held["grad"] = counts, moments
+        elif due:
+            h = histogram_partials(xs, self.bins, op.packer.device)
+        if h is None:
+            return
+        if inv is not None:
+            h[:, self.bins : self.bins + 3] *= inv.to(h)
+            h[:, self.bins + 3] *= inv.to(h) ** 2
+        if op.dist is not None:
+            op.dist.add("hist/grad", h, keep=(self.bins, self.bins + 1))
+        else:
+            op.packer.add("hist/grad", h, owned=True)
+
+    def _snapshot(self, op: _Open) -> None:
+        """A copy of the weights the optimizer may move, and their sums of squares: a frozen backbone is never
+        copied. In the weights' own dtype: one copy, never more (finish() takes the norm of a low-precision
+        update in fp32, one tensor at a time)."""
+        rows, device = op.rows, op.packer.device
+        op.moving = [i for i, r in enumerate(rows) if r.group is not None and r.param.requires_grad]
+        weights = [local_tensor(rows[i].param) for i in op.moving]  # no_grad here: no detach needed
+        keep = self._keeps_snapshot(weights, device) and op.index - self._last_start <= KEEP_SNAPSHOT_EVERY
+        self._last_start = op.index
+        into = [self._kept.get(rows[i].index) for i in op.moving] if keep else None
+        op.snapshot, sumsq = copy_with_sumsq(weights, device, into)
+        self._kept = {rows[i].index: c for i, c in zip(op.moving, op.snapshot)} if keep else {}
+        op.before = _every_row(sumsq, op.moving, len(rows))
 
     @staticmethod
     def _unclip(grad: torch.Tensor, rows: list[Tracked], clips: Sequence[Clip], packer: Packer) -> None:

@@ -1,0 +1,460 @@
+"""Fixed-width histograms of tensors: bucket counts of the finite values and their moments (min, max, sum,
+sum of squares, NaN/Inf count), one pass for the range and one for the buckets.
+
+The CPU path (`host_histograms`) reads values back to skip work and counts in numpy; the accelerator path
+(`histogram_partials`) reads nothing back; the two-phase path (`histogram_ranges`, `histogram_bucket`) is for
+tensors sharded across ranks. `gradlog.measure.histogram` holds the containers writers receive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from gradlog.measure.stats import _CACHE_BYTES, _slices, host_reads_free, stat_dtype
+
+try:  # optional: torch runs without numpy, gradlog too (a little slower on the CPU)
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """Histograms and min/max need an order: complex tensors are described by their magnitude."""
+    if t.is_complex():
+        return t.abs()
+    if not t.is_floating_point():
+        return t.double()
+    return t
+
+
+def _hist_input(x: torch.Tensor) -> torch.Tensor:
+    x = _real(x).reshape(-1)
+    return x.float() if x.element_size() < 4 else x  # fp16/bf16: bucket and sum in fp32
+
+
+def _positions(z: torch.Tensor, lo: float | torch.Tensor, scale: float | torch.Tensor, bins: int) -> torch.Tensor:
+    """Bucket of each value as a small integer in [0, bins]; `bins` (only the maximum, by rounding) is folded later.
+
+    `z >= lo` always, so no clamp is needed below; a narrow integer type keeps the pass cheap.
+    """
+    pos = torch.sub(z, lo).mul_(scale)
+    return pos.to(torch.uint8 if bins < 255 else torch.int16)
+
+
+def _host_chunks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A flat tensor in cache-sized pieces (views): the passes over one piece then read it from cache,
+    and bucketing's temporaries stay piece-sized instead of the size of a huge tensor (a 200M-element
+    tensor's positions were an 800 MB float temporary). Measured on 50M floats: 0.8 s -> 0.3 s."""
+    step = max(1, _CACHE_BYTES // x.element_size())
+    n = x.numel()
+    return (x,) if n <= step else tuple(x[i : i + step] for i in range(0, n, step))
+
+
+def _moments(x: torch.Tensor) -> list[torch.Tensor]:
+    """min, max, sum and sum of squares of a flat tensor (four 0-dim tensors), a cache-sized piece at a time.
+
+    Left unstacked: the caller stacks every tensor's at once (a stack per tensor cost more than the sums)."""
+    pieces = _host_chunks(x)
+    if len(pieces) == 1:
+        return [*torch.aminmax(x), x.sum(), torch.dot(x, x)]
+    p = torch.stack([torch.stack([*torch.aminmax(c), c.sum(), torch.dot(c, c)]) for c in pieces]).double()
+    return [p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()]
+
+
+_BUCKET_BYTES = 1 << 18  # CPU: bucketing's scratch, a float piece (and its positions, a quarter of that)
+_LANES = 8  # CPU bucketing: sets of counters for a crowded piece (see `_bucket_counts`)
+_LOCAL = threading.local()
+_Scratch = dict[tuple[torch.dtype, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _bucket_scratch() -> _Scratch:
+    """This thread's bucketing scratch per (value, position) dtype (see `_bucket_counts`), kept from one
+    measured step to the next: a fixed ~320 kB per dtype instead of a fresh allocation on every step (its page faults,
+    and a measured step's peak memory)."""
+    bufs: _Scratch = _LOCAL.__dict__.setdefault("bucket", {})
+    return bufs
+
+
+_GROUP_BYTES = 4 << 20  # CPU histograms: tensors whose moments are read back together, then bucketed
+_BATCH_NUMEL = 1 << 14  # CPU: histograms of tensors up to this many entries are bucketed many at a time
+
+
+def _batched_histograms(
+    xs: list[torch.Tensor], bins: int, counts: torch.Tensor, moments: torch.Tensor, flips: list[bool] | None = None
+) -> list[bool]:
+    """Small tensors of one size and dtype, many at a time (stacked into a cache-sized block): a dozen
+    torch calls per block instead of eight per tensor, which dominated a model of 5,000 small tensors.
+    Writes the rows (`host_histograms` layout) of the tensors whose values are all finite straight into
+    `counts` and `moments` and returns which it wrote; the rest are left to `_host_histograms`' one-by-one path (NaN/Inf
+    masking, ranges that overflow). `flips[i]`: the row of `-xs[i]` (the block is a copy, negated in place)."""
+    done = [False] * len(xs)
+    groups: dict[tuple[int, torch.dtype], list[int]] = {}
+    for i, x in enumerate(xs):
+        if 0 < x.numel() <= _BATCH_NUMEL:
+            groups.setdefault((x.numel(), x.dtype), []).append(i)
+    for (n, dtype), idx in groups.items():
+        if len(idx) < 2:
+            continue
+        per_block = max(2, _CACHE_BYTES // (n * xs[idx[0]].element_size()))
+        for start in range(0, len(idx), per_block):
+            part = idx[start : start + per_block]
+            block = torch.stack([xs[i] for i in part])  # [k, n], a copy of small tensors
+            if flips is not None:
+                neg = [flips[i] for i in part]
+                if all(neg):
+                    block.neg_()
+                elif any(neg):
+                    block[torch.tensor(neg)] *= -1
+            lo, hi = block.aminmax(dim=1)
+            stats = torch.stack([lo, hi, block.sum(1), (block * block).sum(1)], dim=1).double()
+            ok = torch.isfinite(stats).all(1) & (stats[:, 1] - stats[:, 0] <= torch.finfo(dtype).max)
+            if not bool(ok.all()):
+                keep = ok.tolist()
+                part = [i for i, k in zip(part, keep) if k]
+                block, stats, lo = block[ok], stats[ok], lo[ok]
+                if not part:
+                    continue
+            width = stats[:, 1] - stats[:, 0]
+            scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0).to(dtype)
+            pos = torch.sub(block, lo.unsqueeze(1)).mul_(scale.unsqueeze(1))
+            del block
+            pos = pos.to(torch.uint8 if bins < 255 else torch.int16).to(torch.int64)
+            pos += torch.arange(len(part)).unsqueeze(1) * (bins + 1)  # each row its own bucket range
+            found = torch.bincount(pos.reshape(-1), minlength=len(part) * (bins + 1)).view(len(part), bins + 1)
+            del pos
+            at = torch.tensor(part)
+            found[:, bins - 1] += found[:, bins]  # the maximum itself sits on the closed right edge
+            counts[at] = found[:, :bins].to(counts.dtype)
+            moments[at, :4] = stats
+            moments[at, 4] = 0.0
+            for i in part:
+                done[i] = True
+    return done
+
+
+def _host_histograms(
+    xs: list[torch.Tensor], bins: int, counts: torch.Tensor, moments: torch.Tensor, flips: list[bool] | None = None
+) -> None:
+    """CPU: small tensors in batches (`_batched_histograms`); the others one by one: min/max, sum and
+    sum of squares, then the buckets, a cache-sized piece at a time (see `_bucket_counts`); the rare
+    tensor with NaN/Inf is masked first. Rows (`host_histograms` layout) are written into `counts`
+    [len(xs), bins] and `moments` [len(xs), 5] as they are made: no per-tensor results are kept and stacked.
+
+    `flips[i]`: the row of `-xs[i]`, without making `-xs[i]` (contiguous floating tensors only: see
+    `histogram_partials`)."""
+    done = _batched_histograms(xs, bins, counts, moments, flips)
+    rest = [xs[i] for i, d in enumerate(done) if not d]
+    at = [i for i, d in enumerate(done) if not d]
+    # numpy views: a numpy row write costs a fraction of torch's
+    rows = (counts.numpy(), moments.numpy()) if np is not None else None
+    scratch = _bucket_scratch()
+    # numpy's floating-point error settings are the user's (np.seterr): a subnormal product must not raise here
+    with np.errstate(all="ignore") if np is not None else contextlib.nullcontext():
+        # a few MB of tensors at a time: their moments in one stack and one read-back, then their buckets
+        # while they are still in the last-level cache (all moments first read every tensor from memory twice)
+        for run in _slices(rest, _GROUP_BYTES):
+            parts = [m for j in run if rest[j].numel() for m in _moments(rest[j])]
+            host = iter(torch.stack(parts).double().tolist() if parts else [])  # stack promotes fp32 + fp64
+            for j in run:
+                i = at[j]
+                _host_row(xs[i], i, bins, (counts, moments), rows, flips is not None and flips[i], host, scratch)
+
+
+def _host_row(
+    x: torch.Tensor,
+    i: int,
+    bins: int,
+    out: tuple[torch.Tensor, torch.Tensor],
+    rows: Any,
+    flip: bool,
+    host: Iterator[float],
+    scratch: _Scratch,
+) -> None:
+    """Row `i` of `out` (counts, moments; through `rows`, their numpy views, where numpy is there) for the
+    flat tensor `x`, whose min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`,
+    counted from x: its min is -max(x), its sum -sum(x) (rounding is symmetric) and its positions
+    `(max(x) - x) * scale`."""
+    counts, moments = out
+    if x.numel() == 0:
+        counts[i] = 0
+        moments[i] = 0.0
+        return
+    lo, hi, s, s2 = (next(host) for _ in range(4))
+    if flip:
+        lo, hi, s = -hi, -lo, -s
+    nonfinite = 0
+    if not all(math.isfinite(v) for v in (lo, hi, s, s2)):  # NaN/Inf inside (or an overflowed sum)
+        z = x[torch.isfinite(x)]
+        if flip:
+            z.neg_()  # a masked copy already: negated in place, then bucketed as it is
+            flip = False
+        nonfinite = x.numel() - z.numel()
+        if z.numel() == 0:
+            counts[i] = 0
+            moments[i] = 0.0
+            moments[i, 4] = float(nonfinite)
+            return
+        lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
+        lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
+        x = z
+    if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
+        x = x.double()
+    scale = bins / (hi - lo) if hi > lo else 0.0
+    count = _bucket_counts(x, lo, scale, bins, flip, scratch)
+    if rows is not None:  # numpy: a torch op costs ~3 us, per tensor
+        c = count.numpy()
+        c[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
+        rows[0][i] = c[:bins]
+        rows[1][i] = (lo, hi, s, s2, nonfinite)
+    else:
+        count[bins - 1] += count[bins]
+        counts[i] = count[:bins]
+        moments[i] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=moments.dtype)
+
+
+def _bucket_counts(
+    x: torch.Tensor,
+    lo: float,
+    scale: float,
+    bins: int,
+    flip: bool,
+    scratch: _Scratch,
+) -> torch.Tensor:
+    """[bins + 1] counts of a flat tensor's bucket positions `(x - lo) * scale` in x's dtype (`flip`: of
+    `(-lo - x) * scale`, which are -x's positions when `lo` is -x's minimum), truncated to integers.
+
+    With numpy, each cache-sized piece goes through one reused scratch buffer: subtract, multiply and the
+    integer conversion are numpy's vectorised loops (torch's float->uint8 conversion alone cost more than
+    all three, and every torch temporary was a fresh allocation), then `torch.bincount` counts the small
+    integers. The arithmetic is the same IEEE operations on the same rounded scalars, so the buckets are
+    those of `_positions`, which remains the path without numpy.
+    """
+    # a range so narrow (subnormal) that the scale overflows x's dtype: positions are NaN/Inf and their
+    # integer conversion is torch's own business; torch's path keeps its answer
+    if np is None or x.dtype not in (torch.float32, torch.float64) or not _finite_in(scale, x.dtype):
+        pieces = _host_chunks(x.neg() if flip else x)
+        count = torch.bincount(_positions(pieces[0], lo, scale, bins), minlength=bins + 1)
+        for piece in pieces[1:]:
+            count += torch.bincount(_positions(piece, lo, scale, bins), minlength=bins + 1)
+        return count
+    small = torch.uint8 if bins < 255 else torch.int16
+    a = x.detach().resolve_neg().numpy()
+    step = max(1, _BUCKET_BYTES // a.itemsize)
+    key = (x.dtype, small)
+    if key not in scratch:
+        scratch[key] = (torch.empty(step, dtype=x.dtype), torch.empty(step, dtype=small))
+    fbuf, pbuf = (t.numpy() for t in scratch[key])
+    edge, mul = a.dtype.type(-lo if flip else lo), a.dtype.type(scale)  # rounded as torch rounds its scalars
+    width = bins + 1
+    # bincount's increments of one bucket wait on each other: a piece crowded into a few buckets (a gradient
+    # of mostly zeros, an embedding's unseen rows) counted ~2 ns a value against ~0.45 spread out. After a
+    # crowded piece, the next are counted on _LANES interleaved sets of counters (value i on set i % _LANES,
+    # folded after): ~0.6 ns a value either way. Exact; the choice only changes the speed.
+    lanes = _LANES if width * _LANES <= 2**15 else 1
+    # a crowded tensor is often followed by another (Adam's updates, ReLU gradients): the first piece of this
+    # one is counted as the last piece of the previous one was, on this thread (a tensor of one piece, like
+    # a Linear(256, 256), would otherwise never leave the slow count)
+    crowded = lanes > 1 and bool(getattr(_LOCAL, "crowded", False))
+    total = np.zeros(width, dtype=np.int64)  # numpy: each torch op here cost ~3 us, per piece and per tensor
+    for start in range(0, a.size, step):
+        part = a[start : start + step]
+        f, pos = fbuf[: part.size], pbuf[: part.size]
+        if flip:
+            np.subtract(edge, part, out=f)
+        else:
+            np.subtract(part, edge, out=f)
+        np.multiply(f, mul, out=f)
+        np.copyto(pos, f, casting="unsafe")  # truncation, as torch's conversion; 0 <= f <= bins (+ rounding)
+        if crowded:
+            q = fbuf.view(np.int16)[: part.size]  # the float scratch is free again: int16 fits in it
+            np.add(_lane_offsets(step, lanes, width)[: part.size], pos, out=q, dtype=np.int16)
+            got = torch.bincount(torch.from_numpy(q), minlength=lanes * width).numpy().reshape(lanes, width).sum(0)
+        else:
+            got = torch.bincount(torch.from_numpy(pos), minlength=width).numpy()
+        total += got
+        crowded = lanes > 1 and int(got.max()) * 4 > part.size  # a quarter of the piece in one bucket
+    _LOCAL.crowded = crowded
+    return torch.from_numpy(total)
+
+
+def _lane_offsets(step: int, lanes: int, width: int) -> np.ndarray[Any, Any]:
+    """`(i % lanes) * width` for i < step, int16: where value i of a crowded piece is counted (`_bucket_counts`);
+    made once per thread and shape, not once per tensor (~65,000 values each time)."""
+    cache: dict[tuple[int, int, int], np.ndarray[Any, Any]] = _LOCAL.__dict__.setdefault("lanes", {})
+    key = (step, lanes, width)
+    if key not in cache:
+        cache[key] = (np.arange(step, dtype=np.int16) % lanes) * np.int16(width)
+    return cache[key]
+
+
+def _finite_in(v: float, dtype: torch.dtype) -> bool:
+    return math.isfinite(v) and abs(v) <= torch.finfo(dtype).max
+
+
+def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accelerators: the same numbers without reading anything back (NaN/Inf masked with `where`)."""
+    if x.numel() == 0:
+        return torch.zeros(bins + 1, dtype=torch.int64, device=x.device), torch.zeros(5, device=x.device)
+    fin = torch.isfinite(x)
+    nonfinite = x.numel() - fin.sum()
+    zf = torch.where(fin, x, 0)  # NaN/Inf stand at 0 for the range and the moments
+    lo, hi = torch.aminmax(zf)
+    z = torch.where(fin, x, lo)  # ... and are parked in bucket 0 for counting, then taken out of it
+    wide = stat_dtype(x.device)  # float64 where the device has it (not MPS)
+    width = hi.to(wide) - lo.to(wide)
+    scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0).to(x.dtype)
+    pos = torch.sub(z, lo).mul_(scale).clamp_(0, bins)  # clamp: x - lo may overflow near the dtype's max
+    if pos.numel() > 2**24:  # float32 counts stop being exact
+        pos = pos.to(wide)
+    # bincount would read its maximum back to size its output; histc with fixed edges does not.
+    counts = torch.histc(pos, bins + 1, 0, bins + 1).to(torch.int64)
+    counts[0] -= nonfinite
+    moments = torch.stack([lo, hi, zf.sum(), torch.dot(zf, zf), nonfinite.to(x.dtype)])
+    return counts, moments
+
+
+def _histogram_inputs(xs: Sequence[torch.Tensor], negate: bool) -> tuple[list[torch.Tensor], list[bool] | None]:
+    """Flat values to bucket, and (`negate`) which are counted as their negation where they are bucketed.
+
+    Floating tensors are negated where they are bucketed; a contiguous copy of a strided one keeps its sums
+    in the order of the copy `-x` was. |-z| = |z|: a complex tensor's magnitudes need nothing; other values
+    (integers, read as float64) are negated here."""
+    flat = [_hist_input(x) for x in xs]
+    if not negate:
+        return flat, None
+    flips = [x.is_floating_point() for x in xs]
+    flat = [f.contiguous() if flip else f if x.is_complex() else f.neg() for x, f, flip in zip(xs, flat, flips)]
+    return flat, flips
+
+
+def on_host(xs: Sequence[torch.Tensor], device: torch.device) -> bool:
+    """Whether `host_histograms` applies: every tensor on the CPU, where reading values back is free."""
+    return host_reads_free(device) and all(x.device == device for x in xs)
+
+
+def host_histograms(xs: Sequence[torch.Tensor], bins: int, negate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU tensors (`on_host`): the `histogram_partials` numbers as bucket counts [n, bins] and moments
+    [n, 5] (min, max, sum, sum of squares, NaN/Inf count; float64).
+
+    Why apart: the counts are integers, int32 (int64 from 2^31 values in one tensor), half the memory of
+    float64 rows. A measured step holds the gradient and update histograms beside the weight snapshot,
+    which on a 5,000-tensor model was its peak (2.8 MB per kind as float64 rows)."""
+    flat, flips = _histogram_inputs(xs, negate)
+    wide = any(x.numel() >= 2**31 for x in flat)
+    counts = torch.empty(len(flat), bins, dtype=torch.int64 if wide else torch.int32)
+    moments = torch.empty(len(flat), 5, dtype=torch.float64)
+    if flat:
+        _host_histograms(flat, bins, counts, moments, flips)
+    return counts, moments
+
+
+def histogram_partials(
+    xs: Sequence[torch.Tensor], bins: int, device: torch.device, negate: bool = False
+) -> torch.Tensor:
+    """[n, bins + 5]: bucket counts of the finite values, then min, max, sum, sum of squares, NaN/Inf count.
+
+    Buckets are fixed-width between each tensor's own min and max; NaN/Inf are counted and never
+    reach the buckets or the sums, but stand at 0 for the range (so a tensor with any NaN/Inf has
+    0 inside [min, max], as the sharded two-phase path has it). A constant tensor puts everything
+    in bucket 0. On the CPU values are read back to skip work (`host_histograms`); elsewhere nothing
+    is read back.
+
+    `negate`: the rows of `-x` for each x (the update histogram from the negated update the meter holds).
+    On the CPU, x is not touched: -x's min is -max(x), its sum -sum(x) and its bucket positions
+    `(max(x) - x) * scale`, the same rounded numbers as negating first, without a pass that writes.
+    """
+    dt = stat_dtype(device)
+    if not xs:
+        return torch.zeros(0, bins + 5, dtype=dt, device=device)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, x in enumerate(xs):
+        by_device.setdefault(x.device, []).append(i)
+    counts: list[torch.Tensor] = [torch.empty(0)] * len(xs)
+    moments: list[torch.Tensor] = [torch.empty(0)] * len(xs)
+    for dev, idx in by_device.items():
+        if host_reads_free(dev):
+            c, m = host_histograms([xs[i] for i in idx], bins, negate)
+            part = torch.cat([c.to(dt), m.to(dt)], dim=1)
+            if len(by_device) == 1:
+                return part.to(device)
+            for j, i in enumerate(idx):  # already folded: bucket `bins` is empty
+                counts[i] = torch.cat([part[j, :bins], part.new_zeros(1)])
+                moments[i] = part[j, bins:]
+        else:
+            flat, flips = _histogram_inputs([xs[i] for i in idx], negate)
+            for j, i in enumerate(idx):
+                counts[i], moments[i] = _device_histogram(flat[j].neg() if flips and flips[j] else flat[j], bins)
+    if len(by_device) == 1:
+        c_all = torch.stack(counts).to(device, dt)
+        m_all = torch.stack(moments).to(device, dt)
+    else:
+        c_all = torch.stack([c.to(device, dt) for c in counts])
+        m_all = torch.stack([m.to(device, dt) for m in moments])
+    c_all[:, bins - 1] += c_all[:, bins]  # the maximum itself sits on the closed right edge
+    return torch.cat([c_all[:, :bins], m_all], dim=1)
+
+
+# --- two-phase histograms, for tensors sharded across ranks -------------------------------------
+# A shard cannot pick its own bucket edges: every rank first reports its range (`histogram_ranges`),
+# the ranges are reduced to the global one, then each rank buckets its shard with that range
+# (`histogram_bucket`) and the bucket counts are summed. `histogram_partials` stays the one-pass
+# single-process path.
+
+
+def histogram_ranges(xs: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[n, 2]: min and max of each tensor with NaN/Inf read as 0 (as `histogram_partials` does).
+
+    An empty tensor (a rank's empty shard) gives (+inf, -inf), the neutral element of MIN/MAX.
+    """
+    dt = stat_dtype(device)
+    out = torch.empty(len(xs), 2, dtype=dt, device=device)
+    out[:, 0] = math.inf
+    out[:, 1] = -math.inf
+    for i, x in enumerate(xs):
+        x = _hist_input(x)
+        if x.numel() == 0:
+            continue
+        lo, hi = torch.aminmax(torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+        out[i, 0] = lo.to(device, dt)
+        out[i, 1] = hi.to(device, dt)
+    return out
+
+
+def histogram_bucket(xs: Sequence[torch.Tensor], bins: int, ranges: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[n, bins + 5] like `histogram_partials`, but bucketed over the given (global) `ranges` [n, 2].
+
+    Every column but min/max is a sum over shards; min/max are copied from `ranges`. A range with
+    min > max (no element anywhere) is read as [0, 0].
+    """
+    dt = stat_dtype(device)
+    out = torch.zeros(len(xs), bins + 5, dtype=dt, device=device)
+    if not len(xs):
+        return out
+    ranges = ranges.to(device, dt)
+    empty = ranges[:, 0] > ranges[:, 1]
+    ranges = torch.where(empty.unsqueeze(1), torch.zeros_like(ranges), ranges)
+    out[:, bins : bins + 2] = ranges
+    for i, x in enumerate(xs):
+        x = _hist_input(x)
+        if x.numel() == 0:
+            continue
+        z = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+        nonfinite = x.numel() - torch.isfinite(x).sum()
+        lo = ranges[i, 0].to(z.dtype)  # the value each rank's own min would have had
+        width = ranges[i, 1] - ranges[i, 0]
+        scale = torch.where(width > 0, bins / torch.where(width > 0, width, 1), 0)
+        pos = (z - lo).mul_(scale).nan_to_num_(nan=0.0).clamp_(0, bins - 1)
+        counts = torch.bincount(pos.to(torch.int64), minlength=bins).to(dt)
+        zero_bin = ((0 - lo) * scale).clamp(0, bins - 1).to(torch.int64).reshape(1)
+        counts.index_add_(0, zero_bin, -nonfinite.to(dt).reshape(1))
+        out[i, :bins] = counts
+        out[i, bins + 2] = z.sum().to(dt)
+        out[i, bins + 3] = torch.dot(z, z).to(dt)
+        out[i, bins + 4] = nonfinite.to(dt)
+    return out
