@@ -1,15 +1,17 @@
 """Digest of the files a fixed-seed run writes, timestamps removed: to show a refactor changed no byte.
 
     python benchmarks/run_digest.py OUT.json           # run the demo model with TensorBoard + W&B offline
-    python benchmarks/run_digest.py --compare A.json B.json
+    python benchmarks/run_digest.py --compare A.json B.json [--rename OLD=NEW ...]
 
 The run: the demo's five planted bugs, 24 steps, `every=2`, histograms, once with the TensorBoard writer
 and once with W&B offline. TensorBoard values are read with TensorBoard's own loader and compared as
 serialized `Summary.Value` protos per tag, in the order written (how many values share one `Event`
 depends on the writer thread's timing, so events are flattened); gradlog's run ids inside table text
-are replaced. W&B history, summary and config items are compared sorted by key (wandb-core writes a
-row's items in map order), without wandb's clocks (`_timestamp`, `_runtime`), artifact ids and the
-tables' file names and hashes; the tables' own JSON files are compared instead, run ids replaced.
+are replaced. W&B history items are compared by (`gradlog/step`, key) (how one step's items split into
+rows, and W&B's own `_step` row counter, depend on the writer thread's timing); summary and config items
+sorted by key (wandb-core writes a row's items in map order); all without wandb's clocks (`_timestamp`,
+`_runtime`), artifact references and the tables' file names, sizes and hashes: the tables' own JSON files
+are compared instead, run ids replaced.
 Records wandb writes about itself (system stats, files, telemetry) are left out. File names are
 normalised (times, hostnames, pids and run ids replaced).
 """
@@ -113,7 +115,8 @@ def _wandb_digest(path: Path) -> list[str]:
 
     from gradlog.readers.wandb_offline import read_chunks
 
-    out = []
+    out: list[str] = []
+    history: dict[tuple[str, str], str] = {}
     run_id = path.name[len("run-") : -len(".wandb")]  # gradlog's run_id in a W&B run is the W&B id
     data = path.read_bytes()  # wandb 0.31 ships no reader for its run files: gradlog's chunk reader
     for raw in read_chunks(data, []):
@@ -127,18 +130,25 @@ def _wandb_digest(path: Path) -> list[str]:
                 key = it.key or "/".join(it.nested_key)
                 if key.endswith(("/sha256", "/size")) or (key.endswith("/path") and "media/table" in it.value_json):
                     continue  # a table's file name, size and hash: the table's own file is compared instead
-                if key in ("_timestamp", "_runtime") or key.startswith("_wandb"):
-                    continue
+                if key in ("_timestamp", "_runtime") or key.startswith("_wandb") or key.endswith("artifact_path"):
+                    continue  # wandb's clocks and its artifact references (random ids, and the key in the path)
                 value = _ARTIFACT.sub("<artifact>", _RUN_ID_TEXT.sub("<run id>", it.value_json))
                 value = value.replace(f'"{run_id}"', '"<run id>"')
                 items.append((key, value))
+            if kind == "history":  # by (gradlog/step, key): how a step's items split into rows depends on timing
+                step = dict(items).get("gradlog/step", "?")
+                for key, value in items:
+                    if key != "_step":  # W&B's own row counter
+                        history[(step, key)] = value
+                continue
             items.sort()  # wandb-core writes a row's items in map order, which varies from run to run
             out.append(kind + ":" + hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16])
         elif kind == "metric":
             out.append("metric:" + hashlib.sha256(r.metric.SerializeToString(deterministic=True)).hexdigest()[:16])
         elif kind not in _W_AND_B_OWN:
             out.append(str(kind))
-    return out
+    lines = [f"history@{s}:{k}:{hashlib.sha256(v.encode()).hexdigest()[:16]}" for (s, k), v in history.items()]
+    return sorted(lines) + out
 
 
 def digest(root: Path) -> dict[str, Any]:
@@ -166,7 +176,22 @@ def digest(root: Path) -> dict[str, Any]:
     return files
 
 
-def compare(a: dict[str, Any], b: dict[str, Any]) -> int:
+def _renamed(d: dict[str, Any], renames: list[str]) -> dict[str, Any]:
+    """`d` with each OLD=NEW replaced in file names and records: a deliberate rename between A and B."""
+    pairs = [r.split("=", 1) for r in renames]
+
+    def fix(text: str) -> str:
+        for old, new in pairs:
+            text = text.replace(old, new)
+        return text
+
+    return {fix(k): sorted(fix(x) for x in v) if isinstance(v, list) else v for k, v in d.items()}
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], renames: list[str] | None = None) -> int:
+    if renames:
+        a = _renamed(a, renames)
+        b = {k: sorted(v) if isinstance(v, list) else v for k, v in b.items()}
     bad = 0
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
@@ -192,9 +217,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?")
     ap.add_argument("--compare", nargs=2)
+    ap.add_argument("--rename", action="append", default=[], help="OLD=NEW: a deliberate rename in A (repeatable)")
     args = ap.parse_args()
     if args.compare:
-        return compare(*(json.loads(Path(p).read_text()) for p in args.compare))
+        a, b = (json.loads(Path(p).read_text()) for p in args.compare)
+        return compare(a, b, args.rename)
     with tempfile.TemporaryDirectory() as tmp:
         _run(Path(tmp))
         d = digest(Path(tmp))
