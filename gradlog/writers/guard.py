@@ -87,7 +87,7 @@ def _tell(note: Callable[[int], object], n: int) -> Callable[[Writer], object]:
 class GuardedWriters(Writer):
     """Fans out to several writers; a failing one is warned about once and the others go on.
 
-    Writers with `inline = True` (TensorBoard: its own writer thread with bounded waits; memory) are
+    Writers with `inline = True` (TensorBoard: a lane of its own, batching its file writes; memory) are
     called inline; every other writer behind its own queue and thread (see the module docstring).
     With `strict=True` every writer is called inline and the first error is raised (tests, CI).
     """

@@ -180,7 +180,7 @@ class Lane:
                 return False
         return True
 
-    def close(self, deadline: float, patient_with: str = "") -> int | None:
+    def close(self, deadline: float, patient_with: str | None = None) -> int | None:
         """Let the thread finish what is queued, up to `deadline` (monotonic). None once it has; else the
         records it will never get to (queued or in progress), added to `dropped`. A call that has run longer
         than `timeout` is not waited for, unless its label is `patient_with` (a writer's own close())."""

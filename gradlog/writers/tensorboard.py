@@ -220,11 +220,15 @@ class _Lane(Lane):
     def weight(self, item: Any) -> int:
         return _records(item)
 
+    def label(self, item: Any) -> str:
+        return "write"
+
     def fell_behind(self, why: str) -> None:
         self.sink.problem(
             "slow",
             f"gradlog: TensorBoard writing is more than {self.timeout:g} s behind (a slow or hung disk?); "
-            "training continues without waiting for it, records that do not fit the queue are dropped",
+            "training continues without waiting for it, records that do not fit the queue (or come while a write is "
+            "stuck) are dropped",
         )
 
     def stopped(self) -> None:
@@ -238,7 +242,7 @@ def _emit(messages: list[str]) -> None:
 
 def _shutdown(lane: _Lane, timeout: float, emit: bool = True) -> None:
     """Drain and stop the writer thread, close the file. Runs once: from close(), on collection, or at exit."""
-    lost = lane.close(time.monotonic() + timeout)
+    lost = lane.close(time.monotonic() + timeout, patient_with="write")  # a slow write gets all of `timeout`
     if lost is not None:  # a stalled disk: what is still queued will never be written
         lane.sink.problem(
             "close",
@@ -263,7 +267,7 @@ class TensorBoardWriter(Writer):
     `strict=True` (for CI): then `flush()` and `close()` raise RuntimeError with the same message.
     """
 
-    inline = True  # its own writer thread and bounded waits: the logger calls it inline
+    inline = True  # a lane of its own (batched writes, flush() waits) and bounded waits: the logger calls it inline
 
     def __init__(
         self,
