@@ -130,7 +130,8 @@ class Lane:
         if since is not None and time.monotonic() - since > self.timeout:
             self._drop(item, f"one call has run for more than {self.timeout:g} s")
             return
-        self.caught_up()
+        if self.behind:
+            self.caught_up()
         if not self._put(item, (0.0 if self.behind else self.put_wait) if wait is None else wait):
             self._drop(item, f"{self.queue.maxsize} calls are waiting for it")
 

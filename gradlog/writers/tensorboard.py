@@ -66,9 +66,13 @@ class _Sink:
     files: list[str] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)
     reported: set[str] = field(default_factory=set)
+    kinds: set[str] = field(default_factory=set)  # of the problems kept: one each, as only the first is reported
 
     def problem(self, kind: str, message: str) -> None:
-        self.problems.append((kind, message))
+        """Keep the first problem of each kind (a stalled disk drops, and would add one, per record)."""
+        if kind not in self.kinds:
+            self.kinds.add(kind)
+            self.problems.append((kind, message))
 
     def write(self, records: list[bytes], sync: bool) -> None:
         from gradlog.writers.tfrecord import EventFile, frames
