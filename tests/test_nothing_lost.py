@@ -621,7 +621,7 @@ def test_records_queued_when_close_gives_up_on_a_stalled_disk_are_counted(tmp_pa
                 if not os.read(read_end, 1 << 16):
                     break
             except BlockingIOError:
-                if not tb._state.thread or not tb._state.thread.is_alive():
+                if not tb._lane.thread or not tb._lane.thread.is_alive():
                     break
                 threading.Event().wait(0.05)
         os.close(read_end)

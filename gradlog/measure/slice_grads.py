@@ -230,6 +230,36 @@ def _all_true(n: int) -> torch.Tensor:
     return _TRUE.expand(n)
 
 
+@dataclass
+class _Gathered:
+    """One `SliceGrads.observe` call: its options, and what it gathers for the `Observed` it returns."""
+
+    dead: bool  # a zero-count step: each position's all-zero-row fraction (and rows) too
+    step: int | None  # the optimizer step when last steps are kept (`SliceGrads.last_rows`), else None
+    keep_rows: bool
+    device: torch.device
+    host: bool  # numpy on the CPU, and not compiling
+    local: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> this step's rows
+    fresh: list[int] = field(default_factory=list)  # tensors with a device "complete" flag
+    flags: list[torch.Tensor] = field(default_factory=list)
+    fracs: list[torch.Tensor] = field(default_factory=list)  # per-row "non-zero" of the positions `frac_pos`
+    frac_pos: list[int] = field(default_factory=list)
+    dense_pos: list[int] = field(default_factory=list)  # zero-count steps: gradients with no all-zero row
+
+    def result(self, n: int) -> Observed:
+        """The `Observed` of `n` step positions."""
+        dead_frac = None
+        if self.dead:
+            dead_frac = torch.full((n,), math.nan, dtype=torch.float64, device=self.device)
+            if self.fracs:
+                at = torch.tensor(self.frac_pos).to(self.device, non_blocking=True)
+                dead_frac[at] = _zero_fractions(self.fracs, self.device)
+            if self.dense_pos:
+                dead_frac[torch.tensor(self.dense_pos).to(self.device, non_blocking=True)] = 0.0
+        done_t = torch.cat(self.flags).to(torch.float64) if self.flags else None
+        return Observed(self.fresh, done_t, dead_frac, self.local)
+
+
 class SliceGrads:
     """The OR-accumulated evidence of every watched tensor, keyed by its `Tracked.index`."""
 
@@ -289,101 +319,113 @@ class SliceGrads:
         `step` (the optimizer step): also keep each slice's last step with a non-zero gradient (`last_rows`),
         which needs this step's slices of every tensor, complete or not (on the CPU most are proven non-zero
         everywhere by their zero count or the probe, which costs a few reads)."""
-        last = step is not None and self.track_last
-        local: dict[int, torch.Tensor] = {}
-        fresh: list[int] = []
-        flags: list[torch.Tensor] = []
-        fracs: list[torch.Tensor] = []
-        frac_pos: list[int] = []
-        dense_pos: list[int] = []  # zero-count steps: gradients with no zero entry (no row all zero)
         host = np is not None and not _compiling()  # numpy on the CPU (looked up once, not per tensor)
-        probed: set[int] = set()
-        if host:  # tensors not yet complete whose few probe entries already prove every slice non-zero
-            # (not those whose rows are complete and columns not: dead inputs stay dead, a probe would fail)
-            probed = _probe_complete(
-                {
-                    i: local_tensor(g.detach() if g.requires_grad else g)
-                    for i, (row, g) in enumerate(zip(rows, grads))
-                    if g is not None
-                    and (dead or last or row.index not in self.full)
-                    and (last or row.index not in self.rows_full)
-                    and not (dense is not None and dense[i])
-                }
-            )
+        s = _Gathered(dead, step if self.track_last else None, keep_rows, device, host)
+        probed = self._probed(s, rows, grads, dense) if host else set()
         for i, (row, g) in enumerate(zip(rows, grads)):
             if g is None or g.dim() == 0:  # a 0-D tensor has no slices: the whole-tensor report covers it
                 continue
-            key = row.index
-            track = key not in self.full
-            if not track and not dead and not last:
+            track = row.index not in self.full
+            if not track and not dead and s.step is None:
                 continue
             g = local_tensor(g.detach() if g.requires_grad else g)
             known = host and g.device.type == "cpu" and ((dense is not None and dense[i]) or i in probed)
-            if not known and track and not dead and not last and key in self.rows_full and g.dim() >= 2 and host:
-                acc = self.cols.get(key)
-                c_nz = _host_cols(g) if acc is not None and self.rows[key].shape[0] == g.shape[0] else None
-                if c_nz is not None:
-                    self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
-                    if bool(self.cols[key].all()):  # a host read, free on this (CPU) path
-                        self.full.add(key)
-                    continue
-            hs = None if known or not host else _host_slices(g, need_cols=(track or last) and g.dim() >= 2)
-            if hs is not None and hs[0].all() and (hs[1] is None or hs[1].all()):
-                known = True  # every slice non-zero (columns too where tracked)
-            if known and last:
-                assert step is not None
-                self.all_at[key] = step
-            if known:  # every slice non-zero, known on the host
-                if dead:
-                    dense_pos.append(i)
-                    if keep_rows:
-                        local[i] = _all_true(g.shape[0])
-                if track:  # complete, known on the host: skipped from now on, no device flag needed
-                    self.rows[key] = _all_true(g.shape[0])
-                    if g.dim() >= 2:
-                        self.cols[key] = _all_true(g.shape[1])
-                    self.full.add(key)
-                continue
-            if hs is not None:
-                r_nz = torch.from_numpy(hs[0])
-                c_nz = torch.from_numpy(hs[1]) if hs[1] is not None else None
-            else:
-                r_nz, c_nz = slice_nonzero(g, rows_only=not (track or last))
-            if last and g.numel():
-                assert step is not None
-                self._mark_last(key, step, r_nz, c_nz)
-            if dead:
-                if keep_rows:
-                    local[i] = r_nz
-                frac_pos.append(i)
-                fracs.append(r_nz)
-            if not track:
-                continue
-            acc = self.rows.get(key)
-            fresh_rows = r_nz.clone() if dead and keep_rows else r_nz  # `local` keeps this step's own
-            self.rows[key] = fresh_rows if acc is None or acc.shape != r_nz.shape else acc.logical_or_(r_nz)
-            done = self.rows[key].all()
-            if hs is not None:  # a free host read on this (CPU) path
-                (self.rows_full.add if bool(done) else self.rows_full.discard)(key)
-            if c_nz is not None:
-                acc = self.cols.get(key)
-                self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
-                done = done & self.cols[key].all()
-            if host and device.type == "cpu" and done.device.type == "cpu":
-                if bool(done):  # known now, for free: no flag through the step's host copy
-                    self.full.add(key)
-                continue
-            fresh.append(key)
-            flags.append(done.reshape(1).to(device))
-        dead_frac = None
-        if dead:
-            dead_frac = torch.full((len(rows),), math.nan, dtype=torch.float64, device=device)
-            if fracs:
-                dead_frac[torch.tensor(frac_pos).to(device, non_blocking=True)] = _zero_fractions(fracs, device)
-            if dense_pos:
-                dead_frac[torch.tensor(dense_pos).to(device, non_blocking=True)] = 0.0
-        done_t = torch.cat(flags).to(torch.float64) if flags else None
-        return Observed(fresh, done_t, dead_frac, local)
+            self._observe_one(s, i, row.index, g, track, known)
+        return s.result(len(rows))
+
+    def _probed(
+        self, s: _Gathered, rows: list[Tracked], grads: list[torch.Tensor | None], dense: list[bool] | None
+    ) -> set[int]:
+        """Positions of the tensors not yet complete whose few probe entries already prove every slice
+        non-zero (not those whose rows are complete and columns not: dead inputs stay dead, a probe would
+        fail)."""
+        last = s.step is not None
+        return _probe_complete(
+            {
+                i: local_tensor(g.detach() if g.requires_grad else g)
+                for i, (row, g) in enumerate(zip(rows, grads))
+                if g is not None
+                and (s.dead or last or row.index not in self.full)
+                and (last or row.index not in self.rows_full)
+                and not (dense is not None and dense[i])
+            }
+        )
+
+    def _observe_one(self, s: _Gathered, i: int, key: int, g: torch.Tensor, track: bool, known: bool) -> None:
+        """One gradient (step position `i`, tensor `key`); `known`: every slice of it is non-zero, known on
+        the host already; `track`: its never-had-a-gradient evidence is not complete yet."""
+        last = s.step is not None
+        if not known and track and not s.dead and not last and key in self.rows_full and g.dim() >= 2 and s.host:
+            if self._columns_only(key, g):
+                return
+        hs = None if known or not s.host else _host_slices(g, need_cols=(track or last) and g.dim() >= 2)
+        if hs is not None and hs[0].all() and (hs[1] is None or hs[1].all()):
+            known = True  # every slice non-zero (columns too where tracked)
+        if known:
+            self._complete(s, i, key, g, track)
+            return
+        if hs is not None:
+            r_nz = torch.from_numpy(hs[0])
+            c_nz = torch.from_numpy(hs[1]) if hs[1] is not None else None
+        else:
+            r_nz, c_nz = slice_nonzero(g, rows_only=not (track or last))
+        if s.step is not None and g.numel():
+            self._mark_last(key, s.step, r_nz, c_nz)
+        if s.dead:
+            if s.keep_rows:
+                s.local[i] = r_nz
+            s.frac_pos.append(i)
+            s.fracs.append(r_nz)
+        if track:
+            self._accumulate(s, key, r_nz, c_nz, host_read=hs is not None)
+
+    def _columns_only(self, key: int, g: torch.Tensor) -> bool:
+        """A CPU tensor whose every row has had a non-zero gradient: OR in its columns alone. False where
+        that cannot be done (no columns kept yet, a new shape, no numpy view): the caller does it all."""
+        acc = self.cols.get(key)
+        c_nz = _host_cols(g) if acc is not None and self.rows[key].shape[0] == g.shape[0] else None
+        if c_nz is None:
+            return False
+        self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
+        if bool(self.cols[key].all()):  # a host read, free on this (CPU) path
+            self.full.add(key)
+        return True
+
+    def _complete(self, s: _Gathered, i: int, key: int, g: torch.Tensor, track: bool) -> None:
+        """Every slice of the gradient is non-zero, known on the host: complete from now on, no device flag."""
+        if s.step is not None:
+            self.all_at[key] = s.step
+        if s.dead:
+            s.dense_pos.append(i)
+            if s.keep_rows:
+                s.local[i] = _all_true(g.shape[0])
+        if track:  # complete, known on the host: skipped from now on, no device flag needed
+            self.rows[key] = _all_true(g.shape[0])
+            if g.dim() >= 2:
+                self.cols[key] = _all_true(g.shape[1])
+            self.full.add(key)
+
+    def _accumulate(
+        self, s: _Gathered, key: int, r_nz: torch.Tensor, c_nz: torch.Tensor | None, host_read: bool
+    ) -> None:
+        """OR this step's rows and columns into the tensor's evidence; whether it is now complete is known on
+        the host for free on the CPU, else it rides as a device flag in the step's host copy."""
+        acc = self.rows.get(key)
+        fresh_rows = r_nz.clone() if s.dead and s.keep_rows else r_nz  # `local` keeps this step's own
+        self.rows[key] = fresh_rows if acc is None or acc.shape != r_nz.shape else acc.logical_or_(r_nz)
+        done = self.rows[key].all()
+        if host_read:  # a free host read on this (CPU) path
+            (self.rows_full.add if bool(done) else self.rows_full.discard)(key)
+        if c_nz is not None:
+            acc = self.cols.get(key)
+            self.cols[key] = c_nz if acc is None or acc.shape != c_nz.shape else acc.logical_or_(c_nz)
+            done = done & self.cols[key].all()
+        if s.host and s.device.type == "cpu" and done.device.type == "cpu":
+            if bool(done):  # known now, for free: no flag through the step's host copy
+                self.full.add(key)
+            return
+        s.fresh.append(key)
+        s.flags.append(done.reshape(1).to(s.device))
 
     def mark_done(self, keys: list[int], done: list[float]) -> None:
         """Host side, from the step's one copy: tensors whose every slice has had a non-zero gradient."""

@@ -173,76 +173,93 @@ def _worst(found: Iterable[Finding]) -> str:
     return min(sev, key=SEVERITIES.index) if sev else IGNORE
 
 
-def judge(report: Report, extra: Sequence[tuple[str, str | None]] = (), label: str = "gradlog") -> Verdict:
-    """OK or PROBLEM for `report` under its policy, with the one line that says why."""
-    found = findings(report, extra)
-    parts: list[str] = []
-    problems: list[str] = []
+@dataclass
+class _Line:
+    """The verdict line being built: its parts in order, and which of them are problems."""
 
-    def add(text: str, severity: str) -> None:
+    found: list[Finding]
+    parts: list[str] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, text: str, severity: str) -> None:
         if severity == IGNORE:
             return
-        parts.append(text)
+        self.parts.append(text)
         if severity == PROBLEM:
-            problems.append(text)
+            self.problems.append(text)
 
-    def of(prefix: str) -> list[Finding]:
-        return [f for f in found if f.kind.startswith(prefix) and f.severity != IGNORE]
+    def of(self, prefix: str) -> list[Finding]:
+        """The findings of kinds starting with `prefix` that the policy does not ignore."""
+        return [f for f in self.found if f.kind.startswith(prefix) and f.severity != IGNORE]
 
-    nonfinite = of("run.nonfinite")
-    if nonfinite and report.first_nonfinite is not None:  # first: the one thing to look at before anything else
+
+def _reasons(found: Iterable[Finding]) -> list[str]:
+    return [f.kind.split(".", 1)[1] for f in found]
+
+
+def _tensors(line: _Line, report: Report) -> None:
+    """The first non-finite gradient (the one thing to look at before anything else), then which tensors
+    never updated (or that the diagnosis failed)."""
+    nonfinite = line.of("run.nonfinite")
+    if nonfinite and report.first_nonfinite is not None:
         f = report.first_nonfinite
-        add(f"first non-finite gradient at step {f.step} in {f.name}", _worst(nonfinite))
-    never = of("never.")
-    ignored = sum(1 for f in found if f.kind.startswith("never.") and f.severity == IGNORE)
+        line.add(f"first non-finite gradient at step {f.step} in {f.name}", _worst(nonfinite))
+    never = line.of("never.")
+    ignored = sum(1 for f in line.found if f.kind.startswith("never.") and f.severity == IGNORE)
     n = report.tracked_tensors
     if report.error is not None:
-        add(f"the diagnosis failed ({report.error}); which tensors never updated is unknown", _worst(of("run.diag")))
+        text = f"the diagnosis failed ({report.error}); which tensors never updated is unknown"
+        line.add(text, _worst(line.of("run.diag")))
     elif not never and not ignored:
-        parts.append(f"all {n} tracked tensors were updated")
+        line.parts.append(f"all {n} tracked tensors were updated")
     elif not never:
-        parts.append(f"{n - ignored} of {n} tracked tensors were updated ({ignored} ignored by the policy)")
+        line.parts.append(f"{n - ignored} of {n} tracked tensors were updated ({ignored} ignored by the policy)")
     else:
-        reasons = [f.kind.split(".", 1)[1] for f in never]
         more = f", {ignored} more ignored by the policy" if ignored else ""
-        add(f"{len(never)} of {n} tensors never updated ({_by_reason(reasons)}{more})", _worst(never))
+        line.add(f"{len(never)} of {n} tensors never updated ({_by_reason(_reasons(never))}{more})", _worst(never))
+
+
+def _slices(line: _Line, report: Report) -> None:
+    """Tensors partly never updated (over the run, then in one batch), stalled, with slices that stopped."""
     for batch, words in ((False, "partly never updated"), (True, "with slices this batch left at zero gradient")):
-        partly = [f for f in of("partly.") if f.in_batch is batch]
+        partly = [f for f in line.of("partly.") if f.in_batch is batch]
         if partly:
-            reasons = [f.kind.split(".", 1)[1] for f in partly]
             tensors = len({f.name for f in partly})
-            add(f"{_plural(tensors, 'tensor')} {words} ({_by_reason(reasons)})", _worst(partly))
-    stalled = of("stalled.")
+            line.add(f"{_plural(tensors, 'tensor')} {words} ({_by_reason(_reasons(partly))})", _worst(partly))
+    stalled = line.of("stalled.")
     if stalled:
         names = {f.name for f in stalled}
         first = min(s.since_step for s in report.stalled if s.name in names)
-        reasons = [f.kind.split(".", 1)[1] for f in stalled]
-        text = (
-            f"{_plural(len(stalled), 'tensor')} stopped learning ({_by_reason(reasons)}), the first from step {first}"
-        )
-        add(text, _worst(stalled))
-    sliced = of("stopped.")
+        text = f"{_plural(len(stalled), 'tensor')} stopped learning ({_by_reason(_reasons(stalled))})"
+        line.add(f"{text}, the first from step {first}", _worst(stalled))
+    sliced = line.of("stopped.")
     if sliced:
         names = {f.name for f in sliced}
         first = min(r.since_step for r in report.stopped_slices if r.name in names)
-        reasons = [f.kind.split(".", 1)[1] for f in sliced]
-        text = f"{_plural(len(names), 'tensor')} with slices that stopped learning ({_by_reason(reasons)})"
-        add(text + f", the first from step {first}", _worst(sliced))
-    rounded = of("precision.")
+        text = f"{_plural(len(names), 'tensor')} with slices that stopped learning ({_by_reason(_reasons(sliced))})"
+        line.add(text + f", the first from step {first}", _worst(sliced))
+
+
+def _run_wide(line: _Line, report: Report) -> None:
+    """Updates rounded away, skipped optimizer steps, and the alerts (one part per severity)."""
+    rounded = line.of("precision.")
     if rounded:
         text = f"{_plural(len(rounded), 'tensor')} with updates partly rounded away (below its dtype's precision)"
-        add(text, _worst(rounded))
-    skipped = of("run.skipped")
+        line.add(text, _worst(rounded))
+    skipped = line.of("run.skipped")
     if skipped:
-        add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", _worst(skipped))
-    alerts = of("alert.")
+        line.add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", _worst(skipped))
+    alerts = line.of("alert.")
     for severity in SEVERITIES[:3]:  # the alerts of one severity in one part: "2 warnings (update_ratio_high 2)"
         group = [f for f in alerts if f.severity == severity]
         if group:
             word = {PROBLEM: "alert", WARNING: "warning", NOTE: "note"}[severity]
-            by = _by_reason(f.kind.split(".", 1)[1] for f in group)
-            add(f"{_plural(len(group), word)} ({by})", severity)
-    others = [f for f in found if f.kind.startswith("diff.") and f.severity != IGNORE]
+            line.add(f"{_plural(len(group), word)} ({_by_reason(_reasons(group))})", severity)
+
+
+def _diffs(line: _Line) -> None:
+    """`gradlog diff`'s own findings, one part per kind."""
+    others = line.of("diff.")
     for kind in dict.fromkeys(f.kind for f in others):
         group = [f for f in others if f.kind == kind]
         k = len(group)
@@ -251,9 +268,19 @@ def judge(report: Report, extra: Sequence[tuple[str, str | None]] = (), label: s
             "diff.missing": f"{k} missing from some checkpoints",
             "diff.shape_or_dtype_changed": f"{k} changed shape or dtype",
         }.get(kind, f"{kind} {k}")
-        add(text, _worst(group))
+        line.add(text, _worst(group))
+
+
+def judge(report: Report, extra: Sequence[tuple[str, str | None]] = (), label: str = "gradlog") -> Verdict:
+    """OK or PROBLEM for `report` under its policy, with the one line that says why."""
+    line = _Line(findings(report, extra))
+    _tensors(line, report)
+    _slices(line, report)
+    _run_wide(line, report)
+    _diffs(line)
+    problems = line.problems
     status = PROBLEM_STATUS if problems else OK
-    v = Verdict(not problems, status, tuple(parts), "", tuple(problems), tuple(found), label)
+    v = Verdict(not problems, status, tuple(line.parts), "", tuple(problems), tuple(line.found), label)
     tail = f"; {v.tally}" if v.tally else ""
     suffix = f" ({report.optimizer_steps} optimizer steps, {report.measured_steps} measured{tail})"
     return dataclasses.replace(v, suffix=suffix)

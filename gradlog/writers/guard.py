@@ -1,18 +1,17 @@
 """Writer trouble must never kill, block or hang a training run.
 
-Every writer that does not ask to be called inline (`Writer.inline`: fast, or with a thread of its own) runs behind a
-bounded queue on a background thread: the training thread only enqueues. A writer whose call has run
-longer than `timeout` seconds, or whose queue is full, has fallen behind: one warning, and its records
-are dropped and counted (`dropped`) until it catches up. `close()` waits at most `timeout` seconds per
-writer. Errors are warned about once per writer and call, on the training thread; `strict=True` calls
-every writer inline and raises the first error instead (tests, CI).
+Every writer that does not ask to be called inline (`Writer.inline`: fast, or with a thread of its own) runs
+behind a bounded queue on a background thread (a `Lane`, writers/lanes.py, the one such mechanism): the
+training thread only enqueues. A writer whose call has run longer than `timeout` seconds, or whose queue
+is full, has fallen behind: one warning, and its records are dropped and counted (`dropped`) until it
+catches up. `close()` waits at most `timeout` seconds per writer. Errors are warned about once per writer
+and call, on the training thread; `strict=True` calls every writer inline and raises the first error
+instead (tests, CI).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.measure.once import WarnOnce, warn
 from gradlog.writers.base import Writer
+from gradlog.writers.lanes import Lane
 
 log = logging.getLogger("gradlog")
 
@@ -33,81 +33,35 @@ DEFAULT_MAX_QUEUE = 4096
 #: `sync()`: a single call running longer than this means the writer is slow, and nobody waits for it.
 SYNC_PATIENCE_S = 0.5
 
-_Call = tuple[str, Callable[[Writer], object]]
-_STOP: _Call = ("stop", lambda w: None)
-
 
 def _warn(msg: str) -> None:
     warn(msg, stacklevel=5)
 
 
-class _Lane:
-    """One writer, its queue and its thread. The thread starts at the first call."""
+class _Lane(Lane):
+    """One writer behind its own lane: an item is one call (`(what, call)`), done alone and in order."""
 
     def __init__(self, writer: Writer, max_queue: int, timeout: float) -> None:
+        super().__init__(f"gradlog-writer-{type(writer).__name__}", max_queue, timeout)
         self.writer = writer
-        self.timeout = timeout
-        self.queue: queue.Queue[_Call] = queue.Queue(maxsize=max_queue)
-        self.thread: threading.Thread | None = None
-        self.inline = False  # no thread could be started (interpreter shutdown): call in the caller
-        self.busy_since: float | None = None  # monotonic start of the call in progress
-        self.busy_what = ""  # which call that is
         self.errors: list[tuple[str, Exception]] = []  # appended by the thread, warned by the caller
-        self.dropped = 0
-        self.behind = False  # dropping records now: set on a drop, cleared once it has caught up
         self.warned = False  # about falling behind (once per run)
 
-    def _run(self) -> None:
-        while True:
-            what, call = self.queue.get()
-            if what == "stop":
-                return
-            self.busy_what = what
-            self.busy_since = time.monotonic()
-            try:
-                call(self.writer)
-            except Exception as exc:
-                self.errors.append((what, exc))
-            finally:
-                self.busy_since = None
+    def consume(self, items: list[Any], durable: bool) -> None:
+        for _what, call in items:
+            call(self.writer)
 
-    def _start(self) -> None:
-        name = f"gradlog-writer-{type(self.writer).__name__}"
-        t = threading.Thread(target=self._run, name=name, daemon=True)
-        try:
-            t.start()
-            self.thread = t
-        except RuntimeError:  # "can't create new thread at interpreter shutdown"
-            self.inline = True
+    def failed(self, items: list[Any], exc: Exception) -> None:
+        self.errors.append((items[0][0], exc))
 
-    def submit(self, what: str, call: Callable[[Writer], object], wait: float = 0.0) -> None:
-        """Queue `call` for the writer's thread; `wait` > 0 (close() only) waits that long for room in a full
-        queue instead of dropping the call at once."""
-        if self.thread is None and not self.inline:
-            self._start()
-        if self.inline:
-            try:
-                call(self.writer)
-            except Exception as exc:
-                self.errors.append((what, exc))
-            return
-        since = self.busy_since
-        if since is not None and time.monotonic() - since > self.timeout:
-            self._drop(f"one call has run for more than {self.timeout:g} s")
-            return
-        if self.behind and since is None and self.queue.empty():
-            self.behind = False  # caught up: syncs wait for it again
-        try:
-            if wait > 0:
-                self.queue.put((what, call), timeout=wait)
-            else:
-                self.queue.put_nowait((what, call))
-        except queue.Full:
-            self._drop(f"{self.queue.maxsize} calls are waiting for it")
+    def weight(self, item: Any) -> int:
+        """A record call is a record lost when dropped; a flush or close is not."""
+        return 1 if item[0].startswith("log_") else 0
 
-    def _drop(self, why: str) -> None:
-        self.dropped += 1
-        self.behind = True
+    def label(self, item: Any) -> str:
+        return str(item[0])
+
+    def fell_behind(self, why: str) -> None:
         if not self.warned:
             self.warned = True
             _warn(
@@ -115,42 +69,10 @@ class _Lane:
                 "its records are dropped and counted until it catches up"
             )
 
-    def sync(self, deadline: float, patience: float) -> None:
-        """Wait until the thread has done every call queued so far; give up at `deadline`, or as soon as
-        one call has run longer than `patience` (a slow writer is not waited for: it would block training)."""
-        t = self.thread
-        if t is None or not t.is_alive() or self.behind:
-            return
-        done = threading.Event()
-        try:
-            self.queue.put_nowait(("sync", lambda w: done.set()))
-        except queue.Full:
-            return
-        while not done.wait(0.01):
-            since = self.busy_since
-            now = time.monotonic()
-            if now >= deadline or (since is not None and now - since > patience) or not t.is_alive():
-                return
-
-    def close(self, deadline: float) -> None:
-        """Let the thread finish what is queued, up to `deadline` (monotonic); count what it could not."""
-        t = self.thread
-        if t is None or not t.is_alive():
-            return
-        try:
-            self.queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Full:
-            pass
-        while t.is_alive() and time.monotonic() < deadline:
-            since = self.busy_since
-            if since is not None and self.busy_what != "close" and time.monotonic() - since > self.timeout:
-                break  # stuck in a record call: waiting longer would only delay the end of the run
-            t.join(0.05)
-        if t.is_alive():
-            with self.queue.mutex:  # what the thread will never get to: records, not flush/close/stop markers
-                left = sum(1 for what, _ in self.queue.queue if what.startswith("log_"))
-            lost = left + (1 if self.busy_since is not None else 0)  # the call in progress is lost too
-            self.dropped += lost
+    def close_by(self, deadline: float) -> None:
+        """Close the lane (a writer's own close() is waited for until `deadline`); warn about what is lost."""
+        lost = self.close(deadline, patient_with="close")
+        if lost is not None:
             _warn(
                 f"gradlog: {type(self.writer).__name__} did not finish in time at close(); "
                 f"{lost} record(s) still queued or in progress are lost (dropped={self.dropped})"
@@ -165,7 +87,7 @@ def _tell(note: Callable[[int], object], n: int) -> Callable[[Writer], object]:
 class GuardedWriters(Writer):
     """Fans out to several writers; a failing one is warned about once and the others go on.
 
-    Writers with `inline = True` (TensorBoard: its own writer thread with bounded waits; memory) are
+    Writers with `inline = True` (TensorBoard: a lane of its own, batching its file writes; memory) are
     called inline; every other writer behind its own queue and thread (see the module docstring).
     With `strict=True` every writer is called inline and the first error is raised (tests, CI).
     """
@@ -218,7 +140,7 @@ class GuardedWriters(Writer):
         for w in self.writers:
             lane = self._lanes.get(id(w))
             if lane is not None:
-                lane.submit(what, call, wait)
+                lane.submit((what, call), wait)
                 continue
             try:
                 call(w)
@@ -268,13 +190,13 @@ class GuardedWriters(Writer):
         for lane in self._lanes.values():
             note: Any = getattr(lane.writer, "record_dropped", None)
             if lane.dropped and callable(note):
-                lane.submit("record_dropped", _tell(note, lane.dropped), left())
+                lane.submit(("record_dropped", _tell(note, lane.dropped)), left())
         self._each("close", lambda w: w.close(), left())
         for lane in self._lanes.values():
             # a writer that kept up gets time to finish its run (W&B's finish() waits for wandb-core);
             # one that fell behind, or whose record call runs longer than `timeout`, does not
             wait = self.timeout if lane.behind else max(self.timeout, CLOSE_GRACE_S)
-            lane.close(start + wait)
+            lane.close_by(start + wait)
         self._report_lane_errors()
         if self.dropped:
             msg = f"gradlog: {self.dropped} record(s) were dropped during this run (slow, stalled or failing writers)"

@@ -1,6 +1,7 @@
 """`TensorBoardWriter`: event files for `tensorboard --logdir runs`, written by a background thread.
 
-The training thread only enqueues plain Python values. A writer thread adds them to TensorBoard's own
+The training thread only enqueues plain Python values, on a `Lane` (the queue and thread every
+off-thread writer has). The lane's thread adds them to TensorBoard's own
 protobuf messages, a step's values in few Event records, frames them (C CRC32C) and writes them with
 one system call. `flush()` (the logger calls it after every published step) waits until that is done,
 so a `kill -9` right after `log()` loses nothing already logged.
@@ -12,9 +13,7 @@ import errno
 import itertools
 import logging
 import os
-import queue
 import socket
-import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -25,16 +24,16 @@ from gradlog.measure.histogram import Histogram, Histograms
 from gradlog.measure.once import warn
 from gradlog.runformat.names import GRAD_NORM_TOTAL, SUMMARY
 from gradlog.writers.base import Writer
+from gradlog.writers.lanes import Lane
 from gradlog.writers.quiet import QuietNonfinite, tensor_names
 
 log = logging.getLogger("gradlog")
 
 #: Queue items: ("s", step, wall, [(tag, value)]), ("h", step, wall, (tag, Histogram)), ("t", step, wall, (tag, md)),
 #: ("i", step, wall, (tag, png)), ("o", step, wall, [tensor names in model order]),
-#: ("H", step, wall, (tags, Histograms)): up to _BLOCK_ROWS histograms of one step, built on the writer thread.
+#: ("H", step, wall, (tags, Histograms)): up to _BLOCK_ROWS histograms of one step, built on the writer thread,
+#: ("p", step, wall, (tag, tensor names, [(tag, value)])): a measured step's values, packed on the writer thread.
 _Item = tuple[str, int, float, Any]
-_STOP = object()
-_MAX_BATCH = 4096
 #: Histograms per "H" item, and values encoded before they are written: what the writer thread holds at once.
 _BLOCK_ROWS = 256
 _claimed: set[str] = set()  # default run folders handed out in this process
@@ -54,11 +53,6 @@ def default_log_dir(root: str = "runs") -> str:
 
 
 @dataclass
-class _Flush:
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass
 class _Sink:
     """The writer thread's side: the open event file, and the problems it has met (reported by the caller's thread)."""
 
@@ -73,9 +67,13 @@ class _Sink:
     files: list[str] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)
     reported: set[str] = field(default_factory=set)
+    kinds: set[str] = field(default_factory=set)  # of the problems kept: one each, as only the first is reported
 
     def problem(self, kind: str, message: str) -> None:
-        self.problems.append((kind, message))
+        """Keep the first problem of each kind (a stalled disk drops, and would add one, per record)."""
+        if kind not in self.kinds:
+            self.kinds.add(kind)
+            self.problems.append((kind, message))
 
     def write(self, records: list[bytes], sync: bool) -> None:
         from gradlog.writers.tfrecord import EventFile, frames
@@ -198,47 +196,48 @@ def _pieces(items: list[_Item]) -> list[list[_Item]]:
     return out
 
 
-def _process(sink: _Sink, batch: list[Any]) -> bool:
-    """Write one batch from the queue; release its flush waiters. Returns False at the stop marker."""
-    items = [b for b in batch if isinstance(b, tuple)]
-    waiters = [b for b in batch if isinstance(b, _Flush)]
-    stop = any(b is _STOP for b in batch)
+def _write(sink: _Sink, items: list[_Item], durable: bool) -> None:
+    """Encode and write queued items, a piece at a time; `durable`: fsync the last (with `fsync=True`)."""
     pending = sum(map(_records, items))
     try:
         pieces = _pieces(items) if items else [[]]
         for i, piece in enumerate(pieces):
-            if piece or waiters:
-                last = i == len(pieces) - 1
-                sink.write(_encode(sink.format, piece) if piece else [], sync=last and (bool(waiters) or stop))
+            sink.write(_encode(sink.format, piece) if piece else [], sync=durable and i == len(pieces) - 1)
             pending -= sum(map(_records, piece))
-    except Exception as exc:  # a bug or a bad value must not kill the thread and hang flush()
+    except Exception as exc:  # a bug or a bad value: counted and warned about, and the next batch goes on
         sink.dropped += pending
         sink.problem("error", f"gradlog: TensorBoard writing failed ({type(exc).__name__}: {exc}); training continues")
-    finally:
-        for w in waiters:
-            w.done.set()
-        if stop:
-            sink.close()
-    return not stop
 
 
-def _run(q: queue.Queue[Any], sink: _Sink) -> None:
-    """The writer thread: block for one item, take whatever else is queued (up to a flush marker), write."""
-    while True:
-        batch = [q.get()]
-        while len(batch) < _MAX_BATCH and not isinstance(batch[-1], _Flush) and batch[-1] is not _STOP:
-            try:
-                batch.append(q.get_nowait())
-            except queue.Empty:
-                break
-        if not _process(sink, batch):
-            return
+class _Lane(Lane):
+    """The writer's queue and thread: takes whatever is queued (up to a flush) and writes it in one go.
+    It holds the sink, never the writer, so an unreferenced writer is collected and closed."""
 
+    max_batch = 4096
 
-@dataclass
-class _Thread:
-    thread: threading.Thread | None = None
-    inline: bool = False  # no thread could be started (interpreter shutting down): write in the caller
+    def __init__(self, sink: _Sink, max_queue: int, timeout: float) -> None:
+        super().__init__("gradlog-tensorboard", max_queue, timeout, put_wait=timeout)
+        self.sink = sink
+
+    def consume(self, items: list[Any], durable: bool) -> None:
+        _write(self.sink, items, durable)
+
+    def weight(self, item: Any) -> int:
+        return _records(item)
+
+    def label(self, item: Any) -> str:
+        return "write"
+
+    def fell_behind(self, why: str) -> None:
+        self.sink.problem(
+            "slow",
+            f"gradlog: TensorBoard writing is more than {self.timeout:g} s behind (a slow or hung disk?); "
+            "training continues without waiting for it, records that do not fit the queue (or come while a write is "
+            "stuck) are dropped",
+        )
+
+    def stopped(self) -> None:
+        self.sink.close()
 
 
 def _emit(messages: list[str]) -> None:
@@ -246,28 +245,17 @@ def _emit(messages: list[str]) -> None:
         warn(message, stacklevel=3)
 
 
-def _shutdown(q: queue.Queue[Any], state: _Thread, sink: _Sink, timeout: float, emit: bool = True) -> None:
+def _shutdown(lane: _Lane, timeout: float, emit: bool = True) -> None:
     """Drain and stop the writer thread, close the file. Runs once: from close(), on collection, or at exit."""
-    t = state.thread
-    if t is not None and t.is_alive():
-        try:
-            q.put(_STOP, timeout=timeout)
-        except queue.Full:
-            pass
-        t.join(timeout)
-        if t.is_alive():  # a stalled disk: what is still queued will never be written
-            with q.mutex:
-                lost = sum(_records(item) for item in q.queue if isinstance(item, tuple))
-            sink.dropped += lost
-            sink.problem(
-                "close",
-                f"gradlog: TensorBoard writing did not finish within {timeout:g} s at close() (a stalled disk?); "
-                f"{lost} queued record(s) are lost (dropped={sink.dropped})",
-            )
-    else:
-        sink.close()
+    lost = lane.close(time.monotonic() + timeout, patient_with="write")  # a slow write gets all of `timeout`
+    if lost is not None:  # a stalled disk: what is still queued will never be written
+        lane.sink.problem(
+            "close",
+            f"gradlog: TensorBoard writing did not finish within {timeout:g} s at close() (a stalled disk?); "
+            f"{lost} queued record(s) are lost (dropped={lane.dropped + lane.sink.dropped})",
+        )
     if emit:
-        _emit(sink.new_problems())
+        _emit(lane.sink.new_problems())
 
 
 class TensorBoardWriter(Writer):
@@ -284,7 +272,7 @@ class TensorBoardWriter(Writer):
     `strict=True` (for CI): then `flush()` and `close()` raise RuntimeError with the same message.
     """
 
-    inline = True  # its own writer thread and bounded waits: the logger calls it inline
+    inline = True  # a lane of its own (batched writes, flush() waits) and bounded waits: the logger calls it inline
 
     def __init__(
         self,
@@ -313,12 +301,7 @@ class TensorBoardWriter(Writer):
         #: In the name of every event file this writer creates (a second run into the same folder differs).
         self.run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_writers)}"
         self._sink = _Sink(self.log_dir, fsync, float(retry_secs), tb_format, run=self.run)
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
-        self._state = _Thread()
-        self._lock = threading.Lock()
-        self._dirty = False
-        self._slow = False
-        self._last_flush: _Flush | None = None
+        self._lane = _Lane(self._sink, max_queue, self.flush_timeout)
         self._last_step = 0
         self._scalar_tags: set[str] = set()
         self._quiet = QuietNonfinite()
@@ -327,7 +310,7 @@ class TensorBoardWriter(Writer):
         self._packed = 0
         self._last_len = -1
         self.closed = False
-        self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._state, self._sink, self.flush_timeout)
+        self._finalizer = weakref.finalize(self, _shutdown, self._lane, self.flush_timeout)
 
     def continue_run(self, run: str) -> None:
         """Write under an earlier run's id (a resumed run: readers take both for one run). Before the
@@ -344,42 +327,13 @@ class TensorBoardWriter(Writer):
     @property
     def dropped(self) -> int:
         """Records lost to I/O errors or a stalled disk (0 in a healthy run)."""
-        return self._sink.dropped
+        return self._lane.dropped + self._sink.dropped
 
     # --- the training thread's side: enqueue only ---------------------------------------------
-    def _start(self) -> None:
-        with self._lock:
-            if self._state.thread is not None or self._state.inline:
-                return
-            t = threading.Thread(target=_run, args=(self._queue, self._sink), name="gradlog-tensorboard", daemon=True)
-            try:
-                t.start()
-                self._state.thread = t
-            except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                self._state.inline = True
-
     def _put(self, item: _Item) -> None:
         if self.closed:
             raise RuntimeError("TensorBoardWriter is closed; create a new writer (a new run) to log again")
-        if self._state.thread is None:
-            self._start()
-        if self._state.inline:
-            _process(self._sink, [item])
-            return
-        self._dirty = True
-        try:
-            self._queue.put(item, block=not self._slow, timeout=self.flush_timeout)
-        except queue.Full:
-            self._sink.dropped += _records(item)
-            self._go_slow()
-
-    def _go_slow(self) -> None:
-        self._slow = True
-        self._sink.problem(
-            "slow",
-            f"gradlog: TensorBoard writing is more than {self.flush_timeout:g} s behind (a slow or hung disk?); "
-            "training continues without waiting for it, records that do not fit the queue are dropped",
-        )
+        self._lane.submit(item)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         """Per-tensor `weights/grad_nonfinite/` tags only once non-zero (see writers/quiet.py); new tensor names
@@ -437,18 +391,11 @@ class TensorBoardWriter(Writer):
 
     def flush(self) -> None:
         """Return once everything logged so far is written to the OS (or `flush_timeout` passed)."""
-        if self._dirty and not self.closed and self._state.thread is not None:
-            if self._slow and self._last_flush is not None and self._last_flush.done.is_set():
-                self._slow = False  # the thread caught up
-            marker = _Flush()
-            try:
-                self._queue.put(marker, block=not self._slow, timeout=self.flush_timeout)
-                self._last_flush = marker
-                self._dirty = False
-                if not self._slow and not marker.done.wait(self.flush_timeout):
-                    self._go_slow()
-            except queue.Full:
-                self._go_slow()
+        if not self.closed:
+            lane = self._lane
+            done = lane.sync(time.monotonic() + self.flush_timeout, patience=self.flush_timeout)
+            if not done and not lane.behind:  # it gave up waiting: not waited for again until caught up
+                lane.fall_behind(f"flush() waited {self.flush_timeout:g} s")
         self._report()
 
     def _report(self) -> None:
@@ -464,7 +411,7 @@ class TensorBoardWriter(Writer):
         self.closed = True
         if self.strict:  # report here, raising, instead of warning from the finalizer
             self._finalizer.detach()
-            _shutdown(self._queue, self._state, self._sink, self.flush_timeout, emit=False)
+            _shutdown(self._lane, self.flush_timeout, emit=False)
             self._report()
         else:
             self._finalizer()
