@@ -12,7 +12,8 @@ rows, and W&B's own `_step` row counter, depend on the writer thread's timing); 
 sorted by key (wandb-core writes a row's items in map order); all without wandb's clocks (`_timestamp`,
 `_runtime`), artifact references and the tables' file names, sizes and hashes: the tables' own JSON files
 are compared instead, run ids replaced.
-Records wandb writes about itself (system stats, files, telemetry) are left out. File names are
+Records wandb writes about itself (system stats, files, telemetry) are left out, and of the overview
+images only the final one (the others are drawn when wall time allows). File names are
 normalised (times, hostnames, pids and run ids replaced).
 """
 
@@ -72,6 +73,7 @@ _NAME_NOISE = [
 
 
 _RUN_ID = re.compile(rb"\d{8}T\d{6}-\d+-\d+|\b\d+-\d{9,}\b")  # gradlog's run ids: time-pid-n, pid-object id
+OVERVIEW_PREFIX = "gradlog/overview"
 _RUN_ID_TEXT = re.compile(_RUN_ID.pattern.decode())
 #: records wandb writes about itself (clocks, hosts, files, its own output): not gradlog's bytes
 _W_AND_B_OWN = {"files", "stats", "run", "telemetry", "environment", "exit", "final", "footer", "header"}
@@ -106,8 +108,16 @@ def _tb_digest(path: Path) -> list[str]:
         elif not e.HasField("file_version"):
             e.wall_time = 0
             out.append(f"event@{e.step}:" + hashlib.sha256(e.SerializeToString(deterministic=True)).hexdigest()[:16])
+    out = _last_overview(out)
     order = {line: i for i, line in enumerate(out)}
     return sorted(out, key=lambda line: (line.split("@")[0], order[line]))
+
+
+def _last_overview(lines: list[str]) -> list[str]:
+    """Only the final overview image: the ones during training are drawn at most every 20 s of wall time
+    and skipped while a drawing runs (gradlog/writers/overview.py), so which steps have one is timing."""
+    overview = [line for line in lines if line.startswith(OVERVIEW_PREFIX)]
+    return [line for line in lines if not line.startswith(OVERVIEW_PREFIX)] + overview[-1:]
 
 
 def _wandb_digest(path: Path) -> list[str]:
@@ -147,8 +157,20 @@ def _wandb_digest(path: Path) -> list[str]:
             out.append("metric:" + hashlib.sha256(r.metric.SerializeToString(deterministic=True)).hexdigest()[:16])
         elif kind not in _W_AND_B_OWN:
             out.append(str(kind))
-    lines = [f"history@{s}:{k}:{hashlib.sha256(v.encode()).hexdigest()[:16]}" for (s, k), v in history.items()]
+    final = max((s for s, k in history if k.startswith(OVERVIEW_PREFIX)), key=_number, default=None)
+    lines = [
+        f"history@{s}:{k}:{hashlib.sha256(v.encode()).hexdigest()[:16]}"
+        for (s, k), v in history.items()
+        if not k.startswith(OVERVIEW_PREFIX) or s == final  # the final overview only: see _last_overview
+    ]
     return sorted(lines) + out
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return -1.0
 
 
 def digest(root: Path) -> dict[str, Any]:
