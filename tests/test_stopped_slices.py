@@ -123,7 +123,11 @@ def test_gelu_gpt2_has_no_stopped_slices_as_its_gradients_say() -> None:
     assert report.stopped_slices == []
 
 
-def test_stopped_slices_table_reads_back_through_tensorboard(tmp_path: Any) -> None:
+def test_stopped_slices_table_reads_back_through_tensorboard(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Read back, and named by `gradlog report` (its text and --json), as the verdict it prints counts them."""
+    import json
+
+    from gradlog.cli.entry import main
     from gradlog.readers.run import closed_report, load
 
     model = tiny_gpt2(activation="relu")
@@ -144,6 +148,15 @@ def test_stopped_slices_table_reads_back_through_tensorboard(tmp_path: Any) -> N
     assert back is not None
     assert back.stopped_slices == report.stopped_slices
     assert "slices that stopped learning" in back.verdict and back.status == report.status == "PROBLEM"
+    capsys.readouterr()
+    main(["report", str(tmp_path / "tb")])
+    text = capsys.readouterr().out
+    assert "Stopped slices (" in text
+    for r in report.stopped_slices:  # each record's line: its name and the step it stopped from
+        assert any(line.split()[:1] == [r.name] and str(r.since_step) in line.split() for line in text.splitlines())
+    main(["report", str(tmp_path / "tb"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["stopped_slices"] == report.to_dict()["stopped_slices"]
 
 
 def test_one_measured_step_or_every_beyond_the_run_tells_nothing_and_does_not_crash() -> None:

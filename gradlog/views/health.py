@@ -36,6 +36,7 @@ from gradlog.verdict.report import (
     RANGES_SHOWN,
     STALLED_COLUMNS,
     Alert,
+    Report,
     format_ranges,
     format_table,
 )
@@ -81,6 +82,12 @@ class Health:
     #: the other two close-time tables, as `Report.to_dict()` writes them (numbers, lists of indices)
     partly_updated: list[dict[str, Any]] = field(default_factory=list)
     stalled: list[dict[str, Any]] = field(default_factory=list)
+    #: the slice-level tables in time (stopped slices, experts, updates rounded away), as `Report.to_dict()`
+    #: writes them, and as the console prints them: (heading, columns, rows)
+    stopped_slices: list[dict[str, Any]] = field(default_factory=list)
+    experts: list[dict[str, Any]] = field(default_factory=list)
+    precision: list[dict[str, Any]] = field(default_factory=list)
+    more_sections: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
     #: the judge's verdict on the Report rebuilt from the tables (and the warnings below): what close()
     #: said (None: the run did not close)
     closed: Verdict | None = None
@@ -136,6 +143,7 @@ class Health:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        del out["more_sections"]  # the console's form of stopped_slices, experts and precision
         out["summary"] = {k: _typed(v) for k, v in self.summary.items()}
         out["never_updated"] = [{**asdict(r), "numel": _typed(r.numel)} for r in self.never_updated]
         out["healthy"] = self.healthy
@@ -190,6 +198,10 @@ class Health:
                 lines.append(_indent(format_table(STALLED_COLUMNS, rows)))
             else:
                 lines.append("Stopped learning: none")
+            for head, columns, rows in self.more_sections:  # only the non-empty ones, as close() printed them
+                lines.append("")
+                lines.append(f"{head}:")
+                lines.append(_indent(format_table(columns, rows)))
         lines.append("")
         if self.first_nonfinite is not None:
             f = self.first_nonfinite
@@ -383,6 +395,10 @@ def analyze(
         never_updated_known=known,
         partly_updated=as_dict.get("partly_updated", []),
         stalled=as_dict.get("stalled", []),
+        stopped_slices=as_dict.get("stopped_slices", []),
+        experts=as_dict.get("experts", []),
+        precision=as_dict.get("precision", []),
+        more_sections=_more_sections(report),
         closed=judge(report) if report is not None else None,
         summary=summary,
         first_nonfinite=_first_nonfinite(run, summary, closed=closed),
@@ -393,6 +409,18 @@ def analyze(
         notes=list(run.notes),
         provisional_step=run.provisional_step,
     )
+
+
+#: the console's headings of the tables `Health.text` prints itself (never updated, partly, stopped learning)
+_OWN_SECTIONS = ("Never updated", "Partly updated", "Stopped learning")
+
+
+def _more_sections(report: Report | None) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The report's other non-empty tables (stopped slices, experts, updates rounded away), as close()
+    printed them: the verdict counts them, so the report must name them."""
+    if report is None:
+        return []
+    return [(h, list(c), r) for h, c, r in report.sections(console=True) if not h.startswith(_OWN_SECTIONS)]
 
 
 def _count(text: str, default: int) -> int:
