@@ -273,7 +273,10 @@ class GradLogger:
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (`Pipeline.diagnose`), judged over every segment of a resumed run."""
         report = self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy)
-        return self.segments.merge(report, self.table.live) if self.segments is not None else report
+        if self.segments is None:
+            return report
+        silent = self.segments.silent(lambda before: self.pipeline.silent_since(before, collective, self.model))
+        return self.segments.merge(report, self.table.live, silent)
 
     @property
     def closed(self) -> bool:

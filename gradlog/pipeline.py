@@ -30,10 +30,10 @@ from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.policy import Policy
 from gradlog.verdict.precision import rounded_away
-from gradlog.verdict.report import Report
+from gradlog.verdict.report import Report, StoppedSlice
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
-from gradlog.verdict.stopped_slices import global_last_steps, last_steps, stopped_slices
+from gradlog.verdict.stopped_slices import global_last_steps, last_steps, silent_slices, stopped_slices
 
 __all__ = ["IDLE_LOG_CALLS", "IdleWatch", "Pipeline"]
 
@@ -496,6 +496,18 @@ class Pipeline:
             tracked_tensors=len(rows),
             policy=policy,
         )
+
+    def silent_since(self, before: int, collective: bool, model: nn.Module | None) -> list[StoppedSlice]:
+        """A resumed run: slices with no gradient in this segment while their tensor had one, as stopped
+        right after `before` (`verdict.stopped_slices.silent_slices`); the resume merge keeps those that
+        learned in an earlier segment. Collective under sharded parameters, as `diagnose`."""
+        rows = self.table.live
+        lasts = last_steps(rows, self.meter.slice_grads)
+        reducer = self.meter.reducer
+        if collective and reducer is not None and reducer.active(rows):
+            lasts = global_last_steps(rows, lasts, reducer)
+        ledger = self.ledger
+        return silent_slices(rows, lasts, ledger.steps, ledger.measured_steps, model, before)
 
     def final_report(self, diagnose: Callable[[], Report], policy: Policy, strict: bool) -> Report:
         """The diagnosis at close (`diagnose`, after a last look for new tensors); if it fails, a warning

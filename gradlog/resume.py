@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,7 +29,7 @@ from gradlog.runformat.tables import closed_report
 from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
 from gradlog.runformat.wandb_run import read_segments, runs_in
 from gradlog.verdict.ledger import Evidence
-from gradlog.verdict.report import PartlyUpdated, Report, Stalled
+from gradlog.verdict.report import PartlyUpdated, Report, Stalled, StoppedSlice, format_ranges
 from gradlog.writers import make_writers
 from gradlog.writers.tensorboard import TensorBoardWriter
 
@@ -131,9 +132,10 @@ class Earlier:
                 return f"{name!r} had shape {shape_text(theirs[name])} there and has {shape_text(shape)} here"
         return None
 
-    def merge(self, report: Report, first_step: int, tracked: set[str]) -> Report:
+    def merge(self, report: Report, first_step: int, tracked: set[str], silent: list[StoppedSlice]) -> Report:
         """This segment's report, judged over the whole run: a tensor updated in any segment is not
-        never-updated; one updated earlier but not in this segment (from `first_step` on) has stalled."""
+        never-updated; one updated earlier but not in this segment (from `first_step` on) has stalled; so
+        for slices (`_merge_stopped`, with `silent`: this segment's slices that had no gradient in it)."""
         earlier = self.report
         before_never = {r.name: r for r in earlier.never_updated}
         known = set(self.shapes) | set(before_never)
@@ -158,6 +160,7 @@ class Earlier:
             never_updated=never,
             stalled=stalled,
             partly_updated=_merge_partly(earlier, report),
+            stopped_slices=_merge_stopped(earlier, report, first_step, silent),
             first_nonfinite=earlier.first_nonfinite or report.first_nonfinite,
             measured_steps=earlier.measured_steps + report.measured_steps,
             skipped_steps=earlier.skipped_steps + report.skipped_steps,
@@ -183,6 +186,52 @@ def _merge_partly(earlier: Report, report: Report) -> list[PartlyUpdated]:
         if name in never_now and name not in now:
             out.append(p)
     return out
+
+
+def _merge_stopped(earlier: Report, report: Report, first_step: int, silent: list[StoppedSlice]) -> list[StoppedSlice]:
+    """Slices that stopped learning in the whole run: this segment's own; the earlier segments' that had
+    no gradient in this one either (their first stop step kept); and slices that learned before the resume
+    and had no gradient since (`silent`: stopped at the resume, since a dead unit stays dead across a
+    restart). Slices never updated in the earlier segments stay `partly_updated`'s."""
+    out = list(report.stopped_slices)
+    never_now = {r.name for r in report.never_updated}
+    quiet_now: dict[tuple[str, int | None], set[int]] = {}
+    for s in silent:
+        quiet_now.setdefault((s.name, s.dim), set()).update(s.indices)
+    covered: dict[tuple[str, int | None], set[int]] = {}
+    for p in earlier.partly_updated:
+        covered.setdefault((p.name, p.dim), set()).update(p.indices)
+    for s in earlier.stopped_slices:
+        key = (s.name, s.dim)
+        quiet = set(s.indices) if s.name in never_now else set(s.indices) & quiet_now.get(key, set())
+        if quiet:
+            out.append(_subset(s, quiet, s.detail))
+            covered.setdefault(key, set()).update(quiet)
+    never_before = {r.name for r in earlier.never_updated}
+    for s in silent:
+        fresh = sorted(set(s.indices) - covered.get((s.name, s.dim), set()))
+        if fresh and s.name not in never_before:
+            when = f"until step {s.last_grad_step} and none at any measured step from step {s.since_step} on"
+            now = f"before the resume at step {first_step} and none at any measured step since"
+            out.append(_subset(s, set(fresh), s.detail.replace(when, now)))
+    return out
+
+
+#: where a stopped-slice detail's opening "<noun> <ranges> (<n> of <total>)" ends
+_WHEN = re.compile(r" (had a non-zero gradient|stopped at different steps)")
+
+
+def _subset(s: StoppedSlice, indices: set[int], detail: str) -> StoppedSlice:
+    """`s` cut to `indices` (some of its slices learned again, or were already counted), its detail's
+    opening and its count of peers said again for them."""
+    idx = tuple(sorted(indices))
+    if idx == s.indices:
+        return replace(s, detail=detail)
+    cut = _WHEN.search(detail)
+    rest = detail[cut.start() :] if cut is not None else ": " + detail
+    rest = re.sub(r"; the same \d+ stopped in", "; the same slices stopped in", rest)
+    what = f"{s.slices} {format_ranges(idx, 8)} ({len(idx)} of {s.total})"
+    return replace(s, indices=idx, stopped=len(idx), detail=what + rest)
 
 
 def checkpoint_step(optimizer: torch.optim.Optimizer | None) -> int | None:
@@ -281,11 +330,17 @@ class Continuation:
         last = {i: e.last_update for i, e in evidence.items()}
         return self.segment.summary_rows(), Segment.rows(tracked, last, self.earlier)
 
-    def merge(self, report: Report, tracked: list[Tracked]) -> Report:
-        """`report` judged over every segment of the run (itself when there is no earlier one)."""
+    def silent(self, find: Callable[[int], list[StoppedSlice]]) -> list[StoppedSlice]:
+        """`find(before)`: this segment's slices with no gradient, as stopped after the earlier segments'
+        last step (`Pipeline.silent_since`); asked only of a run that continues an earlier one."""
+        return find(self.segment.first_step - 1) if self.earlier is not None else []
+
+    def merge(self, report: Report, tracked: list[Tracked], silent: list[StoppedSlice]) -> Report:
+        """`report` judged over every segment of the run (itself when there is no earlier one); `silent`
+        as `silent` returns."""
         if self.earlier is None:
             return report
-        return self.earlier.merge(report, self.segment.first_step, {r.name for r in tracked})
+        return self.earlier.merge(report, self.segment.first_step, {r.name for r in tracked}, silent)
 
 
 def open_run(

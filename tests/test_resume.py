@@ -263,3 +263,47 @@ def test_tensorboard_and_wandb_together_continue_both(tmp_path: Path, monkeypatc
     tb = closed_report(load(str(tmp_path)))
     wb = closed_report(load(str(tmp_path / "wandb")))
     assert tb is not None and wb is not None and tb.verdict == wb.verdict == report.verdict
+
+
+def test_units_that_die_span_the_resume(tmp_path: Path) -> None:
+    """Dead units across segments: killed before the resume and still dead after it stay stopped from their
+    own step; killed at the resume, they stopped at the resume step; killed before and revived after, they
+    are not stopped. The stop steps come from the gradients read here, never from gradlog."""
+    dead_early, dead_at_resume, revived = [0, 1], [5, 6], [9]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    with torch.no_grad():
+        model[0].bias.fill_(1.0)  # every unit alive until the test kills it
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    last_nonzero: dict[int, int] = {}  # unit -> last step its row had a non-zero gradient
+
+    def segment(steps: range, resume: bool, kill: list[int], revive: list[int]) -> gradlog.Report:
+        out = gradlog.Output(resume=resume)
+        gl = gradlog.GradLogger(model, opt, writer=out, log_dir=str(tmp_path), every=2, print_report=False)
+        for step in steps:
+            if step == steps.start + 8 or (resume and step == steps.start):
+                with torch.no_grad():
+                    model[0].bias[kill] = -100.0
+                    model[0].bias[revive] = 1.0
+            opt.zero_grad()
+            model(torch.randn(16, 4)).pow(2).mean().backward()
+            for unit in range(16):
+                if model[0].weight.grad[unit].abs().sum() > 0:
+                    last_nonzero[unit] = step
+            opt.step()
+            gl.log(step)
+        return gl.close()
+
+    segment(range(30), False, dead_early + revived, [])
+    report = segment(range(30, 60), True, dead_at_resume, revived)
+    assert last_nonzero[dead_early[0]] < 8 <= last_nonzero[revived[0]] - 30 + 8 and last_nonzero[5] == 29
+    rows = [s for s in report.stopped_slices if s.name == "0.weight" and s.dim == 0]
+    by_unit = {i: s for s in rows for i in s.indices}
+    assert set(by_unit) == set(dead_early + dead_at_resume)  # the revived unit is not stopped
+    first_measured_after = {u: next(k for k in range(0, 60, 2) if k > last_nonzero[u]) for u in dead_early}
+    assert all(by_unit[u].since_step == first_measured_after[u] for u in dead_early)
+    assert all(by_unit[u].since_step == 30 for u in dead_at_resume)  # stopped at the resume
+    assert not any(p.name == "0.weight" and p.dim == 0 for p in report.partly_updated)  # all had learned once
+    back = closed_report(load(str(tmp_path)))
+    assert back is not None and back.verdict == report.verdict
+    assert {i for s in back.stopped_slices if s.name == "0.weight" and s.dim == 0 for i in s.indices} == set(by_unit)

@@ -221,6 +221,29 @@ def stopped_slices(
     return _records(groups)
 
 
+def silent_slices(
+    rows: Sequence[Tracked],
+    lasts: Lasts,
+    steps: StepIndex,
+    measured_steps: int,
+    model: nn.Module | None,
+    before: int,
+    exclude: set[str] | frozenset[str] = frozenset(),
+) -> list[StoppedSlice]:
+    """A resumed run's slices with no non-zero gradient at any measured step of this segment while the
+    rest of their tensor had one, as if they stopped right after `before` (the earlier segments' last
+    step): what this segment alone cannot call stopped (it never saw them move). The same rules and reasons
+    as `stopped_slices` (quiet long enough, embedding rows left out, dead units paired across tensors)."""
+    shifted: Lasts = {}
+    for index, vecs in lasts.items():
+        # silent slices "stopped" after `before`; every other slice is set to the tensor's last step (no finding)
+        shifted[index] = {
+            d: torch.where(v < 0, torch.full_like(v, before), v.max().expand_as(v)) for d, v in vecs.items()
+        }
+    found = stopped_slices(rows, shifted, steps, measured_steps, model, exclude)
+    return [s for s in found if s.last_grad_step == before]
+
+
 def _records(groups: list[_Group]) -> list[StoppedSlice]:
     """Reasons from pairing (see the module docstring), then the records."""
     by_key: dict[tuple[str, int, int, tuple[int, ...]], list[_Group]] = {}
