@@ -153,56 +153,72 @@ class Health:
         return out
 
     def text(self) -> str:
+        """The console report: the close-time tables, the warnings, notes and skipped parts, the verdict."""
         self = escaped(self)  # every name, cell and message came from a file: printed with escapes
         lines = [
             f"gradlog report: {self.path} ({self.backend}, {self.tensors} tensors, {self.measured_steps} measured)"
         ]
         lines.append("")
-        if not self.never_updated_known:
-            lines.append("Never updated: unknown (no gradlog/never_updated table: the run did not call close())")
-        elif self.never_updated:
-            when = "" if self.provisional_step is None else f", as of step {self.provisional_step}, run did not close"
-            lines.append(f"Never updated ({len(self.never_updated)}{when}):")
-            rows = [[r.name, r.shape, r.numel, r.reason, r.detail] for r in self.never_updated]
-            lines.append(_indent(format_table(COLUMNS, rows)))
-        elif self.provisional_step is not None:
-            lines.append(f"Never updated: none as of step {self.provisional_step} (run did not close)")
-        else:
-            lines.append("Never updated: none")
+        lines += self._never_lines()
         if self.never_updated_known:
-            lines.append("")
-            if self.partly_updated:
-                lines.append(f"Partly updated ({len(self.partly_updated)}):")
-                rows = [
-                    [
-                        p["name"],
-                        DIM_NAMES.get(p["dim"], f"dim {p['dim']}"),
-                        str(p["never"]),
-                        str(p["total"]),
-                        format_ranges(p["indices"], RANGES_SHOWN),
-                        p["reason"],
-                        p["detail"],
-                    ]
-                    for p in self.partly_updated
-                ]
-                lines.append(_indent(format_table(PARTLY_COLUMNS, rows)))
-            else:
-                lines.append("Partly updated: none")
-            lines.append("")
-            if self.stalled:
-                lines.append(f"Stopped learning ({len(self.stalled)}):")
-                rows = [
-                    [r["name"], str(r["since_step"]), str(r["last_update_step"]), r["reason"], r["detail"]]
-                    for r in self.stalled
-                ]
-                lines.append(_indent(format_table(STALLED_COLUMNS, rows)))
-            else:
-                lines.append("Stopped learning: none")
-            for head, columns, rows in self.more_sections:  # only the non-empty ones, as close() printed them
-                lines.append("")
-                lines.append(f"{head}:")
-                lines.append(_indent(format_table(columns, rows)))
+            lines += self._close_time_lines()
         lines.append("")
+        lines += self._warning_lines()
+        for title, items in (("Notes:", self.notes), ("Skipped (unreadable):", self.skipped)):
+            if items:
+                lines += ["", title, *(f"  {s}" for s in items)]
+        if self.closed is not None and self.closed.findings:  # notes are listed, never hidden
+            lines.append("")
+            lines += finding_lines(self.closed)
+        lines.append("")
+        lines.append(self.verdict)
+        return "\n".join(lines)
+
+    def _never_lines(self) -> list[str]:
+        if not self.never_updated_known:
+            return ["Never updated: unknown (no gradlog/never_updated table: the run did not call close())"]
+        if self.never_updated:
+            when = "" if self.provisional_step is None else f", as of step {self.provisional_step}, run did not close"
+            rows = [[r.name, r.shape, r.numel, r.reason, r.detail] for r in self.never_updated]
+            return [f"Never updated ({len(self.never_updated)}{when}):", _indent(format_table(COLUMNS, rows))]
+        if self.provisional_step is not None:
+            return [f"Never updated: none as of step {self.provisional_step} (run did not close)"]
+        return ["Never updated: none"]
+
+    def _close_time_lines(self) -> list[str]:
+        """Partly updated, stopped learning, then the other non-empty tables as close() printed them."""
+        partly = [
+            [
+                p["name"],
+                DIM_NAMES.get(p["dim"], f"dim {p['dim']}"),
+                str(p["never"]),
+                str(p["total"]),
+                format_ranges(p["indices"], RANGES_SHOWN),
+                p["reason"],
+                p["detail"],
+            ]
+            for p in self.partly_updated
+        ]
+        stalled = [
+            [r["name"], str(r["since_step"]), str(r["last_update_step"]), r["reason"], r["detail"]]
+            for r in self.stalled
+        ]
+        lines = []
+        for title, columns, rows in (
+            ("Partly updated", PARTLY_COLUMNS, partly),
+            ("Stopped learning", STALLED_COLUMNS, stalled),
+        ):
+            lines.append("")
+            if rows:
+                lines += [f"{title} ({len(rows)}):", _indent(format_table(columns, rows))]
+            else:
+                lines.append(f"{title}: none")
+        for head, columns, rows in self.more_sections:  # only the non-empty ones
+            lines += ["", f"{head}:", _indent(format_table(columns, rows))]
+        return lines
+
+    def _warning_lines(self) -> list[str]:
+        lines = []
         if self.first_nonfinite is not None:
             f = self.first_nonfinite
             lines.append(f"First non-finite gradient: step {f.step}, {f.tensor}")
@@ -221,20 +237,7 @@ class Health:
                 lines.append(_indent(format_table(["name", "kind", "first step", "detail"], rows)))
             else:
                 lines.append(f"{title}: none")
-        if self.notes:
-            lines.append("")
-            lines.append("Notes:")
-            lines += [f"  {s}" for s in self.notes]
-        if self.skipped:
-            lines.append("")
-            lines.append("Skipped (unreadable):")
-            lines += [f"  {s}" for s in self.skipped]
-        if self.closed is not None and self.closed.findings:  # notes are listed, never hidden
-            lines.append("")
-            lines += finding_lines(self.closed)
-        lines.append("")
-        lines.append(self.verdict)
-        return "\n".join(lines)
+        return lines
 
 
 _T = TypeVar("_T")
