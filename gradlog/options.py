@@ -181,7 +181,8 @@ class Output:
     - `writer`: a registered name (``"tensorboard"``, ``"wandb"``, ``"memory"``), a `gradlog.Writer`, or a
       list of either;
     - `options`: keyword arguments for the writers gradlog constructs from names (``{"project": "p"}``
-      for W&B, ``{"fsync": True}`` for TensorBoard);
+      for W&B, ``{"fsync": True}`` for TensorBoard); with several, each key goes to the writers that take
+      it, or one dict per writer name (``{"wandb": {...}, "tensorboard": {...}}``);
     - `timeout`: seconds one writer call may take before its records are dropped and counted;
     - `provisional_every`: seconds between two provisional tables, the answer a ``kill -9`` leaves on
       disk (0: every histogram step; None: none);

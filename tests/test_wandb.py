@@ -671,3 +671,23 @@ def test_records_dropped_behind_a_stuck_writer_are_counted_in_the_run(
     assert run.summary[DROPPED_KEY] == dropped
     steps = [s for s, _ in run.column("weights/grad_norm/a", x="gradlog/step")]
     assert steps[0] == 0 and len(steps) < 11  # what got through is in the run, what was dropped is not
+
+
+def test_options_reach_the_writers_that_take_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`writer=["tensorboard", "wandb"]` with one flat options dict: W&B's project goes to W&B only,
+    TensorBoard's fsync to TensorBoard only; one dict per writer works too; a key no writer takes is an
+    error naming it (it was TensorBoardWriter's 'unexpected keyword argument project')."""
+    offline_env(monkeypatch, tmp_path)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for n, options in enumerate(({"project": "flat", "fsync": True}, {"wandb": {"project": "nested"}})):
+        out = gradlog.Output(["tensorboard", "wandb"], options=options)
+        gl = gradlog.GradLogger(model, opt, writer=out, log_dir=str(tmp_path / f"tb{n}"), every=1, print_report=False)
+        tb = next(w for w in gl.publisher.writers.writers if isinstance(w, gradlog.TensorBoardWriter))
+        assert tb._sink.fsync is ("fsync" in options)  # the writer keeps it where it syncs
+        catalogue.train(opt, gl, 2, lambda i: model(torch.randn(3, 4)).sum())
+        assert glob.glob(str(tmp_path / f"tb{n}" / "events.out.tfevents.*"))
+    projects = sorted(read_finished_run(p).project or "" for p in find_run_files(tmp_path))
+    assert projects == ["flat", "nested"]
+    with pytest.raises(TypeError, match=r"'flush_sec' is not an option of the writers tensorboard, memory"):
+        gradlog.GradLogger(model, opt, writer=gradlog.Output(["tensorboard", "memory"], options={"flush_sec": 5}))

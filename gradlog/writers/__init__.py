@@ -39,16 +39,18 @@ def make_writers(
     """Turn `writer=` into Writer instances: a name, an instance, or a list of either.
 
     `log_dir` and `strict` go to the writers whose constructor takes them; `named[name]` to the writer of
-    that name only (a resumed W&B run's id).
+    that name only (a resumed W&B run's id). `options` go where they belong (`route_options`).
     """
     items: list[str | Writer] = [spec] if isinstance(spec, (str, Writer)) else list(spec)
+    names = [item for item in items if isinstance(item, str)]
+    routed = route_options(names, options)
     out: list[Writer] = []
     for item in items:
         if isinstance(item, Writer):
             out.append(item)
         elif isinstance(item, str):
             cls = writer_class(item)
-            kwargs = {**options, **(named or {}).get(item, {})}
+            kwargs = {**routed.get(item, {}), **(named or {}).get(item, {})}
             if log_dir is not None and "log_dir" in inspect.signature(cls).parameters:
                 kwargs["log_dir"] = log_dir  # file writers only: writer=["memory", "tensorboard"] works
             if strict is not None and "strict" in inspect.signature(cls).parameters:
@@ -58,6 +60,31 @@ def make_writers(
             raise TypeError(
                 f"writer must be a name ({', '.join(sorted(REGISTRY))}), a gradlog.Writer or a list of them; "
                 f"got {type(item).__name__}"
+            )
+    return out
+
+
+def route_options(names: list[str], options: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each named writer's keyword arguments. `options` is either one dict per writer name
+    (``{"wandb": {"project": "p"}, "tensorboard": {...}}``) or one flat dict: then a key goes to the writers
+    whose constructor names it, and a key none names to those that take any (`WandbWriter`'s wandb.init
+    keywords), so ``writer=["tensorboard", "wandb"], options={"project": "p"}`` works. A key no writer
+    takes is an error that names it."""
+    if options and all(k in REGISTRY and isinstance(v, Mapping) for k, v in options.items()):
+        return {name: dict(options.get(name, {})) for name in names}
+    params = {name: inspect.signature(writer_class(name)).parameters for name in names}
+    open_ended = [n for n in names if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params[n].values())]
+    out: dict[str, dict[str, Any]] = {name: {} for name in names}
+    for key, value in options.items():
+        takers = [n for n in names if key in params[n] and params[n][key].kind is not inspect.Parameter.VAR_KEYWORD]
+        for name in takers or open_ended:
+            out[name][key] = value
+        if names and not (takers or open_ended):
+            known = sorted({k for n in names for k, p in params[n].items() if p.kind is not p.VAR_KEYWORD})
+            raise TypeError(
+                f"Output(options=...): {key!r} is not an option of the writer{'s' * (len(names) > 1)} "
+                f"{', '.join(names)} (they take: {', '.join(known)}); give one dict per writer, e.g. "
+                f"options={{{names[0]!r}: {{...}}}}"
             )
     return out
 
