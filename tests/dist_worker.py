@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from catalogue import FrozenMainLateSlow
 from torch import nn
 
 import gradlog
@@ -413,21 +414,6 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
     _save(out, "mismatch", rank, {"results": results})
 
 
-class ResumeNet(nn.Module):
-    """`frozen` is frozen throughout; `late` until the resume; `slow`'s lr goes to 0 at the resume."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.frozen = nn.Linear(4, 4)
-        self.main = nn.Linear(4, 6)
-        self.late = nn.Linear(6, 6)
-        self.slow = nn.Linear(6, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.slow(torch.tanh(self.late(torch.tanh(self.main(self.frozen(x))))))
-        return out
-
-
 def resume_suite(out: str, rank: int, world: int, second: bool) -> None:
     """One launch of the resumed FSDP2 run: steps 0..29 then a checkpoint, or (`second`) the checkpoint
     loaded and steps 30..59 with `late` unfrozen and `slow`'s lr at 0, resumed into the same log_dir."""
@@ -438,7 +424,7 @@ def resume_suite(out: str, rank: int, world: int, second: bool) -> None:
 
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
-    model = ResumeNet()
+    model = FrozenMainLateSlow()  # `frozen` frozen throughout; `late` until the resume; `slow`'s lr to 0 then
     model.frozen.requires_grad_(False)
     model.late.requires_grad_(False)
     fully_shard(model, mesh=mesh)
