@@ -30,7 +30,7 @@ from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
 from gradlog.runformat.wandb_run import read_segments, runs_in
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Report, Stalled, StoppedSlice, format_ranges
-from gradlog.writers import make_writers
+from gradlog.writers import make_writers, route_options
 from gradlog.writers.tensorboard import TensorBoardWriter
 
 if TYPE_CHECKING:
@@ -350,7 +350,8 @@ def open_run(
     earlier run they continue. A W&B run to continue is found before `wandb.init`, which then gets its id;
     the step count goes on from the earlier run's (on every rank under FSDP2/DTensor, see `share`)."""
     tracked, optimizer = pipeline.table.live, pipeline.optimizer
-    wandb_dir = options.get("dir", log_dir)  # wandb.init(dir=...) given in the writer options wins (WandbWriter)
+    names = _names(out.writer)  # wandb.init(dir=...) given in the writer options wins (WandbWriter)
+    wandb_dir = route_options(names, options).get("wandb", {}).get("dir", log_dir) if "wandb" in names else log_dir
     wandb = wandb_earlier(out.resume, out.writer, wandb_dir, tracked, optimizer) if pipeline.rank_zero else None
     named = {"wandb": {"id": wandb.run_id, "resume": "allow"}} if wandb is not None else None
     writers = make_writers(out.writer, log_dir, strict, named, **options) if pipeline.rank_zero else []

@@ -307,3 +307,26 @@ def test_units_that_die_span_the_resume(tmp_path: Path) -> None:
     back = closed_report(load(str(tmp_path)))
     assert back is not None and back.verdict == report.verdict
     assert {i for s in back.stopped_slices if s.name == "0.weight" and s.dim == 0 for i in s.indices} == set(by_unit)
+
+
+def test_wandb_dir_given_per_writer_is_where_the_resume_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`options={"wandb": {"dir": ...}}` (one dict per writer) puts the W&B run outside log_dir; the resumed
+    run looks there, and continues the same W&B run id."""
+    pytest.importorskip("wandb")
+    for key, value in _wandb_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    elsewhere = tmp_path / "wandb_elsewhere"
+    elsewhere.mkdir()
+    for resume in (False, "auto"):
+        out = gradlog.Output(["tensorboard", "wandb"], options={"wandb": {"dir": str(elsewhere)}}, resume=resume)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # found and continued: nothing to warn about
+            gl = gradlog.GradLogger(model, opt, writer=out, log_dir=str(tmp_path / "tb"), every=1, print_report=False)
+        _train(model, opt, gl, 2)
+        gl.close()
+    files = sorted(elsewhere.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 2 and files[0].name == files[1].name  # two segments of one W&B run id
+    assert not (tmp_path / "tb" / "wandb").exists()
