@@ -439,6 +439,11 @@ def start(
             warn(why)
         return fresh
     tb.continue_run(found.run_id)
+    if wb is not None and wandb is None:  # the two writers disagree: say so rather than split the run silently
+        warn(
+            f"gradlog: {said}: the TensorBoard run in {tb.log_dir!r} continues, but no W&B run of it was found "
+            f"to continue (none, or another, in the W&B dir); W&B logs into a new run {wb_id!r}"
+        )
     return _continued(found, optimizer)
 
 

@@ -330,3 +330,23 @@ def test_wandb_dir_given_per_writer_is_where_the_resume_looks(tmp_path: Path, mo
     files = sorted(elsewhere.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 2 and files[0].name == files[1].name  # two segments of one W&B run id
     assert not (tmp_path / "tb" / "wandb").exists()
+
+
+def test_tb_continues_and_the_wandb_run_is_gone_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both writers, and the W&B folder of the earlier run was removed: TensorBoard continues, W&B cannot; one
+    warning says the run is split instead of a second W&B run id appearing silently."""
+    pytest.importorskip("wandb")
+    for key, value in _wandb_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    gl = gradlog.GradLogger(model, opt, writer=["tensorboard", "wandb"], log_dir=str(tmp_path), print_report=False)
+    _train(model, opt, gl, 3)
+    gl.close()
+    shutil.rmtree(tmp_path / "wandb")
+    with pytest.warns(RuntimeWarning, match="TensorBoard run in .* continues, but no W&B run of it was found"):
+        output = gradlog.Output(["tensorboard", "wandb"], resume="auto")
+        gl = gradlog.GradLogger(model, opt, writer=output, log_dir=str(tmp_path), every=1, print_report=False)
+    _train(model, opt, gl, 2)
+    assert gl.close().optimizer_steps == 5  # the TensorBoard run did continue
