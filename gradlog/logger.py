@@ -272,11 +272,9 @@ class GradLogger:
 
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (`Pipeline.diagnose`), judged over every segment of a resumed run."""
-        report = self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy)
-        if self.segments is None:
-            return report
-        silent = self.segments.silent(lambda before: self.pipeline.silent_since(before, collective, self.model))
-        return self.segments.merge(report, self.table.live, silent)
+        after = self.segments.resumed_after if self.segments is not None else None
+        report, silent = self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy, after)
+        return self.segments.merge(report, self.table.live, silent) if self.segments is not None else report
 
     @property
     def closed(self) -> bool:

@@ -428,12 +428,16 @@ class Pipeline:
         model: nn.Module | None,
         optimizer: torch.optim.Optimizer | None,
         policy: Policy,
-    ) -> Report:
-        """The diagnosis. `collective`: under sharded parameters, meet the other ranks so that a tensor
-        changed if any of its shards did (False: this rank's own answer). `reuse`: tensors the evidence
-        already answers for (frozen ones, ones never written in place) are not fingerprinted again
-        (`Ledger.changed`), as for provisional tables. `model` is None once garbage-collected: the
-        slices' owning modules are gone with it."""
+        resumed_after: int | None = None,
+    ) -> tuple[Report, list[StoppedSlice]]:
+        """The diagnosis, and with `resumed_after` (a resumed run: the earlier segments' last step) this
+        segment's slices with no gradient in it while their tensor had one, as stopped right after that
+        step (`verdict.stopped_slices.silent_slices`; the resume merge keeps those that learned before).
+        `collective`: under sharded parameters, meet the other ranks so that a tensor changed if any of
+        its shards did (False: this rank's own answer). `reuse`: tensors the evidence already answers for
+        (frozen ones, ones never written in place) are not fingerprinted again (`Ledger.changed`), as for
+        provisional tables. `model` is None once garbage-collected: the slices' owning modules are gone
+        with it."""
         self.collect()
         rows = self.table.live
         changed = self.ledger.changed(rows, provisional=reuse)
@@ -479,8 +483,13 @@ class Pipeline:
             model,
             exclude={r.name for r in never} | {r.name for r in stopped},
         )
+        silent = (
+            silent_slices(rows, lasts, ledger.steps, ledger.measured_steps, model, resumed_after)
+            if resumed_after is not None
+            else []
+        )
         layout = expert_layout(model, rows) if model is not None else {}
-        return Report(
+        report = Report(
             never_updated=never,
             partly_updated=partly,
             stalled=stopped,
@@ -496,18 +505,7 @@ class Pipeline:
             tracked_tensors=len(rows),
             policy=policy,
         )
-
-    def silent_since(self, before: int, collective: bool, model: nn.Module | None) -> list[StoppedSlice]:
-        """A resumed run: slices with no gradient in this segment while their tensor had one, as stopped
-        right after `before` (`verdict.stopped_slices.silent_slices`); the resume merge keeps those that
-        learned in an earlier segment. Collective under sharded parameters, as `diagnose`."""
-        rows = self.table.live
-        lasts = last_steps(rows, self.meter.slice_grads)
-        reducer = self.meter.reducer
-        if collective and reducer is not None and reducer.active(rows):
-            lasts = global_last_steps(rows, lasts, reducer)
-        ledger = self.ledger
-        return silent_slices(rows, lasts, ledger.steps, ledger.measured_steps, model, before)
+        return report, silent
 
     def final_report(self, diagnose: Callable[[], Report], policy: Policy, strict: bool) -> Report:
         """The diagnosis at close (`diagnose`, after a last look for new tensors); if it fails, a warning

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,7 +28,8 @@ from gradlog.runformat.tables import closed_report
 from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
 from gradlog.runformat.wandb_run import read_segments, runs_in
 from gradlog.verdict.ledger import Evidence
-from gradlog.verdict.report import PartlyUpdated, Report, Stalled, StoppedSlice, format_ranges
+from gradlog.verdict.report import PartlyUpdated, Report, Stalled, StoppedSlice
+from gradlog.verdict.stopped_slices import cut
 from gradlog.writers import make_writers, route_options
 from gradlog.writers.tensorboard import TensorBoardWriter
 
@@ -160,7 +160,7 @@ class Earlier:
             never_updated=never,
             stalled=stalled,
             partly_updated=_merge_partly(earlier, report),
-            stopped_slices=_merge_stopped(earlier, report, first_step, silent),
+            stopped_slices=_merge_stopped(earlier, report, silent),
             first_nonfinite=earlier.first_nonfinite or report.first_nonfinite,
             measured_steps=earlier.measured_steps + report.measured_steps,
             skipped_steps=earlier.skipped_steps + report.skipped_steps,
@@ -188,50 +188,35 @@ def _merge_partly(earlier: Report, report: Report) -> list[PartlyUpdated]:
     return out
 
 
-def _merge_stopped(earlier: Report, report: Report, first_step: int, silent: list[StoppedSlice]) -> list[StoppedSlice]:
+def _merge_stopped(earlier: Report, report: Report, silent: list[StoppedSlice]) -> list[StoppedSlice]:
     """Slices that stopped learning in the whole run: this segment's own; the earlier segments' that had
     no gradient in this one either (their first stop step kept); and slices that learned before the resume
     and had no gradient since (`silent`: stopped at the resume, since a dead unit stays dead across a
     restart). Slices never updated in the earlier segments stay `partly_updated`'s."""
     out = list(report.stopped_slices)
     never_now = {r.name for r in report.never_updated}
-    quiet_now: dict[tuple[str, int | None], set[int]] = {}
-    for s in silent:
-        quiet_now.setdefault((s.name, s.dim), set()).update(s.indices)
-    covered: dict[tuple[str, int | None], set[int]] = {}
-    for p in earlier.partly_updated:
-        covered.setdefault((p.name, p.dim), set()).update(p.indices)
+    quiet_now = _by_slice(silent)
+    covered = _by_slice(earlier.partly_updated)
     for s in earlier.stopped_slices:
         key = (s.name, s.dim)
         quiet = set(s.indices) if s.name in never_now else set(s.indices) & quiet_now.get(key, set())
         if quiet:
-            out.append(_subset(s, quiet, s.detail))
+            out.append(cut(s, quiet))
             covered.setdefault(key, set()).update(quiet)
     never_before = {r.name for r in earlier.never_updated}
     for s in silent:
-        fresh = sorted(set(s.indices) - covered.get((s.name, s.dim), set()))
+        fresh = set(s.indices) - covered.get((s.name, s.dim), set())
         if fresh and s.name not in never_before:
-            when = f"until step {s.last_grad_step} and none at any measured step from step {s.since_step} on"
-            now = f"before the resume at step {first_step} and none at any measured step since"
-            out.append(_subset(s, set(fresh), s.detail.replace(when, now)))
+            out.append(cut(s, fresh))
     return out
 
 
-#: where a stopped-slice detail's opening "<noun> <ranges> (<n> of <total>)" ends
-_WHEN = re.compile(r" (had a non-zero gradient|stopped at different steps)")
-
-
-def _subset(s: StoppedSlice, indices: set[int], detail: str) -> StoppedSlice:
-    """`s` cut to `indices` (some of its slices learned again, or were already counted), its detail's
-    opening and its count of peers said again for them."""
-    idx = tuple(sorted(indices))
-    if idx == s.indices:
-        return replace(s, detail=detail)
-    cut = _WHEN.search(detail)
-    rest = detail[cut.start() :] if cut is not None else ": " + detail
-    rest = re.sub(r"; the same \d+ stopped in", "; the same slices stopped in", rest)
-    what = f"{s.slices} {format_ranges(idx, 8)} ({len(idx)} of {s.total})"
-    return replace(s, indices=idx, stopped=len(idx), detail=what + rest)
+def _by_slice(records: Sequence[PartlyUpdated | StoppedSlice]) -> dict[tuple[str, int | None], set[int]]:
+    """The indices the records name, by (tensor, dim)."""
+    out: dict[tuple[str, int | None], set[int]] = {}
+    for r in records:
+        out.setdefault((r.name, r.dim), set()).update(r.indices)
+    return out
 
 
 def checkpoint_step(optimizer: torch.optim.Optimizer | None) -> int | None:
@@ -330,14 +315,15 @@ class Continuation:
         last = {i: e.last_update for i, e in evidence.items()}
         return self.segment.summary_rows(), Segment.rows(tracked, last, self.earlier)
 
-    def silent(self, find: Callable[[int], list[StoppedSlice]]) -> list[StoppedSlice]:
-        """`find(before)`: this segment's slices with no gradient, as stopped after the earlier segments'
-        last step (`Pipeline.silent_since`); asked only of a run that continues an earlier one."""
-        return find(self.segment.first_step - 1) if self.earlier is not None else []
+    @property
+    def resumed_after(self) -> int | None:
+        """The earlier segments' last step (what `Pipeline.diagnose` counts this segment's silent slices
+        from), or None for a run that continues nothing."""
+        return self.segment.first_step - 1 if self.earlier is not None else None
 
     def merge(self, report: Report, tracked: list[Tracked], silent: list[StoppedSlice]) -> Report:
-        """`report` judged over every segment of the run (itself when there is no earlier one); `silent`
-        as `silent` returns."""
+        """`report` judged over every segment of the run (itself when there is no earlier one); `silent`:
+        this segment's slices with no gradient (`Pipeline.diagnose` with `resumed_after`)."""
         if self.earlier is None:
             return report
         return self.earlier.merge(report, self.segment.first_step, {r.name for r in tracked}, silent)

@@ -29,8 +29,9 @@ Reasons, most specific first:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -163,9 +164,11 @@ def stopped_slices(
     measured_steps: int,
     model: nn.Module | None,
     exclude: set[str] | frozenset[str] = frozenset(),
+    resumed_at: int | None = None,
 ) -> list[StoppedSlice]:
     """One record per tensor, dim, stop step and reason, in model order; `exclude` names tensors already
-    reported whole (never updated, stalled). One host copy for all the last-step vectors."""
+    reported whole (never updated, stalled); `resumed_at`: the slices stopped at a resume at that step
+    (`silent_slices`), which their detail says. One host copy for all the last-step vectors."""
     need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * measured_steps))
     if measured_steps <= need:
         return []  # cannot tell: too few measured steps for any slice to be quiet long enough
@@ -218,7 +221,7 @@ def stopped_slices(
                 continue
             found.append(_Group(row, dim, kind, idx, since, v, n))
         groups += found
-    return _records(groups)
+    return _records(groups, resumed_at)
 
 
 def silent_slices(
@@ -240,11 +243,10 @@ def silent_slices(
         shifted[index] = {
             d: torch.where(v < 0, torch.full_like(v, before), v.max().expand_as(v)) for d, v in vecs.items()
         }
-    found = stopped_slices(rows, shifted, steps, measured_steps, model, exclude)
-    return [s for s in found if s.last_grad_step == before]
+    return stopped_slices(rows, shifted, steps, measured_steps, model, exclude, resumed_at=before + 1)
 
 
-def _records(groups: list[_Group]) -> list[StoppedSlice]:
+def _records(groups: list[_Group], resumed_at: int | None = None) -> list[StoppedSlice]:
     """Reasons from pairing (see the module docstring), then the records."""
     by_key: dict[tuple[str, int, int, tuple[int, ...]], list[_Group]] = {}
     for g in groups:
@@ -282,7 +284,9 @@ def _records(groups: list[_Group]) -> list[StoppedSlice]:
         what = (
             f"{noun if len(g.indices) > 1 else noun[:-1]} {format_ranges(g.indices, 8)} ({len(g.indices)} of {g.total})"
         )
-        if g.folded:
+        if resumed_at is not None:  # all of them at the resume (`silent_slices`): their last step is not known
+            when = f"had a non-zero gradient before the resume at step {resumed_at} and none at any measured step since"
+        elif g.folded:
             when = f"stopped at different steps, each after step {g.last} and by step {g.since}"
         else:
             when = f"had a non-zero gradient until step {g.last} and none at any measured step from step {g.since} on"
@@ -291,6 +295,25 @@ def _records(groups: list[_Group]) -> list[StoppedSlice]:
             StoppedSlice(g.row.name, g.dim, len(g.indices), g.total, tuple(g.indices), g.since, g.last, reason, detail)
         )
     return out
+
+
+def cut(s: StoppedSlice, indices: set[int]) -> StoppedSlice:
+    """`s` cut to `indices` (a resumed run: some of its slices learned again, or were already counted), its
+    detail's opening ("<noun> <ranges> (<n> of <total>)", as `_records` writes it) and its count of peers said
+    again for them. A detail of another form (an older gradlog's) keeps its text after a new opening."""
+    idx = tuple(sorted(indices))
+    if idx == s.indices:
+        return s
+    opening = f"{format_ranges(s.indices, 8)} ({len(s.indices)} of {s.total})"
+    at = s.detail.find(" " + opening)
+    if at > 0:
+        noun, rest = s.detail[:at], s.detail[at + 1 + len(opening) :]
+        noun = noun[:-1] if len(idx) == 1 and len(s.indices) > 1 and noun.endswith("s") else noun
+    else:
+        noun, rest = s.slices, ": " + s.detail
+    rest = re.sub(r"; the same \d+ stopped in", f"; the same {len(idx)} stopped in", rest)
+    what = f"{noun} {format_ranges(idx, 8)} ({len(idx)} of {s.total})"
+    return replace(s, indices=idx, stopped=len(idx), detail=what + rest)
 
 
 def _routed(g: _Group, groups: list[_Group]) -> _Group | None:
