@@ -30,7 +30,7 @@ from gradlog.runformat.wandb_run import read_segments, runs_in
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Report, Stalled, StoppedSlice
 from gradlog.verdict.stopped_slices import cut
-from gradlog.writers import make_writers, route_options
+from gradlog.writers import make_writers, route_options, writer_names
 from gradlog.writers.tensorboard import TensorBoardWriter
 
 if TYPE_CHECKING:
@@ -336,12 +336,17 @@ def open_run(
     earlier run they continue. A W&B run to continue is found before `wandb.init`, which then gets its id;
     the step count goes on from the earlier run's (on every rank under FSDP2/DTensor, see `share`)."""
     tracked, optimizer = pipeline.table.live, pipeline.optimizer
-    names = _names(out.writer)  # wandb.init(dir=...) given in the writer options wins (WandbWriter)
-    wandb_dir = route_options(names, options).get("wandb", {}).get("dir", log_dir) if "wandb" in names else log_dir
-    wandb = wandb_earlier(out.resume, out.writer, wandb_dir, tracked, optimizer) if pipeline.rank_zero else None
-    named = {"wandb": {"id": wandb.run_id, "resume": "allow"}} if wandb is not None else None
-    writers = make_writers(out.writer, log_dir, strict, named, **options) if pipeline.rank_zero else []
-    run = start(out.resume, writers, tracked, optimizer, new_id, wandb) if pipeline.rank_zero else None
+    writers: list[Any] = []
+    run = None
+    if pipeline.rank_zero:  # the writers, and the options they get, are rank 0's alone
+        names = writer_names(out.writer)
+        routed = route_options(names, options)  # one dict per writer name
+        wandb_dir = routed.get("wandb", {}).get("dir", log_dir)  # wandb.init(dir=...) in the options wins
+        wandb = wandb_earlier(out.resume, names, wandb_dir, tracked, optimizer)
+        if wandb is not None:  # continue the earlier W&B run under its id
+            routed["wandb"] = {**routed["wandb"], "id": wandb.run_id, "resume": "allow"}
+        writers = make_writers(out.writer, log_dir, strict, **routed)
+        run = start(out.resume, writers, tracked, optimizer, new_id, wandb)
     if out.resume is not False and pipeline.rank_local():  # FSDP2/DTensor: every rank counts on alike
         run = share(run)
     if run is not None and run.earlier is not None:
@@ -349,19 +354,16 @@ def open_run(
     return writers, run
 
 
-def _names(spec: object) -> list[str]:
-    """The writer names in `writer=` (a name, an instance, or a list of either)."""
-    items = [spec] if isinstance(spec, (str, bytes)) or not isinstance(spec, (list, tuple)) else list(spec)
-    return [i for i in items if isinstance(i, str)]
-
-
 def wandb_earlier(
-    resume: Resume, spec: object, log_dir: str | None, tracked: list[Tracked], optimizer: torch.optim.Optimizer | None
+    resume: Resume,
+    names: list[str],
+    log_dir: str | None,
+    tracked: list[Tracked],
+    optimizer: torch.optim.Optimizer | None,
 ) -> Earlier | None:
     """Before the writers start: with `resume` and a W&B writer, the W&B run in `log_dir` to continue (its id
     then goes to `wandb.init(id=..., resume="allow")`), or None. Why not is said here unless a TensorBoard
-    writer holds the run too (that one's check says it)."""
-    names = _names(spec)
+    writer holds the run too (that one's check says it). `names`: the writer names in `writer=`."""
     if resume is False or "wandb" not in names:
         return None
     said = "tensorboard" not in names

@@ -29,28 +29,32 @@ def writer_class(name: str) -> Callable[..., Writer]:
     return factory
 
 
+def _items(spec: WriterSpec) -> list[str | Writer]:
+    return [spec] if isinstance(spec, (str, Writer)) else list(spec)
+
+
+def writer_names(spec: WriterSpec) -> list[str]:
+    """The writer names in `writer=` (a name, an instance, or a list of either), as `make_writers` reads it."""
+    return [item for item in _items(spec) if isinstance(item, str)]
+
+
 def make_writers(
-    spec: WriterSpec,
-    log_dir: str | None = None,
-    strict: bool | None = None,
-    named: Mapping[str, Mapping[str, Any]] | None = None,
-    **options: Any,
+    spec: WriterSpec, log_dir: str | None = None, strict: bool | None = None, **options: Any
 ) -> list[Writer]:
     """Turn `writer=` into Writer instances: a name, an instance, or a list of either.
 
-    `log_dir` and `strict` go to the writers whose constructor takes them; `named[name]` to the writer of
-    that name only (a resumed W&B run's id). `options` go where they belong (`route_options`).
+    `log_dir` and `strict` go to the writers whose constructor takes them; `options` where they belong
+    (`route_options`: one flat dict, or one dict per writer name).
     """
-    items: list[str | Writer] = [spec] if isinstance(spec, (str, Writer)) else list(spec)
-    names = [item for item in items if isinstance(item, str)]
-    routed = route_options(names, options)
+    items = _items(spec)
+    routed = route_options(writer_names(spec), options)
     out: list[Writer] = []
     for item in items:
         if isinstance(item, Writer):
             out.append(item)
         elif isinstance(item, str):
             cls = writer_class(item)
-            kwargs = {**routed.get(item, {}), **(named or {}).get(item, {})}
+            kwargs = dict(routed.get(item, {}))
             if log_dir is not None and "log_dir" in inspect.signature(cls).parameters:
                 kwargs["log_dir"] = log_dir  # file writers only: writer=["memory", "tensorboard"] works
             if strict is not None and "strict" in inspect.signature(cls).parameters:
@@ -89,4 +93,4 @@ def route_options(names: list[str], options: Mapping[str, Any]) -> dict[str, dic
     return out
 
 
-__all__ = ["REGISTRY", "MemoryWriter", "Writer", "make_writers", "writer_class"]
+__all__ = ["REGISTRY", "MemoryWriter", "Writer", "make_writers", "route_options", "writer_class", "writer_names"]
