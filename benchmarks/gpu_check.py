@@ -45,35 +45,26 @@ import overhead
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+_sync = overhead._sync
 
 
 class Trainer:
     """One copy of the model, its optimizer and (optionally) a GradLogger; `step()` trains once, reads nothing."""
 
     def __init__(self, spec: overhead.ModelSpec, device: torch.device, tmp: str, **gradlog_kwargs: Any) -> None:
-        import gradlog
-
         self.model, self.loss_fn = spec.build(device)
         self.opt = spec.optimizer(self.model)
         self.gl = None
         self.every = None
-        if gradlog_kwargs.pop("monitor", True) is not False:
+        if gradlog_kwargs.pop("monitor", True) is not False:  # overhead.py's own gradlog monitor builds it
             writer = gradlog_kwargs.get("writer", "tensorboard")
             if writer != "memory":
                 gradlog_kwargs.setdefault("log_dir", os.path.join(tmp, f"gradlog-{writer}-{id(self)}"))
             if writer == "wandb":
-                import wandb
-
-                from gradlog.writers.wandb import run_settings
-
-                opts = {"settings": run_settings(wandb, silent=True, console="off", x_disable_stats=True)}
-                gradlog_kwargs["writer_options"] = opts
+                gradlog_kwargs["writer_options"] = {"settings": overhead._gradlog_wandb_settings()}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.gl = gradlog.GradLogger(self.model, self.opt, print_report=False, **gradlog_kwargs)
+                self.gl = overhead.Gradlog(self.model, self.opt, tmp, **gradlog_kwargs).gl
             self.every = self.gl.every
         self.i = 0
 
@@ -242,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, make in build.items():
         try:
             trainers[key] = make()
-        except ImportError as exc:
+        except (ImportError, overhead.Skip) as exc:
             print(f"  {key}: skipped ({exc})", file=sys.stderr)
     for t in trainers.values():
         for _ in range(3):
