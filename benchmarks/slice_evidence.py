@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +48,9 @@ def clocked(fn: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
     return run
 
 
-def one_run(
-    evidence: bool,
-    model: torch.nn.Module,
-    loss_fn: Callable[[torch.nn.Module], torch.Tensor],
-    first_counted: bool = False,
-) -> dict[str, float]:
-    """A fresh logger; gradlog's time on a first, a steady and a zero-count measured step (seconds)."""
-    opt = adamw(model)
+def evidence_logger(model: torch.nn.Module, opt: torch.optim.Optimizer) -> gradlog.GradLogger:
+    """A logger that measures every step with no histograms, alerts or provisional tables: what is left
+    of a measured step is the evidence an A/B switches on and off (this script's and stopped_evidence.py's)."""
     gl = gradlog.GradLogger(
         model,
         opt,
@@ -65,14 +60,25 @@ def one_run(
         histograms=gradlog.HistogramOptions(kinds=(), count_zeros=False),
         writer=gradlog.Output(writer=gradlog.MemoryWriter(), provisional_every=None),
     )
-    gl.meter._slice_evidence = evidence
+    return gl
+
+
+def measured_steps(
+    gl: gradlog.GradLogger,
+    opt: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module], torch.Tensor],
+    kinds: Sequence[str],
+    zero_kinds: Collection[str],
+) -> dict[str, float]:
+    """gradlog's time (seconds, `CLOCK`) on each measured step, one step per entry of `kinds` (the best per
+    kind); zeros are counted on the `zero_kinds` steps. Closes `gl`."""
     spent = [0.0]
     gl.meter.start = clocked(gl.meter.start, spent)  # type: ignore[method-assign]
     gl.meter.finish = clocked(gl.meter.finish, spent)  # type: ignore[method-assign]
     out: dict[str, float] = {}
-    first = "first, zeros counted" if first_counted else "first"
-    for step, kind in enumerate((first, "steady", "steady", "zero-count")):
-        gl.count_zeros = kind in ("zero-count", "first, zeros counted")
+    for step, kind in enumerate(kinds):
+        gl.pipeline.count_zeros = kind in zero_kinds
         opt.zero_grad()
         loss_fn(model).backward()
         spent[0] = 0.0
@@ -83,6 +89,21 @@ def one_run(
         out[kind] = min(out.get(kind, float("inf")), spent[0])
     gl.close()
     return out
+
+
+def one_run(
+    evidence: bool,
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module], torch.Tensor],
+    first_counted: bool = False,
+) -> dict[str, float]:
+    """A fresh logger; gradlog's time on a first, a steady and a zero-count measured step (seconds)."""
+    opt = adamw(model)
+    gl = evidence_logger(model, opt)
+    gl.meter._slice_evidence = evidence
+    first = "first, zeros counted" if first_counted else "first"
+    kinds = (first, "steady", "steady", "zero-count")
+    return measured_steps(gl, opt, model, loss_fn, kinds, ("first, zeros counted", "zero-count"))
 
 
 def main() -> None:

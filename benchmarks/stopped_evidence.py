@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -27,54 +26,23 @@ from typing import Any
 
 import torch
 
-import gradlog
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import slice_evidence  # its evidence logger and clocked measured steps
 from overhead import model_specs  # the benchmark's models, built from its configs
 
-CLOCK = time.thread_time
 
-
-def one_run(on: bool, built: Any, optimizer: Callable[..., torch.optim.Optimizer], bf16: bool) -> dict[str, float]:
+def one_run(on: bool, built: Any, optimizer: Callable[..., torch.optim.Optimizer]) -> dict[str, float]:
+    """A fresh logger with the stopped-slice and rounded-away evidence on or off; gradlog's time on steady
+    and zero-count measured steps (seconds; the first, which sets things up, is left out)."""
     model, loss_fn = built
     opt = optimizer(model)
-    gl = gradlog.GradLogger(
-        model,
-        opt,
-        every=1,
-        print_report=False,
-        alerts=False,
-        histograms=gradlog.HistogramOptions(kinds=(), count_zeros=False),
-        writer=gradlog.Output(writer=gradlog.MemoryWriter(), provisional_every=None),
-    )
+    gl = slice_evidence.evidence_logger(model, opt)
     gl.meter.slice_grads.track_last = on
     gl.meter.count_frozen = on
-    spent = [0.0]
-    for name in ("start", "finish"):
-        real = getattr(gl.meter, name)
-
-        def run(*a: Any, _real: Any = real, **k: Any) -> Any:
-            t0 = CLOCK()
-            try:
-                return _real(*a, **k)
-            finally:
-                spent[0] += CLOCK() - t0
-
-        setattr(gl.meter, name, run)
-    out: dict[str, float] = {}
-    for step, kind in enumerate(("first", "steady", "steady", "zero-count", "zero-count")):
-        gl.pipeline.count_zeros = kind == "zero-count"
-        opt.zero_grad()
-        loss_fn(model).backward()
-        spent[0] = 0.0
-        opt.step()
-        t0 = CLOCK()
-        gl.log(step)
-        spent[0] += CLOCK() - t0
-        if kind != "first":
-            out[kind] = min(out.get(kind, float("inf")), spent[0])
-    gl.close()
+    kinds = ("first", "steady", "steady", "zero-count", "zero-count")
+    out = slice_evidence.measured_steps(gl, opt, model, loss_fn, kinds, ("zero-count",))
+    del out["first"]
     return out
 
 
@@ -99,7 +67,7 @@ def main() -> None:
         best: dict[tuple[bool, str], float] = defaultdict(lambda: float("inf"))
         for i in range(args.repeat):
             for on in (True, False) if i % 2 else (False, True):
-                for kind, t in one_run(on, built, spec.optimizer, args.bf16).items():
+                for kind, t in one_run(on, built, spec.optimizer).items():
                     best[on, kind] = min(best[on, kind], t)
         for kind in ("steady", "zero-count"):
             off, on_ = best[False, kind], best[True, kind]
