@@ -23,6 +23,7 @@ import torch
 from gradlog.lifecycle import warn
 from gradlog.measure.params import Tracked
 from gradlog.runformat import names
+from gradlog.runformat.cells import parse_shape, shape_cell, table_cells
 from gradlog.runformat.rundata import BadRun, RunData
 from gradlog.runformat.tables import closed_report
 from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("gradlog")
 
 __all__ = [
-    "SEGMENT_COLUMNS",
-    "SEGMENT_TABLE",
     "Continuation",
     "Earlier",
     "Segment",
@@ -56,22 +55,6 @@ __all__ = [
 #: `Output(resume=...)`: False (a new run), True (continue the run in log_dir), "auto" (continue it when
 #: it is safe to tell: see `Earlier.mismatch` and docs/resume.md).
 Resume = Union[bool, Literal["auto"]]
-
-SEGMENT_TABLE = names.SEGMENT
-SEGMENT_COLUMNS = names.SEGMENT_COLUMNS
-
-
-def _shape(text: str) -> tuple[int, ...] | None:
-    if text in ("", "scalar"):
-        return ()
-    try:
-        return tuple(int(d) for d in text.split("x"))
-    except ValueError:
-        return None
-
-
-def shape_text(shape: Sequence[int]) -> str:
-    return "x".join(str(d) for d in shape) if shape else "scalar"
 
 
 @dataclass
@@ -94,7 +77,7 @@ class Segment:
             last = last_update.get(r.index, -1)
             if last < 0 and earlier is not None:
                 last = earlier.last_update.get(r.name, -1)
-            out.append([r.name, shape_text(r.shape), str(last)])
+            out.append([r.name, shape_cell(r.shape), str(last)])
         return out
 
 
@@ -129,7 +112,7 @@ class Earlier:
             return "; ".join(parts)
         for name, shape in mine.items():
             if theirs[name] != shape:
-                return f"{name!r} had shape {shape_text(theirs[name])} there and has {shape_text(shape)} here"
+                return f"{name!r} had shape {shape_cell(theirs[name])} there and has {shape_cell(shape)} here"
         return None
 
     def merge(self, report: Report, first_step: int, tracked: set[str], silent: list[StoppedSlice]) -> Report:
@@ -272,7 +255,7 @@ def _read_earlier(read: Callable[[], RunData], log_dir: str, run_id: str) -> Ear
     except BadRun as exc:
         return f"{log_dir!r} cannot be read as one gradlog run ({exc})"
     report = closed_report(run)
-    table = run.tables.get(SEGMENT_TABLE)
+    table = run.tables.get(names.SEGMENT)
     if report is None or table is None:
         return (
             f"the run in {log_dir!r} wrote no gradlog/segment table (it was written by an older gradlog, or "
@@ -288,16 +271,14 @@ def _read_earlier(read: Callable[[], RunData], log_dir: str, run_id: str) -> Ear
 
 def _segment_table(columns: list[str], rows: list[list[str]]) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
     """`gradlog/segment`'s shapes and last measured updates, by tensor name."""
-    index = {c: i for i, c in enumerate(columns)}
     shapes: dict[str, tuple[int, ...]] = {}
     last: dict[str, int] = {}
-    for row in rows:
-        cells = {c: row[i] if i < len(row) else "" for c, i in index.items()}
-        shape = _shape(cells.get("shape", ""))
-        if shape is None or not cells.get("name"):
+    for cells in table_cells((columns, rows), names.SEGMENT_COLUMNS):
+        shape = parse_shape(cells["shape"])
+        if shape is None or not cells["name"]:
             continue
         shapes[cells["name"]] = shape
-        step = cells.get("last_update_step", "-1")
+        step = cells["last_update_step"] or "-1"
         last[cells["name"]] = int(step) if step.lstrip("-").isdigit() else -1
     return shapes, last
 

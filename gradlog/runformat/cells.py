@@ -7,7 +7,7 @@ TensorBoard tab and the command line parse them (the tab's JavaScript splits the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 #: `w (= a, b)`: a tensor and the other names it is tied to.
@@ -37,6 +37,17 @@ def split_name_cell(cell: str) -> tuple[str, tuple[str, ...]]:
 def bare_name(cell: str) -> str:
     """The tensor's own name in a name cell, without its aliases."""
     return cell.split(ALIAS_OPEN, 1)[0]
+
+
+def table_cells(
+    table: tuple[Sequence[str], Sequence[Sequence[str]]], wanted: Sequence[str]
+) -> Iterator[dict[str, str]]:
+    """Each row of a (columns, rows) table as {column: cell} for the `wanted` columns, found by name (a
+    column or cell a run did not write reads as "")."""
+    columns, rows = table
+    index = {c: i for i, c in enumerate(columns)}
+    for r in rows:
+        yield {c: (r[index[c]] if c in index and index[c] < len(r) else "") for c in wanted}
 
 
 def shape_cell(shape: Sequence[int], numel: int = 1) -> str:

@@ -7,11 +7,11 @@ A table read from disk is untrusted: a row that cannot be read is skipped and na
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 from gradlog.runformat import names, tags
-from gradlog.runformat.cells import DIM_NAMES, parse_shape, split_name_cell
+from gradlog.runformat.cells import DIM_NAMES, parse_shape, split_name_cell, table_cells
 from gradlog.runformat.rundata import RunData, Table
 from gradlog.verdict.policy import Policy, Rule
 from gradlog.verdict.report import (
@@ -107,19 +107,11 @@ _EMPTY: Table = ([], [])
 R = TypeVar("R")
 
 
-def _cells(table: Table, wanted: list[str]) -> Iterator[dict[str, str]]:
-    """Each row of `table` as {column: cell} for the `wanted` columns (a missing cell reads as "")."""
-    columns, rows = table
-    index = {c: i for i, c in enumerate(columns)}
-    for r in rows:
-        yield {c: (r[index[c]] if c in index and index[c] < len(r) else "") for c in wanted}
-
-
 def _rows(run: RunData, name: str, columns: list[str], key: str, make: Callable[[dict[str, str]], R]) -> list[R]:
     """`make(cells)` of every row of the table `name` (none without it); a row `make` cannot read (KeyError,
     ValueError) is skipped and named, by its `key` cell, in `run.skipped`."""
     out: list[R] = []
-    for c in _cells(run.tables.get(name, _EMPTY), columns):
+    for c in table_cells(run.tables.get(name, _EMPTY), columns):
         try:
             out.append(make(c))
         except (KeyError, ValueError) as exc:
@@ -280,7 +272,7 @@ def closed_report(run: RunData) -> Report | None:
     A row that cannot be read is skipped and named in `run.skipped`."""
     if names.NEVER_UPDATED not in run.tables:
         return None
-    never = [_never(c) for c in _cells(run.tables[names.NEVER_UPDATED], names.TABLE_COLUMNS)]
+    never = [_never(c) for c in table_cells(run.tables[names.NEVER_UPDATED], names.TABLE_COLUMNS)]
     partly = _rows(run, names.PARTLY_UPDATED, names.PARTLY_COLUMNS, "name", _partly)
     stalled = _rows(run, names.STALLED, names.STALLED_COLUMNS, "name", _stalled)
     stopped = _rows(run, names.STOPPED_SLICES, names.STOPPED_COLUMNS, "name", _stopped)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
+from gradlog.runformat.cells import table_cells
 from gradlog.runformat.names import POLICY_COLUMNS
 
 PROBLEM = "problem"
@@ -277,10 +278,9 @@ class Policy:
     @classmethod
     def from_rows(cls, columns: list[str], rows: list[list[str]]) -> Policy:
         """Back from the table a run wrote (raises ValueError on a rule this gradlog does not know)."""
-        index = {c: i for i, c in enumerate(columns)}
         out = []
-        for r in rows:
-            kind, pattern, severity = (r[index[c]] if c in index and index[c] < len(r) else "" for c in POLICY_COLUMNS)
+        for c in table_cells((columns, rows), POLICY_COLUMNS):
+            kind, pattern, severity = c["kind"], c["pattern"], c["severity"]
             out.append(Rule.parse(f"{kind}:{pattern}" if pattern else kind, severity))
         return cls(out)
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from gradlog.runformat import names, tags
-from gradlog.runformat.cells import bare_name
+from gradlog.runformat.cells import bare_name, table_cells
 from gradlog.runformat.files import shown
 from gradlog.runformat.rundata import RunData
 from gradlog.runformat.tables import closed_report, read_alerts, series_first_nonfinite, series_names, series_steps
@@ -364,14 +364,8 @@ def analyze(
     rejudge = band is not None or spike_factor is not None
     spike_factor = DEFAULT_SPIKE_FACTOR if spike_factor is None else spike_factor
     summary = run.summary()
-    never: list[NeverUpdatedRow] = []
     known = names.NEVER_UPDATED in run.tables
-    if known:
-        cols, rows = run.tables[names.NEVER_UPDATED]
-        index = {c: i for i, c in enumerate(cols)}
-        for r in rows:
-            cell = {c: (r[index[c]] if c in index and index[c] < len(r) else "") for c in COLUMNS}
-            never.append(NeverUpdatedRow(**cell))
+    never = [NeverUpdatedRow(**c) for c in table_cells(run.tables[names.NEVER_UPDATED], COLUMNS)] if known else []
     tensors = series_names(run)
     measured = _count(summary.get("measured_steps", ""), default=len(series_steps(run)))
     never_names = {bare_name(r.name) for r in never}
