@@ -350,3 +350,24 @@ def test_tb_continues_and_the_wandb_run_is_gone_says_so(tmp_path: Path, monkeypa
         gl = gradlog.GradLogger(model, opt, writer=output, log_dir=str(tmp_path), every=1, print_report=False)
     _train(model, opt, gl, 2)
     assert gl.close().optimizer_steps == 5  # the TensorBoard run did continue
+
+
+def test_segments_written_in_one_second_read_in_write_order(tmp_path: Path) -> None:
+    """Both segments' event files from one process in the same second, its 9th and 10th writers: read as
+    text, `.10` sorts before `.9` and the first segment's tables would speak last (seen in the test suite)."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    for resume in (False, True):
+        gl = gradlog.GradLogger(
+            model, opt, writer=gradlog.Output(resume=resume), log_dir=str(tmp_path), every=1, print_report=False
+        )
+        _train(model, opt, gl, 3)
+        report = gl.close()
+    first, second = sorted(tmp_path.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns)
+    mark = first.name.split(".gradlog-run-")[1]
+    first.rename(tmp_path / f"events.out.tfevents.1700000000.host.4242.9.gradlog-run-{mark}")
+    second.rename(tmp_path / f"events.out.tfevents.1700000000.host.4242.10.gradlog-run-{mark}")
+    back = load(str(tmp_path))
+    assert back.summary()["segment"] == "2" and back.summary()["optimizer_steps"] == "6" == str(report.optimizer_steps)
+    assert closed_report(back) is not None and closed_report(back).verdict == report.verdict

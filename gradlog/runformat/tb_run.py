@@ -32,6 +32,18 @@ def run_key(name: str) -> str:
     return name.rsplit(_MARK, 1)[1] if _MARK in name else ""
 
 
+def write_order(path: str) -> tuple[int, int, int, str]:
+    """Sort key of event files in the order they were written: `events.out.tfevents.<time>.<host>.<pid>.
+    <serial>[.gradlog-run-<id>]` by its numbers (time, pid, serial), not as text, where serial 10 sorts
+    before 9 (a process's tenth writer in the same second as its ninth: a resume in one process, a test
+    suite). Names of another form come first, in text order."""
+    name = os.path.basename(path).split(_MARK, 1)[0]
+    parts = name.split(".")
+    if len(parts) >= 6 and all(p.isdigit() for p in (parts[3], parts[-2], parts[-1])):
+        return int(parts[3]), int(parts[-2]), int(parts[-1]), name
+    return -1, -1, -1, name
+
+
 def _table_name(tag: str) -> str:
     """The table a text tag holds: `gradlog/never_updated/table` -> `gradlog/never_updated`."""
     for suffix in TEXT_SUFFIXES:
@@ -63,7 +75,7 @@ def read_event_files(target: str, root: str, files: list[str], limits: Limits) -
         ) from exc
     del event_pb2  # imported only to fail early, with the install hint
 
-    run = RunData(path=target, backend="tensorboard", files=files)
+    run = RunData(path=target, backend="tensorboard", files=sorted(files, key=write_order))  # the last one wins
     points: defaultdict[str, SeriesBuilder] = defaultdict(SeriesBuilder)
     texts: dict[str, bytes] = {}
     plugins: dict[str, str] = {}  # TensorBoard writes a tag's metadata on its first value only
