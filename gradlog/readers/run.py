@@ -26,21 +26,8 @@ from gradlog.runformat.files import (
     shown,
 )
 from gradlog.runformat.markdown import parse_markdown_table
-from gradlog.runformat.rundata import (
-    GRADLOG_PREFIXES,
-    BadRun,
-    RunData,
-    current_names,
-    model_order,
-    settle_provisional,
-)
-from gradlog.runformat.tables import (
-    closed_report,
-    recorded_policy,
-    series_first_nonfinite,
-    series_names,
-    series_steps,
-)
+from gradlog.runformat.rundata import GRADLOG_PREFIXES, BadRun, RunData, model_order, settle_provisional
+from gradlog.runformat.tables import closed_report
 from gradlog.runformat.tb_run import is_event_file, read_event_files, run_key
 from gradlog.runformat.wandb_run import groups, read_run_files
 
@@ -49,15 +36,9 @@ __all__ = [
     "BadRun",
     "RunData",
     "closed_report",
-    "current_names",
     "load",
     "model_order",
     "parse_markdown_table",
-    "recorded_policy",
-    "series_first_nonfinite",
-    "series_names",
-    "series_steps",
-    "settle_provisional",
 ]
 #: At most this many "Skipped (unreadable)" lines are kept; the last one counts the rest.
 MAX_SKIPPED_LINES = 200

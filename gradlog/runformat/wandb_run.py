@@ -20,7 +20,15 @@ from gradlog.runformat import names
 from gradlog.runformat.cells import summary_text
 from gradlog.runformat.files import Limits, Refused, inside, loads_json, read_regular, real_root
 from gradlog.runformat.points import SeriesBuilder
-from gradlog.runformat.rundata import BadRun, RunData, Table, current_names, model_order, wanted_table
+from gradlog.runformat.rundata import (
+    BadRun,
+    RunData,
+    Table,
+    current_names,
+    model_order,
+    settle_provisional,
+    wanted_table,
+)
 
 #: The W&B writer logs some tables under another key (the plain name already holds a scalar there).
 _WANDB_TABLES = {key: name for name, key in names.WANDB_TABLE_KEYS.items()}
@@ -191,8 +199,6 @@ def _answer(
 def read_segments(run_files: list[str], folder: str, limits: Limits | None = None) -> RunData:
     """Every segment of one W&B run under `folder`, its provisional tables settled; `BadRun` when they hold
     no gradlog data (what a resumed run reads back)."""
-    from gradlog.runformat.rundata import settle_provisional
-
     limits = limits if limits is not None else Limits()
     try:
         run = settle_provisional(read_run_files(run_files, real_root(folder), limits))
