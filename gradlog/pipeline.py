@@ -472,22 +472,8 @@ class Pipeline:
             self.with_optimizer,
             exclude={r.name for r in never},
         )
-        lasts = last_steps(rows, self.meter.slice_grads)
-        if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
-            lasts = global_last_steps(rows, lasts, reducer)
-        slices = stopped_slices(
-            rows,
-            lasts,
-            ledger.steps,
-            ledger.measured_steps,
-            model,
-            exclude={r.name for r in never} | {r.name for r in stopped},
-        )
-        silent = (
-            silent_slices(rows, lasts, ledger.steps, ledger.measured_steps, model, resumed_after)
-            if resumed_after is not None
-            else []
-        )
+        whole = {r.name for r in never} | {r.name for r in stopped}
+        slices, silent = self._slices_in_time(collective, model, whole, resumed_after)
         layout = expert_layout(model, rows) if model is not None else {}
         report = Report(
             never_updated=never,
@@ -506,6 +492,21 @@ class Pipeline:
             policy=policy,
         )
         return report, silent
+
+    def _slices_in_time(
+        self, collective: bool, model: nn.Module | None, whole: set[str], resumed_after: int | None
+    ) -> tuple[list[StoppedSlice], list[StoppedSlice]]:
+        """Slices that stopped learning (not of the `whole` tensors already reported), and with
+        `resumed_after` the ones silent in this segment (`Pipeline.diagnose`), from one set of last-step
+        vectors (global ones under sharded parameters: a collective)."""
+        rows, ledger, reducer = self.table.live, self.ledger, self.meter.reducer
+        lasts = last_steps(rows, self.meter.slice_grads)
+        if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
+            lasts = global_last_steps(rows, lasts, reducer)
+        slices = stopped_slices(rows, lasts, ledger.steps, ledger.measured_steps, model, exclude=whole)
+        if resumed_after is None:
+            return slices, []
+        return slices, silent_slices(rows, lasts, ledger.steps, ledger.measured_steps, model, resumed_after)
 
     def final_report(self, diagnose: Callable[[], Report], policy: Policy, strict: bool) -> Report:
         """The diagnosis at close (`diagnose`, after a last look for new tensors); if it fails, a warning
