@@ -143,7 +143,9 @@ def test_a_gradient_too_small_to_square_is_not_a_zero_gradient(histograms: bool)
         return m.main(x).pow(2).mean() + 1e-30 * m.branch(x).sum()
 
     report = train(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=loss, histograms=histograms)
-    assert reported(report) == {"branch.weight": Reason.BELOW_PRECISION, "branch.bias": Reason.BELOW_PRECISION}
+    # fp32: no ordinary update rounds away, so the reason is the gradient's size, not bf16 rounding
+    assert reported(report) == {"branch.weight": Reason.TINY_UPDATE, "branch.bias": Reason.TINY_UPDATE}
+    assert all("master weights" not in r.detail and "float32" in r.detail for r in report.never_updated)
 
 
 def test_nan_gradients_from_log_of_a_negative() -> None:

@@ -241,6 +241,43 @@ def test_bf16_rows_whose_update_rounds_away() -> None:
 # --- healthy runs: no records at all ----------------------------------------------------------
 
 
+class BiasedAttention(nn.Module):
+    """One attention layer whose fused qkv projection has a bias, as `nn.Linear(d, 3 * d)` makes it: the key
+    part of that bias gets no gradient but rounding noise (softmax is invariant to adding one constant to every
+    score of a query, and q . b_k is that constant)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return self.out(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
+
+
+def test_an_fp32_key_bias_that_never_moves_is_a_tiny_update_note_not_a_problem() -> None:
+    """The key bias at 1.0 (fp32 resolves ~6e-8 there), SGD with momentum: its ~3e-9 noise gradient moves it by
+    ~3e-9 at most a step, which rounds away, while the query and value biases learn. Nothing is wrong with the
+    run; the verdict called it a problem, with bf16 advice ("keep fp32 master weights")."""
+    torch.manual_seed(0)
+    d = 16
+    model = BiasedAttention(d)
+    with torch.no_grad():
+        model.qkv.bias[d : 2 * d] = 1.0
+    start = copy.deepcopy(model)
+    spy = ZeroGradRows(model.qkv.bias, None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    report, _, _ = run(model, opt, lambda g: torch.randn(4, 6, d, generator=g), spy=spy)
+    keys = unchanged(start.qkv.bias, model.qkv.bias, None)
+    assert keys == tuple(range(d, 2 * d)) and spy.zero == ()  # every key element had a (noise) gradient
+    assert records(report) == {("qkv.bias", None, keys, Reason.TINY_UPDATE)}
+    (rec,) = report.partly_updated
+    assert "float32" in rec.detail and "attention key bias" in rec.detail and "master weights" not in rec.detail
+    assert report.severities() == {"note": 1} and report.healthy
+    assert report.verdict.startswith("gradlog OK")
+
+
 @pytest.mark.parametrize(("tied", "every"), [(False, 1), (True, 1), (False, 4)])
 def test_healthy_transformer_with_adamw_and_decay_has_no_records(tied: bool, every: int) -> None:
     torch.manual_seed(0)

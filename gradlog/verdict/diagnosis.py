@@ -5,6 +5,7 @@ from __future__ import annotations
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import NeverUpdated, Reason
+from gradlog.verdict.rounding import unmoved
 
 
 def _steps(n: int) -> str:
@@ -107,10 +108,10 @@ def _unchanged_reason(row: Tracked, ev: Evidence, has_optimizer: bool, skipped_s
             parts.append(f"the optimizer skipped all {ev.skipped} measured steps with a gradient")
         return Reason.NONFINITE_GRAD, "; ".join(parts)
     if ev.stalled:
-        return (
-            Reason.BELOW_PRECISION,
+        reason, why = unmoved(ev.dtype)
+        return reason, (
             f"finite non-zero grad and lr > 0 at {ev.grad_ok} measured steps, yet the {ev.dtype} value never "
-            f"changed: the update is below the dtype's precision (keep fp32 master weights, or raise lr)",
+            f"changed: {why}"
         )
     return Reason.UNKNOWN, (
         f"value never changed; grad ok at {ev.grad_ok}, zero at {ev.grad_zero}, NaN/Inf at {ev.grad_nonfinite}, "

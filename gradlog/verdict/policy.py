@@ -46,6 +46,7 @@ _REASONS = (
     "zero_grad",
     "nonfinite_grad",
     "below_precision",
+    "tiny_update",
     "not_in_batch",
     "padding_idx",
     "dead_units",
@@ -72,6 +73,11 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     ),
     "never.nonfinite_grad": (PROBLEM, f"NaN/Inf gradients every time: {_WHOLE}"),
     "never.below_precision": (PROBLEM, f"updates rounded away (pure bf16/fp16 weights): {_WHOLE}"),
+    "never.tiny_update": (
+        PROBLEM,
+        f"an fp32 tensor whose every update was below its resolution (a noise-level gradient, lr far too small): "
+        f"{_WHOLE}",
+    ),
     "never.not_in_batch": (PROBLEM, f"{_WHOLE}, not only some rows"),
     "never.padding_idx": (NOTE, "a padding row, never updated by design"),
     "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
@@ -90,6 +96,11 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     ),
     "partly.nonfinite_grad": (PROBLEM, "slices whose gradient was NaN/Inf"),
     "partly.below_precision": (PROBLEM, "slices whose updates rounded away (pure bf16): stale weights"),
+    "partly.tiny_update": (
+        NOTE,
+        "fp32 elements or slices whose gradient was rounding noise, so no update registered (an attention key "
+        "bias: softmax ignores it): harmless on its own; promote it where every element must learn",
+    ),
     "partly.not_in_batch": (
         NOTE,
         "ids or positions no batch contained (rare tokens, the last position under labels=input_ids): "

@@ -32,6 +32,7 @@ from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Reason, format_ranges
+from gradlog.verdict.rounding import unmoved
 
 
 @dataclass
@@ -372,7 +373,7 @@ def _records(
     if zero is not None:
         unseen = kind == "embedding.weight" and dim == 0 and not hooked
         masks.append((Reason.NOT_IN_BATCH if unseen else Reason.ZERO_GRAD, rest & zero))
-        masks.append((Reason.BELOW_PRECISION, rest & ~zero))
+        masks.append((unmoved(ev.dtype)[0], rest & ~zero))
     else:
         masks.append((Reason.UNKNOWN, rest))
     found = [(reason, m.nonzero().flatten()) for reason, m in masks]
@@ -401,10 +402,10 @@ def _records(
             detail = f"{head}; zero gradient at all {with_grad} measured steps with a gradient: {question}"
             if moved:
                 detail += caveat
-        elif reason is Reason.BELOW_PRECISION:
+        elif reason in (Reason.BELOW_PRECISION, Reason.TINY_UPDATE):
             detail = (
                 f"{head}; non-zero gradient at some of {_steps(with_grad)} with a gradient, yet the {ev.dtype} values "
-                "never changed: the update is below the dtype's precision (keep fp32 master weights, or raise lr)"
+                f"never changed: {unmoved(ev.dtype)[1]}"
             )
         else:
             detail = f"{head}; no measured step saw a gradient for this tensor"

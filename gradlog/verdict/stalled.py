@@ -16,6 +16,7 @@ import math
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence, Quiet, StepIndex
 from gradlog.verdict.report import Reason, Stalled
+from gradlog.verdict.rounding import unmoved
 
 MIN_QUIET_STEPS = 3
 MIN_QUIET_FRACTION = 0.1
@@ -55,10 +56,9 @@ def _reason(row: Tracked, q: Quiet, since: int, has_optimizer: bool, dtype: str)
             parts.append(f"the optimizer skipped {_steps(q.skipped)} with a gradient (GradScaler)")
         return Reason.NONFINITE_GRAD, "; ".join(parts)
     if q.grad_ok and q.grad_ok + q.grad_zero + q.grad_none == q.seen:
-        return Reason.BELOW_PRECISION, (
-            f"finite non-zero grad and lr > 0 at {_steps(q.grad_ok)} since, yet no {dtype} value changed: "
-            "the update is below the dtype's precision (keep fp32 master weights, or raise lr)"
-        )
+        reason, why = unmoved(dtype)
+        grads = f"finite non-zero grad and lr > 0 at {_steps(q.grad_ok)} since"
+        return reason, f"{grads}, yet no {dtype} value changed: {why}"
     return Reason.UNKNOWN, (
         f"since then grad ok yet no update at {q.grad_ok}, zero at {q.grad_zero}, NaN/Inf at {q.grad_nonfinite}, "
         f"None at {q.grad_none}, lr 0 at {q.lr_zero}, skipped at {q.skipped} of {_steps(q.seen)}"
