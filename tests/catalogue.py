@@ -490,6 +490,32 @@ class TwoPath(nn.Module):
 
 
 # --- every bug at once; experts ---------------------------------------------------------------------------
+class BiasedAttention(nn.Module):
+    """One attention layer whose fused qkv projection has a bias, as `nn.Linear(d, 3 * d)` makes it: the key
+    part of that bias gets no gradient but rounding noise (softmax is invariant to adding one constant to every
+    score of a query, and q . b_k is that constant).
+
+    Plants nothing: `key_bias_stuck` sets the key bias where fp32 rounds its noise-sized steps away."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return self.out(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
+
+
+def key_bias_stuck(model: BiasedAttention, value: float = 1.0) -> tuple[int, ...]:
+    """Sets the key part of the qkv bias to `value` (1.0: fp32 resolves ~6e-8 there; the key bias's gradient is
+    ~3e-9 noise, so SGD(lr=0.1, momentum=0.9) steps round away) and returns the key elements' indices."""
+    d = model.qkv.out_features // 3
+    with torch.no_grad():
+        model.qkv.bias[d : 2 * d] = value
+    return tuple(range(d, 2 * d))
+
+
 class EveryBug(nn.Module):
     """One tensor per bug gradlog knows, around a healthy body and head."""
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import catalogue
 import pytest
 import torch
 from diff_models import SEEN, VOCAB, save_safetensors, save_sharded, save_torch, train_checkpoints
@@ -23,10 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality, by hand: the bytes of both values."""
-    return bytes(a.reshape(-1).contiguous().view(torch.uint8).tolist()) == bytes(
-        b.reshape(-1).contiguous().view(torch.uint8).tolist()
-    )
+    """Bitwise equality, by hand: the bytes of both values (copied into fresh memory first: a one-element
+    column keeps its stride through `contiguous()`, which a byte view refuses)."""
+
+    def raw(t: torch.Tensor) -> bytes:
+        flat = torch.empty(t.numel(), dtype=t.dtype).copy_(t.reshape(-1))
+        return bytes(flat.view(torch.uint8).tolist())
+
+    return raw(a) == raw(b)
 
 
 def _reference(cks: list[dict[str, object]]) -> dict[str, object]:
@@ -454,3 +459,30 @@ def test_real_hugging_face_save_pretrained_shards(tmp_path):
     # positions 8..15 are never used and position 7 has no next token to predict: their rows never move
     assert _partly(result) == expected == {("transformer.wpe.weight", 0): tuple(range(7, 16))}
     assert result.report.never_updated == [] and not result.missing
+
+
+def test_an_fp32_key_bias_that_never_moved_is_a_tiny_update_note(tmp_path):
+    """Checkpoints of a healthy attention whose key bias sits where fp32 rounds its noise-sized SGD steps away:
+    diff names the key elements (found by comparing the saved values) as tiny_update, a note, and exits 0; it
+    called them `unknown`, a problem."""
+    torch.manual_seed(0)
+    model = catalogue.BiasedAttention(16)
+    keys = catalogue.key_bias_stuck(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    paths = []
+    for k in range(3):
+        paths.append(str(tmp_path / f"ck{k}.pt"))
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, paths[-1])
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(4, 6, 16)).pow(2).mean().backward()
+            opt.step()
+    cks = [torch.load(p) for p in paths]
+    ref = _reference(cks)
+    assert ref["never"] == [] and ref["elems"]["qkv.bias"] == list(keys)
+    result = diff(open_all(paths))
+    (rec,) = result.report.partly_updated
+    assert (rec.name, rec.dim, rec.indices, rec.reason) == ("qkv.bias", None, keys, Reason.TINY_UPDATE)
+    assert "non-zero optimizer moment" in rec.detail and "master weights" not in rec.detail
+    assert result.healthy
+    assert main(["diff", *paths]) == 0

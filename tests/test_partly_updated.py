@@ -13,7 +13,7 @@ from collections.abc import Callable
 import catalogue
 import pytest
 import torch
-from catalogue import Bag, DeadFilters, DeadUnits, OddTensors, TinyLM
+from catalogue import Bag, BiasedAttention, DeadFilters, DeadUnits, OddTensors, TinyLM
 from torch import nn
 
 import gradlog
@@ -241,21 +241,6 @@ def test_bf16_rows_whose_update_rounds_away() -> None:
 # --- healthy runs: no records at all ----------------------------------------------------------
 
 
-class BiasedAttention(nn.Module):
-    """One attention layer whose fused qkv projection has a bias, as `nn.Linear(d, 3 * d)` makes it: the key
-    part of that bias gets no gradient but rounding noise (softmax is invariant to adding one constant to every
-    score of a query, and q . b_k is that constant)."""
-
-    def __init__(self, d: int = 16) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(d, 3 * d)
-        self.out = nn.Linear(d, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        return self.out(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
-
-
 def test_an_fp32_key_bias_that_never_moves_is_a_tiny_update_note_not_a_problem() -> None:
     """The key bias at 1.0 (fp32 resolves ~6e-8 there), SGD with momentum: its ~3e-9 noise gradient moves it by
     ~3e-9 at most a step, which rounds away, while the query and value biases learn. Nothing is wrong with the
@@ -263,8 +248,7 @@ def test_an_fp32_key_bias_that_never_moves_is_a_tiny_update_note_not_a_problem()
     torch.manual_seed(0)
     d = 16
     model = BiasedAttention(d)
-    with torch.no_grad():
-        model.qkv.bias[d : 2 * d] = 1.0
+    catalogue.key_bias_stuck(model)
     start = copy.deepcopy(model)
     spy = ZeroGradRows(model.qkv.bias, None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -40,6 +40,7 @@ from gradlog.verdict.report import (
     Stalled,
     format_table,
 )
+from gradlog.verdict.rounding import unmoved
 from gradlog.verdict.unchanged import bits, differs, partly_rows, slice_dims
 
 #: elements per chunk: 1 MB of fp32, so the chunk's second and third reads come from cache
@@ -455,22 +456,30 @@ def _never_reason(name: str, info: TensorInfo, opt: OptimizerView | None, opt_no
         return Reason.ZERO_GRAD, f"{base}; zero moments {at}: every gradient it got was exactly zero"
     if m is not None and not bool(torch.isfinite(m).all()):
         return Reason.NONFINITE_GRAD, f"{base}; NaN/Inf in its optimizer moments {at}"
-    if info.dtype in (torch.bfloat16, torch.float16) and m is not None:
-        return Reason.BELOW_PRECISION, (
-            f"{base}; non-zero moments {at}, yet the {str(info.dtype).replace('torch.', '')} value never changed: "
-            "the update is below the dtype's precision (keep fp32 master weights, or raise lr)"
-        )
+    if m is not None and (info.dtype.is_floating_point or info.dtype.is_complex):
+        dtype = str(info.dtype).replace("torch.", "")
+        reason, why = unmoved(dtype)
+        return reason, f"{base}; non-zero moments {at}, yet the {dtype} value never changed: {why}"
     return Reason.UNKNOWN, f"{base}; the optimizer has state for it {at}, so it stepped it; nothing explains it"
 
 
-def _slice_reason(name: str, dim: int | None, never: torch.Tensor, opt: OptimizerView | None) -> tuple[Reason, str]:
-    m = opt.moment(name) if opt is not None else None
-    zero_moments = False
-    if m is not None and dim is not None and m.dim() >= 2 and m.shape[dim] == never.shape[0]:
-        sl = m.index_select(dim, never.nonzero().reshape(-1))
-        zero_moments = not bool(sl.any())
-    elif m is not None and dim is None and m.dim() == 1 and m.shape[0] == never.shape[0]:
-        zero_moments = not bool(m[never].any())
+def _never_moments(m: torch.Tensor | None, dim: int | None, never: torch.Tensor) -> torch.Tensor | None:
+    """The optimizer moment of each never-changed slice, one row per slice (None: no moment of that shape)."""
+    if m is None:
+        return None
+    at = never.nonzero().reshape(-1)
+    if dim is not None and m.dim() >= 2 and m.shape[dim] == never.shape[0]:
+        return m.index_select(dim, at).movedim(dim, 0).reshape(at.numel(), -1)
+    if dim is None and m.dim() == 1 and m.shape[0] == never.shape[0]:
+        return m[at].reshape(-1, 1)
+    return None
+
+
+def _slice_reason(
+    name: str, dim: int | None, never: torch.Tensor, opt: OptimizerView | None, dtype: torch.dtype
+) -> tuple[Reason, str]:
+    sl = _never_moments(opt.moment(name) if opt is not None else None, dim, never)
+    zero_moments = sl is not None and not bool(sl.any())
     moments = f"; zero moments there (optimizer state of checkpoint {opt.checkpoint})" if zero_moments and opt else ""
     if dim == 0 and _EMBEDDING.search(name):
         return Reason.NOT_IN_BATCH, (
@@ -478,6 +487,14 @@ def _slice_reason(name: str, dim: int | None, never: torch.Tensor, opt: Optimize
         )
     if zero_moments:
         return Reason.ZERO_GRAD, f"never changed in any checkpoint{moments}: their gradient was always exactly zero"
+    stepped = sl is not None and bool(torch.isfinite(sl).all()) and bool((sl != 0).any(1).all())
+    if stepped and opt is not None and (dtype.is_floating_point or dtype.is_complex):
+        # every one of them has a non-zero moment: the optimizer moved them by steps their dtype rounded away
+        reason, why = unmoved(str(dtype).replace("torch.", ""))
+        return reason, (
+            f"never changed in any checkpoint (bitwise) while the rest of the tensor did, though each has a "
+            f"non-zero optimizer moment (checkpoint {opt.checkpoint}): {why}"
+        )
     return Reason.UNKNOWN, "never changed in any checkpoint (bitwise) while the rest of the tensor did"
 
 
@@ -610,7 +627,7 @@ def _judge_tensor(
         count = int(never.sum())
         if 0 < count < never.shape[0]:
             idx = tuple(int(i) for i in never.nonzero().reshape(-1).tolist())
-            reason, detail = _slice_reason(name, dim, never, opt)
+            reason, detail = _slice_reason(name, dim, never, opt, track.info.dtype)
             report.partly_updated.append(PartlyUpdated(name, dim, count, never.shape[0], idx, reason, detail))
 
 
