@@ -77,9 +77,28 @@ def test_a_block_planted_at_another_lr_is_named_and_only_it(factor: float) -> No
     assert weights <= named, weights - named  # every weight of it with a scale of its own
     assert {a.kind for a in report.alerts if a.name in named} == {kind}
     assert report.warnings() == {kind: len(named)}  # a warning, not a problem
+    # the lr, not the weights' scale: the update per entry is out too, so no "initialisation" is suggested
+    assert not any("weights' scale" in a.detail for a in report.alerts if a.name in named)
     # at 1e-4x some LayerNorm updates (1e-7 on |w| = 1) round away in fp32: true, and only in that block
     records = [r.name for r in [*report.never_updated, *report.partly_updated, *report.stalled]]
     assert set(records) <= set(block) | {"transformer.wpe.weight"}, records
+
+
+def test_embeddings_at_torch_default_scale_are_named_with_their_scale_not_an_lr() -> None:
+    """GPT-2 with its position embedding re-initialised as nn.Embedding does it, N(0, 1) (~50x GPT-2's 0.02):
+    Adam moves it by ~lr per entry like every tensor, so its ratio sits far below its peers' and is named; the
+    alert says the scale sets it apart (its values' RMS, measured here by hand), not its lr."""
+    t = cm.gpt2()
+    wpe = t.model.transformer.wpe.weight
+    with torch.no_grad():
+        wpe.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(2))
+    rms = float(wpe.detach().pow(2).mean().sqrt())
+    report, _, _ = train(t)
+    (alert,) = [a for a in report.alerts if a.kind == RATIO_LOW]
+    assert alert.name == "transformer.wpe.weight"
+    assert "the weights' scale sets it apart, not the lr" in alert.detail
+    said = float(alert.detail.split("its values' RMS ")[1].split(" ")[0])
+    assert math.isclose(said, rms, rel_tol=0.05)  # the RMS of the values then, by hand from the init
 
 
 # --- the rule itself, on hand-made ratios (fast) ---------------------------------------------------------

@@ -354,7 +354,10 @@ class Alerts:
                         f"{value / ref:.3g}x" if value >= ref else (f"1/{ref / value:.3g} x" if value > 0 else "0 x")
                     )
                     peers = f"the median {ref:.3g} of the run's {role} tensors"
-                    fire(e, kind, f"{what} {value:.3g} = {times} {peers}, for {streak} measured steps", value, ref)
+                    detail = f"{what} {value:.3g} = {times} {peers}, for {streak} measured steps"
+                    if size is not None and size[0][k] == 0 and e.rms_update is not None:
+                        detail += _scale_clause(e, size[2][k], group)
+                    fire(e, kind, detail, value, ref)
 
     def _emit(self, index: int, new: list[Alert]) -> None:
         if not new:  # the common step: no walk up the logging hierarchy
@@ -394,6 +397,22 @@ def _rms(ratio: float, before_sumsq: float, numel: int) -> float | None:
     if not (numel > 0 and before_sumsq > 0 and math.isfinite(ratio) and math.isfinite(before_sumsq)):
         return None
     return ratio * math.sqrt(before_sumsq / numel)
+
+
+def _scale_clause(e: Entry, size_ref: float, group: Sequence[tuple[Entry, _State, float]]) -> str:
+    """Why a ratio is out while the update per entry is not: ‖Δw‖/‖w‖ = (‖Δw‖/√n) / RMS(w), so it is the
+    weights' own scale that sets the tensor apart (an initialisation), not its learning rate."""
+    scales = [x.rms_update / r for x, _, r in group if x.rms_update is not None and r > 0]
+    mine = e.rms_update / e.ratio if e.rms_update is not None and e.ratio else None
+    if mine is None or not math.isfinite(mine) or mine <= 0 or not scales:
+        return ""
+    ref = 10 ** median([math.log10(v) for v in scales if v > 0 and math.isfinite(v)] or [math.log10(mine)])
+    times = f"{mine / ref:.3g}x" if mine >= ref else f"1/{ref / mine:.3g} x"
+    return (
+        f"; its update per entry ‖Δw‖/√n {e.rms_update:.3g} is like its peers' ({size_ref:.3g}): its values' RMS "
+        f"{mine:.3g} is {times} theirs ({ref:.3g}), so the weights' scale sets it apart, not the lr "
+        "(an initialisation: nn.Embedding's default is N(0, 1))"
+    )
 
 
 def _outliers(
