@@ -134,12 +134,7 @@ class Lane:
             self.caught_up()
         if wait is None:
             wait = 0.0 if self.behind else self.put_wait
-        try:  # as _put(), inline: this is the training thread's cost per record
-            if wait > 0:
-                self.queue.put(item, timeout=wait)
-            else:
-                self.queue.put_nowait(item)
-        except queue.Full:
+        if not self._put(item, wait):
             self._drop(item, f"{self.queue.maxsize} calls are waiting for it")
 
     def _put(self, item: Any, wait: float) -> bool:
