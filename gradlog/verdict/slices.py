@@ -66,9 +66,11 @@ _POSITIONS = re.compile(r"(^|\.)(wpe|position_embeddings?|pos_embed\w*|pos_emb\w
 _IDS_SHOWN = 5
 
 
-def unseen_words(name: str, indices: Sequence[int], total: int) -> str:
+def unseen_words(name: str, indices: Sequence[int], total: int, *, one_batch: bool = False) -> str:
     """What embedding rows no batch reached usually are, in words: the last position under labels=input_ids,
-    positions past the longest sequence, or ids (tokens, items) that no batch contained."""
+    positions past the longest sequence, or ids (tokens, items) that no batch contained. `one_batch`: the
+    rows are those of the one batch `gradlog.check` tried, not of a run's measured batches, and the ids are
+    worded so ("are not in this batch")."""
     idx = sorted(indices)
     k = len(idx)
     last = total - 1
@@ -84,7 +86,8 @@ def unseen_words(name: str, indices: Sequence[int], total: int) -> str:
             f"seen was {a}, or {a + 1} when labels are the inputs: their last position has no target)"
         )
     shown = ", ".join(str(i) for i in idx[:_IDS_SHOWN]) + (", ..." if k > _IDS_SHOWN else "")
-    return f"ids {shown} ({k:,} of {total:,}) were in no measured batch"
+    absent = "are not in this batch" if one_batch else "were in no measured batch"
+    return f"ids {shown} ({k:,} of {total:,}) {absent}"
 
 
 #: optimizer state that accumulates every gradient (squares or magnitudes): zero only if every gradient
