@@ -29,6 +29,7 @@ from gradlog.measure.distributed import Reducer, is_dtensor
 from gradlog.measure.fingerprint import Changes
 from gradlog.measure.params import Tracked
 from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
+from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Reason, format_ranges
@@ -59,7 +60,6 @@ _WORDS: dict[tuple[str, int | None], tuple[str, str]] = {
     ("embedding.weight", 1): ("columns", "embedding dims with no gradient"),
     ("experts", 0): ("experts", "no token routed to them (a collapsed router, or too few tokens?)"),
 }
-_GENERIC = {0: "rows", 1: "columns", None: "elements"}
 #: a position-embedding table by its usual names (GPT-2's wpe, BERT's position_embeddings, BART's embed_positions)
 _POSITIONS = re.compile(r"(^|\.)(wpe|position_embeddings?|pos_embed\w*|pos_emb\w*|embed_positions)(\.weight)?$")
 #: ids a note shows before it says how many more there are
@@ -212,8 +212,9 @@ def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer:
     return out
 
 
-def _owners(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
-    """Parameter identity -> (the module holding it, its attribute name)."""
+def param_owners(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
+    """Parameter identity -> (the module holding it, its attribute name): what a slice is called comes from
+    its module (`partly_updated` here, `gradlog.verdict.stopped_slices`). A shared tensor's first holder."""
     out: dict[int, tuple[nn.Module, str]] = {}
     for mod in model.modules():
         for attr, p in mod.named_parameters(recurse=False):
@@ -291,7 +292,7 @@ def partly_updated(
         if not todo:
             continue
         if owners is None:
-            owners = _owners(model)
+            owners = param_owners(model)
         owner = owners.get(id(row.param))
         kind = _kind(owner)
         if not kind and is_fused_experts(owner[0] if owner else None, row.name, row.param):
@@ -359,7 +360,7 @@ def _records(
     caveat: str,
 ) -> list[PartlyUpdated]:
     total = never.numel()
-    noun, question = _WORDS.get((kind, dim), (_GENERIC[dim], "no gradient ever reached them"))
+    noun, question = _WORDS.get((kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
     hooked = bool(getattr(row.param, "_backward_hooks", None))
     if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
         question = "a gradient hook on this tensor (register_hook) zeroes them?"
