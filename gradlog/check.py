@@ -321,7 +321,7 @@ def _in_batch(
                 if not never:
                     continue
             if id(row.param) in embeddings and dim == 0:
-                why = unseen_words(row.name, never, total).replace("were in no measured batch", "are not in this batch")
+                why = unseen_words(row.name, never, total, one_batch=True)
             elif dim == 1 and id(row.param) in embeddings:
                 why = "embedding dimensions no id of this batch used"
             else:

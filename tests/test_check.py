@@ -50,6 +50,10 @@ def test_healthy_transformer_gives_no_finding(capsys):
     tok = by[("tok.weight", 0)]
     assert set(tok.indices) == set(range(1, 50)) - seen and tok.reason == Reason.NOT_IN_BATCH
     assert tok.detail.startswith("in this batch")
+    unseen = sorted(set(range(1, 50)) - seen)  # worded for one batch, not a run's measured batches
+    first = ", ".join(map(str, unseen[:5]))
+    assert f": ids {first}, ... ({len(unseen)} of 50) are not in this batch;" in tok.detail
+    assert "measured" not in tok.detail
     if 0 in seen:
         assert by.get(("tok.weight", 0)) and ("tok.weight", 0) in by
     pad = [p for p in report.in_batch if p.reason == Reason.PADDING_IDX]

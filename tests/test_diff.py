@@ -110,6 +110,17 @@ def test_torch_checkpoints_with_optimizer_state(run, tmp_path):
     text = result.text()
     assert "rows 30-39 (10 of 40)" in text and "gradlog diff PROBLEM" in text
     assert "by the parameter names" in result.optimizer_note
+    # checkpoints show values, not updates: the verdict says what changed, in the judge's own parts
+    n = len(run[0]["model"])  # type: ignore[arg-type]
+    verdict = result.verdict
+    assert f"; 4 of {n} tensors never changed (not_in_optimizer 2, no_grad 2); " in verdict
+    assert "; 1 tensor partly never changed (not_in_batch 1); " in verdict
+    assert "; 2 tensors stopped changing (zero_lr 2), the first from step 1; " in verdict
+    assert (
+        "updated" not in verdict
+        and "learning" not in verdict
+        and verdict.endswith(" (3 checkpoints; 8 problems, 1 note)")
+    )
 
 
 def test_safetensors_files(run, tmp_path):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import ResidualPlanted, random_mse, train
+from catalogue import DeadUnits, ResidualPlanted, random_mse, train
 from tb_plugin_run import write_old_style
 from torch import nn
 
@@ -218,6 +218,44 @@ def test_healthy_run_exits_0_and_says_ok(tmp_path: Path, capsys: pytest.CaptureF
     text = capsys.readouterr().out
     assert "Warning: Update ratio outliers (band 1e-09..1e-08), re-judged from the series" in text
     assert "gradlog OK: " in text and " warnings (update_ratio_high " in text
+
+
+def _block(text: str, heading: str) -> list[str]:
+    """The lines of the table under the line starting with `heading`, up to the next blank line, unindented."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(heading))
+    block = []
+    for line in lines[at + 1 :]:
+        if not line.strip():
+            break
+        block.append(line.strip())
+    return block
+
+
+def test_partly_and_stalled_tables_hold_the_rows_close_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The two tables `gradlog report` heads itself, read back from the files: the rows close() printed."""
+    torch.manual_seed(0)
+    model = DeadUnits()  # units 0-7 of fc1 never fire
+    opt = torch.optim.SGD([{"params": model.fc1.parameters()}, {"params": model.fc2.parameters()}], lr=0.05)
+    log_dir = tmp_path / "tb"
+    gl = gradlog.GradLogger(model, opt, every=1, log_dir=str(log_dir), print_report=False)
+
+    def stop_fc2(step: int) -> None:
+        if step == 4:
+            opt.param_groups[1]["lr"] = 0.0  # fc2 learns for 5 steps, then stops
+
+    report = train(opt, gl, 10, random_mse(model, 16, 16, gen=torch.Generator().manual_seed(1)), after_step=stop_fc2)
+    planted = {("fc1.weight", 0), ("fc1.bias", None), ("fc2.weight", 1)}
+    assert {(p.name, p.dim, p.indices) for p in report.partly_updated} == {(n, d, tuple(range(8))) for n, d in planted}
+    assert {(s.name, s.since_step) for s in report.stalled} == {("fc2.weight", 5), ("fc2.bias", 5)}
+    printed = report.table()
+    assert main(["report", str(log_dir)]) == 1
+    text = capsys.readouterr().out
+    assert _block(text, "Partly updated (3):") == _block(printed, "Partly updated (3 records")
+    assert _block(text, "Stopped learning (2):") == _block(printed, "Stopped learning (2 tensors)")
+    assert len(_block(text, "Partly updated (3):")) == 2 + 3 and "Stopped slices" not in text
 
 
 def _png_size(path: Path) -> tuple[int, int]:

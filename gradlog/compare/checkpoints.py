@@ -26,7 +26,7 @@ import torch
 
 from gradlog.measure.params import NameFilter, Selection, _matcher
 from gradlog.readers.checkpoints import BadCheckpoint, Checkpoint, TensorInfo
-from gradlog.verdict.judge import Verdict, finding_lines, judge
+from gradlog.verdict.judge import CHECKPOINT_WORDS, Verdict, finding_lines, judge
 from gradlog.verdict.policy import Policy, PolicyLike
 from gradlog.verdict.report import (
     COLUMNS,
@@ -280,11 +280,12 @@ class DiffResult:
 
     def judged(self) -> Verdict:
         """The judge's verdict (`gradlog.verdict.judge`, the same function as a run's) on the report plus
-        what only checkpoints show: NaN/Inf that appeared, missing tensors, shape or dtype changes."""
+        what only checkpoints show: NaN/Inf that appeared, missing tensors, shape or dtype changes; worded for
+        values compared between checkpoints ("never changed", not "never updated")."""
         extra: list[tuple[str, str | None]] = [("diff.nonfinite", a.name) for a in self.nonfinite]
         extra += [("diff.missing", m.name) for m in self.missing]
         extra += [("diff.shape_or_dtype_changed", m.name) for m in self.meta_changes]
-        return judge(self.report, extra, label="gradlog diff")
+        return judge(self.report, extra, label="gradlog diff", words=CHECKPOINT_WORDS)
 
     @property
     def healthy(self) -> bool:
@@ -296,16 +297,10 @@ class DiffResult:
         c = len(self.checkpoints)
         n = self.report.tracked_tensors
         tail = f" ({v.tally})" if v.tally else ""
-        if v.parts == (f"all {n} tracked tensors were updated",):
-            return f"{v.label} {v.status}: all {n} compared tensors changed across {c} checkpoints{tail}"
-        words = (
-            ("never updated", "never changed"),
-            ("stopped learning", "stopped changing"),
-            ("tracked tensors were updated", "compared tensors changed"),
-        )
+        everything = f"all {n} {CHECKPOINT_WORDS.tracked_did}"
+        if v.parts == (everything,):
+            return f"{v.label} {v.status}: {everything} across {c} checkpoints{tail}"
         parts = "; ".join(v.parts)
-        for a, b in words:
-            parts = parts.replace(a, b)
         tail = f"; {v.tally}" if v.tally else ""
         return f"{v.label} {v.status}: {parts} ({c} checkpoints{tail})"
 

@@ -116,6 +116,25 @@ class Verdict:
         return [f for f in self.findings if f.severity == severity]
 
 
+@dataclass(frozen=True)
+class Words:
+    """How the verdict line says that tensors learned. A run sees updates and gradients ("updated", "stopped
+    learning"); `gradlog diff` sees only saved values, so its tensors "changed" and "stopped changing"."""
+
+    #: follows "all {n} " and "{k} of {n} ": the tensors judged and what they all did
+    tracked_did: str = "tracked tensors were updated"
+    #: follows "{k} of {n} tensors " and "{k} tensors partly "
+    never: str = "never updated"
+    #: follows "{k} tensors " and "{k} tensors with slices that "
+    stopped: str = "stopped learning"
+
+
+#: a run's words (`GradLogger.close()`, `gradlog report`, `gradlog.check`)
+RUN_WORDS = Words()
+#: `gradlog diff`'s words: what changed between saved checkpoints
+CHECKPOINT_WORDS = Words(tracked_did="compared tensors changed", never="never changed", stopped="stopped changing")
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
@@ -178,6 +197,7 @@ class _Line:
     """The verdict line being built: its parts in order, and which of them are problems."""
 
     found: list[Finding]
+    words: Words = RUN_WORDS
     parts: list[str] = dataclasses.field(default_factory=list)
     problems: list[str] = dataclasses.field(default_factory=list)
 
@@ -205,38 +225,41 @@ def _tensors(line: _Line, report: Report) -> None:
         f = report.first_nonfinite
         line.add(f"first non-finite gradient at step {f.step} in {f.name}", _worst(nonfinite))
     never = line.of("never.")
+    words = line.words
     ignored = sum(1 for f in line.found if f.kind.startswith("never.") and f.severity == IGNORE)
     n = report.tracked_tensors
     if report.error is not None:
-        text = f"the diagnosis failed ({report.error}); which tensors never updated is unknown"
+        text = f"the diagnosis failed ({report.error}); which tensors {words.never} is unknown"
         line.add(text, _worst(line.of("run.diag")))
     elif not never and not ignored:
-        line.parts.append(f"all {n} tracked tensors were updated")
+        line.parts.append(f"all {n} {words.tracked_did}")
     elif not never:
-        line.parts.append(f"{n - ignored} of {n} tracked tensors were updated ({ignored} ignored by the policy)")
+        line.parts.append(f"{n - ignored} of {n} {words.tracked_did} ({ignored} ignored by the policy)")
     else:
         more = f", {ignored} more ignored by the policy" if ignored else ""
-        line.add(f"{len(never)} of {n} tensors never updated ({_by_reason(_reasons(never))}{more})", _worst(never))
+        text = f"{len(never)} of {n} tensors {words.never} ({_by_reason(_reasons(never))}{more})"
+        line.add(text, _worst(never))
 
 
 def _slices(line: _Line, report: Report) -> None:
     """Tensors partly never updated (over the run, then in one batch), stalled, with slices that stopped."""
-    for batch, words in ((False, "partly never updated"), (True, "with slices this batch left at zero gradient")):
+    words = line.words
+    for batch, what in ((False, f"partly {words.never}"), (True, "with slices this batch left at zero gradient")):
         partly = [f for f in line.of("partly.") if f.in_batch is batch]
         if partly:
             tensors = len({f.name for f in partly})
-            line.add(f"{_plural(tensors, 'tensor')} {words} ({_by_reason(_reasons(partly))})", _worst(partly))
+            line.add(f"{_plural(tensors, 'tensor')} {what} ({_by_reason(_reasons(partly))})", _worst(partly))
     stalled = line.of("stalled.")
     if stalled:
         names = {f.name for f in stalled}
         first = min(s.since_step for s in report.stalled if s.name in names)
-        text = f"{_plural(len(stalled), 'tensor')} stopped learning ({_by_reason(_reasons(stalled))})"
+        text = f"{_plural(len(stalled), 'tensor')} {words.stopped} ({_by_reason(_reasons(stalled))})"
         line.add(f"{text}, the first from step {first}", _worst(stalled))
     sliced = line.of("stopped.")
     if sliced:
         names = {f.name for f in sliced}
         first = min(r.since_step for r in report.stopped_slices if r.name in names)
-        text = f"{_plural(len(names), 'tensor')} with slices that stopped learning ({_by_reason(_reasons(sliced))})"
+        text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({_by_reason(_reasons(sliced))})"
         line.add(text + f", the first from step {first}", _worst(sliced))
 
 
@@ -271,9 +294,11 @@ def _diffs(line: _Line) -> None:
         line.add(text, _worst(group))
 
 
-def judge(report: Report, extra: Sequence[tuple[str, str | None]] = (), label: str = "gradlog") -> Verdict:
-    """OK or PROBLEM for `report` under its policy, with the one line that says why."""
-    line = _Line(findings(report, extra))
+def judge(
+    report: Report, extra: Sequence[tuple[str, str | None]] = (), label: str = "gradlog", words: Words = RUN_WORDS
+) -> Verdict:
+    """OK or PROBLEM for `report` under its policy, with the one line that says why (in `words`)."""
+    line = _Line(findings(report, extra), words)
     _tensors(line, report)
     _slices(line, report)
     _run_wide(line, report)

@@ -314,6 +314,28 @@ class NonFinite:
     count: int
 
 
+#: what each table a person reads is called, by the `Report` field its rows come from
+TITLES = {
+    "never_updated": "Never updated",
+    "partly_updated": "Partly updated",
+    "stalled": "Stopped learning",
+    "stopped_slices": "Stopped slices",
+    "experts": "Experts",
+    "precision": "Updates rounded away",
+}
+
+
+@dataclass(frozen=True)
+class Section:
+    """One non-empty table of a `Report` as a person reads it: `key` is the `Report` field its rows come
+    from (a key of `TITLES`), so a view picks tables by what they hold, not by their heading's text."""
+
+    key: str
+    heading: str  # the title and its count: "Stopped learning (2 tensors)"
+    columns: list[str]
+    rows: list[list[str]]
+
+
 @dataclass
 class Report:
     """What `GradLogger.close()` returns: the never-updated tensors and the run's headline numbers."""
@@ -414,33 +436,37 @@ class Report:
     def stalled_rows(self) -> list[list[str]]:
         return [r.row() for r in self.stalled]
 
-    def sections(self, console: bool = False) -> list[tuple[str, list[str], list[list[str]]]]:
-        """The non-empty tables a person reads: (heading, columns, rows), never-updated first.
+    def sections(self, console: bool = False) -> list[Section]:
+        """The non-empty tables a person reads, never-updated first.
 
         On the console, intentionally frozen tensors fold into one line per module subtree."""
         out = []
+
+        def add(key: str, count: str, columns: list[str], rows: list[list[str]]) -> None:
+            out.append(Section(key, f"{TITLES[key]} ({count})", list(columns), rows))  # a copy: columns are shared
+
         if self.never_updated:
             n = len(self.never_updated)
             rows = console_rows(self.never_updated) if console else self.rows()
-            out.append((f"Never updated ({n} of {self.tracked_tensors} tensors)", COLUMNS, rows))
+            add("never_updated", f"{n} of {self.tracked_tensors} tensors", COLUMNS, rows)
         if self.partly_updated:
             n = len(self.partly_updated)
-            head = f"Partly updated ({n} record{'s' * (n != 1)}: slices that never changed)"
-            out.append((head, PARTLY_COLUMNS, self.partly_rows(RANGES_SHOWN)))
+            count = f"{n} record{'s' * (n != 1)}: slices that never changed"
+            add("partly_updated", count, PARTLY_COLUMNS, self.partly_rows(RANGES_SHOWN))
         if self.stalled:
             n = len(self.stalled)
-            out.append((f"Stopped learning ({n} tensor{'s' * (n != 1)})", STALLED_COLUMNS, self.stalled_rows()))
+            add("stalled", f"{n} tensor{'s' * (n != 1)}", STALLED_COLUMNS, self.stalled_rows())
         if self.stopped_slices:
             n = len(self.stopped_slices)
-            head = f"Stopped slices ({n} record{'s' * (n != 1)}: had a gradient, then none to the end)"
-            out.append((head, STOPPED_COLUMNS, [r.row(RANGES_SHOWN if console else None) for r in self.stopped_slices]))
+            count = f"{n} record{'s' * (n != 1)}: had a gradient, then none to the end"
+            rows = [r.row(RANGES_SHOWN if console else None) for r in self.stopped_slices]
+            add("stopped_slices", count, STOPPED_COLUMNS, rows)
         if self.experts:
             n = len(self.experts)
-            out.append((f"Experts ({n} record{'s' * (n != 1)})", EXPERT_COLUMNS, [r.row() for r in self.experts]))
+            add("experts", f"{n} record{'s' * (n != 1)}", EXPERT_COLUMNS, [r.row() for r in self.experts])
         if self.precision:
             n = len(self.precision)
-            head = f"Updates rounded away ({n} tensor{'s' * (n != 1)})"
-            out.append((head, PRECISION_COLUMNS, [r.row() for r in self.precision]))
+            add("precision", f"{n} tensor{'s' * (n != 1)}", PRECISION_COLUMNS, [r.row() for r in self.precision])
         return out
 
     def warning_lines(self) -> list[str]:
@@ -451,17 +477,17 @@ class Report:
         """The console text: the tables (never updated, with intentionally frozen tensors one line per
         module subtree; partly updated; stopped learning), the run-level hint once, the warnings and notes,
         the verdict."""
-        blocks = [f"{head}:\n{format_table(cols, rows)}" for head, cols, rows in self.sections(console=True)]
+        blocks = [f"{s.heading}:\n{format_table(s.columns, s.rows)}" for s in self.sections(console=True)]
         tail = ([f"hint: {self.hint}"] if self.hint else []) + self.warning_lines() + [self.verdict]
         return "\n\n".join([*blocks, "\n".join(tail)])
 
     def markdown(self) -> str:
         """The same as markdown (TensorBoard's text plugin renders it)."""
         lines = []
-        for head, cols, rows in self.sections():
-            lines.append(f"**{head}**")
+        for section in self.sections():
+            lines.append(f"**{section.heading}**")
             lines.append("")
-            lines.append(markdown_table(cols, rows))
+            lines.append(markdown_table(section.columns, section.rows))
             lines.append("")
         if self.hint:
             lines.append(f"hint: {self.hint}")

@@ -29,6 +29,7 @@ from gradlog.measure.distributed import Reducer, is_dtensor
 from gradlog.measure.fingerprint import Changes
 from gradlog.measure.params import Tracked
 from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
+from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import PartlyUpdated, Reason, format_ranges
@@ -59,16 +60,17 @@ _WORDS: dict[tuple[str, int | None], tuple[str, str]] = {
     ("embedding.weight", 1): ("columns", "embedding dims with no gradient"),
     ("experts", 0): ("experts", "no token routed to them (a collapsed router, or too few tokens?)"),
 }
-_GENERIC = {0: "rows", 1: "columns", None: "elements"}
 #: a position-embedding table by its usual names (GPT-2's wpe, BERT's position_embeddings, BART's embed_positions)
 _POSITIONS = re.compile(r"(^|\.)(wpe|position_embeddings?|pos_embed\w*|pos_emb\w*|embed_positions)(\.weight)?$")
 #: ids a note shows before it says how many more there are
 _IDS_SHOWN = 5
 
 
-def unseen_words(name: str, indices: Sequence[int], total: int) -> str:
+def unseen_words(name: str, indices: Sequence[int], total: int, *, one_batch: bool = False) -> str:
     """What embedding rows no batch reached usually are, in words: the last position under labels=input_ids,
-    positions past the longest sequence, or ids (tokens, items) that no batch contained."""
+    positions past the longest sequence, or ids (tokens, items) that no batch contained. `one_batch`: the
+    rows are those of the one batch `gradlog.check` tried, not of a run's measured batches, and the ids are
+    worded so ("are not in this batch")."""
     idx = sorted(indices)
     k = len(idx)
     last = total - 1
@@ -84,7 +86,8 @@ def unseen_words(name: str, indices: Sequence[int], total: int) -> str:
             f"seen was {a}, or {a + 1} when labels are the inputs: their last position has no target)"
         )
     shown = ", ".join(str(i) for i in idx[:_IDS_SHOWN]) + (", ..." if k > _IDS_SHOWN else "")
-    return f"ids {shown} ({k:,} of {total:,}) were in no measured batch"
+    absent = "are not in this batch" if one_batch else "were in no measured batch"
+    return f"ids {shown} ({k:,} of {total:,}) {absent}"
 
 
 #: optimizer state that accumulates every gradient (squares or magnitudes): zero only if every gradient
@@ -209,8 +212,9 @@ def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer:
     return out
 
 
-def _owners(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
-    """Parameter identity -> (the module holding it, its attribute name)."""
+def param_owners(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
+    """Parameter identity -> (the module holding it, its attribute name): what a slice is called comes from
+    its module (`partly_updated` here, `gradlog.verdict.stopped_slices`). A shared tensor's first holder."""
     out: dict[int, tuple[nn.Module, str]] = {}
     for mod in model.modules():
         for attr, p in mod.named_parameters(recurse=False):
@@ -288,7 +292,7 @@ def partly_updated(
         if not todo:
             continue
         if owners is None:
-            owners = _owners(model)
+            owners = param_owners(model)
         owner = owners.get(id(row.param))
         kind = _kind(owner)
         if not kind and is_fused_experts(owner[0] if owner else None, row.name, row.param):
@@ -356,7 +360,7 @@ def _records(
     caveat: str,
 ) -> list[PartlyUpdated]:
     total = never.numel()
-    noun, question = _WORDS.get((kind, dim), (_GENERIC[dim], "no gradient ever reached them"))
+    noun, question = _WORDS.get((kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
     hooked = bool(getattr(row.param, "_backward_hooks", None))
     if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
         question = "a gradient hook on this tensor (register_hook) zeroes them?"

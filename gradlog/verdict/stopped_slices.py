@@ -39,9 +39,11 @@ from torch import nn
 from gradlog.measure.distributed import Reducer, is_dtensor
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
+from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import StepIndex
 from gradlog.verdict.report import Reason, StoppedSlice, format_ranges
+from gradlog.verdict.slices import param_owners
 
 #: a slice is stopped after at least this many quiet measured steps, and this share of all measured steps:
 #: a stricter bar than a whole tensor's (`gradlog.verdict.stalled`: 3 and 10%), as a model has many slices
@@ -62,7 +64,6 @@ _NOUNS: dict[tuple[str, int | None], tuple[str, str]] = {
     ("conv.bias", None): ("filters", "filters that stopped firing"),
     ("experts", 0): ("experts", "no token routed to them any more (a collapsed router?)"),
 }
-_GENERIC = {0: "rows", 1: "columns", None: "elements"}
 
 
 @dataclass
@@ -93,7 +94,7 @@ def _words(kind: str, dim: int | None) -> tuple[str, str]:
     if kind.startswith("conv1d_t."):  # transformers' Conv1D holds (in, out): columns are its units
         kind = "linear." + kind.split(".", 1)[1]
         dim = {0: 1, 1: 0}.get(dim, dim) if dim is not None else None
-    return _NOUNS.get((kind, dim), (_GENERIC[dim], "zero gradient since (masked, or multiplied by 0?)"))
+    return _NOUNS.get((kind, dim), (DIM_NAMES[dim], "zero gradient since (masked, or multiplied by 0?)"))
 
 
 def _block(name: str) -> str:
@@ -185,11 +186,7 @@ def stopped_slices(
         return []
     dev = parts[0].device
     flat = torch.cat([p.to(dev, torch.int64) for p in parts]).cpu()
-    owners: dict[int, tuple[nn.Module, str]] = {}
-    if model is not None:
-        for mod in model.modules():
-            for attr, p in mod.named_parameters(recurse=False):
-                owners.setdefault(id(p), (mod, attr))
+    owners = param_owners(model) if model is not None else {}
     groups: list[_Group] = []
     at = 0
     for (row, dim), part in zip(keys, parts):

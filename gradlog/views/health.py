@@ -29,17 +29,7 @@ from gradlog.verdict.alerts import (
 )
 from gradlog.verdict.judge import Verdict, finding_lines, judge
 from gradlog.verdict.policy import Policy
-from gradlog.verdict.report import (
-    COLUMNS,
-    DIM_NAMES,
-    PARTLY_COLUMNS,
-    RANGES_SHOWN,
-    STALLED_COLUMNS,
-    Alert,
-    Report,
-    format_ranges,
-    format_table,
-)
+from gradlog.verdict.report import COLUMNS, TITLES, Alert, Section, format_table
 
 __all__ = ["DEFAULT_SPIKE_FACTOR", "Finding", "Health", "analyze", "replay"]
 
@@ -83,11 +73,12 @@ class Health:
     partly_updated: list[dict[str, Any]] = field(default_factory=list)
     stalled: list[dict[str, Any]] = field(default_factory=list)
     #: the slice-level tables in time (stopped slices, experts, updates rounded away), as `Report.to_dict()`
-    #: writes them, and as the console prints them: (heading, columns, rows)
+    #: writes them
     stopped_slices: list[dict[str, Any]] = field(default_factory=list)
     experts: list[dict[str, Any]] = field(default_factory=list)
     precision: list[dict[str, Any]] = field(default_factory=list)
-    more_sections: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
+    #: the close-time tables as the console prints them, from the rebuilt Report (`Report.sections`)
+    sections: list[Section] = field(default_factory=list)
     #: the judge's verdict on the Report rebuilt from the tables (and the warnings below): what close()
     #: said (None: the run did not close)
     closed: Verdict | None = None
@@ -143,7 +134,7 @@ class Health:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["more_sections"]  # the console's form of stopped_slices, experts and precision
+        del out["sections"]  # the console's form of the tables above
         out["summary"] = {k: _typed(v) for k, v in self.summary.items()}
         out["never_updated"] = [{**asdict(r), "numel": _typed(r.numel)} for r in self.never_updated]
         out["healthy"] = self.healthy
@@ -175,46 +166,33 @@ class Health:
         return "\n".join(lines)
 
     def _never_lines(self) -> list[str]:
+        title = TITLES["never_updated"]
         if not self.never_updated_known:
-            return ["Never updated: unknown (no gradlog/never_updated table: the run did not call close())"]
+            return [f"{title}: unknown (no gradlog/never_updated table: the run did not call close())"]
         if self.never_updated:
             when = "" if self.provisional_step is None else f", as of step {self.provisional_step}, run did not close"
             rows = [[r.name, r.shape, r.numel, r.reason, r.detail] for r in self.never_updated]
-            return [f"Never updated ({len(self.never_updated)}{when}):", _indent(format_table(COLUMNS, rows))]
+            return [f"{title} ({len(self.never_updated)}{when}):", _indent(format_table(COLUMNS, rows))]
         if self.provisional_step is not None:
-            return [f"Never updated: none as of step {self.provisional_step} (run did not close)"]
-        return ["Never updated: none"]
+            return [f"{title}: none as of step {self.provisional_step} (run did not close)"]
+        return [f"{title}: none"]
 
     def _close_time_lines(self) -> list[str]:
-        """Partly updated, stopped learning, then the other non-empty tables as close() printed them."""
-        partly = [
-            [
-                p["name"],
-                DIM_NAMES.get(p["dim"], f"dim {p['dim']}"),
-                str(p["never"]),
-                str(p["total"]),
-                format_ranges(p["indices"], RANGES_SHOWN),
-                p["reason"],
-                p["detail"],
-            ]
-            for p in self.partly_updated
-        ]
-        stalled = [
-            [r["name"], str(r["since_step"]), str(r["last_update_step"]), r["reason"], r["detail"]]
-            for r in self.stalled
-        ]
+        """Partly updated and stopped learning (said "none" when empty), then the other non-empty tables as
+        close() printed them; rows and columns (and the other tables' headings) are the Report's own."""
+        by_key = {s.key: s for s in self.sections}
         lines = []
-        for title, columns, rows in (
-            ("Partly updated", PARTLY_COLUMNS, partly),
-            ("Stopped learning", STALLED_COLUMNS, stalled),
-        ):
+        for key in _ALWAYS_SHOWN:
+            section = by_key.get(key)
             lines.append("")
-            if rows:
-                lines += [f"{title} ({len(rows)}):", _indent(format_table(columns, rows))]
+            if section is not None:
+                table = _indent(format_table(section.columns, section.rows))
+                lines += [f"{TITLES[key]} ({len(section.rows)}):", table]
             else:
-                lines.append(f"{title}: none")
-        for head, columns, rows in self.more_sections:  # only the non-empty ones
-            lines += ["", f"{head}:", _indent(format_table(columns, rows))]
+                lines.append(f"{TITLES[key]}: none")
+        for section in self.sections:
+            if section.key not in _OWN_SECTIONS:
+                lines += ["", f"{section.heading}:", _indent(format_table(section.columns, section.rows))]
         return lines
 
     def _warning_lines(self) -> list[str]:
@@ -395,7 +373,7 @@ def analyze(
         stopped_slices=as_dict.get("stopped_slices", []),
         experts=as_dict.get("experts", []),
         precision=as_dict.get("precision", []),
-        more_sections=_more_sections(report),
+        sections=[] if report is None else report.sections(console=True),
         closed=judge(report) if report is not None else None,
         summary=summary,
         first_nonfinite=_first_nonfinite(run, summary, closed=closed),
@@ -408,16 +386,12 @@ def analyze(
     )
 
 
-#: the console's headings of the tables `Health.text` prints itself (never updated, partly, stopped learning)
-_OWN_SECTIONS = ("Never updated", "Partly updated", "Stopped learning")
-
-
-def _more_sections(report: Report | None) -> list[tuple[str, list[str], list[list[str]]]]:
-    """The report's other non-empty tables (stopped slices, experts, updates rounded away), as close()
-    printed them: the verdict counts them, so the report must name them."""
-    if report is None:
-        return []
-    return [(h, list(c), r) for h, c, r in report.sections(console=True) if not h.startswith(_OWN_SECTIONS)]
+#: the tables `Health.text` says "none" for when they are empty (a closed run has them all), by `Report` field
+_ALWAYS_SHOWN = ("partly_updated", "stalled")
+#: the tables `Health.text` heads itself: never updated (every row of the written table, where close()'s console
+#: folds intentionally frozen tensors) and `_ALWAYS_SHOWN`; every other non-empty table is printed as close()
+#: printed it, since the verdict counts it
+_OWN_SECTIONS = frozenset({"never_updated", *_ALWAYS_SHOWN})
 
 
 def _count(text: str, default: int) -> int:
