@@ -80,7 +80,13 @@ def _check_against_reference(result, cks) -> None:
     }
     assert ref["stalled"] == {"mid.weight": 0, "mid.bias": 0}
     assert [(a.name, a.checkpoint, a.count) for a in result.nonfinite] == [("out.weight", 2, 1)]
-    assert result.report.first_nonfinite is not None and result.report.first_nonfinite.name == "out.weight"
+    # a saved value, not a gradient: said once, first, as NaN/Inf that appeared (it was also "first non-finite
+    # gradient at step 2", a second problem for the one value)
+    assert result.report.first_nonfinite is None
+    assert result.verdict.startswith("gradlog diff PROBLEM: NaN/Inf values appeared in 1 tensor (first: out.weight);")
+    assert "gradient" not in result.verdict
+    kinds = [f.kind for f in result.judged().findings]
+    assert kinds.count("diff.nonfinite") == 1 and "run.nonfinite" not in kinds
     # relative change by hand
     sds = [ck["model"] for ck in cks]
     for name in ("out.bias", "embed.weight"):
@@ -115,11 +121,11 @@ def test_torch_checkpoints_with_optimizer_state(run, tmp_path):
     verdict = result.verdict
     assert f"; 4 of {n} tensors never changed (not_in_optimizer 2, no_grad 2); " in verdict
     assert "; 1 tensor partly never changed (not_in_batch 1); " in verdict
-    assert "; 2 tensors stopped changing (zero_lr 2), the first from step 1; " in verdict
+    assert "; 2 tensors stopped changing (zero_lr 2), the first from step 1 (3 checkpoints; " in verdict
     assert (
         "updated" not in verdict
         and "learning" not in verdict
-        and verdict.endswith(" (3 checkpoints; 8 problems, 1 note)")
+        and verdict.endswith(" (3 checkpoints; 7 problems, 1 note)")  # the NaN once, not twice
     )
 
 
@@ -246,7 +252,7 @@ def test_missing_shape_and_dtype_changes(tmp_path):
         ("h", "2x2 float32", "2x2 float64"),
     ]
     assert result.relative_change["w"] == [pytest.approx(1.0)]  # ‖A‖ = 0: measured against ‖B‖
-    assert "2 missing from some checkpoints; 2 changed shape or dtype" in result.verdict
+    assert "2 tensors missing from some checkpoints; 2 tensors changed shape or dtype" in result.verdict
 
 
 def test_bitwise_definition(tmp_path):

@@ -33,7 +33,6 @@ from gradlog.verdict.report import (
     PARTLY_COLUMNS,
     STALLED_COLUMNS,
     NeverUpdated,
-    NonFinite,
     PartlyUpdated,
     Reason,
     Report,
@@ -535,9 +534,9 @@ def diff(
         if track.nonfinite is not None:
             appeared.append(track.nonfinite)
         _judge_tensor(report, track, checkpoints, opt, opt_note)
+    # NaN/Inf in saved values are this result's `nonfinite` (diff.nonfinite), not the report's first non-finite
+    # gradient: checkpoints hold no gradient, and the verdict said both of the one value
     appeared.sort(key=lambda a: (a.checkpoint, names.index(a.name)))
-    if appeared:
-        report.first_nonfinite = NonFinite(step=appeared[0].checkpoint, name=appeared[0].name, count=appeared[0].count)
     return DiffResult(
         checkpoints=[ck.label for ck in checkpoints],
         report=report,

@@ -280,17 +280,23 @@ def _run_wide(line: _Line, report: Report) -> None:
             line.add(f"{_plural(len(group), word)} ({_by_reason(_reasons(group))})", severity)
 
 
+def _appeared(line: _Line) -> None:
+    """`gradlog diff`: NaN/Inf that appeared in saved values, first, as a run's first non-finite gradient is."""
+    group = line.of("diff.nonfinite")
+    if group:
+        line.add(f"NaN/Inf values appeared in {_plural(len(group), 'tensor')} (first: {group[0].name})", _worst(group))
+
+
 def _diffs(line: _Line) -> None:
-    """`gradlog diff`'s own findings, one part per kind."""
-    others = line.of("diff.")
+    """`gradlog diff`'s other findings, one part per kind."""
+    others = [f for f in line.of("diff.") if f.kind != "diff.nonfinite"]
     for kind in dict.fromkeys(f.kind for f in others):
         group = [f for f in others if f.kind == kind]
-        k = len(group)
+        k = _plural(len(group), "tensor")
         text = {
-            "diff.nonfinite": f"NaN/Inf in {k} (first: {group[0].name})",
             "diff.missing": f"{k} missing from some checkpoints",
             "diff.shape_or_dtype_changed": f"{k} changed shape or dtype",
-        }.get(kind, f"{kind} {k}")
+        }.get(kind, f"{kind} {len(group)}")
         line.add(text, _worst(group))
 
 
@@ -299,6 +305,7 @@ def judge(
 ) -> Verdict:
     """OK or PROBLEM for `report` under its policy, with the one line that says why (in `words`)."""
     line = _Line(findings(report, extra), words)
+    _appeared(line)
     _tensors(line, report)
     _slices(line, report)
     _run_wide(line, report)
