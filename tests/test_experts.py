@@ -188,3 +188,31 @@ def test_per_expert_modules_that_stop_being_routed_are_one_record_per_layer() ->
     got = {(e.layer, e.state, e.experts, e.total, e.since_step, e.reason) for e in report.experts}
     assert got == {("layers.0.experts", "stopped", (2, 3), 6, 6, Reason.NO_GRAD)}
     assert "experts 2-3 of 6 got no gradient from step 6 on" in report.experts[0].detail
+
+
+def test_experts_that_stop_at_different_steps_are_one_record_per_step() -> None:
+    """Two experts of one layer that stopped at different steps are two records, each from its own step: one
+    record for both would say the later one stopped at the earlier one's step."""
+    torch.manual_seed(0)
+    model = TwoLayerMoE()
+    model.routes = [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
+    drop = {4: [0, 1, 0, 3, 4, 5], 9: [0, 1, 0, 0, 4, 5]}  # step -> layer 0's routes from then on: 2 goes, then 3
+    last: dict[str, int] = {}  # reference: the last step each tensor had a non-zero gradient
+
+    def loss(step: int) -> torch.Tensor:
+        model.routes[0] = drop.get(step, model.routes[0])
+        return mse(model, torch.randn(6, 8))
+
+    def record(step: int) -> None:
+        for n, p in model.named_parameters():
+            if p.grad is not None and bool((p.grad != 0).any()):
+                last[n] = step
+
+    report = train(opt, gl, 20, loss, after_backward=record)
+    ends = {k: max(s for n, s in last.items() if n.startswith(f"layers.0.experts.{k}.")) for k in range(6)}
+    assert {k: s for k, s in ends.items() if s < 19} == {2: 3, 3: 8}
+    got = {(e.layer, e.state, e.experts, e.since_step) for e in report.experts}
+    assert got == {("layers.0.experts", "stopped", (k,), s + 1) for k, s in ends.items() if s < 19}
+    assert [e.since_step for e in report.experts] == [4, 9]  # in the order they stopped
