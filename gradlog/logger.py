@@ -272,9 +272,7 @@ class GradLogger:
 
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (`Pipeline.diagnose`), judged over every segment of a resumed run."""
-        after = self.segments.resumed_after if self.segments is not None else None
-        report, silent = self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy, after)
-        return self.segments.merge(report, self.table.live, silent) if self.segments is not None else report
+        return self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy, self.segments)
 
     @property
     def closed(self) -> bool:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,6 +35,9 @@ from gradlog.verdict.report import Report, StoppedSlice
 from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
 from gradlog.verdict.stopped_slices import global_last_steps, last_steps, silent_slices, stopped_slices
+
+if TYPE_CHECKING:
+    from gradlog.resume import Continuation
 
 __all__ = ["IDLE_LOG_CALLS", "IdleWatch", "Pipeline"]
 
@@ -428,16 +432,35 @@ class Pipeline:
         model: nn.Module | None,
         optimizer: torch.optim.Optimizer | None,
         policy: Policy,
-        resumed_after: int | None = None,
+        segments: Continuation | None = None,
+    ) -> Report:
+        """The diagnosis: the records (`_records`), of a resumed run (`segments` continues an earlier one)
+        merged with the earlier segments' (`Continuation.merge`), then what is derived from the records
+        alone, the Experts table and the hint (`_derived`): so that these span the segments too.
+        `collective`, `reuse` and `model`: see `_records`."""
+        after = segments.resumed_after if segments is not None else None
+        report, silent = self._records(collective, reuse, model, optimizer, policy, after)
+        if segments is not None:
+            report = segments.merge(report, self.table.live, silent)
+        return self._derived(report, model, None if after is None else after + 1)
+
+    def _records(
+        self,
+        collective: bool,
+        reuse: bool,
+        model: nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        policy: Policy,
+        resumed_after: int | None,
     ) -> tuple[Report, list[StoppedSlice]]:
-        """The diagnosis, and with `resumed_after` (a resumed run: the earlier segments' last step) this
-        segment's slices with no gradient in it while their tensor had one, as stopped right after that
-        step (`verdict.stopped_slices.silent_slices`; the resume merge keeps those that learned before).
-        `collective`: under sharded parameters, meet the other ranks so that a tensor changed if any of
-        its shards did (False: this rank's own answer). `reuse`: tensors the evidence already answers for
-        (frozen ones, ones never written in place) are not fingerprinted again (`Ledger.changed`), as for
-        provisional tables. `model` is None once garbage-collected: the slices' owning modules are gone
-        with it."""
+        """This segment's records (no Experts table, no hint yet), and with `resumed_after` (a resumed run:
+        the earlier segments' last step) its slices with no gradient in it while their tensor had one, as
+        stopped right after that step (`verdict.stopped_slices.silent_slices`; the resume merge keeps those
+        that learned before). `collective`: under sharded parameters, meet the other ranks so that a tensor
+        changed if any of its shards did (False: this rank's own answer). `reuse`: tensors the evidence
+        already answers for (frozen ones, ones never written in place) are not fingerprinted again
+        (`Ledger.changed`), as for provisional tables. `model` is None once garbage-collected: the slices'
+        owning modules are gone with it."""
         self.collect()
         rows = self.table.live
         changed = self.ledger.changed(rows, provisional=reuse)
@@ -474,15 +497,12 @@ class Pipeline:
         )
         whole = {r.name for r in never} | {r.name for r in stopped}
         slices, silent = self._slices_in_time(collective, model, whole, resumed_after)
-        layout = expert_layout(model, rows) if model is not None else {}
         report = Report(
             never_updated=never,
             partly_updated=partly,
             stalled=stopped,
             stopped_slices=slices,
-            experts=idle_experts(layout, never, partly, stopped, slices),
             precision=rounded_away(rows, ledger.evidence, exclude={r.name for r in never}),
-            hint=run_hint(rows, never, self.with_optimizer),
             alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=steps,
@@ -492,6 +512,17 @@ class Pipeline:
             policy=policy,
         )
         return report, silent
+
+    def _derived(self, report: Report, model: nn.Module | None, resumed_at: int | None) -> Report:
+        """`report` with what its records say together: the Experts table (`verdict.experts`) and the hint
+        (`verdict.diagnosis.run_hint`; `resumed_at`: a resumed run's first step, whose merged records
+        hold tensors stalled from it)."""
+        rows = self.table.live
+        layout = expert_layout(model, rows) if model is not None else {}
+        r = report
+        experts = idle_experts(layout, r.never_updated, r.partly_updated, r.stalled, r.stopped_slices)
+        hint = run_hint(rows, r.never_updated, self.with_optimizer, r.stalled, resumed_at)
+        return replace(report, experts=experts, hint=hint)
 
     def _slices_in_time(
         self, collective: bool, model: nn.Module | None, whole: set[str], resumed_after: int | None

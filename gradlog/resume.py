@@ -303,8 +303,10 @@ class Continuation:
         return self.segment.first_step - 1 if self.earlier is not None else None
 
     def merge(self, report: Report, tracked: list[Tracked], silent: list[StoppedSlice]) -> Report:
-        """`report` judged over every segment of the run (itself when there is no earlier one); `silent`:
-        this segment's slices with no gradient (`Pipeline.diagnose` with `resumed_after`)."""
+        """`report`'s records judged over every segment of the run (itself when there is no earlier one);
+        `silent`: this segment's slices with no gradient (`Pipeline.diagnose` with `resumed_after`). The
+        Experts table and the hint are derived from the merged records afterwards (`Pipeline.diagnose`):
+        they hold no evidence of their own, so the earlier segments' are not read."""
         if self.earlier is None:
             return report
         return self.earlier.merge(report, self.segment.first_step, {r.name for r in tracked}, silent)

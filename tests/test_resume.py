@@ -371,3 +371,58 @@ def test_segments_written_in_one_second_read_in_write_order(tmp_path: Path) -> N
     back = load(str(tmp_path))
     assert back.summary()["segment"] == "2" and back.summary()["optimizer_steps"] == "6" == str(report.optimizer_steps)
     assert closed_report(back) is not None and closed_report(back).verdict == report.verdict
+
+
+def _maybe_misplaced(
+    model: nn.Module, opt: torch.optim.Optimizer, folder: Path, steps: range, bug: bool
+) -> gradlog.Report:
+    """One segment (a resumed one from `steps.start`); with `bug`, zero_grad() runs between backward() and
+    step(), so the optimizer never sees a gradient."""
+    out = gradlog.Output(resume=steps.start > 0)
+    gl = gradlog.GradLogger(model, opt, writer=out, log_dir=str(folder), every=1, print_report=False)
+    for step in steps:
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        if bug:
+            opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        gl.log(step)
+    return gl.close()
+
+
+@pytest.mark.parametrize(("before", "after"), [(False, True), (True, True), (True, False)])
+def test_the_hint_speaks_for_the_whole_run(tmp_path: Path, before: bool, after: bool) -> None:
+    """zero_grad() misplaced before the checkpoint, after the resume, or both: the hint is judged on the merged
+    records. A mistake made in the resumed script explains every record from the resume on, and says so; one
+    in both segments explains the whole run; one fixed at the resume explains nothing (the weights learned).
+    Which segment moved the weights is read from copies of them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    first = _maybe_misplaced(model, opt, tmp_path, range(8), before)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ckpt.pt")
+    ckpt = torch.load(tmp_path / "ckpt.pt")
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    model.load_state_dict(ckpt["model"])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt.load_state_dict(ckpt["optimizer"])
+    report = _maybe_misplaced(model, opt, tmp_path, range(8, 16), after)
+
+    moved = [  # per segment: whether each tensor moved in it
+        {not torch.equal(a[k], b[k]) for k in initial}
+        for a, b in ((initial, ckpt["model"]), (ckpt["model"], model.state_dict()))
+    ]
+    assert moved == [{not before}, {not after}]  # all tensors or none, as planted
+    whole = "every trainable tensor had grad None: is zero_grad() called between backward() and step()?"
+    assert first.hint == (whole if before else None)
+    if not after:
+        assert report.hint is None and report.stalled == [] and report.never_updated == []
+    elif before:
+        assert report.hint == whole and len(report.never_updated) == 4
+    else:
+        assert report.hint == f"from the resume at step 8 on, {whole}"
+        assert {(s.since_step, s.reason) for s in report.stalled} == {(8, gradlog.Reason.NO_GRAD)}
+        assert len(report.stalled) == 4 and report.never_updated == []
+    back = closed_report(load(str(tmp_path)))
+    assert back is not None and back.hint == report.hint

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence
-from gradlog.verdict.report import NeverUpdated, Reason
+from gradlog.verdict.report import NeverUpdated, Reason, Stalled
 from gradlog.verdict.rounding import unmoved
 
 
@@ -137,11 +139,31 @@ def _changed_reason(row: Tracked, ev: Evidence) -> tuple[Reason, str] | None:
     return None
 
 
-def run_hint(rows: list[Tracked], out: list[NeverUpdated], has_optimizer: bool) -> str | None:
-    """One bug often explains every record at once; the Report says so once."""
+def run_hint(
+    rows: list[Tracked],
+    out: Sequence[NeverUpdated],
+    has_optimizer: bool,
+    stalled: Sequence[Stalled] = (),
+    resumed_at: int | None = None,
+) -> str | None:
+    """One bug often explains every record at once; the Report says so once. A resumed run (`resumed_at`:
+    its first step) passes its merged records: a tensor updated before the resume and not since (stalled
+    from that step or earlier, with the reason this segment found) counts as one that never learned, and a
+    hint that needs it holds from the resume on (a mistake made in the resumed script), as it then says."""
     trainable = [r for r in rows if r.param.requires_grad and r.in_model]
-    by_name = {rec.name: rec for rec in out}
-    reasons = {by_name[r.name].reason if r.name in by_name else None for r in trainable}
+    quiet = [s for s in stalled if resumed_at is not None and s.since_step <= resumed_at]
+    reason = {rec.name: rec.reason for rec in out} | {s.name: s.reason for s in quiet}
+    hint = _hint(rows, trainable, {reason.get(r.name) for r in trainable}, has_optimizer)
+    if hint is not None and {s.name for s in quiet} & {r.name for r in trainable}:
+        return f"from the resume at step {resumed_at} on, {hint}"
+    return hint
+
+
+def _hint(
+    rows: list[Tracked], trainable: list[Tracked], reasons: set[Reason | None], has_optimizer: bool
+) -> str | None:
+    """The one mistake that gives every trainable tensor the same reason (`reasons`: theirs, None for one
+    that learned), or None."""
     hint = None
     frozen_in_opt = [r for r in rows if r.in_model and r.group is not None and not r.param.requires_grad]
     if len(trainable) > 1 and reasons == {Reason.NO_GRAD}:

@@ -106,7 +106,8 @@ def idle_experts(
     stopped: Sequence[StoppedSlice],
 ) -> list[IdleExperts]:
     """The experts of each layer that got no gradient (never, or from some step on), one record per layer,
-    state and reason, in the order of the layers' first tensors."""
+    state, reason and stop step, in the order of the layers' first tensors. A resumed run passes its merged
+    records (`Pipeline.diagnose`), so the experts found span its segments."""
     if not layout:
         return []
     # (layer, state, reason) -> expert -> (since, last, tensor names)
@@ -146,18 +147,28 @@ def idle_experts(
     order = {t.layer: i for i, t in reversed(list(enumerate(layout.values())))}
     out: list[IdleExperts] = []
     for (layer, state, reason), per in sorted(found.items(), key=lambda kv: (order[kv[0][0]], kv[0][1] != "never")):
-        experts = tuple(sorted(per))
-        since = min(v[0] for v in per.values())
-        last = max(v[1] for v in per.values())
-        tensors = sorted({n for v in per.values() for n in v[2]})
-        total = counts[layer]
-        what = f"expert{'s' if len(experts) != 1 else ''} {format_ranges(experts, 8)} of {total}"
-        shown = ", ".join(n.removeprefix(layer + ".") for n in tensors[:4]) + (", ..." if len(tensors) > 4 else "")
-        if state == "never":
-            detail = f"{what} got no gradient at any measured step ({reason.value} in {shown})"
-        else:
-            detail = f"{what} got no gradient from step {since} on (the last at step {last}; {reason.value} in {shown})"
-        if reason is Reason.NOT_ROUTED:
-            detail += ": the router's rows for them stopped too, no token is routed to them any more"
-        out.append(IdleExperts(layer, state, experts, total, since, reason, detail))
+        for since in sorted({v[0] for v in per.values()}):
+            alike = {k: v for k, v in per.items() if v[0] == since}
+            out.append(_record(layer, state, reason, alike, counts[layer]))
     return out
+
+
+def _record(
+    layer: str, state: str, reason: Reason, per: dict[int, tuple[int, int, set[str]]], total: int
+) -> IdleExperts:
+    """One layer's experts in one state, for one reason, from one step on (`per`: expert -> since, last step
+    with a gradient, tensor names): experts that stopped at different steps are separate records, so that
+    each record's step is theirs (a resumed run: one stopped before the resume, one at it)."""
+    experts = tuple(sorted(per))
+    since = min(v[0] for v in per.values())
+    last = max(v[1] for v in per.values())
+    tensors = sorted({n for v in per.values() for n in v[2]})
+    what = f"expert{'s' if len(experts) != 1 else ''} {format_ranges(experts, 8)} of {total}"
+    shown = ", ".join(n.removeprefix(layer + ".") for n in tensors[:4]) + (", ..." if len(tensors) > 4 else "")
+    if state == "never":
+        detail = f"{what} got no gradient at any measured step ({reason.value} in {shown})"
+    else:
+        detail = f"{what} got no gradient from step {since} on (the last at step {last}; {reason.value} in {shown})"
+    if reason is Reason.NOT_ROUTED:
+        detail += ": the router's rows for them stopped too, no token is routed to them any more"
+    return IdleExperts(layer, state, experts, total, since, reason, detail)
