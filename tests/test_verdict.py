@@ -299,3 +299,21 @@ def test_index_ranges_round_trip_and_cut() -> None:
     assert format_ranges([50, 51, 52, 99, 0]) == "0, 50-52, 99"
     with pytest.raises(ValueError, match="bad index range '9-3'"):
         parse_ranges("9-3")
+
+
+def test_a_single_tensor_is_said_in_the_singular(tmp_path) -> None:
+    """One tracked tensor: "the 1 tracked tensor was updated" (it said "all 1 tracked tensors were updated"),
+    in a run and in gradlog diff."""
+    from gradlog.compare.checkpoints import diff, open_all
+
+    assert Report(optimizer_steps=3, measured_steps=3, tracked_tensors=1).verdict.startswith(
+        "gradlog OK: the 1 tracked tensor was updated ("
+    )
+    w = nn.Parameter(torch.ones(3))
+    paths = []
+    for k in range(2):
+        paths.append(str(tmp_path / f"{k}.pt"))
+        torch.save({"w": w.detach().clone()}, paths[-1])
+        with torch.no_grad():
+            w.add_(1.0)
+    assert diff(open_all(paths)).verdict == "gradlog diff OK: the 1 compared tensor changed across 2 checkpoints"

@@ -296,7 +296,7 @@ class DiffResult:
         c = len(self.checkpoints)
         n = self.report.tracked_tensors
         tail = f" ({v.tally})" if v.tally else ""
-        everything = f"all {n} {CHECKPOINT_WORDS.tracked_did}"
+        everything = CHECKPOINT_WORDS.everything(n)
         if v.parts == (everything,):
             return f"{v.label} {v.status}: {everything} across {c} checkpoints{tail}"
         parts = "; ".join(v.parts)

@@ -123,16 +123,27 @@ class Words:
 
     #: follows "all {n} " and "{k} of {n} ": the tensors judged and what they all did
     tracked_did: str = "tracked tensors were updated"
+    #: the same of a single tensor, after "the 1 "
+    tracked_did_one: str = "tracked tensor was updated"
     #: follows "{k} of {n} tensors " and "{k} tensors partly "
     never: str = "never updated"
     #: follows "{k} tensors " and "{k} tensors with slices that "
     stopped: str = "stopped learning"
 
+    def everything(self, n: int) -> str:
+        """The part that says every one of `n` tensors did it ("the 1 ... was", not "all 1 ... were")."""
+        return f"the 1 {self.tracked_did_one}" if n == 1 else f"all {n} {self.tracked_did}"
+
 
 #: a run's words (`GradLogger.close()`, `gradlog report`, `gradlog.check`)
 RUN_WORDS = Words()
 #: `gradlog diff`'s words: what changed between saved checkpoints
-CHECKPOINT_WORDS = Words(tracked_did="compared tensors changed", never="never changed", stopped="stopped changing")
+CHECKPOINT_WORDS = Words(
+    tracked_did="compared tensors changed",
+    tracked_did_one="compared tensor changed",
+    never="never changed",
+    stopped="stopped changing",
+)
 
 
 def _plural(n: int, word: str) -> str:
@@ -232,7 +243,7 @@ def _tensors(line: _Line, report: Report) -> None:
         text = f"the diagnosis failed ({report.error}); which tensors {words.never} is unknown"
         line.add(text, _worst(line.of("run.diag")))
     elif not never and not ignored:
-        line.parts.append(f"all {n} {words.tracked_did}")
+        line.parts.append(words.everything(n))
     elif not never:
         line.parts.append(f"{n - ignored} of {n} {words.tracked_did} ({ignored} ignored by the policy)")
     else:
