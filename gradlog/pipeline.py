@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from gradlog.measure import once
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
-from gradlog.measure.params import ParamTable, Selection
+from gradlog.measure.params import ParamTable, Selection, Tracked
 from gradlog.options import Options
 from gradlog.publishing import Failures
 from gradlog.runformat.names import ALERT_COUNT, SKIPPED_STEPS
@@ -36,10 +36,18 @@ from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
 from gradlog.verdict.stopped_slices import global_last_steps, last_steps, silent_slices, stopped_slices
 
-if TYPE_CHECKING:
-    from gradlog.resume import Continuation
-
 __all__ = ["IDLE_LOG_CALLS", "IdleWatch", "Pipeline"]
+
+
+class Segments(Protocol):
+    """The earlier segments a resumed run continues (`gradlog.resume.Continuation`), as the diagnosis
+    needs them: declared here so that the pipeline does not import the resume module that drives it."""
+
+    @property
+    def resumed_after(self) -> int | None: ...
+
+    def merge(self, report: Report, tracked: list[Tracked], silent: list[StoppedSlice]) -> Report: ...
+
 
 #: log() calls in a row with no step of the watched optimizer (and 4x the longest such gap seen between
 #: two steps, for gradient accumulation) before gradlog says that nothing it watches is stepping.
@@ -432,10 +440,10 @@ class Pipeline:
         model: nn.Module | None,
         optimizer: torch.optim.Optimizer | None,
         policy: Policy,
-        segments: Continuation | None = None,
+        segments: Segments | None = None,
     ) -> Report:
         """The diagnosis: the records (`_records`), of a resumed run (`segments` continues an earlier one)
-        merged with the earlier segments' (`Continuation.merge`), then what is derived from the records
+        merged with the earlier segments' (`Segments.merge`), then what is derived from the records
         alone, the Experts table and the hint (`_derived`): so that these span the segments too.
         `collective`, `reuse` and `model`: see `_records`."""
         after = segments.resumed_after if segments is not None else None
