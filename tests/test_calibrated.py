@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from typing import Any
 
 import pytest
@@ -155,3 +156,43 @@ def test_words_for_the_common_notes() -> None:
     )
     # rows in the middle of a position table are ids-like, not "past the longest sequence"
     assert unseen_words("transformer.wpe.weight", [5, 6], 64).startswith("ids 5, 6 (2 of 64)")
+
+
+def test_lora_under_a_warmup_from_lr_0_has_no_spike() -> None:
+    """The Trainer's schedules warm up from lr 0, measured every step: LoRA's `A` has a zero gradient until
+    its zero-initialised `B` moves, then a norm growing like t². Padded with those zeros, its history's
+    median was 1/12 of step 5's norm: a "spike" on a healthy run. Zero norms are no scale."""
+    t = cm.lora()
+    # as transformers.get_linear_schedule_with_warmup (20 steps) does
+    sched = torch.optim.lr_scheduler.LambdaLR(t.optimizer, lambda i: min(1.0, i / 20))
+    a_names = [n for n, p in t.model.named_parameters() if "lora_A" in n]
+    norms: dict[str, list[float]] = {n: [] for n in a_names}
+    params = dict(t.model.named_parameters())
+    gl = gradlog.GradLogger(t.model, t.optimizer, writer="memory", every=1, print_report=False)
+    for i in range(12):
+        t.loss(i).backward()
+        for n in a_names:
+            grad = params[n].grad
+            norms[n].append(0.0 if grad is None else float(grad.norm()))
+        t.optimizer.step()
+        sched.step()
+        t.optimizer.zero_grad()
+        gl.log(i)
+    report = gl.close()
+    # the case by hand: zero at steps 0 and 1, then a rise the zeros made look like a spike
+    assert all(v[0] == 0.0 and v[1] == 0.0 and v[2] > 0 for v in norms.values())
+    padded = [n for n, v in norms.items() if any(v[k] > 10 * statistics.median(v[k - 5 : k]) for k in range(5, 12))]
+    assert padded, {n: v[:7] for n, v in norms.items()}
+    assert [a for a in report.alerts if a.kind == "grad_norm_spike"] == [], report.alerts
+    assert report.healthy and report.warnings() == {}, report.verdict
+
+
+def test_a_spike_after_zero_norms_is_still_one() -> None:
+    """Zeros are left out of the history, not the judgement: a tensor unreached for a while (an expert no token
+    chose) that then jumps 50x above its non-zero norms is still named, at that step."""
+    judge = Alerts(emit=False)
+    series = [0.0, 0.0, 1.0, 0.0, 1.2, 0.9, 0.0, 1.1, 1.0, 0.0, 50.0]
+    for step, g in enumerate(series):
+        judge.step(step, [Entry(key="e", name="experts.3.w1", grad_norm=g)])
+    assert [(a.step, a.kind) for a in judge.fired] == [(10, "grad_norm_spike")]
+    assert judge.fired[0].reference == 1.0  # median of 1.0, 1.2, 0.9, 1.1, 1.0: the zeros are not in it

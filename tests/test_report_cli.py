@@ -87,10 +87,10 @@ BAND = (1e-4, 1e-2)
 
 
 def hand_first_spike(series: list[tuple[int, float]], factor: float, history: int = 5) -> int | None:
-    """The first step whose value exceeds factor x the median of the last <= 64 earlier finite values."""
+    """The first step whose value exceeds factor x the median of the last <= 64 earlier finite non-zero values."""
     seen: list[float] = []
     for step, v in series:
-        if v == v and abs(v) != float("inf"):
+        if v == v and abs(v) != float("inf") and v != 0:
             if len(seen) >= history and v > factor * statistics.median(seen[-64:]):
                 return step
             seen.append(v)

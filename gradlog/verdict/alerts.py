@@ -24,8 +24,12 @@ ResNet with SGD+momentum and LoRA, see tests/test_calibrated.py):
   learning rate. Its ratio says nothing about its learning rate; only the NaN, no-gradient and spike
   checks apply;
 - a gradient-norm spike is judged against the median of the tensor's own last `SPIKE_WINDOW`
-  measured norms (after `SPIKE_MIN_HISTORY` of them), never against other tensors (gradient norms of
-  different layers differ by orders of magnitude in healthy runs).
+  non-zero measured norms (after `SPIKE_MIN_HISTORY` of them), never against other tensors (gradient
+  norms of different layers differ by orders of magnitude in healthy runs). A zero norm says the tensor
+  was not reached that step, not what its scale is: LoRA's ``A`` has a zero gradient until its
+  zero-initialised ``B`` moves, and under a warmup from lr 0 its norm then grows like t², 12x the
+  median of a history padded with those zeros at step 5 of a healthy run; an expert no token chose has
+  zero norms that would drag its median below its normal steps.
 
 Out-of-band and spike alerts are warnings: listed in the report, never a PROBLEM verdict. A NaN/Inf
 gradient is a problem, and its alert comes first.
@@ -277,7 +281,7 @@ class Alerts:
                 fire(e, NONFINITE, f"{int(e.nonfinite)} NaN/Inf gradient entries", e.nonfinite)
                 continue
             g = e.grad_norm
-            if g is not None and math.isfinite(g):
+            if g is not None and math.isfinite(g) and g > 0:  # a zero norm is no scale (module docstring)
                 if len(st.window) >= SPIKE_MIN_HISTORY:
                     med = st.median()
                     if med > 0 and g > self.spike_factor * med:
