@@ -447,7 +447,7 @@ class Pipeline:
         alone, the Experts table and the hint (`_derived`): so that these span the segments too.
         `collective`, `reuse` and `model`: see `_records`."""
         after = segments.resumed_after if segments is not None else None
-        report, silent = self._records(collective, reuse, model, optimizer, policy, after)
+        report, silent = self._records(collective, reuse, model, optimizer, policy, after, segments)
         if segments is not None:
             report = segments.merge(report, self.table.live, silent)
         return self._derived(report, model, None if after is None else after + 1)
@@ -460,6 +460,7 @@ class Pipeline:
         optimizer: torch.optim.Optimizer | None,
         policy: Policy,
         resumed_after: int | None,
+        segments: Continuation | None = None,
     ) -> tuple[Report, list[StoppedSlice]]:
         """This segment's records (no Experts table, no hint yet), and with `resumed_after` (a resumed run:
         the earlier segments' last step) its slices with no gradient in it while their tensor had one, as
@@ -468,7 +469,8 @@ class Pipeline:
         changed if any of its shards did (False: this rank's own answer). `reuse`: tensors the evidence
         already answers for (frozen ones, ones never written in place) are not fingerprinted again
         (`Ledger.changed`), as for provisional tables. `model` is None once garbage-collected: the slices'
-        owning modules are gone with it."""
+        owning modules are gone with it. `segments`: a resumed run's, whose earlier evidence the records that
+        speak for the whole run are built from (`Continuation.never_evidence`, `whole_run`, `fold_slices`)."""
         self.collect()
         rows = self.table.live
         changed = self.ledger.changed(rows, provisional=reuse)
@@ -482,18 +484,18 @@ class Pipeline:
         skipped = self.amp.final_count()
         if skipped is not None:
             self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
-        never = diagnose(
-            rows, self.ledger.evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps
-        )
+        evidence = spanning = self.ledger.evidence  # the whole run's evidence where records speak for all of it
+        if segments is not None:
+            evidence, spanning = segments.never_evidence(rows, spanning), segments.whole_run(rows, spanning)
+        never = diagnose(rows, evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps)
         steps = self.optimizer_steps if self.with_optimizer else self.calls
         facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, optimizer)
         if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
             facts = global_facts(rows, facts, reducer)
-        partly = (
-            partly_updated(rows, facts, self.ledger.evidence, {r.name for r in never}, model, optimizer, steps)
-            if model is not None
-            else []
-        )
+        unjudged = {r.name for r in never}  # tensors never updated: their slices are not judged
+        if segments is not None:
+            facts, unjudged = segments.fold_slices(rows, facts), segments.never_anywhere(unjudged)
+        partly = partly_updated(rows, facts, spanning, unjudged, model, optimizer, steps) if model is not None else []
         ledger = self.ledger
         stopped = stalled(
             rows,
@@ -510,7 +512,7 @@ class Pipeline:
             partly_updated=partly,
             stalled=stopped,
             stopped_slices=slices,
-            precision=rounded_away(rows, ledger.evidence, exclude={r.name for r in never}),
+            precision=rounded_away(rows, spanning, exclude={r.name for r in never}),
             alerts=list(self.alerts.fired) if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=steps,

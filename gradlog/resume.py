@@ -29,7 +29,8 @@ from gradlog.runformat.tables import closed_report
 from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
 from gradlog.runformat.wandb_run import read_segments, runs_in
 from gradlog.verdict.ledger import Evidence
-from gradlog.verdict.report import PartlyUpdated, Report, Stalled, StoppedSlice
+from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Reason, Report, Stalled, StoppedSlice
+from gradlog.verdict.slices import SliceFacts
 from gradlog.verdict.stopped_slices import cut
 from gradlog.writers import make_writers, route_options, writer_names
 from gradlog.writers.tensorboard import TensorBoardWriter
@@ -60,7 +61,8 @@ Resume = Union[bool, Literal["auto"]]
 @dataclass
 class Segment:
     """What this segment writes so that a later one can continue it: the run id and the segment number
-    (summary rows), and per tensor its name, shape and last measured update (`gradlog/segment`)."""
+    (summary rows), and per tensor its name, shape, last measured update and evidence counters summed over
+    the segments so far (`gradlog/segment`)."""
 
     run_id: str
     number: int = 1
@@ -70,15 +72,47 @@ class Segment:
         return [["run_id", self.run_id], ["segment", str(self.number)], ["segment_first_step", str(self.first_step)]]
 
     @staticmethod
-    def rows(tracked: list[Tracked], last_update: dict[int, int], earlier: Earlier | None) -> list[list[str]]:
-        """One row per tracked tensor; a tensor not updated in this segment keeps its earlier last update."""
+    def rows(tracked: list[Tracked], evidence: dict[int, Evidence], earlier: Earlier | None) -> list[list[str]]:
+        """One row per tracked tensor; a tensor not updated in this segment keeps its earlier last update.
+        Its counters are the whole run's; unknown ("") where an earlier segment's are (an older gradlog's
+        run), so that a later segment never takes a part of the run for the whole."""
         out = []
         for r in tracked:
-            last = last_update.get(r.index, -1)
+            ev = evidence.get(r.index, Evidence())
+            last = ev.last_update
             if last < 0 and earlier is not None:
                 last = earlier.last_update.get(r.name, -1)
-            out.append([r.name, shape_cell(r.shape), str(last)])
+            whole = earlier.whole(r.name, ev) if earlier is not None else ev
+            counts = _count_cells(whole) if whole is not None else [""] * len(names.SEGMENT_COUNTS)
+            out.append([r.name, shape_cell(r.shape), str(last), *counts])
         return out
+
+
+def _count_cells(ev: Evidence) -> list[str]:
+    """`ev`'s counters as `gradlog/segment` cells (`names.SEGMENT_COUNTS`; floats exactly, by repr)."""
+    values = [getattr(ev, c) for c in names.SEGMENT_COUNTS]
+    return [repr(v) if isinstance(v, float) else str(v) for v in values]
+
+
+def _counts(cells: dict[str, str]) -> Evidence | None:
+    """The counters of one `gradlog/segment` row, or None where the run did not write them (an older
+    gradlog) or a cell is not a number."""
+    values: dict[str, Any] = {}
+    try:
+        for c in names.SEGMENT_COUNTS:
+            text = cells[c]
+            values[c] = float(text) if c in ("frozen_sum", "frozen_max") else int(text)
+    except ValueError:
+        return None
+    return Evidence(**values)
+
+
+def summed(ev: Evidence, before: Evidence) -> Evidence:
+    """`ev` (this segment's evidence) with the earlier segments' counters `before` added: the whole run's
+    counters, this segment's fingerprint and last update."""
+    sums: dict[str, Any] = {c: getattr(ev, c) + getattr(before, c) for c in names.SEGMENT_COUNTS}
+    sums["frozen_max"] = max(ev.frozen_max, before.frozen_max)
+    return replace(ev, **sums)
 
 
 @dataclass
@@ -91,6 +125,16 @@ class Earlier:
     segments: int
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     last_update: dict[str, int] = field(default_factory=dict)
+    #: per tensor, the evidence counters of every earlier segment together (absent: not written)
+    counts: dict[str, Evidence] = field(default_factory=dict)
+
+    def whole(self, name: str, ev: Evidence) -> Evidence | None:
+        """The whole run's counters of tensor `name`, this segment's being `ev`: `ev` for a tensor the
+        earlier segments did not track, None where they did but wrote no counters."""
+        if name not in self.shapes:
+            return ev
+        before = self.counts.get(name)
+        return summed(ev, before) if before is not None else None
 
     @property
     def end_step(self) -> int:
@@ -118,7 +162,9 @@ class Earlier:
     def merge(self, report: Report, first_step: int, tracked: set[str], silent: list[StoppedSlice]) -> Report:
         """This segment's report, judged over the whole run: a tensor updated in any segment is not
         never-updated; one updated earlier but not in this segment (from `first_step` on) has stalled; so
-        for slices (`_merge_stopped`, with `silent`: this segment's slices that had no gradient in it)."""
+        for slices (`_merge_stopped`, with `silent`: this segment's slices that had no gradient in it).
+        `report`'s never-updated, partly-updated and precision records were built from the whole run's
+        evidence already (`Continuation.never_evidence`, `fold_slices`, `whole_run`)."""
         earlier = self.report
         before_never = {r.name: r for r in earlier.never_updated}
         known = set(self.shapes) | set(before_never)
@@ -132,9 +178,7 @@ class Earlier:
             was = earlier_stalled.get(r.name)
             since = was.since_step if was is not None else first_step
             last = was.last_update_step if was is not None else self.last_update.get(r.name, -1)
-            stalled.append(
-                Stalled(r.name, since, last, r.reason, f"updated before the resume at step {first_step}; {r.detail}")
-            )
+            stalled.append(Stalled(r.name, since, last, r.reason, _stalled_at_resume(r, first_step, since, last)))
         for name, r in before_never.items():  # earlier findings on tensors this segment no longer tracks
             if name not in tracked:
                 never.append(r)
@@ -150,25 +194,51 @@ class Earlier:
         )
 
 
+def _stalled_at_resume(r: NeverUpdated, first_step: int, since: int, last: int) -> str:
+    """The detail of a tensor updated before the resume (at step `first_step`) and not since, stalled from
+    `since` (the resume, or its earlier stall) after its last update at `last` (-1: not known). `r`, its
+    record in this segment, counts this segment's measured steps only: the detail says so."""
+    when = f"updated before the resume at step {first_step}"
+    if last >= 0:
+        when += f" (last at step {last})"
+    if since < first_step:
+        when += f", no update from step {since} on"
+    return f"{when}; since the resume: {r.detail}"
+
+
+#: Reasons of a record whose slices had no non-zero gradient at any measured step with a gradient
+_NO_GRADIENT = frozenset(
+    {Reason.ZERO_GRAD, Reason.NOT_IN_BATCH, Reason.PADDING_IDX, Reason.NO_GRAD, Reason.FROZEN, Reason.UNKNOWN}
+)
+
+
+def _folded(f: SliceFacts, never: NeverUpdated | None, partly: list[list[PartlyUpdated]]) -> SliceFacts:
+    """`f` (one tensor's facts in this segment) with the earlier segments': `never`, its never-updated
+    record there, or `partly`, its partly-updated records there per dim of `f.changed` (see
+    `Continuation.fold_slices`)."""
+    changed: dict[int | None, torch.Tensor] = {}
+    nonzero: dict[int | None, torch.Tensor | None] = {}
+    for (dim, now), records in zip(f.changed.items(), partly):
+        n = now.numel()
+        moved = torch.full((n,), never is None, dtype=torch.bool)
+        graded = torch.full((n,), never is None or never.reason not in _NO_GRADIENT, dtype=torch.bool)
+        for p in records if never is None else []:
+            at = torch.tensor([i for i in p.indices if i < n], dtype=torch.long)
+            moved[at] = False
+            graded[at] = p.reason not in _NO_GRADIENT
+        changed[dim] = now | moved
+        seen = f.nonzero.get(dim)
+        nonzero[dim] = graded if seen is None else seen | graded
+    return SliceFacts(changed, nonzero, f.state)
+
+
 def _merge_partly(earlier: Report, report: Report) -> list[PartlyUpdated]:
-    """Slices never updated in the whole run: never updated in every segment. A segment that left the
-    whole tensor alone counts as all of its slices; one that updated it whole (no row) as none."""
-    before = {p.name: p for p in earlier.partly_updated}
-    now = {p.name: p for p in report.partly_updated}
-    never_before = {r.name for r in earlier.never_updated}
+    """Slices never updated in the whole run: this segment's records, built from the whole run's slice
+    facts (`Continuation.fold_slices`), and the earlier segments' of tensors this segment never updated
+    and could not judge by slices (frozen, or out of the optimizer, since)."""
     never_now = {r.name for r in report.never_updated}
-    out = []
-    for name, p in now.items():
-        if name in never_before:
-            out.append(p)
-        elif name in before and before[name].dim == p.dim:
-            both = tuple(sorted(set(p.indices) & set(before[name].indices)))
-            if both:
-                out.append(replace(p, indices=both, never=len(both)))
-    for name, p in before.items():
-        if name in never_now and name not in now:
-            out.append(p)
-    return out
+    now = {p.name for p in report.partly_updated}
+    return [*report.partly_updated, *(p for p in earlier.partly_updated if p.name in never_now and p.name not in now)]
 
 
 def _merge_stopped(earlier: Report, report: Report, silent: list[StoppedSlice]) -> list[StoppedSlice]:
@@ -265,14 +335,17 @@ def _read_earlier(read: Callable[[], RunData], log_dir: str, run_id: str) -> Ear
     if run.provisional_step is not None and not summary.get("optimizer_steps", "").isdigit():
         report.optimizer_steps = run.provisional_step + 1
     segments = int(summary["segment"]) if summary.get("segment", "").isdigit() else 1
-    shapes, last = _segment_table(*table)
-    return Earlier(log_dir, run_id, report, segments, shapes, last)
+    shapes, last, counts = _segment_table(*table)
+    return Earlier(log_dir, run_id, report, segments, shapes, last, counts)
 
 
-def _segment_table(columns: list[str], rows: list[list[str]]) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
-    """`gradlog/segment`'s shapes and last measured updates, by tensor name."""
+def _segment_table(
+    columns: list[str], rows: list[list[str]]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, Evidence]]:
+    """`gradlog/segment`'s shapes, last measured updates and counters (where written), by tensor name."""
     shapes: dict[str, tuple[int, ...]] = {}
     last: dict[str, int] = {}
+    counts: dict[str, Evidence] = {}
     for cells in table_cells((columns, rows), names.SEGMENT_COLUMNS):
         shape = parse_shape(cells["shape"])
         if shape is None or not cells["name"]:
@@ -280,7 +353,10 @@ def _segment_table(columns: list[str], rows: list[list[str]]) -> tuple[dict[str,
         shapes[cells["name"]] = shape
         step = cells["last_update_step"] or "-1"
         last[cells["name"]] = int(step) if step.lstrip("-").isdigit() else -1
-    return shapes, last
+        found = _counts(cells)
+        if found is not None:
+            counts[cells["name"]] = found
+    return shapes, last, counts
 
 
 @dataclass
@@ -293,8 +369,62 @@ class Continuation:
 
     def rows(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> tuple[list[list[str]], list[list[str]]]:
         """(summary rows, `gradlog/segment` rows): what a later segment reads back."""
-        last = {i: e.last_update for i, e in evidence.items()}
-        return self.segment.summary_rows(), Segment.rows(tracked, last, self.earlier)
+        return self.segment.summary_rows(), Segment.rows(tracked, evidence, self.earlier)
+
+    def whole_run(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> dict[int, Evidence]:
+        """`evidence` (this segment's, by tensor index) with every tensor's counters summed over the run,
+        where the earlier segments wrote theirs: what a record that speaks for the whole run is built from
+        (a slice never updated in any segment, updates rounded away). The others keep this segment's."""
+        if self.earlier is None:
+            return evidence
+        out = dict(evidence)
+        for r in tracked:
+            ev = evidence.get(r.index)
+            whole = self.earlier.whole(r.name, ev) if ev is not None else None
+            if whole is not None:
+                out[r.index] = whole
+        return out
+
+    def never_evidence(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> dict[int, Evidence]:
+        """The evidence the never-updated diagnosis judges with: the whole run's for tensors the earlier
+        segments never updated (a record of theirs is the whole run's: `Earlier.merge` keeps it), this
+        segment's for the others (one updated before the resume and not since has stalled, and its
+        record speaks of the measured steps since the resume, as `Earlier.merge` says)."""
+        if self.earlier is None:
+            return evidence
+        before = {r.name for r in self.earlier.report.never_updated}
+        whole = self.whole_run([r for r in tracked if r.name in before], evidence)
+        return whole
+
+    def never_anywhere(self, names: set[str]) -> set[str]:
+        """Of the tensors this segment never updated (`names`), those no earlier segment did either (or
+        that it did not track): never updated in the whole run, the tensors whose slices are not judged."""
+        if self.earlier is None:
+            return names
+        before = {r.name for r in self.earlier.report.never_updated}
+        return {n for n in names if n in before or n not in self.earlier.shapes}
+
+    def fold_slices(self, tracked: list[Tracked], facts: dict[int, SliceFacts]) -> dict[int, SliceFacts]:
+        """This segment's slice facts with the earlier segments' folded in, so that the partly-updated
+        records are built once for the whole run: a slice changed if it changed in any segment, and had a
+        non-zero gradient if any segment saw one. The earlier segments' come from their records: a slice
+        in none of them changed; one in a partly-updated record, or of a never-updated tensor, did not, and
+        had a gradient only where that record's reason says so (rounded away). A slice that moved only
+        through weight decay before the resume is taken for unchanged there (its record does not say
+        which of its slices did)."""
+        if self.earlier is None:
+            return facts
+        report = self.earlier.report
+        never = {r.name: r for r in report.never_updated}
+        partly: dict[tuple[str, int | None], list[PartlyUpdated]] = {}
+        for p in report.partly_updated:
+            partly.setdefault((p.name, p.dim), []).append(p)
+        out = dict(facts)
+        for r in tracked:
+            f = facts.get(r.index)
+            if f is not None and r.name in self.earlier.shapes:  # a tensor new in this segment has no past
+                out[r.index] = _folded(f, never.get(r.name), [partly.get((r.name, d), []) for d in f.changed])
+        return out
 
     @property
     def resumed_after(self) -> int | None:

@@ -454,6 +454,31 @@ class DeadUnits(nn.Module):
         return out
 
 
+class ResumePlanted(nn.Module):
+    """A record of each kind a resumed run merges: `emb` (20x8, padding_idx 0: row 0 never learns by design;
+    rows no batch holds never learn), `fc1` (8->16) whose units 0-2 never fire (bias -100 before the ReLU:
+    rows 0-2 of `fc1.weight`, entries 0-2 of `fc1.bias` and columns 0-2 of `fc2.weight` get zero gradients),
+    while its other units always fire (bias 1: none dies unless a test kills it), `fc2` (16->4), `late` (4->4,
+    called while `use_late`: a test turns it off at a resume, so it stalls there) and `unused` (4->4, never
+    called: grad None at every step). Input: token ids (batch, length)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8, padding_idx=0)
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+        self.late = nn.Linear(4, 4)
+        self.unused = nn.Linear(4, 4)
+        self.use_late = True
+        with torch.no_grad():
+            self.fc1.bias[:3] = -100.0
+            self.fc1.bias[3:] = 1.0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h: torch.Tensor = self.fc2(torch.relu(self.fc1(self.emb(ids).mean(1))))
+        return self.late(h) if self.use_late else h
+
+
 class DeadFilters(nn.Module):
     """Filters 1, 4 and 5 of `conv1` never fire (bias -100 before the ReLU): those output channels of
     `conv1` and the matching input channels of `conv2` never change."""

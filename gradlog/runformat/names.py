@@ -81,7 +81,24 @@ PRECISION_COLUMNS = ["name", "dtype", "mean_frac", "max_frac", "steps", "detail"
 ALERT_COLUMNS = ["step", "kind", "name", "detail"]
 #: The user's policy rules, in order.
 POLICY_COLUMNS = ["kind", "pattern", "severity"]
-SEGMENT_COLUMNS = ["name", "shape", "last_update_step"]
+#: The per-tensor counters a segment passes on to the next (`gradlog.verdict.ledger.Evidence`'s, summed over
+#: every segment so far), so that a resumed run's records count the whole run; a run from an older gradlog
+#: lacks them (read back as unknown).
+SEGMENT_COUNTS = (
+    "measured",
+    "grad_none",
+    "grad_zero",
+    "grad_nonfinite",
+    "grad_ok",
+    "lr_zero",
+    "skipped",
+    "stalled",
+    "updated",
+    "frozen_steps",
+    "frozen_sum",
+    "frozen_max",
+)
+SEGMENT_COLUMNS = ["name", "shape", "last_update_step", *SEGMENT_COUNTS]
 
 # --- the summary table's keys, in the order the report writes them -----------------------------------
 VERDICT = "verdict"

@@ -168,7 +168,8 @@ def _record(
     if state == "never":
         detail = f"{what} got no gradient at any measured step ({reason.value} in {shown})"
     else:
-        detail = f"{what} got no gradient from step {since} on (the last at step {last}; {reason.value} in {shown})"
+        seen = f"at step {last}" if last >= 0 else f"before step {since}"  # -1: not known (stopped at a resume)
+        detail = f"{what} got no gradient from step {since} on (the last {seen}; {reason.value} in {shown})"
     if reason is Reason.NOT_ROUTED:
         detail += ": the router's rows for them stopped too, no token is routed to them any more"
     return IdleExperts(layer, state, experts, total, since, reason, detail)

@@ -191,7 +191,8 @@ class StoppedSlice:
     """Slices of a tensor that had a non-zero gradient at some measured step and none from `since_step` on
     (to the end of the run), while the rest of the tensor kept getting one: units that died mid-run, experts
     no longer routed. `dim` as in `PartlyUpdated`; `last_grad_step` is the last measured step with a non-zero
-    gradient in any of them (they stopped between it and `since_step`)."""
+    gradient in any of them (they stopped between it and `since_step`), -1 where it was not observed: slices
+    of a resumed run that had a gradient before the resume and none since (`since_step` is the resume step)."""
 
     name: str
     dim: int | None

@@ -288,8 +288,9 @@ def _records(groups: list[_Group], resumed_at: int | None = None) -> list[Stoppe
         else:
             when = f"had a non-zero gradient until step {g.last} and none at any measured step from step {g.since} on"
         detail = f"{what} {when}, while the rest of the tensor kept learning ({question}){extra}"
+        last = g.last if resumed_at is None else -1  # at or before the resume: which step is not known
         out.append(
-            StoppedSlice(g.row.name, g.dim, len(g.indices), g.total, tuple(g.indices), g.since, g.last, reason, detail)
+            StoppedSlice(g.row.name, g.dim, len(g.indices), g.total, tuple(g.indices), g.since, last, reason, detail)
         )
     return out
 
