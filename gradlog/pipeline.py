@@ -28,11 +28,11 @@ from gradlog.runformat.names import ALERT_COUNT, SKIPPED_STEPS
 from gradlog.runformat.tags import HISTOGRAM_KINDS
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
-from gradlog.verdict.ledger import Ledger
+from gradlog.verdict.ledger import Evidence, Ledger
 from gradlog.verdict.policy import Policy
 from gradlog.verdict.precision import rounded_away
 from gradlog.verdict.report import Report, StoppedSlice
-from gradlog.verdict.slices import global_facts, partly_updated, slice_facts
+from gradlog.verdict.slices import SliceFacts, global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
 from gradlog.verdict.stopped_slices import global_last_steps, last_steps, silent_slices, stopped_slices
 
@@ -47,6 +47,14 @@ class Segments(Protocol):
     def resumed_after(self) -> int | None: ...
 
     def merge(self, report: Report, tracked: list[Tracked], silent: list[StoppedSlice]) -> Report: ...
+
+    def never_evidence(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> dict[int, Evidence]: ...
+
+    def whole_run(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> dict[int, Evidence]: ...
+
+    def fold_slices(self, tracked: list[Tracked], facts: dict[int, SliceFacts]) -> dict[int, SliceFacts]: ...
+
+    def never_anywhere(self, names: set[str]) -> set[str]: ...
 
 
 #: log() calls in a row with no step of the watched optimizer (and 4x the longest such gap seen between
@@ -460,7 +468,7 @@ class Pipeline:
         optimizer: torch.optim.Optimizer | None,
         policy: Policy,
         resumed_after: int | None,
-        segments: Continuation | None = None,
+        segments: Segments | None = None,
     ) -> tuple[Report, list[StoppedSlice]]:
         """This segment's records (no Experts table, no hint yet), and with `resumed_after` (a resumed run:
         the earlier segments' last step) its slices with no gradient in it while their tensor had one, as
@@ -470,7 +478,7 @@ class Pipeline:
         already answers for (frozen ones, ones never written in place) are not fingerprinted again
         (`Ledger.changed`), as for provisional tables. `model` is None once garbage-collected: the slices'
         owning modules are gone with it. `segments`: a resumed run's, whose earlier evidence the records that
-        speak for the whole run are built from (`Continuation.never_evidence`, `whole_run`, `fold_slices`)."""
+        speak for the whole run are built from (`Segments.never_evidence`, `whole_run`, `fold_slices`)."""
         self.collect()
         rows = self.table.live
         changed = self.ledger.changed(rows, provisional=reuse)
