@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from catalogue import ConvExperts, TwoLayerMoE, lm_loss, loop, mse, random_mse, tiny_mixtral, train
+from catalogue import ConvExperts, TwoLayerMoE, lm_loss, loop, mask_router, mse, random_mse, tiny_mixtral, train
 from torch import nn
 
 import gradlog
@@ -21,24 +20,6 @@ from gradlog.readers.run import closed_report, load
 from gradlog.verdict.experts import expert_layout, is_fused_experts
 
 transformers = pytest.importorskip("transformers")
-
-
-def mask_router(model: nn.Module, masked: list[int], active: Callable[[], bool]) -> list[Any]:
-    """A forward hook on every router that sets the logits of `masked` experts to -inf while `active()`:
-    those experts get no token, and the router's rows for them no gradient."""
-
-    def hook(mod: nn.Module, args: Any, out: Any) -> Any:
-        if not active():
-            return None
-        logits = out[0]
-        mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
-        mask[masked] = True
-        logits = logits.masked_fill(mask, float("-inf"))
-        probs = torch.softmax(logits.float(), dim=-1)
-        top, idx = torch.topk(probs, mod.top_k, dim=-1)
-        return logits, top / top.sum(-1, keepdim=True), idx
-
-    return [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith("mlp.gate")]
 
 
 def expert_grads_ever(model: nn.Module) -> dict[str, torch.Tensor]:
