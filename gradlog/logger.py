@@ -272,7 +272,7 @@ class GradLogger:
 
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (`Pipeline.diagnose`), judged over every segment of a resumed run."""
-        return self.pipeline.diagnose(collective, reuse, self.model, self.optimizer, self.policy, self.segments)
+        return self.pipeline.diagnose(collective, reuse, self.optimizer, self.policy, self.segments)
 
     @property
     def closed(self) -> bool:

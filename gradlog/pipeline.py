@@ -21,6 +21,7 @@ from gradlog.measure import once
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
+from gradlog.measure.owners import Owners
 from gradlog.measure.params import ParamTable, Selection, Tracked
 from gradlog.options import Options
 from gradlog.publishing import Failures
@@ -445,7 +446,6 @@ class Pipeline:
         self,
         collective: bool,
         reuse: bool,
-        model: nn.Module | None,
         optimizer: torch.optim.Optimizer | None,
         policy: Policy,
         segments: Segments | None = None,
@@ -453,18 +453,21 @@ class Pipeline:
         """The diagnosis: the records (`_records`), of a resumed run (`segments` continues an earlier one)
         merged with the earlier segments' (`Segments.merge`), then what is derived from the records
         alone, the Experts table and the hint (`_derived`): so that these span the segments too.
-        `collective`, `reuse` and `model`: see `_records`."""
+        `collective` and `reuse`: see `_records`. The slices and experts are named after their owning
+        modules as the table describes them (`ParamTable.owners`): the model's, or when it was
+        garbage-collected (the logger closing itself), the description kept from when it was there."""
         after = segments.resumed_after if segments is not None else None
-        report, silent = self._records(collective, reuse, model, optimizer, policy, after, segments)
+        owners = self.table.owners()
+        report, silent = self._records(collective, reuse, owners, optimizer, policy, after, segments)
         if segments is not None:
             report = segments.merge(report, self.table.live, silent)
-        return self._derived(report, model, None if after is None else after + 1)
+        return self._derived(report, owners, None if after is None else after + 1)
 
     def _records(
         self,
         collective: bool,
         reuse: bool,
-        model: nn.Module | None,
+        owners: Owners,
         optimizer: torch.optim.Optimizer | None,
         policy: Policy,
         resumed_after: int | None,
@@ -476,9 +479,9 @@ class Pipeline:
         that learned before). `collective`: under sharded parameters, meet the other ranks so that a tensor
         changed if any of its shards did (False: this rank's own answer). `reuse`: tensors the evidence
         already answers for (frozen ones, ones never written in place) are not fingerprinted again
-        (`Ledger.changed`), as for provisional tables. `model` is None once garbage-collected: the slices'
-        owning modules are gone with it. `segments`: a resumed run's, whose earlier evidence the records that
-        speak for the whole run are built from (`Segments.never_evidence`, `whole_run`, `fold_slices`)."""
+        (`Ledger.changed`), as for provisional tables. `owners`: the tensors' owning modules (`diagnose`).
+        `segments`: a resumed run's, whose earlier evidence the records that speak for the whole run are built
+        from (`Segments.never_evidence`, `whole_run`, `fold_slices`)."""
         self.collect()
         rows = self.table.live
         changed = self.ledger.changed(rows, provisional=reuse)
@@ -503,7 +506,7 @@ class Pipeline:
         unjudged = {r.name for r in never}  # tensors never updated: their slices are not judged
         if segments is not None:
             facts, unjudged = segments.fold_slices(rows, facts), segments.never_anywhere(unjudged)
-        partly = partly_updated(rows, facts, spanning, unjudged, model, optimizer, steps) if model is not None else []
+        partly = partly_updated(rows, facts, spanning, unjudged, owners, optimizer, steps)
         ledger = self.ledger
         stopped = stalled(
             rows,
@@ -514,7 +517,7 @@ class Pipeline:
             exclude={r.name for r in never},
         )
         whole = {r.name for r in never} | {r.name for r in stopped}
-        slices, silent = self._slices_in_time(collective, model, whole, resumed_after)
+        slices, silent = self._slices_in_time(collective, owners, whole, resumed_after)
         report = Report(
             never_updated=never,
             partly_updated=partly,
@@ -531,19 +534,19 @@ class Pipeline:
         )
         return report, silent
 
-    def _derived(self, report: Report, model: nn.Module | None, resumed_at: int | None) -> Report:
+    def _derived(self, report: Report, owners: Owners, resumed_at: int | None) -> Report:
         """`report` with what its records say together: the Experts table (`verdict.experts`) and the hint
         (`verdict.diagnosis.run_hint`; `resumed_at`: a resumed run's first step, whose merged records
         hold tensors stalled from it)."""
         rows = self.table.live
-        layout = expert_layout(model, rows) if model is not None else {}
+        layout = expert_layout(owners, rows)
         r = report
         experts = idle_experts(layout, r.never_updated, r.partly_updated, r.stalled, r.stopped_slices)
         hint = run_hint(rows, r.never_updated, self.with_optimizer, r.stalled, resumed_at)
         return replace(report, experts=experts, hint=hint)
 
     def _slices_in_time(
-        self, collective: bool, model: nn.Module | None, whole: set[str], resumed_after: int | None
+        self, collective: bool, owners: Owners, whole: set[str], resumed_after: int | None
     ) -> tuple[list[StoppedSlice], list[StoppedSlice]]:
         """Slices that stopped learning (not of the `whole` tensors already reported), and with
         `resumed_after` the ones silent in this segment (`Pipeline.diagnose`), from one set of last-step
@@ -552,10 +555,10 @@ class Pipeline:
         lasts = last_steps(rows, self.meter.slice_grads)
         if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
             lasts = global_last_steps(rows, lasts, reducer)
-        slices = stopped_slices(rows, lasts, ledger.steps, ledger.measured_steps, model, exclude=whole)
+        slices = stopped_slices(rows, lasts, ledger.steps, ledger.measured_steps, owners, exclude=whole)
         if resumed_after is None:
             return slices, []
-        return slices, silent_slices(rows, lasts, ledger.steps, ledger.measured_steps, model, resumed_after)
+        return slices, silent_slices(rows, lasts, ledger.steps, ledger.measured_steps, owners, resumed_after)
 
     def final_report(self, diagnose: Callable[[], Report], policy: Policy, strict: bool) -> Report:
         """The diagnosis at close (`diagnose`, after a last look for new tensors); if it fails, a warning

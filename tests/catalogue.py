@@ -760,6 +760,25 @@ def tiny_mixtral(experts: int = 8) -> nn.Module:
     return model
 
 
+def mask_router(model: nn.Module, masked: list[int], active: Callable[[], bool]) -> list[Any]:
+    """A forward hook on every router of a `tiny_mixtral` that sets the logits of `masked` experts to -inf
+    while `active()`: those experts get no token, and the router's rows for them no gradient. Returns the
+    hooks' handles."""
+
+    def hook(mod: nn.Module, args: Any, out: Any) -> Any:
+        if not active():
+            return None
+        logits = out[0]
+        mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        mask[masked] = True
+        logits = logits.masked_fill(mask, float("-inf"))
+        probs = torch.softmax(logits.float(), dim=-1)
+        top, idx = torch.topk(probs, mod.top_k, dim=-1)
+        return logits, top / top.sum(-1, keepdim=True), idx
+
+    return [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith("mlp.gate")]
+
+
 def lm_loss(model: nn.Module, gen: torch.Generator) -> torch.Tensor:
     """A Hugging Face causal LM's loss on a fresh batch of 4x12 token ids below 64 (the vocab of
     `tiny_gpt2` and `tiny_mixtral`), the labels being the ids themselves."""

@@ -8,37 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from catalogue import ConvExperts, TwoLayerMoE, lm_loss, loop, mse, random_mse, tiny_mixtral, train
+from catalogue import ConvExperts, TwoLayerMoE, lm_loss, loop, mask_router, mse, random_mse, tiny_mixtral, train
 from torch import nn
 
 import gradlog
 from gradlog import Reason
+from gradlog.measure.owners import describe
 from gradlog.readers.run import closed_report, load
 from gradlog.verdict.experts import expert_layout, is_fused_experts
 
 transformers = pytest.importorskip("transformers")
-
-
-def mask_router(model: nn.Module, masked: list[int], active: Callable[[], bool]) -> list[Any]:
-    """A forward hook on every router that sets the logits of `masked` experts to -inf while `active()`:
-    those experts get no token, and the router's rows for them no gradient."""
-
-    def hook(mod: nn.Module, args: Any, out: Any) -> Any:
-        if not active():
-            return None
-        logits = out[0]
-        mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
-        mask[masked] = True
-        logits = logits.masked_fill(mask, float("-inf"))
-        probs = torch.softmax(logits.float(), dim=-1)
-        top, idx = torch.topk(probs, mod.top_k, dim=-1)
-        return logits, top / top.sum(-1, keepdim=True), idx
-
-    return [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith("mlp.gate")]
 
 
 def expert_grads_ever(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -111,7 +93,9 @@ def test_per_expert_modules_never_used_are_grouped_per_layer() -> None:
 def test_a_conv1d_weight_is_never_taken_for_experts() -> None:
     torch.manual_seed(0)
     model = ConvExperts()
-    assert not is_fused_experts(model.experts, "experts.weight", model.experts.weight)
+    owner = describe(model, {id(model.experts.weight): 0}).get(0)
+    assert owner is not None and owner.family == "conv"
+    assert not is_fused_experts(owner, "experts.weight", model.experts.weight.dim())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), print_report=False, every=1)
     report = train(opt, gl, 3, random_mse(model, 2, 4, 9))
@@ -119,7 +103,7 @@ def test_a_conv1d_weight_is_never_taken_for_experts() -> None:
     rows = [r for r in report.partly_updated if r.name == "experts.weight" and r.dim == 0]
     assert len(rows) == 1 and rows[0].indices == (4, 5) and rows[0].reason is Reason.ZERO_GRAD
     assert "filters 4-5" in rows[0].detail and "expert" not in rows[0].detail.split(";")[0]
-    assert expert_layout(model, gl.pipeline.table.live) == {}
+    assert expert_layout(gl.table.owners(), gl.pipeline.table.live) == {}
 
 
 @pytest.mark.parametrize("every", [1, 3])

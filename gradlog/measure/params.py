@@ -12,6 +12,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from gradlog.measure.owners import Owners, describe
+
 _WRAPPER_PARTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 
 
@@ -165,6 +167,7 @@ class ParamTable:
         self._live: list[Tracked] | None = None
         self.generation = 0  # bumped whenever the rows or their membership change (see `rescan`, `released`)
         self.freed: list[int] = []  # appended from a finalizer; drained by `take_freed`
+        self._owners = Owners()  # the tensors' owning modules as last described (see `owners`)
         self.rescan()
 
     def rescan(self) -> bool:
@@ -216,7 +219,20 @@ class ParamTable:
                             )
             for row in self.rows:
                 row.group = groups.get(id(row.param)) if row.alive else None
+        self._owners = self._describe(model)
         return len(self.rows) > before
+
+    def owners(self) -> Owners:
+        """The tracked tensors' owning modules, for the diagnosis (`gradlog.measure.owners`): described
+        again from the model while it lives (a module's attributes may change without its tensors
+        changing), else as described the last time it was there (the model was garbage-collected)."""
+        model = self._model()
+        if model is not None:
+            self._owners = self._describe(model)
+        return self._owners
+
+    def _describe(self, model: nn.Module) -> Owners:
+        return describe(model, {pid: row.index for pid, row in self._by_id.items()})
 
     def follow(self, optimizer: torch.optim.Optimizer) -> None:
         """Track `optimizer`'s parameters instead of the previous optimizer's (a new optimizer mid-run):

@@ -23,9 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-from torch import nn
-
+from gradlog.measure.owners import Owner, Owners
 from gradlog.measure.params import Tracked, is_materialized
 from gradlog.verdict.report import (
     IdleExperts,
@@ -48,11 +46,12 @@ class ExpertTensor:
     expert: int | None
 
 
-def is_fused_experts(module: nn.Module | None, path: str, param: torch.Tensor) -> bool:
-    """Whether a parameter is a fused set of experts along dim 0 (see the module docstring)."""
-    if param.dim() != 3 or isinstance(module, nn.modules.conv._ConvNd):
+def is_fused_experts(owner: Owner | None, path: str, dims: int) -> bool:
+    """Whether a parameter of `dims` dims at `path`, held by `owner` (None: no module of the model holds
+    it), is a fused set of experts along dim 0 (see the module docstring)."""
+    if dims != 3 or (owner is not None and owner.family == "conv"):
         return False
-    named = module is not None and "expert" in type(module).__name__.lower()
+    named = owner is not None and owner.expert_class
     return named or any("expert" in part.lower() for part in path.split("."))
 
 
@@ -65,15 +64,10 @@ def _per_expert(path: str) -> tuple[str, int] | None:
     return None
 
 
-def expert_layout(model: nn.Module, rows: Sequence[Tracked]) -> dict[str, ExpertTensor]:
-    """Tracked tensor name -> its place among experts, for the tensors that are experts' (names as reported)."""
-    owners: dict[int, nn.Module] = {}
-    containers: dict[str, int] = {}
-    for path, mod in model.named_modules():
-        for _, p in mod.named_parameters(recurse=False):
-            owners.setdefault(id(p), mod)
-        if "expert" in path.rsplit(".", 1)[-1].lower() and isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
-            containers[path] = len(mod)
+def expert_layout(owners: Owners, rows: Sequence[Tracked]) -> dict[str, ExpertTensor]:
+    """Tracked tensor name -> its place among experts, for the tensors that are experts' (names as reported),
+    from the tensors' owning modules and the model's expert containers as `owners` describes them."""
+    containers = owners.expert_containers
     out: dict[str, ExpertTensor] = {}
     seen: dict[str, int] = {}
     for row in rows:
@@ -85,7 +79,7 @@ def expert_layout(model: nn.Module, rows: Sequence[Tracked]) -> dict[str, Expert
             layer, k = per
             seen[layer] = max(seen.get(layer, 0), k + 1)
             out[row.name] = ExpertTensor(layer, 0, k)
-        elif is_fused_experts(owners.get(id(p)), row.name, p):
+        elif is_fused_experts(owners.get(row.index), row.name, p.dim()):
             layer = row.name.rsplit(".", 1)[0] if "." in row.name else row.name
             out[row.name] = ExpertTensor(layer, int(p.shape[0]), None)
     for name, t in out.items():

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from gradlog.measure.distributed import Reducer, is_dtensor
 from gradlog.measure.fingerprint import Changes
+from gradlog.measure.owners import Owner, Owners
 from gradlog.measure.params import Tracked
 from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
 from gradlog.runformat.cells import DIM_NAMES
@@ -212,27 +212,14 @@ def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer:
     return out
 
 
-def param_owners(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
-    """Parameter identity -> (the module holding it, its attribute name): what a slice is called comes from
-    its module (`partly_updated` here, `gradlog.verdict.stopped_slices`). A shared tensor's first holder."""
-    out: dict[int, tuple[nn.Module, str]] = {}
-    for mod in model.modules():
-        for attr, p in mod.named_parameters(recurse=False):
-            out.setdefault(id(p), (mod, attr))
-    return out
-
-
-def _kind(owner: tuple[nn.Module, str] | None) -> str:
-    if owner is None:
-        return ""
-    mod, attr = owner
-    if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
-        return f"embedding.{attr}"
-    if isinstance(mod, nn.Linear):
-        return f"linear.{attr}"
-    if isinstance(mod, nn.modules.conv._ConvNd):
-        return f"conv.{attr}"
-    return ""
+def slice_kind(owner: Owner | None, row: Tracked) -> str:
+    """What a tensor's slices are, by its owning module and attribute: "embedding.weight", "linear.bias",
+    "conv1d_t.weight" (transformers' Conv1D), "conv.weight", "experts" (a fused 3-D expert tensor: its
+    rows are experts, `gradlog.verdict.experts`), or "" (rows and columns, unnamed). The one answer
+    `partly_updated` and `gradlog.verdict.stopped_slices` name slices by."""
+    if owner is not None and owner.family:
+        return f"{owner.family}.{owner.attr}"
+    return "experts" if is_fused_experts(owner, row.name, row.param.dim()) else ""
 
 
 def _steps(n: int) -> str:
@@ -251,12 +238,13 @@ def partly_updated(
     facts: dict[int, SliceFacts],
     evidence: dict[int, Evidence],
     whole: set[str],
-    model: nn.Module,
+    owners: Owners,
     optimizer: torch.optim.Optimizer | None,
     optimizer_steps: int,
 ) -> list[PartlyUpdated]:
     """One record per tensor, dim and reason, in model order; `whole` names the tensors already in
-    `never_updated` (their slices are not repeated)."""
+    `never_updated` (their slices are not repeated); `owners`: the tensors' owning modules, which name
+    the slices (kept from the last time the model was there when it was garbage-collected)."""
     candidates: list[tuple[Tracked, SliceFacts]] = []
     for row in rows:
         f = facts.get(row.index)
@@ -276,7 +264,6 @@ def partly_updated(
             if nz is not None:
                 checks.append(nz)
     every = iter(_all_each(checks))
-    owners: dict[int, tuple[nn.Module, str]] | None = None
     out: list[PartlyUpdated] = []
     for row, f in candidates:
         ev = evidence.get(row.index, Evidence())
@@ -291,12 +278,8 @@ def partly_updated(
                 todo.append(dim)
         if not todo:
             continue
-        if owners is None:
-            owners = param_owners(model)
-        owner = owners.get(id(row.param))
-        kind = _kind(owner)
-        if not kind and is_fused_experts(owner[0] if owner else None, row.name, row.param):
-            kind = "experts"  # a fused 3-D expert tensor: its rows are experts (gradlog.verdict.experts)
+        owner = owners.get(row.index)
+        kind = slice_kind(owner, row)
         padding = _padding_idx(owner, row.shape[0]) if kind == "embedding.weight" else None
         for dim in todo:
             changed = f.changed[dim]
@@ -336,11 +319,9 @@ def _caveat(ev: Evidence, optimizer_steps: int) -> str:
     return ""
 
 
-def _padding_idx(owner: tuple[nn.Module, str] | None, n: int) -> int | None:
-    if owner is None:
-        return None
-    pad = getattr(owner[0], "padding_idx", None)
-    if not isinstance(pad, int):
+def _padding_idx(owner: Owner | None, n: int) -> int | None:
+    pad = owner.padding_idx if owner is not None else None
+    if pad is None:
         return None
     pad = pad + n if pad < 0 else pad
     return pad if 0 <= pad < n else None

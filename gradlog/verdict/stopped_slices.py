@@ -34,16 +34,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from torch import nn
 
 from gradlog.measure.distributed import Reducer, is_dtensor
+from gradlog.measure.owners import Owners
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
 from gradlog.runformat.cells import DIM_NAMES
-from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import StepIndex
 from gradlog.verdict.report import Reason, StoppedSlice, format_ranges
-from gradlog.verdict.slices import param_owners
+from gradlog.verdict.slices import slice_kind
 
 #: a slice is stopped after at least this many quiet measured steps, and this share of all measured steps:
 #: a stricter bar than a whole tensor's (`gradlog.verdict.stalled`: 3 and 10%), as a model has many slices
@@ -76,18 +75,6 @@ class _Group:
     last: int
     total: int
     folded: bool = False
-
-
-def _kind(module: nn.Module | None, attr: str, row: Tracked) -> str:
-    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
-        return f"embedding.{attr}"
-    if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D":  # transformers' Conv1D: (in, out)
-        return f"linear.{attr}" if isinstance(module, nn.Linear) else f"conv1d_t.{attr}"
-    if isinstance(module, nn.modules.conv._ConvNd):
-        return f"conv.{attr}"
-    if is_fused_experts(module, row.name, row.param):
-        return "experts"
-    return ""
 
 
 def _words(kind: str, dim: int | None) -> tuple[str, str]:
@@ -163,13 +150,14 @@ def stopped_slices(
     lasts: Lasts,
     steps: StepIndex,
     measured_steps: int,
-    model: nn.Module | None,
+    owners: Owners,
     exclude: set[str] | frozenset[str] = frozenset(),
     resumed_at: int | None = None,
 ) -> list[StoppedSlice]:
-    """One record per tensor, dim, stop step and reason, in model order; `exclude` names tensors already
-    reported whole (never updated, stalled); `resumed_at`: the slices stopped at a resume at that step
-    (`silent_slices`), which their detail says. One host copy for all the last-step vectors."""
+    """One record per tensor, dim, stop step and reason, in model order; `owners`: the tensors' owning
+    modules, which name the slices; `exclude` names tensors already reported whole (never updated,
+    stalled); `resumed_at`: the slices stopped at a resume at that step (`silent_slices`), which their
+    detail says. One host copy for all the last-step vectors."""
     need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * measured_steps))
     if measured_steps <= need:
         return []  # cannot tell: too few measured steps for any slice to be quiet long enough
@@ -186,7 +174,6 @@ def stopped_slices(
         return []
     dev = parts[0].device
     flat = torch.cat([p.to(dev, torch.int64) for p in parts]).cpu()
-    owners = param_owners(model) if model is not None else {}
     groups: list[_Group] = []
     at = 0
     for (row, dim), part in zip(keys, parts):
@@ -196,8 +183,7 @@ def stopped_slices(
         if not n:
             continue
         tensor_last = int(last.max())
-        owner = owners.get(id(row.param))
-        kind = _kind(owner[0], owner[1], row) if owner is not None else ""
+        kind = slice_kind(owners.get(row.index), row)
         if kind == "embedding.weight" and dim == 0:
             continue  # ids leave the batches all the time: not a finding
         cand = (last >= 0) & (last < tensor_last)
@@ -226,7 +212,7 @@ def silent_slices(
     lasts: Lasts,
     steps: StepIndex,
     measured_steps: int,
-    model: nn.Module | None,
+    owners: Owners,
     before: int,
     exclude: set[str] | frozenset[str] = frozenset(),
 ) -> list[StoppedSlice]:
@@ -240,7 +226,7 @@ def silent_slices(
         shifted[index] = {
             d: torch.where(v < 0, torch.full_like(v, before), v.max().expand_as(v)) for d, v in vecs.items()
         }
-    return stopped_slices(rows, shifted, steps, measured_steps, model, exclude, resumed_at=before + 1)
+    return stopped_slices(rows, shifted, steps, measured_steps, owners, exclude, resumed_at=before + 1)
 
 
 def _records(groups: list[_Group], resumed_at: int | None = None) -> list[StoppedSlice]:
