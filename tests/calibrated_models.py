@@ -161,6 +161,57 @@ def lora(lr: float = 1e-3) -> Trainee:
     return Trainee(model, opt, loss)
 
 
+def markov_text(n: int, vocab: int, seed: int = 1337) -> torch.Tensor:
+    """A token stream with structure to learn: a Markov chain whose rows draw Zipf ranks (p ~ 1/rank^1.1)
+    over a per-row shuffled vocabulary. Slow to learn, so attention comes to matter only after ~100 steps."""
+    gen = torch.Generator().manual_seed(seed)
+    p = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64) ** 1.1
+    rows = torch.stack([torch.randperm(vocab, generator=gen) for _ in range(vocab)]).tolist()
+    draws = torch.multinomial(p / p.sum(), n, replacement=True, generator=gen).tolist()
+    out, cur = [], 0
+    for d in draws:
+        cur = rows[cur][d]
+        out.append(cur)
+    return torch.tensor(out)
+
+
+def llama_lora(total_steps: int = 1500) -> Trainee:
+    """peft LoRA (r=8 on q/k/v/o) on a tiny LlamaForCausalLM, AdamW with warmup + cosine over `total_steps`
+    (transformers' schedule, stepped inside `loss` after the first call), labels=input_ids. Its q/k LoRA
+    gradients rise ~20x around step 100-150 and stay there: attention starting to matter."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM, get_cosine_schedule_with_warmup
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=65,
+        hidden_size=64,
+        intermediate_size=172,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    lora_cfg = LoraConfig(r=8, lora_alpha=16, target_modules=targets, lora_dropout=0.05)
+    model = get_peft_model(LlamaForCausalLM(cfg), lora_cfg)
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.01)
+    sched = get_cosine_schedule_with_warmup(opt, 20, total_steps)
+    data = markov_text(60000, cfg.vocab_size)
+    gen = torch.Generator().manual_seed(1)
+
+    def loss(i: int) -> torch.Tensor:
+        if i > 0:
+            sched.step()  # after the previous optimizer step, as a loop calls it
+        starts = torch.randint(0, len(data) - 64, (8,), generator=gen).tolist()
+        ids = torch.stack([data[s : s + 64] for s in starts])
+        out: Any = model(input_ids=ids, labels=ids)
+        return out.loss  # type: ignore[no-any-return]
+
+    return Trainee(model, opt, loss)
+
+
 BUILDERS: dict[str, Callable[[], Trainee]] = {
     "gpt2": gpt2,
     "mixtral": mixtral,

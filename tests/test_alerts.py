@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from catalogue import FastSlowMid, train
 from torch import nn
 
 import gradlog
-from gradlog.verdict.alerts import NO_GRAD, NONFINITE, RATIO_HIGH, RATIO_LOW
+from gradlog.verdict.alerts import NO_GRAD, NONFINITE, RATIO_HIGH, RATIO_LOW, Alerts, Entry
 
 
 def _records(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -249,3 +250,34 @@ def test_alerts_reach_stderr_without_logging_once_per_kind() -> None:
     # configured: through logging only
     assert "non-finite gradient" not in part(out.stderr, "logging")
     assert "non-finite gradient" in part(out.stdout, "logging")
+
+
+def _spikes(series: list[float]) -> list[tuple[int, float | None]]:
+    judge = Alerts(emit=False)
+    for step, g in enumerate(series):
+        judge.step(step, [Entry(key="w", name="w", grad_norm=g)])
+    return [(a.step, round(a.reference or 0.0, 9)) for a in judge.fired if a.kind == "grad_norm_spike"]
+
+
+def test_a_level_already_reached_is_no_spike_but_a_jump_past_it_is() -> None:
+    """Measured every 50 steps, a norm that rose 20x between two measured steps and stayed there still had the
+    old level as the median of its short history: it is judged against its previous norm too."""
+    risen = [1.0, 1.1, 0.9, 20.0, 21.0, 22.0, 19.0, 20.0]
+    assert 22.0 > 10 * statistics.median(risen[:5])  # what the median alone called a spike at step 5
+    assert _spikes(risen) == []
+    assert _spikes([*risen, 400.0]) == [(8, 20.0)]  # 20x its previous norm and its median: named, at its step
+
+
+def test_a_noisy_norm_is_judged_against_its_own_step_to_step_changes() -> None:
+    """A norm that swings 10x from step to step (LoRA's A early on) needs more than 10x to be news: the limit is
+    5 robust spreads of its log10 changes, and the alert says so."""
+    noisy = [1.0, 10.0] * 6
+    assert 60.0 > 10 * statistics.median(noisy)
+    assert _spikes([*noisy, 60.0]) == []
+    judge = Alerts(emit=False)
+    for step, g in enumerate([*noisy, 1e9]):
+        judge.step(step, [Entry(key="w", name="w", grad_norm=g)])
+    (alert,) = judge.fired
+    assert alert.step == 12 and alert.reference == pytest.approx(10.0)
+    limit = 10 ** (5 * 1.4826 * 1.0)  # every change is one decade
+    assert f"only > {limit:.3g}x counts" in alert.detail, alert.detail

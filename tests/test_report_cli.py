@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import struct
@@ -87,13 +88,19 @@ BAND = (1e-4, 1e-2)
 
 
 def hand_first_spike(series: list[tuple[int, float]], factor: float, history: int = 5) -> int | None:
-    """The first step whose value exceeds factor x the median of the last <= 64 earlier finite non-zero values."""
+    """The first step whose value, in log10, stands above both the median of the last <= 64 earlier finite
+    non-zero values and the previous one by more than max(log10 factor, 5 x 1.4826 x the median |change|
+    between consecutive ones of those values)."""
     seen: list[float] = []
     for step, v in series:
         if v == v and abs(v) != float("inf") and v != 0:
-            if len(seen) >= history and v > factor * statistics.median(seen[-64:]):
-                return step
-            seen.append(v)
+            x = math.log10(v)
+            if len(seen) >= history:
+                window = seen[-64:]
+                noise = 5 * 1.4826 * statistics.median(abs(b - a) for a, b in zip(window, window[1:]))
+                if x - max(statistics.median(window), window[-1]) > max(math.log10(factor), noise):
+                    return step
+            seen.append(x)
     return None
 
 

@@ -23,13 +23,23 @@ ResNet with SGD+momentum and LoRA, see tests/test_calibrated.py):
   of its own yet: ‖Δw‖/‖w‖ is 1 at its first step and falls like 1/t while it grows, whatever the
   learning rate. Its ratio says nothing about its learning rate; only the NaN, no-gradient and spike
   checks apply;
-- a gradient-norm spike is judged against the median of the tensor's own last `SPIKE_WINDOW`
-  non-zero measured norms (after `SPIKE_MIN_HISTORY` of them), never against other tensors (gradient
-  norms of different layers differ by orders of magnitude in healthy runs). A zero norm says the tensor
-  was not reached that step, not what its scale is: LoRA's ``A`` has a zero gradient until its
-  zero-initialised ``B`` moves, and under a warmup from lr 0 its norm then grows like t², 12x the
-  median of a history padded with those zeros at step 5 of a healthy run; an expert no token chose has
-  zero norms that would drag its median below its normal steps.
+- a gradient-norm spike is judged against the tensor's own history, never against other tensors
+  (gradient norms of different layers differ by orders of magnitude in healthy runs). In log10, the norm
+  must stand above both the median of its last `SPIKE_WINDOW` non-zero measured norms and its previous
+  one (after `SPIKE_MIN_HISTORY` of them) by more than max(log10 `spike_factor`, `SPIKE_Z` x its robust
+  step-to-step spread: 1.4826 x the median |change| of log10 norm between consecutive measured steps in
+  that window). The previous norm: a level change is not a spike. LoRA's q/k ``B`` on a tiny Llama
+  rose 20x between two steps measured 50 apart while attention started to matter, and stayed there;
+  the median of a short history still held the old level, so the next measured steps read as 10-55x
+  "spikes" on a run whose loss was falling. The spread: LoRA's ``A`` early on varies ~10x from step to
+  step while it grows, so 10x its median is its noise, not news. A loss spike (a garbage batch, a lr
+  jump, a layer's gradient scaled 100x) jumps far past both, at its step (measured, tests/test_calibrated.py).
+  A level change that happens within one measured interval after the history is long enough still
+  reads as a spike at that step: no one step tells it from the start of a real one.
+  A zero norm says the tensor was not reached that step, not what its scale is: LoRA's ``A`` has a zero
+  gradient until its zero-initialised ``B`` moves, and under a warmup from lr 0 its norm then grows like
+  t², 12x the median of a history padded with those zeros at step 5 of a healthy run; an expert no token
+  chose has zero norms that would drag its median below its normal steps.
 
 Out-of-band and spike alerts are warnings: listed in the report, never a PROBLEM verdict. A NaN/Inf
 gradient is a problem, and its alert comes first.
@@ -82,6 +92,11 @@ DEFAULT_SPIKE_FACTOR = 10.0
 SPIKE_MIN_HISTORY = 5
 #: The median is over the last this many measured norms: bounded memory, and it follows a slow drift.
 SPIKE_WINDOW = 64
+#: A spike stands this many robust spreads of the tensor's step-to-step log10 changes above its reference.
+#: Measured: on the healthy runs the largest jump over 10x stood 4.4 spreads out (LoRA A, every step);
+#: a garbage batch, a lr jump or a layer's gradient x100 put at least one named tensor 7-140 spreads out
+#: (a one-step lr x100 on GPT-2 LoRA, whose one tensor over 10x stood at 4.5, is missed)
+SPIKE_Z = 5.0
 #: 1-D tensors are judged against a band this many times wider on each side.
 VECTOR_BAND_SLACK = 10.0
 _NAMES_SHOWN = 5
@@ -138,6 +153,29 @@ class Entry:
     rms_update: float | None = None
 
 
+class _RunningMedian:
+    """The median of the last `size` values pushed: a deque for their order, a sorted list for the median."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.order: deque[float] = deque()
+        self.sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def median(self) -> float:
+        xs, n = self.sorted, len(self.sorted)
+        return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+    def push(self, v: float) -> None:
+        self.order.append(v)
+        bisect.insort(self.sorted, v)
+        if len(self.order) > self.size:
+            old = self.order.popleft()
+            del self.sorted[bisect.bisect_left(self.sorted, old)]
+
+
 @dataclass
 class _State:
     high: int = 0
@@ -145,19 +183,24 @@ class _State:
     no_grad: int = 0
     ratios: int = 0
     zero_init: bool = False
-    window: deque[float] = field(default_factory=deque)
-    ordered: list[float] = field(default_factory=list)
+    #: log10 of the last SPIKE_WINDOW non-zero grad norms, and the |change| between consecutive ones in it
+    logs: _RunningMedian = field(default_factory=lambda: _RunningMedian(SPIKE_WINDOW))
+    changes: _RunningMedian = field(default_factory=lambda: _RunningMedian(SPIKE_WINDOW - 1))
 
-    def median(self) -> float:
-        xs, n = self.ordered, len(self.ordered)
-        return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    def remember(self, log_norm: float) -> None:
+        if self.logs.order:
+            self.changes.push(abs(log_norm - self.logs.order[-1]))
+        self.logs.push(log_norm)
 
-    def remember(self, v: float) -> None:
-        self.window.append(v)
-        bisect.insort(self.ordered, v)
-        if len(self.window) > SPIKE_WINDOW:
-            old = self.window.popleft()
-            del self.ordered[bisect.bisect_left(self.ordered, old)]
+    def spike(self, log_norm: float, factor: float) -> tuple[float, str, float] | None:
+        """(reference norm, what it is, the limit as a factor) when `log_norm` is a spike, else None."""
+        median, previous = self.logs.median(), self.logs.order[-1]
+        ref = max(median, previous)
+        limit = max(math.log10(factor), SPIKE_Z * 1.4826 * self.changes.median())
+        if log_norm - ref <= limit:
+            return None
+        what = f"the median of its last {len(self.logs)} measured norms" if median >= previous else "its previous one"
+        return 10**ref, what, 10**limit
 
 
 class _Fire(Protocol):
@@ -183,7 +226,8 @@ class Alerts:
 
     - a gradient went NaN/Inf (steps the optimizer skipped, as GradScaler does on overflow, are ignored:
       the scaler already handled them);
-    - a gradient norm rose above `spike_factor` x the median of the tensor's own recent norms;
+    - a gradient norm jumped above `spike_factor` x both the median of the tensor's own recent norms and
+      its previous one, and beyond its own step-to-step noise;
     - the update ratio ‖Δw‖/‖w‖ stayed an outlier among the run's tensors of its role (calibrated, the
       default: ``ratio_band=None``, `ratio_decades`, `ratio_min_peers`) or outside a fixed
       ``ratio_band=(lo, hi)``, for `ratio_patience` measured steps in a row (steps without a usable
@@ -282,18 +326,7 @@ class Alerts:
                 continue
             g = e.grad_norm
             if g is not None and math.isfinite(g) and g > 0:  # a zero norm is no scale (module docstring)
-                if len(st.window) >= SPIKE_MIN_HISTORY:
-                    med = st.median()
-                    if med > 0 and g > self.spike_factor * med:
-                        fire(
-                            e,
-                            SPIKE,
-                            f"grad norm {g:.4g} = {g / med:.3g}x the median {med:.4g} of its last "
-                            f"{len(st.window)} measured steps",
-                            g,
-                            med,
-                        )
-                st.remember(g)
+                self._spike(e, st, g, fire)
             r = e.ratio
             if r is None or math.isnan(r):
                 continue
@@ -311,6 +344,16 @@ class Alerts:
         if self.emit:
             self._emit(index, new)
         return new
+
+    def _spike(self, e: Entry, st: _State, g: float, fire: _Fire) -> None:
+        """Judge `g` against the tensor's own history (module docstring), then add it to that history."""
+        x = math.log10(g)
+        found = st.spike(x, self.spike_factor) if len(st.logs) >= SPIKE_MIN_HISTORY else None
+        if found is not None:
+            ref, what, limit = found
+            noisy = f"; its steps vary enough that only > {limit:.3g}x counts" if limit > self.spike_factor else ""
+            fire(e, SPIKE, f"grad norm {g:.4g} = {g / ref:.3g}x {what}, {ref:.4g}{noisy}", g, ref)
+        st.remember(x)
 
     def _banded(self, judged: list[tuple[Entry, _State, float]], fire: _Fire) -> None:
         """Each tensor against the fixed band (1-D tensors: ten times wider on each side)."""
