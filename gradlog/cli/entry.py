@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="judge update ratios against this fixed band (e.g. 1e-4 1e-2), not the run's own tensors",
     )
-    report.add_argument("--spike", type=float, metavar="FACTOR", default=None, help="spike: x running median (10)")
+    report.add_argument("--spike", type=float, metavar="FACTOR", default=None, help="spike: >= x median, last (10)")
     report.add_argument(
         "--max-file-size", type=_size, metavar="SIZE", default="4G", help="largest event or W&B run file read (4G)"
     )

@@ -81,7 +81,8 @@ def run_report(
         return _fail(str(exc).replace("ratio_band", "--band LO HI"))
     factor = DEFAULT_SPIKE_FACTOR if spike is None else float(spike)
     if not factor > 1:
-        return _fail(f"--spike must be a factor > 1 (a gradient norm this many times its running median), got {spike}")
+        why = "a gradient norm at least this many times its running median"
+        return _fail(f"--spike must be a factor > 1 ({why}), got {spike}")
     try:
         run = load(path, limits=limits)
         # Without --band/--spike: the warnings the run recorded at close (what close() said)

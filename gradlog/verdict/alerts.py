@@ -124,7 +124,8 @@ def check_band(band: Sequence[float]) -> tuple[float, float]:
 def check_spike(factor: float) -> float:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         raise ValueError(
-            f"spike_factor must be a number > 1 (a gradient norm this many times its running median), got {factor!r}"
+            "spike_factor must be a number > 1 (a gradient norm at least this many times its running median), "
+            f"got {factor!r}"
         )
     return float(factor)
 

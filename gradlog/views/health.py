@@ -2,7 +2,7 @@
 
 From the tables gradlog wrote at close: the never-updated tensors and the first non-finite gradient.
 From the per-step series: tensors whose update ratio sat outside a healthy band for most of the run,
-and tensors whose gradient norm spiked far above its own running median.
+and tensors whose gradient norm spiked far above its own running median, last norm and noise.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ class Health:
         where = "calibrated against the run's tensors" if self.band is None else "band {:g}..{:g}".format(*self.band)
         source = "as judged during training" if self.warnings_from == "close" else "re-judged from the series"
         for title, found in (
-            (f"Gradient-norm spikes (> {self.spike_factor:g}x the tensor's running median)", self.spikes),
+            (f"Gradient-norm spikes (> {self.spike_factor:g}x the tensor's running median and last norm)", self.spikes),
             (f"Update ratio outliers ({where})", self.out_of_band),
         ):
             lines.append("")
