@@ -559,3 +559,28 @@ def test_host_slices_in_row_blocks_equal_the_whole_tensor_at_once(
             rows, cols = out
             assert torch.equal(torch.from_numpy(rows), want_rows), (what, block)
             assert torch.equal(torch.from_numpy(cols), want_cols), (what, block)
+
+
+def test_gpt2_conv1d_dead_units_are_named_as_units() -> None:
+    """transformers' Conv1D holds (in, out): GPT-2's c_fc columns and c_proj rows are its MLP's units. Units
+    dead from the start (relu, a bias of -100) read "output units" / "input features" like a Linear's (the
+    partly table said "columns" / "rows"; stopped slices already said units). Indices from copies of the
+    weights."""
+    model = catalogue.tiny_gpt2(activation="relu")
+    mlp = model.transformer.h[0].mlp
+    with torch.no_grad():
+        mlp.c_fc.bias[:8] = -100.0
+    start = copy.deepcopy(mlp)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    gen = torch.Generator().manual_seed(0)
+    report = catalogue.train(opt, gl, 8, lambda step: catalogue.lm_loss(model, gen))
+    dead = tuple(range(8))
+    assert unchanged(start.c_fc.weight, mlp.c_fc.weight, 1) == dead
+    assert unchanged(start.c_proj.weight, mlp.c_proj.weight, 0) == dead
+    got = {(r.name.rsplit(".", 2)[-2], r.dim): r for r in report.partly_updated if ".h.0.mlp." in r.name}
+    assert {k: r.indices for k, r in got.items()} == {("c_fc", 1): dead, ("c_fc", None): dead, ("c_proj", 0): dead}
+    assert got[("c_fc", 1)].detail.startswith("output units 0-7 (8 of 128) never changed")
+    assert got[("c_fc", None)].detail.startswith("units 0-7 (8 of 128) never changed")
+    assert got[("c_proj", 0)].detail.startswith("input features 0-7 (8 of 128) never changed")
+    assert "dead units" in got[("c_fc", 1)].detail

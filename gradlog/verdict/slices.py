@@ -222,6 +222,14 @@ def slice_kind(owner: Owner | None, row: Tracked) -> str:
     return "experts" if is_fused_experts(owner, row.name, row.param.dim()) else ""
 
 
+def words_key(kind: str, dim: int | None) -> tuple[str, int | None]:
+    """The (kind, dim) a slice is worded as: transformers' Conv1D holds a Linear's weight transposed (in, out),
+    so its columns are the units a Linear's rows are (GPT-2's c_fc, c_proj, c_attn)."""
+    if kind.startswith("conv1d_t."):
+        return "linear." + kind.split(".", 1)[1], {0: 1, 1: 0}.get(dim, dim) if dim is not None else None
+    return kind, dim
+
+
 def _steps(n: int) -> str:
     return f"{n} measured step{'s' if n != 1 else ''}"
 
@@ -341,7 +349,7 @@ def _records(
     caveat: str,
 ) -> list[PartlyUpdated]:
     total = never.numel()
-    noun, question = _WORDS.get((kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
+    noun, question = _WORDS.get(words_key(kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
     hooked = bool(getattr(row.param, "_backward_hooks", None))
     if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
         question = "a gradient hook on this tensor (register_hook) zeroes them?"

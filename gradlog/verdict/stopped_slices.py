@@ -42,7 +42,7 @@ from gradlog.measure.slice_grads import SliceGrads
 from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.ledger import StepIndex
 from gradlog.verdict.report import Reason, StoppedSlice, format_ranges
-from gradlog.verdict.slices import slice_kind
+from gradlog.verdict.slices import slice_kind, words_key
 
 #: a slice is stopped after at least this many quiet measured steps, and this share of all measured steps:
 #: a stricter bar than a whole tensor's (`gradlog.verdict.stalled`: 3 and 10%), as a model has many slices
@@ -78,10 +78,7 @@ class _Group:
 
 
 def _words(kind: str, dim: int | None) -> tuple[str, str]:
-    if kind.startswith("conv1d_t."):  # transformers' Conv1D holds (in, out): columns are its units
-        kind = "linear." + kind.split(".", 1)[1]
-        dim = {0: 1, 1: 0}.get(dim, dim) if dim is not None else None
-    return _NOUNS.get((kind, dim), (DIM_NAMES[dim], "zero gradient since (masked, or multiplied by 0?)"))
+    return _NOUNS.get(words_key(kind, dim), (DIM_NAMES[dim], "zero gradient since (masked, or multiplied by 0?)"))
 
 
 def _block(name: str) -> str:
