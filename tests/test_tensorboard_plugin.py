@@ -24,6 +24,7 @@ from catalogue import free_port, train
 from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_old_style, write_run
 
 import gradlog
+from gradlog import Reason
 from gradlog.readers.run import load
 from gradlog.views.tensorboard_plugin import data
 
@@ -197,7 +198,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     planted = load(str(logdir / "planted"))
     write_old_style(planted.scalars, planted.tables, str(logdir / "old"))
     _write_moe_run(logdir / "moe")
-    with _tensorboard(logdir, tmp, {"planted", "training", "old", "moe"}) as (base, proc):
+    _write_ids_run(logdir / "ids")
+    with _tensorboard(logdir, tmp, {"planted", "training", "old", "moe", "ids"}) as (base, proc):
         yield Server(base, logdir, expected, proc)
 
 
@@ -408,6 +410,27 @@ def _write_moe_run(log_dir: Path) -> None:
     } | {"lm_head.weight", "lm_head.bias"}
 
 
+#: The ids of `_write_ids_run`'s embedding that no batch holds: every odd one, each its own range.
+UNSEEN_IDS = list(range(1, 4000, 2))
+
+
+def _write_ids_run(log_dir: Path) -> None:
+    """An embedding of 4,000 ids fed only the even ones: its partly-updated row lists 2,000 single ids
+    (~10,000 characters of indices), the longest cell a real run writes."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(4000, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.TensorBoardWriter(str(log_dir)), every=1, print_report=False)
+    ids = torch.arange(0, 4000, 2)
+    report = train(opt, gl, 3, lambda step: model(ids).pow(2).mean())
+    unseen = [r for r in report.partly_updated if r.reason is Reason.NOT_IN_BATCH]
+    assert [(r.name, r.indices) for r in unseen] == [("0.weight", tuple(UNSEEN_IDS))]
+    assert report.partly_updated[0] is unseen[0]  # the first row of the table
+
+
 #: Where the tab overflows, at the page, its right-hand pane and each table; every series panel's title.
 LAYOUT = """
 const pane = document.getElementById('gl-right').getBoundingClientRect();
@@ -587,3 +610,28 @@ def test_packed_rows_give_the_same_cells_as_the_scalars(tmp_path: Path, metric: 
         "stall.bias": "no_update",
         NAN_TENSOR: "nonfinite",
     }
+
+
+@pytest.mark.slow
+def test_a_cell_of_thousands_of_ids_is_folded_until_clicked(server: Server, tmp_path: Path) -> None:
+    """The partly-updated row of 2,000 unseen ids shows its first ids and "show all", a few lines high (it was
+    a wall of ~10,000 characters); a click on it shows every id, the same list the test fed around."""
+    with _browser(tmp_path, width=1500) as driver:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        driver.get(server.base + "/#gradlog")
+        driver.switch_to.frame(WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe")))
+        WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#gl-canvas[data-first-paint-ms]"))
+        driver.find_element(By.CSS_SELECTOR, "#gl-run").send_keys("ids")
+        cell_css = "#gl-table-partly_updated td.long details.fold"
+        WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, cell_css))
+        fold = driver.find_element(By.CSS_SELECTOR, cell_css)
+        summary = fold.find_element(By.TAG_NAME, "summary")
+        assert summary.text.startswith("1, 3, 5, 7, 9") and "show all" in summary.text
+        assert fold.rect["height"] < 150, fold.rect  # a few lines, not the whole list
+        summary.click()
+        WebDriverWait(driver, 10).until(lambda d: fold.get_attribute("open") is not None)
+        shown = fold.find_element(By.CSS_SELECTOR, "span.all").text
+        assert shown == ", ".join(str(i) for i in UNSEEN_IDS)
+        assert fold.rect["height"] > 300, fold.rect

@@ -70,6 +70,9 @@ table.gl th, table.gl td { border: 1px solid #ddd; padding: 3px 6px; text-align:
 table.gl th, table.gl td.short { white-space: nowrap; }
 table.gl td.long { min-width: 10em; overflow-wrap: anywhere; }
 table.gl tr.sel td { background: #e3f2fd; }
+table.gl details > summary { cursor: pointer; list-style: none; }
+table.gl details > summary .more { color: #1565c0; white-space: nowrap; }
+table.gl details[open] > summary { display: none; }
 h3 { font-size: 13px; margin: 10px 0 2px; }
 #gl-findings li { cursor: pointer; margin: 2px 0; }
 #gl-findings .k { display: inline-block; min-width: 7.5em; font-weight: 500; }
@@ -78,6 +81,20 @@ h3 { font-size: 13px; margin: 10px 0 2px; }
 #gl-series canvas { display: block; max-width: 100%; border: 1px solid #eee; }
 .muted { color: #757575; }
 `;
+
+// A cell longer than this many characters shows its start and folds the rest behind a click: the indices of an
+// embedding's unseen ids run to thousands of ranges, a wall of text that pushed every other table off the screen.
+const FOLD_CHARS = 400;
+
+function folded(text) {
+  const s = String(text);
+  if (s.length <= FOLD_CHARS) return s;
+  const comma = s.lastIndexOf(", ", FOLD_CHARS - 80);
+  const head = s.slice(0, comma > 0 ? comma : FOLD_CHARS - 80);
+  const more = `… show all (${s.length.toLocaleString()} characters)`;
+  return h("details", { class: "fold" },
+    h("summary", {}, head, " ", h("span", { class: "more" }, more)), h("span", { class: "all" }, s));
+}
 
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
@@ -257,7 +274,7 @@ class Tab {
   table(key, t) {
     const long = new Set(["detail", "indices"]); // free text: wraps anywhere
     const cell = (c, column) => {
-      if (long.has(column)) return h("td", { class: "long" }, c);
+      if (long.has(column)) return h("td", { class: "long" }, folded(c));
       if (column === "name") return h("td", { class: "name" }, ...breakAtDots(String(c)));
       return h("td", { class: "short" }, c);
     };
