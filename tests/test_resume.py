@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import catalogue
 import pytest
@@ -150,20 +151,8 @@ def test_resume_option_is_checked() -> None:
 
 
 # --- W&B: a resumed run continues the same W&B run id ------------------------------------------------
-def _wandb_env(tmp_path: Path) -> dict[str, str]:
-    wandb_env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    for name in ("CONFIG", "CACHE", "DATA"):
-        wandb_env[f"WANDB_{name}_DIR"] = str(tmp_path / f"wandb-{name.lower()}")
-    return wandb_env
-
-
 @pytest.mark.parametrize("resume", ["True", "auto"])
-def test_a_resumed_wandb_run_continues_the_same_run(
-    tmp_path: Path, resume: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytest.importorskip("wandb")
-    for key, value in _wandb_env(tmp_path).items():
-        monkeypatch.setenv(key, value)
+def test_a_resumed_wandb_run_continues_the_same_run(tmp_path: Path, resume: str, wandb_offline: Any) -> None:
     log_dir, ckpt = str(tmp_path / "run"), str(tmp_path / "ckpt.pt")
     first = _run("first", log_dir, ckpt, "wandb")
     assert first.returncode == -15, first.stderr
@@ -215,10 +204,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
 
 
-def test_wandb_resume_of_nothing_or_another_model_starts_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("wandb")
-    for key, value in _wandb_env(tmp_path).items():
-        monkeypatch.setenv(key, value)
+def test_wandb_resume_of_nothing_or_another_model_starts_fresh(tmp_path: Path, wandb_offline: Any) -> None:
     model = nn.Linear(3, 2)
     opt = torch.optim.Adam(model.parameters())
     with pytest.warns(RuntimeWarning, match="holds no W&B run.*a new run starts"):
@@ -240,11 +226,8 @@ def test_wandb_resume_of_nothing_or_another_model_starts_fresh(tmp_path: Path, m
         load(str(tmp_path / "old"))  # two unrelated runs: today's clear message
 
 
-def test_tensorboard_and_wandb_together_continue_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tensorboard_and_wandb_together_continue_both(tmp_path: Path, wandb_offline: Any) -> None:
     """The TensorBoard folder holds the evidence; the W&B run goes on under its earlier id beside it."""
-    pytest.importorskip("wandb")
-    for key, value in _wandb_env(tmp_path).items():
-        monkeypatch.setenv(key, value)
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = torch.optim.Adam(model.parameters())
@@ -310,12 +293,9 @@ def test_units_that_die_span_the_resume(tmp_path: Path) -> None:
     assert {i for s in back.stopped_slices if s.name == "0.weight" and s.dim == 0 for i in s.indices} == set(by_unit)
 
 
-def test_wandb_dir_given_per_writer_is_where_the_resume_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_dir_given_per_writer_is_where_the_resume_looks(tmp_path: Path, wandb_offline: Any) -> None:
     """`options={"wandb": {"dir": ...}}` (one dict per writer) puts the W&B run outside log_dir; the resumed
     run looks there, and continues the same W&B run id."""
-    pytest.importorskip("wandb")
-    for key, value in _wandb_env(tmp_path).items():
-        monkeypatch.setenv(key, value)
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = torch.optim.Adam(model.parameters())
@@ -333,12 +313,9 @@ def test_wandb_dir_given_per_writer_is_where_the_resume_looks(tmp_path: Path, mo
     assert not (tmp_path / "tb" / "wandb").exists()
 
 
-def test_tb_continues_and_the_wandb_run_is_gone_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tb_continues_and_the_wandb_run_is_gone_says_so(tmp_path: Path, wandb_offline: Any) -> None:
     """Both writers, and the W&B folder of the earlier run was removed: TensorBoard continues, W&B cannot; one
     warning says the run is split instead of a second W&B run id appearing silently."""
-    pytest.importorskip("wandb")
-    for key, value in _wandb_env(tmp_path).items():
-        monkeypatch.setenv(key, value)
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = torch.optim.Adam(model.parameters())
