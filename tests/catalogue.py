@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -802,3 +802,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class DyingUnitsCNN(nn.Module):
+    """A small CNN of one's own: `conv` (1->4, 3x3 on 8x8), `fc1` (256->32), ReLU, `fc2` (32->10), then `extra`
+    (10->10), which a test leaves out of the optimizer (`optimizer_without_extra`: reason not_in_optimizer).
+    `kill(units)` drives those units of fc1 negative (bias -1e4): from the next step on they never fire, so
+    `fc1.weight` rows, `fc1.bias` elements and `fc2.weight` columns stop getting a gradient there: one cause in
+    three tensors. A test kills units at two steps and reads the last step each unit's gradient was non-zero
+    itself (`fc1.bias.grad`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc1 = nn.Linear(4 * 8 * 8, 32)
+        self.fc2 = nn.Linear(32, 10)
+        self.extra = nn.Linear(10, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x)).flatten(1)
+        out: torch.Tensor = self.extra(self.fc2(torch.relu(self.fc1(h))))
+        return out
+
+    def kill(self, units: Sequence[int]) -> None:
+        with torch.no_grad():
+            self.fc1.bias[list(units)] = -1e4
+
+    def optimizer_without_extra(self, lr: float = 0.01) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for n, p in self.named_parameters() if not n.startswith("extra.")], lr=lr)

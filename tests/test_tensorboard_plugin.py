@@ -337,13 +337,16 @@ def test_the_tab_renders_the_planted_rows_in_chromium(server: Server, tmp_path: 
         assert not driver.find_elements(By.ID, "gl-error"), driver.find_element(By.ID, "gl-error").text
         driver.find_element(By.CSS_SELECTOR, "#gl-run").send_keys("planted")
         WebDriverWait(driver, 30).until(lambda d: "PROBLEM" in d.find_element(By.ID, "gl-verdict").text)
-        marked = {
-            e.get_attribute("data-name"): e.get_attribute("data-kind")
-            for e in driver.find_elements(By.CSS_SELECTOR, "#gl-marked li")
-        }
-        assert marked[STALLED] == "stalled" and marked[NAN_TENSOR] in ("nonfinite", "stalled")
-        item = driver.find_element(By.CSS_SELECTOR, f'#gl-marked li[data-name="{STALLED}"]')
-        assert STALLED in item.text and "stalled" in item.text  # the name is shown, not only an attribute
+        # the run's own findings (the run shown first is another one, also a PROBLEM)
+        WebDriverWait(driver, 30).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, f'#gl-marked li[data-name="{STALLED}"]')
+        )
+        marked: dict[str, set[str]] = {}  # one line per cause: a tensor may be in two (partly, then stalled)
+        for e in driver.find_elements(By.CSS_SELECTOR, "#gl-marked li"):
+            marked.setdefault(e.get_attribute("data-name"), set()).add(e.get_attribute("data-kind"))
+        assert "stalled" in marked[STALLED] and marked[NAN_TENSOR] & {"nonfinite", "stalled"}
+        item = driver.find_element(By.CSS_SELECTOR, f'#gl-marked li[data-name="{STALLED}"][data-kind="stalled"]')
+        assert STALLED in item.text and "stopped learning" in item.text  # the name is shown, not only an attribute
         # the canvas: the stalled row's marker strip is drawn in the "stalled" colour
         rgba = driver.execute_script(
             "const t = window.gradlog; const r = t.rows.indexOf(t.heat.names.indexOf(arguments[0]));"
@@ -635,3 +638,66 @@ def test_a_cell_of_thousands_of_ids_is_folded_until_clicked(server: Server, tmp_
         shown = fold.find_element(By.CSS_SELECTOR, "span.all").text
         assert shown == ", ".join(str(i) for i in UNSEEN_IDS)
         assert fold.rect["height"] > 300, fold.rect
+
+
+# --- one finding per cause (issue 41) ---------------------------------------------------------------------------
+
+#: the tab's colours (index.js COLOURS) a test reads back from the heatmap's pixels
+NOT_MEASURED_RGB, NO_UPDATE_RGB = [243, 243, 243], [68, 1, 84]
+
+
+@pytest.mark.slow
+def test_the_tab_shows_one_finding_per_cause_and_no_update_for_a_layer_out_of_the_optimizer(tmp_path: Path) -> None:
+    """The issue's run (a CNN with `extra` left out of the optimizer, fc1's units killed at two steps) in a real
+    TensorBoard and headless Chromium: the Findings list and the Stopped slices table hold one entry per cause
+    (the stop steps read from the run's own gradients), each naming the three tensors; no "stalled" word and no
+    True/False; `extra`'s update-ratio cells are "no update", not "not measured", and no measured tensor has a
+    "not measured" cell; the last step's label lies inside the canvas."""
+    from test_causes import TOUCHED, dying_run
+
+    report, stopped = dying_run("tensorboard", tmp_path / "runs" / "dying")
+    with _tensorboard(tmp_path / "runs", tmp_path, {"dying"}) as (base, _), _browser(tmp_path, width=1600) as driver:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        driver.get(base + "/#gradlog")
+        driver.switch_to.frame(WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe")))
+        WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#gl-canvas[data-first-paint-ms]"))
+        WebDriverWait(driver, 30).until(lambda d: "PROBLEM" in d.find_element(By.ID, "gl-verdict").text)
+        assert driver.find_element(By.ID, "gl-verdict").text == report.verdict
+        items = [(e.get_attribute("data-kind"), e.text) for e in driver.find_elements(By.CSS_SELECTOR, "#gl-marked li")]
+        assert [k for k, _ in items] == ["never_updated"] + ["stopped_slices"] * len(stopped), items
+        assert items[0][1].startswith("never updated") and items[0][1].endswith("extra — extra.weight, extra.bias")
+        each = "fc1 — " + ", ".join(TOUCHED)
+        assert all(t.startswith("slices stopped") and t.endswith(each) for _, t in items[1:]), items
+        table = driver.find_element(By.ID, "gl-table-stopped_slices")
+        trs = table.find_elements(By.TAG_NAME, "tr")
+        rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in trs]
+        heads = [th.text for th in table.find_elements(By.TAG_NAME, "th")]
+        since = heads.index("since_step")
+        assert sorted(int(r[since]) for r in rows[1:]) == sorted(stopped)  # one row per cause
+        text = driver.find_element(By.ID, "gl-right").text
+        assert "stalled" not in text.lower() and "True" not in text and "False" not in text, text
+        never = driver.find_element(By.ID, "gl-table-never_updated").text
+        assert "extra.weight" in never and never.count("not_in_optimizer") == 1
+        cells = driver.execute_script(
+            """const t = window.gradlog, ctx = t.canvas.getContext('2d'), out = {};
+            t.heat.names.forEach((n, i) => { const r = t.rows.indexOf(i), row = [];
+              for (let c = 0; c < t.heat.steps.length; c++)
+                row.push(Array.from(
+                  ctx.getImageData(300 + c * t.cw + t.cw / 2, r * t.rh + t.rh / 2, 1, 1).data).slice(0, 3));
+              out[n] = row; });
+            return [out, t.axisLabels, t.canvas.width];"""
+        )
+        colours, labels, width = cells
+        assert all(c == NO_UPDATE_RGB for c in colours["extra.weight"]), colours["extra.weight"][:3]
+        assert not [n for n, row in colours.items() if NOT_MEASURED_RGB in row]  # every tensor was measured
+        assert labels[-1][0] == str(STEPS_DYING - 1) and labels[-1][2] <= width, labels
+        driver.switch_to.default_content()
+        driver.save_screenshot(str(tmp_path / "causes.png"))
+        if os.environ.get("GRADLOG_CAUSES_PICTURE"):
+            shutil.copyfile(tmp_path / "causes.png", os.environ["GRADLOG_CAUSES_PICTURE"])
+
+
+#: the steps `test_causes.dying_run` trains
+STEPS_DYING = 40

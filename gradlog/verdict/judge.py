@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gradlog.verdict.causes import cause_key
 from gradlog.verdict.policy import DEFAULTS, IGNORE, NOTE, PROBLEM, SEVERITIES, WARNING, Policy
 
 
@@ -85,6 +86,8 @@ class Finding:
     aliases: tuple[str, ...] = ()
     #: from `gradlog.check`'s data-dependent "in this batch" table, not from the run
     in_batch: bool = False
+    #: what one mistake explains (`gradlog.verdict.causes`): findings with the same cause count once
+    cause: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ class Verdict:
         return ", ".join(_plural(self.count(s), s) for s in (PROBLEM, WARNING, NOTE) if self.count(s))
 
     def count(self, severity: str) -> int:
-        return sum(1 for f in self.findings if f.severity == severity)
+        """The causes with a finding of `severity` (a layer left out of the optimizer counts once, not per tensor)."""
+        return len(causes(self.of(severity)))
 
     def of(self, severity: str) -> list[Finding]:
         return [f for f in self.findings if f.severity == severity]
@@ -158,6 +162,14 @@ def _by_reason(reasons: Iterable[object]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
+def causes(found: Iterable[Finding]) -> dict[tuple[Any, ...], list[Finding]]:
+    """`found` by cause, in order of first appearance."""
+    out: dict[tuple[Any, ...], list[Finding]] = {}
+    for f in found:
+        out.setdefault(f.cause, []).append(f)
+    return out
+
+
 def never_kind(reason: object, suspect: bool) -> str:
     return "never.frozen_suspect" if str(reason) == "frozen" and suspect else f"never.{reason}"
 
@@ -167,22 +179,25 @@ def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> li
     policy = report.policy if report.policy is not None else Policy()
     out: list[Finding] = []
 
-    def add(kind: str, name: str | None, aliases: tuple[str, ...] = (), in_batch: bool = False) -> None:
+    def add(
+        kind: str, name: str | None, aliases: tuple[str, ...] = (), in_batch: bool = False, cause: tuple[Any, ...] = ()
+    ) -> None:
         names = None if name is None else (name, *aliases)
-        out.append(Finding(kind, name, policy.severity(kind, names), aliases, in_batch))
+        cause = cause or (kind, name, len(out))  # a finding of its own
+        out.append(Finding(kind, name, policy.severity(kind, names), aliases, in_batch, cause))
 
     if report.first_nonfinite is not None:
         add("run.nonfinite", report.first_nonfinite.name)
     if report.error is not None:
         add("run.diagnosis_error", None)
     for r in report.never_updated:
-        add(never_kind(r.reason, r.suspect), r.name, r.aliases)
+        add(never_kind(r.reason, r.suspect), r.name, r.aliases, cause=cause_key("never_updated", r))
     for p in report.partly_updated:
-        add(f"partly.{p.reason}", p.name)
+        add(f"partly.{p.reason}", p.name, cause=cause_key("partly_updated", p))
     for s in report.stalled:
-        add(f"stalled.{s.reason}", s.name)
+        add(f"stalled.{s.reason}", s.name, cause=cause_key("stalled", s))
     for sl in report.stopped_slices:
-        add(f"stopped.{sl.reason}", sl.name)
+        add(f"stopped.{sl.reason}", sl.name, cause=cause_key("stopped_slices", sl))
     for q in report.precision:
         add("precision.rounded_away", q.name)
     for p in getattr(report, "in_batch", ()):  # gradlog.check: judged by the same policy as a run's slices
@@ -228,6 +243,11 @@ def _reasons(found: Iterable[Finding]) -> list[str]:
     return [f.kind.split(".", 1)[1] for f in found]
 
 
+def _cause_reasons(found: Iterable[Finding]) -> list[str]:
+    """One reason per cause: the units of a layer that died at one step count once, not per tensor they touch."""
+    return _reasons(group[0] for group in causes(found).values())
+
+
 def _tensors(line: _Line, report: Report) -> None:
     """The first non-finite gradient (the one thing to look at before anything else), then which tensors
     never updated (or that the diagnosis failed)."""
@@ -259,7 +279,7 @@ def _slices(line: _Line, report: Report) -> None:
         partly = [f for f in line.of("partly.") if f.in_batch is batch]
         if partly:
             tensors = len({f.name for f in partly})
-            line.add(f"{_plural(tensors, 'tensor')} {what} ({_by_reason(_reasons(partly))})", _worst(partly))
+            line.add(f"{_plural(tensors, 'tensor')} {what} ({_by_reason(_cause_reasons(partly))})", _worst(partly))
     stalled = line.of("stalled.")
     if stalled:
         names = {f.name for f in stalled}
@@ -270,7 +290,8 @@ def _slices(line: _Line, report: Report) -> None:
     if sliced:
         names = {f.name for f in sliced}
         first = min(r.since_step for r in report.stopped_slices if r.name in names)
-        text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({_by_reason(_reasons(sliced))})"
+        by_reason = _by_reason(_cause_reasons(sliced))
+        text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({by_reason})"
         line.add(text + f", the first from step {first}", _worst(sliced))
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable
+import re
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +22,9 @@ from gradlog.runformat.names import (
     STOPPED_COLUMNS,
     TABLE_COLUMNS,
 )
+from gradlog.verdict import causes
 from gradlog.verdict.judge import ALERT_FINDINGS, NAMED_BY_TABLES, Verdict, finding_lines, judge, never_kind
-from gradlog.verdict.policy import IGNORE, WARNING, Policy
+from gradlog.verdict.policy import IGNORE, SEVERITIES, WARNING, Policy
 
 
 class Reason(str, enum.Enum):
@@ -437,37 +440,91 @@ class Report:
     def stalled_rows(self) -> list[list[str]]:
         return [r.row() for r in self.stalled]
 
-    def sections(self, console: bool = False) -> list[Section]:
+    def sections(self, console: bool = False, grouped: bool = False) -> list[Section]:
         """The non-empty tables a person reads, never-updated first.
 
-        On the console, intentionally frozen tensors fold into one line per module subtree."""
+        `grouped` (and `console`): one row per cause (`gradlog.verdict.causes`: a layer's tensors left out of
+        the optimizer, the units of a layer that died at one step in every tensor they touch), its detail
+        naming the tensors once; the records themselves (and the written tables) stay one per tensor. On the
+        console, intentionally frozen tensors also fold into one line per module subtree and index ranges
+        are cut; the count in a heading is of records, or of findings when grouped."""
         out = []
+        grouped = grouped or console
 
         def add(key: str, count: str, columns: list[str], rows: list[list[str]]) -> None:
             out.append(Section(key, f"{TITLES[key]} ({count})", list(columns), rows))  # a copy: columns are shared
 
+        def count(key: str, records: list[Any], noun: str) -> str:
+            n, k = len(records), len(causes.group(key, records))
+            if not grouped or k == n:
+                return f"{n} {noun}{'s' * (n != 1)}"
+            return f"{k} finding{'s' * (k != 1)} in {n} {noun}s"
+
+        limit = RANGES_SHOWN if console else None
         if self.never_updated:
             n = len(self.never_updated)
-            rows = console_rows(self.never_updated) if console else self.rows()
+            if console:
+                rows = console_rows(self.never_updated)
+            else:
+                rows = grouped_rows("never_updated", self.never_updated, NeverUpdated.row) if grouped else self.rows()
             add("never_updated", f"{n} of {self.tracked_tensors} tensors", COLUMNS, rows)
         if self.partly_updated:
-            n = len(self.partly_updated)
-            count = f"{n} record{'s' * (n != 1)}: slices that never changed"
-            add("partly_updated", count, PARTLY_COLUMNS, self.partly_rows(RANGES_SHOWN))
+            heading = count("partly_updated", self.partly_updated, "record") + ": slices that never changed"
+            if grouped:
+                rows = grouped_rows("partly_updated", self.partly_updated, lambda r: r.row(limit))
+            else:
+                rows = self.partly_rows(RANGES_SHOWN)
+            add("partly_updated", heading, PARTLY_COLUMNS, rows)
         if self.stalled:
-            n = len(self.stalled)
-            add("stalled", f"{n} tensor{'s' * (n != 1)}", STALLED_COLUMNS, self.stalled_rows())
+            rows = grouped_rows("stalled", self.stalled, Stalled.row) if grouped else self.stalled_rows()
+            add("stalled", count("stalled", self.stalled, "tensor"), STALLED_COLUMNS, rows)
         if self.stopped_slices:
-            n = len(self.stopped_slices)
-            count = f"{n} record{'s' * (n != 1)}: had a gradient, then none to the end"
-            rows = [r.row(RANGES_SHOWN if console else None) for r in self.stopped_slices]
-            add("stopped_slices", count, STOPPED_COLUMNS, rows)
+            heading = count("stopped_slices", self.stopped_slices, "record") + ": had a gradient, then none to the end"
+            if grouped:
+                rows = grouped_rows("stopped_slices", self.stopped_slices, lambda r: r.row(limit))
+            else:
+                rows = [r.row() for r in self.stopped_slices]
+            add("stopped_slices", heading, STOPPED_COLUMNS, rows)
         if self.experts:
             n = len(self.experts)
             add("experts", f"{n} record{'s' * (n != 1)}", EXPERT_COLUMNS, [r.row() for r in self.experts])
         if self.precision:
             n = len(self.precision)
             add("precision", f"{n} tensor{'s' * (n != 1)}", PRECISION_COLUMNS, [r.row() for r in self.precision])
+        return out
+
+    def findings(self) -> list[dict[str, Any]]:
+        """One finding per cause (`gradlog.verdict.causes`) of the record tables, in table order: the table, what
+        names it (a tensor, or the module of several), the tensors it touches once each (`touched` with their
+        slices), its reason, its severity under the policy (the worst of its records'), its records' count
+        and the full detail of its first record. What the tab lists; `to_dict()["findings"]`."""
+        policy = self.policy or Policy()
+        out: list[dict[str, Any]] = []
+        tables: list[tuple[str, list[Any]]] = [
+            ("never_updated", self.never_updated),
+            ("partly_updated", self.partly_updated),
+            ("stalled", self.stalled),
+            ("stopped_slices", self.stopped_slices),
+            ("precision", self.precision),
+        ]
+        for key, records in tables:
+            for group in causes.group(key, records):
+                first = group[0]
+                kinds = [_kind(key, r) for r in group]
+                severities = [policy.severity(k, (r.name, *getattr(r, "aliases", ()))) for k, r in zip(kinds, group)]
+                out.append(
+                    {
+                        "table": key,
+                        "label": causes.label(key, group),
+                        "tensors": list(dict.fromkeys(bare_name(r.name) for r in group)),
+                        "touched": causes.touched(key, group),
+                        "kind": kinds[0],
+                        "reason": str(getattr(first, "reason", "rounded_away")),
+                        "severity": min(severities, key=SEVERITIES.index),
+                        "records": len(group),
+                        "detail": first.detail,
+                    }
+                )
         return out
 
     def warning_lines(self) -> list[str]:
@@ -478,8 +535,11 @@ class Report:
         """The console text: the tables (never updated, with intentionally frozen tensors one line per
         module subtree; partly updated; stopped learning), the run-level hint once, the warnings and notes,
         the verdict."""
-        blocks = [f"{s.heading}:\n{format_table(s.columns, s.rows)}" for s in self.sections(console=True)]
-        tail = ([f"hint: {self.hint}"] if self.hint else []) + self.warning_lines() + [self.verdict]
+        blocks = [
+            f"{s.heading}:\n{format_table(s.columns, s.rows, CONSOLE_WIDTH)}" for s in self.sections(console=True)
+        ]
+        lines = ([f"hint: {self.hint}"] if self.hint else []) + self.warning_lines()
+        tail = [wrapped(line, CONSOLE_WIDTH, "  ") for line in lines] + [self.verdict]  # the verdict: one line to grep
         return "\n\n".join([*blocks, "\n".join(tail)])
 
     def markdown(self) -> str:
@@ -524,10 +584,21 @@ class Report:
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
             "hint": self.hint,
             "alerts": [dataclasses.asdict(a) for a in self.alerts],
+            "findings": self.findings(),
         }
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _kind(table: str, record: Any) -> str:
+    """The policy kind of a record of `table` (what `gradlog.verdict.judge.findings` weighs it as)."""
+    if table == "never_updated":
+        return never_kind(record.reason, record.suspect)
+    if table == "precision":
+        return "precision.rounded_away"
+    prefix = {"partly_updated": "partly", "stalled": "stalled", "stopped_slices": "stopped"}[table]
+    return f"{prefix}.{record.reason}"
 
 
 def _count(reasons: Iterable[Reason]) -> dict[str, int]:
@@ -585,15 +656,63 @@ def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_table(columns: list[str], rows: list[list[str]]) -> str:
+#: the console's width: tables whose last column (the detail) would run past it print that column under
+#: each row, wrapped (the full text stays in the records, `to_dict()`, the written tables and the tab)
+CONSOLE_WIDTH = 100
+#: how far a detail printed under its row is indented
+DETAIL_INDENT = "    "
+
+
+def wrapped(text: str, width: int, indent: str) -> str:
+    """`text` wrapped at spaces to `width` columns, later lines indented by `indent`; a word longer than the
+    width (a long tensor name) stays whole."""
+    return (
+        textwrap.fill(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+        if len(text) > width
+        else text
+    )
+
+
+def format_table(columns: list[str], rows: list[list[str]], width: int | None = None) -> str:
+    """Columns padded to their widest cell. With `width`, a table wider than that prints its last column
+    under each row instead, wrapped to `width` (a detail of 300 characters made 400-column lines)."""
     widths = [len(c) for c in columns]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row)]
     sep = "  "
-    out = [sep.join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    out.append(sep.join("-" * w for w in widths))
-    out += [sep.join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    below = width is not None and len(columns) > 1 and sum(widths) + len(sep) * (len(widths) - 1) > width
+    shown = widths[:-1] if below else widths
+    out = [sep.join(c.ljust(w) for c, w in zip(columns, shown)).rstrip()]
+    out.append(sep.join("-" * w for w in shown))
+    for row in rows:
+        out.append(sep.join(c.ljust(w) for c, w in zip(row, shown)).rstrip())
+        if below and width is not None and len(row) == len(columns) and row[-1]:
+            out.append(wrapped(DETAIL_INDENT + row[-1], width, DETAIL_INDENT))
     return "\n".join(out)
+
+
+#: the end of a stopped slice's detail that names its peers (`gradlog.verdict.stopped_slices`)
+_PEERS = re.compile(r"; the same \d+ stopped in [^;]*$")
+
+
+def grouped_rows(key: str, records: Sequence[Any], row: Callable[[Any], list[str]]) -> list[list[str]]:
+    """One row per cause (`gradlog.verdict.causes`) of the `key` table's `records`: a cause of one record is
+    that record's row; of several, the name cell is their module, a cell their records share is said once,
+    others list each record's value, and the detail names the tensors touched, then the first record's
+    detail."""
+    out: list[list[str]] = []
+    for group in causes.group(key, records):
+        rows = [row(r) for r in group]
+        if len(rows) == 1:
+            out.append(rows[0])
+            continue
+        cells = [", ".join(dict.fromkeys(col)) for col in zip(*rows)]
+        cells[0] = causes.label(key, group)
+        tensors = causes.touched(key, group)
+        detail = _PEERS.sub("", rows[0][-1])  # "the same 8 stopped in <the other tensors>": listed here already
+        cells[-1] = f"{len(tensors)} tensors ({', '.join(tensors)}): {detail}"
+        out.append(cells)
+    return out
 
 
 #: The console shows intentionally frozen tensors in at most this many lines (module subtrees).
@@ -625,7 +744,7 @@ def console_rows(records: list[NeverUpdated]) -> list[list[str]]:
     """Findings first, one row each; then the intentionally frozen tensors, one line per module subtree
     (a fine-tuning run freezes thousands: they would bury the rows that matter). `Report.never_updated`
     and the writers' table keep every row."""
-    findings = [r.row() for r in records if not r.intentional]
+    findings = grouped_rows("never_updated", [r for r in records if not r.intentional], NeverUpdated.row)
     frozen = [r for r in records if r.intentional]
     groups: dict[str, list[NeverUpdated]] = {}
     for r in frozen:

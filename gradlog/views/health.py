@@ -29,7 +29,16 @@ from gradlog.verdict.alerts import (
 )
 from gradlog.verdict.judge import Verdict, finding_lines, judge
 from gradlog.verdict.policy import Policy
-from gradlog.verdict.report import COLUMNS, TITLES, Alert, Section, format_table
+from gradlog.verdict.report import (
+    COLUMNS,
+    CONSOLE_WIDTH,
+    TITLES,
+    Alert,
+    NeverUpdated,
+    Section,
+    format_table,
+    grouped_rows,
+)
 
 __all__ = ["DEFAULT_SPIKE_FACTOR", "Finding", "Health", "analyze", "replay"]
 
@@ -79,6 +88,11 @@ class Health:
     precision: list[dict[str, Any]] = field(default_factory=list)
     #: the close-time tables as the console prints them, from the rebuilt Report (`Report.sections`)
     sections: list[Section] = field(default_factory=list)
+    #: the never-updated table as printed: one row per cause (a layer's tensors left out of the optimizer in
+    #: one row, `gradlog.verdict.causes`), every row of the written table otherwise (no Report rebuilt)
+    never_rows: list[list[str]] = field(default_factory=list)
+    #: one finding per cause, as `Report.findings()` lists them (the tensors each touches, its full detail)
+    findings: list[dict[str, Any]] = field(default_factory=list)
     #: the judge's verdict on the Report rebuilt from the tables (and the warnings below): what close()
     #: said (None: the run did not close)
     closed: Verdict | None = None
@@ -134,7 +148,7 @@ class Health:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["sections"]  # the console's form of the tables above
+        del out["sections"], out["never_rows"]  # the console's form of the tables above
         out["summary"] = {k: _typed(v) for k, v in self.summary.items()}
         out["never_updated"] = [{**asdict(r), "numel": _typed(r.numel)} for r in self.never_updated]
         out["healthy"] = self.healthy
@@ -171,8 +185,9 @@ class Health:
             return [f"{title}: unknown (no gradlog/never_updated table: the run did not call close())"]
         if self.never_updated:
             when = "" if self.provisional_step is None else f", as of step {self.provisional_step}, run did not close"
-            rows = [[r.name, r.shape, r.numel, r.reason, r.detail] for r in self.never_updated]
-            return [f"{title} ({len(self.never_updated)}{when}):", _indent(format_table(COLUMNS, rows))]
+            rows = self.never_rows or [[r.name, r.shape, r.numel, r.reason, r.detail] for r in self.never_updated]
+            table = _indent(format_table(COLUMNS, rows, WIDTH))
+            return [f"{title} ({len(self.never_updated)}{when}):", table]
         if self.provisional_step is not None:
             return [f"{title}: none as of step {self.provisional_step} (run did not close)"]
         return [f"{title}: none"]
@@ -186,13 +201,13 @@ class Health:
             section = by_key.get(key)
             lines.append("")
             if section is not None:
-                table = _indent(format_table(section.columns, section.rows))
-                lines += [f"{TITLES[key]} ({len(section.rows)}):", table]
+                table = _indent(format_table(section.columns, section.rows, WIDTH))
+                lines += [f"{section.heading.split(':')[0]}:", table]
             else:
                 lines.append(f"{TITLES[key]}: none")
         for section in self.sections:
             if section.key not in _OWN_SECTIONS:
-                lines += ["", f"{section.heading}:", _indent(format_table(section.columns, section.rows))]
+                lines += ["", f"{section.heading}:", _indent(format_table(section.columns, section.rows, WIDTH))]
         return lines
 
     def _warning_lines(self) -> list[str]:
@@ -212,13 +227,15 @@ class Health:
             if found:
                 lines.append(f"Warning: {title}, {source} ({len(found)}):")
                 rows = [[w.name, w.kind, str(w.step), w.detail] for w in found]
-                lines.append(_indent(format_table(["name", "kind", "first step", "detail"], rows)))
+                lines.append(_indent(format_table(["name", "kind", "first step", "detail"], rows, WIDTH)))
             else:
                 lines.append(f"{title}: none")
         return lines
 
 
 _T = TypeVar("_T")
+#: a table's width inside the report's two-space indent: the lines stay within the console's width
+WIDTH = CONSOLE_WIDTH - 2
 
 
 def escaped(obj: _T) -> _T:
@@ -373,7 +390,9 @@ def analyze(
         stopped_slices=as_dict.get("stopped_slices", []),
         experts=as_dict.get("experts", []),
         precision=as_dict.get("precision", []),
+        findings=as_dict.get("findings", []),
         sections=[] if report is None else report.sections(console=True),
+        never_rows=[] if report is None else grouped_rows("never_updated", report.never_updated, NeverUpdated.row),
         closed=judge(report) if report is not None else None,
         summary=summary,
         first_nonfinite=_first_nonfinite(run, summary, closed=closed),

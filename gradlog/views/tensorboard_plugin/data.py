@@ -36,7 +36,7 @@ ZERO_GRAD = -3.0  # the gradient was exactly zero (all entries)
 PROVISIONAL = "gradlog (training, provisional):"
 FINAL_LATER = "The final verdict comes at close()."
 #: Mark kinds, strongest last (a tensor in several tables keeps the strongest).
-MARK_ORDER = ("no_update", "nonfinite", "partly_updated", "stalled", "never_updated")
+MARK_ORDER = ("no_update", "nonfinite", "partly_updated", "stopped_slices", "stalled", "never_updated")
 
 Series = Mapping[str, Sequence[tuple[int, float]]]
 Table = tuple[list[str], list[list[str]]]
@@ -117,6 +117,9 @@ def heatmap(
                 cells[base + col[s]] = 0.0
         for s, v in values.get(name, ()):
             cells[base + col[s]] = _cell(metric, v, g.get(s) if known else 1.0)
+        if metric == "update_ratio" and not values.get(name):  # a gradient, never an update: not in the optimizer
+            for s, gv in g.items():
+                cells[base + col[s]] = _cell(metric, 0.0, gv)
     return steps, cells
 
 
@@ -173,11 +176,12 @@ def marks(tables: Mapping[str, Table], summary: Mapping[str, str], live: Mapping
 
     if summary.get("first_nonfinite_tensor"):
         put(summary["first_nonfinite_tensor"], "nonfinite")
-    # stopped slices mark their tensor as stopped learning (in part); rounded-away updates as partly updated
+    # stopped slices mark their tensor as such (not "stalled": the tab lists them under "Stopped slices");
+    # rounded-away updates as partly updated
     for table, kind in (
         ("precision", "partly_updated"),
         ("partly_updated", "partly_updated"),
-        ("stopped_slices", "stalled"),
+        ("stopped_slices", "stopped_slices"),
         ("stalled", "stalled"),
         ("never_updated", "never_updated"),
     ):
@@ -211,6 +215,45 @@ def live_marks(names: Sequence[str], ratio: Series, grad_norm: Series, nonfinite
     return out
 
 
+def closed(tables: Mapping[str, Table] | None, summary: Mapping[str, str]) -> Any:
+    """The `Report` rebuilt from a closed run's tables under the policy it recorded (and its alerts), as
+    `gradlog report` rebuilds it; None before close()."""
+    if tables is None or "never_updated" not in tables or not summary:
+        return None
+    from gradlog.runformat.rundata import RunData
+    from gradlog.runformat.tables import closed_report, read_alerts  # imports torch: only for a run that closed
+
+    run = RunData("<tensorboard>", "tensorboard", tables={fmt.RUN + k: v for k, v in tables.items()})
+    run.tables[fmt.SUMMARY] = (list(fmt.SUMMARY_COLUMNS), [[k, v] for k, v in summary.items()])
+    report = closed_report(run)
+    if report is not None:
+        alerts = tables.get(fmt.ALERTS.removeprefix(fmt.RUN))
+        if alerts is not None:
+            report.alerts = read_alerts(alerts)
+    return report
+
+
+#: the never-updated table's `suspect` cell in words (the written table holds Python's True/False)
+SUSPECT_WORDS = {"True": "yes: looks accidental", "False": "no"}
+
+
+def grouped_tables(report: Any) -> dict[str, Table]:
+    """The record tables of a closed run with one row per cause (`Report.sections(grouped=True)`: a layer's
+    units that died at one step in one row, its detail naming the tensors it touches), every cell in full;
+    the never-updated table with its `suspect` column in words."""
+    from gradlog.runformat.names import TABLE_COLUMNS
+    from gradlog.verdict.causes import group
+    from gradlog.verdict.report import NeverUpdated, grouped_rows
+
+    out: dict[str, Table] = {s.key: (s.columns, s.rows) for s in report.sections(grouped=True)}
+    if report.never_updated:
+        rows = grouped_rows("never_updated", report.never_updated, NeverUpdated.row)
+        groups = group("never_updated", report.never_updated)  # one suspect per cause: it is part of the key
+        words = [SUSPECT_WORDS[str(g[0].suspect)] for g in groups]
+        out["never_updated"] = (list(TABLE_COLUMNS), [[*r, w] for r, w in zip(rows, words)])
+    return out
+
+
 def verdict(
     summary: Mapping[str, str],
     run_level: Mapping[str, Sequence[tuple[int, float]]],
@@ -222,19 +265,11 @@ def verdict(
     run's tables under the policy it recorded, as `gradlog report` does; else the line gradlog wrote at
     close; else a provisional line from the run-level series of the latest step, else (a run without
     them) from the latest step's `live` marks."""
-    if tables is not None and "never_updated" in tables and summary:
-        from gradlog.runformat.rundata import RunData
-        from gradlog.runformat.tables import closed_report, read_alerts  # imports torch: only for a run that closed
+    report = closed(tables, summary)
+    if report is not None:
         from gradlog.verdict.judge import judge
 
-        run = RunData("<tensorboard>", "tensorboard", tables={fmt.RUN + k: v for k, v in tables.items()})
-        run.tables[fmt.SUMMARY] = (list(fmt.SUMMARY_COLUMNS), [[k, v] for k, v in summary.items()])
-        report = closed_report(run)
-        if report is not None:
-            alerts = tables.get(fmt.ALERTS.removeprefix(fmt.RUN))
-            if alerts is not None:
-                report.alerts = read_alerts(alerts)
-            return judge(report).text, summary.get("final") != "False"
+        return judge(report).text, summary.get("final") != "False"
     if summary.get("verdict"):
         return summary["verdict"], True
     last: dict[str, float] = {}
@@ -319,6 +354,9 @@ def packed_heatmap(metric: str, mats: Mapping[str, Any]) -> Any:
     no_grad = (g == NOT_MEASURED) & (g != NOT_MEASURED).any(axis=0)[None, :] & seen
     out = m.copy()
     if metric == "update_ratio":
+        # a tensor with a gradient and never an update ratio is in no optimizer: no update, not "not measured"
+        outside = (m == NOT_MEASURED).all(axis=1)[:, None] & (g != NOT_MEASURED)
+        out[outside] = np.where(g[outside] == 0, ZERO_GRAD, 0.0)
         out[(m == 0) & (g == 0)] = ZERO_GRAD
         out[no_grad & ((m == NOT_MEASURED) | (m == 0))] = NO_GRAD
     elif metric == "grad_norm":

@@ -185,12 +185,16 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         tables = self._tables(ctx, eid, run)
         summary = summary_dict(tables.pop(SUMMARY.removeprefix(RUN), None))
         line, final = data.verdict(summary, run_level, live, last_step, tables)
+        report = data.closed(tables, summary)
+        # what a person reads: one row, one finding per cause (the records stay per tensor in the run files)
+        shown = {**tables, **data.grouped_tables(report)} if report is not None else tables
         body = {
             "run": run,
             "verdict": line,
             "final": final,
             "summary": summary,
-            "tables": {k: {"columns": c, "rows": r} for k, (c, r) in tables.items()},
+            "tables": {k: {"columns": c, "rows": r} for k, (c, r) in shown.items()},
+            "findings": [] if report is None else report.findings(),
             "marks": data.marks(tables, summary, live),
             "names": names,
             "metrics": [m for m in data.METRICS if any(t.startswith(data.metric_prefix(tags, m)) for t in tags)],

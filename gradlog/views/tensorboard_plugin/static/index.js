@@ -19,13 +19,15 @@ const MARK_COLOURS = {
   never_updated: "#e60000",
   stalled: "#ff8c00",
   partly_updated: "#e0b000",
+  stopped_slices: "#ff8c00",
   nonfinite: "#c800c8",
   no_update: "#ff8c00",
 };
 const MARK_TEXT = {
   never_updated: "never updated",
-  stalled: "stalled",
+  stalled: "stopped learning",
   partly_updated: "partly updated",
+  stopped_slices: "slices stopped",
   nonfinite: "NaN/Inf",
   no_update: "no update now",
 };
@@ -247,24 +249,42 @@ class Tab {
     this.metricSel.replaceChildren(...metrics.map((m) => h("option", { value: m }, METRIC_TEXT[m] || m)));
     this.metricSel.value = keep;
     this.state.metric = keep;
-    // Findings: one line per marked tensor, strongest first, each a link to its row and series.
-    const order = ["never_updated", "stalled", "partly_updated", "nonfinite", "no_update"];
-    const marked = Object.entries(ov.marks).sort((a, b) => order.indexOf(a[1]) - order.indexOf(b[1]));
+    // Findings: after close, one line per cause (a layer's units that died at one step, a layer left out of
+    // the optimizer), naming the tensors it touches; before, one line per marked tensor. Strongest first, each
+    // a link to its (first) tensor's row and series.
+    const order = ["never_updated", "stalled", "stopped_slices", "partly_updated", "nonfinite", "no_update"];
     const list = h("ul", { id: "gl-marked" });
-    for (const [name, kind] of marked) {
-      list.append(h("li", { "data-name": name, "data-kind": kind, onclick: () => this.select(name) },
-        h("span", { class: "k", style: `color:${MARK_COLOURS[kind]}` }, MARK_TEXT[kind]), name));
+    const findings = ov.findings || [];
+    const item = (name, kind, label, more) =>
+      h("li", { "data-name": name, "data-kind": kind, onclick: () => this.select(name) },
+        h("span", { class: "k", style: `color:${MARK_COLOURS[kind]}` }, MARK_TEXT[kind]), label,
+        more ? h("span", { class: "muted" }, more) : "");
+    let count = 0;
+    if (findings.length) {
+      const kinds = { precision: "partly_updated" };
+      const sorted = [...findings].sort((a, b) =>
+        order.indexOf(kinds[a.table] || a.table) - order.indexOf(kinds[b.table] || b.table));
+      for (const f of sorted) {
+        const more = f.tensors.length > 1 ? ` — ${f.touched.join(", ")}` : "";
+        list.append(item(f.tensors[0], kinds[f.table] || f.table, f.label, more));
+      }
+      for (const [name, kind] of Object.entries(ov.marks)) if (kind === "nonfinite") list.append(item(name, kind, name, ""));
+      count = list.children.length;
+    } else {
+      const marked = Object.entries(ov.marks).sort((a, b) => order.indexOf(a[1]) - order.indexOf(b[1]));
+      for (const [name, kind] of marked) list.append(item(name, kind, name, ""));
+      count = marked.length;
     }
-    this.findings.replaceChildren(
-      h("h3", {}, marked.length ? `Findings (${marked.length})` : "Findings: none"), list);
+    this.findings.replaceChildren(h("h3", {}, count ? `Findings (${count})` : "Findings: none"), list);
+    this.labels = Object.fromEntries(findings.map((f) => [f.label, f.tensors[0]]));
     const titles = {
-      never_updated: "Never updated", partly_updated: "Partly updated", stalled: "Stalled",
+      never_updated: "Never updated", partly_updated: "Partly updated", stalled: "Stopped learning",
       stopped_slices: "Stopped slices", experts: "Experts", precision: "Updates rounded away", alerts: "Alerts",
     };
     const parts = [];
     for (const key of ["never_updated", "partly_updated", "stalled", "stopped_slices", "experts", "precision", "alerts"]) {
       const t = ov.tables[key];
-      if (!t) continue;
+      if (!t || !t.rows.length) continue; // an empty table says nothing the verdict does not
       parts.push(h("h3", {}, `${titles[key]} (${t.rows.length})`), this.table(key, t));
     }
     if (!ov.final) parts.push(h("p", { class: "muted" }, "Tables are written at close() (provisional ones during training)."));
@@ -280,7 +300,8 @@ class Tab {
     };
     const head = h("tr", {}, ...t.columns.map((c) => h("th", {}, c)));
     const rows = t.rows.map((r) => {
-      const name = (r[t.columns.indexOf("name")] || "").split(" (= ")[0];
+      const cellName = (r[t.columns.indexOf("name")] || "").split(" (= ")[0];
+      const name = (this.labels && this.labels[cellName]) || cellName; // a cause's row: its first tensor
       return h("tr", { "data-name": name, onclick: () => name && this.select(name) },
         ...r.map((c, i) => cell(c, t.columns[i])));
     });
@@ -320,7 +341,8 @@ class Tab {
     this.cw = Math.max(1, Math.min(14, Math.floor(avail / Math.max(1, cols))));
     this.rh = Math.max(2, Math.min(16, Math.floor(900 / Math.max(1, rows.length))));
     const AXIS = 30; // step labels under the cells
-    const w = Math.max(LABEL_W + cols * this.cw, LABEL_W + 120), hgt = Math.max(1, rows.length) * this.rh + AXIS;
+    const RIGHT = 40; // room for the last step's label, centred under the last column
+    const w = Math.max(LABEL_W + cols * this.cw + RIGHT, LABEL_W + 120), hgt = Math.max(1, rows.length) * this.rh + AXIS;
     const cv = this.canvas;
     cv.width = w; cv.height = hgt;
     // the legend wraps within the heatmap's width, so a small heatmap leaves the rest to the tables
@@ -405,12 +427,15 @@ class Tab {
     ctx.fillStyle = "#616161"; ctx.strokeStyle = "#9e9e9e"; ctx.textAlign = "center"; ctx.textBaseline = "top";
     ctx.font = "11px Roboto, Arial, sans-serif";
     const every = Math.max(1, Math.ceil(90 / this.cw));
+    this.axisLabels = [];
     for (let c = 0; c < cols; c++) {
       if (c % every && c !== cols - 1) continue;
       if (c === cols - 1 && c % every && (c % every) * this.cw < 45) continue;
       const x = LABEL_W + (c + 0.5) * this.cw;
       ctx.beginPath(); ctx.moveTo(x, y0); ctx.lineTo(x, y0 + 4); ctx.stroke();
       ctx.fillText(String(heat.steps[c]), x, y0 + 6);
+      const half = ctx.measureText(String(heat.steps[c])).width / 2;
+      this.axisLabels.push([String(heat.steps[c]), x - half, x + half]); // for tests: where each label lands
     }
     ctx.textAlign = "right";
     ctx.fillText("step", LABEL_W - 12, y0 + 6);

@@ -1,0 +1,80 @@
+"""One finding per cause: which of a report's per-tensor records one mistake explains.
+
+The records stay per tensor (and per slice) in the `Report` and in the run files: readers, resume and
+the policy's tensor patterns work on them. What a person reads groups them first, here, between the
+records and the presentation (the console, `gradlog report`, the TensorBoard tab) and in the verdict's
+counts, so the per-tensor detection never needs to know about it:
+
+- the tensors of one module that never updated (or stopped learning) for the same reason: a layer left
+  out of the optimizer is one finding, not one for its weight and one for its bias;
+- the slices of one block with the same indices (and, for stopped slices, the same stop step) and a
+  dead-unit reason: the units of a layer that never fired, or stopped firing at step k, show in the
+  layer's weight rows, its bias and the next layer's input columns, and are one finding.
+
+Records are read by their fields only (`name`, `reason`, `suspect`, `dim`, `indices`, `total`,
+`since_step`), so the records a run's tables are read back into group the same as close()'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from gradlog.runformat.cells import DIM_NAMES, bare_name
+
+#: slice reasons whose records pair across the tensors a layer's units touch (rows, bias, next columns)
+UNIT_REASONS = frozenset({"dead_units", "zero_grad"})
+
+
+def module_of(name: str) -> str:
+    """The module a tensor belongs to: its name less the attribute (`fc1.weight` -> `fc1`)."""
+    bare = bare_name(name)
+    return bare.rsplit(".", 1)[0] if "." in bare else bare
+
+
+def block_of(name: str) -> str:
+    """The block whose tensors a layer's units touch: the name less its module and attribute
+    (`h.0.mlp.c_fc.weight` -> `h.0.mlp`; "" for a top-level layer)."""
+    return ".".join(bare_name(name).split(".")[:-2])
+
+
+def cause_key(table: str, record: Any) -> tuple[Hashable, ...]:
+    """The cause a record of `table` (a `Report` field: never_updated, stalled, partly_updated,
+    stopped_slices, precision, experts) belongs to; records with equal keys are one finding."""
+    reason = str(getattr(record, "reason", ""))
+    if table == "never_updated":
+        return (table, module_of(record.name), reason, bool(getattr(record, "suspect", False)))
+    if table == "stalled":
+        return (table, module_of(record.name), reason)
+    if table in ("partly_updated", "stopped_slices") and reason in UNIT_REASONS and record.indices:
+        since = getattr(record, "since_step", None)
+        return (table, block_of(record.name), record.total, since, reason, tuple(record.indices))
+    return (table, bare_name(str(getattr(record, "name", getattr(record, "layer", "")))), id(record))
+
+
+def group(table: str, records: Sequence[Any]) -> list[list[Any]]:
+    """`records` grouped by cause, each group in the records' order, groups in the order of their first record."""
+    out: dict[tuple[Hashable, ...], list[Any]] = {}
+    for r in records:
+        out.setdefault(cause_key(table, r), []).append(r)
+    return list(out.values())
+
+
+def touched(table: str, records: Sequence[Any]) -> list[str]:
+    """The tensors a cause touches, once each, with the slices where the records are of slices
+    (`fc1.weight rows`, `fc1.bias elements`)."""
+    out: list[str] = []
+    for r in records:
+        name = bare_name(r.name)
+        if table in ("partly_updated", "stopped_slices"):
+            name = f"{name} {DIM_NAMES.get(r.dim, f'dim {r.dim}')}"
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def label(table: str, records: Sequence[Any]) -> str:
+    """What a cause is named by: its one tensor, or the module of its first tensor when it has several."""
+    if len(records) == 1:
+        return str(records[0].name)
+    return module_of(records[0].name)

@@ -1,0 +1,109 @@
+"""One finding per cause (issue 41): the units of a layer that stop firing at one step touch three tensors
+(the layer's weight rows, its bias, the next layer's input columns), and a layer left out of the optimizer
+two (weight, bias). The records stay one per tensor; the console, `gradlog report` and the verdict's counts
+say each cause once, within a terminal's width.
+
+The expected causes come from the run itself: the test reads `fc1.bias.grad` at every step and groups the
+units by the last step their gradient was non-zero (never from gradlog)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from catalogue import DyingUnitsCNN, train
+from torch import nn
+
+import gradlog
+from gradlog.cli.entry import main
+from gradlog.verdict.report import CONSOLE_WIDTH, format_ranges
+from gradlog.verdict.stopped_slices import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
+
+STEPS = 40
+KILLS = {8: range(0, 9), 18: range(9, 12)}  # the step before which units are killed -> the units
+TOUCHED = ["fc1.weight rows", "fc1.bias elements", "fc2.weight columns"]
+
+
+def dying_run(writer: gradlog.Writer | str, log_dir: Path | None = None) -> tuple[gradlog.Report, dict[int, list[int]]]:
+    """The run of the issue: `extra` out of the optimizer, fc1's units killed at two steps. Returns the report
+    and, from the gradients read here, {step the units stopped at: the units} (quiet long enough to count)."""
+    torch.manual_seed(0)
+    model = DyingUnitsCNN()
+    opt = model.optimizer_without_extra()
+    gl = gradlog.GradLogger(model, opt, writer=writer, every=1, log_dir=None if log_dir is None else str(log_dir))
+    gen = torch.Generator().manual_seed(1)
+    last = torch.full((32,), -1)
+
+    def loss(step: int) -> torch.Tensor:
+        if step in KILLS:
+            model.kill(KILLS[step])
+        x, y = torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+        return nn.functional.cross_entropy(model(x), y)
+
+    def reference(step: int) -> None:
+        grad = model.fc1.bias.grad
+        assert grad is not None
+        last[grad != 0] = step
+
+    report = train(opt, gl, STEPS, loss, after_backward=reference)
+    need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * STEPS))
+    top = int(last.max())
+    stopped: dict[int, list[int]] = {}
+    for v in sorted(set(last.tolist())):
+        if 0 <= v < top and top - v >= need:
+            stopped[v + 1] = (last == v).nonzero().flatten().tolist()
+    return report, stopped
+
+
+def test_a_layers_units_are_one_finding_and_the_console_fits_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    report, stopped = dying_run(gradlog.MemoryWriter())
+    out = capsys.readouterr().out
+    assert set(KILLS) <= set(stopped)  # both planted deaths (and whatever died by itself)
+    # the records stay per tensor: 3 per stop step (fc1 rows, fc1 bias, fc2 columns), 2 never-updated tensors
+    assert len(report.stopped_slices) == 3 * len(stopped)
+    assert {r.name for r in report.never_updated} == {"extra.weight", "extra.bias"}
+    # the console: one row per cause, the tensors it touches named once
+    assert f"Stopped slices ({len(stopped)} findings in {3 * len(stopped)} records" in out
+    for since, units in stopped.items():
+        row = [re.split(r"  +", ln) for ln in out.splitlines() if ln.startswith("fc1 ")]
+        assert [r[4] for r in row if r[5] == str(since)] == [format_ranges(units, 4)], out
+    assert out.count("3 tensors (" + ", ".join(TOUCHED) + ")") == len(stopped)
+    assert out.count("2 tensors (extra.weight, extra.bias): in no optimizer param group") == 1
+    assert "\nextra.weight " not in out and "\nfc1.bias " not in out  # no row per tensor
+    # within a terminal's width, but for the verdict: one line to grep
+    lines = out.splitlines()
+    assert lines[-1] == report.verdict
+    assert max(len(ln) for ln in lines[:-1]) <= CONSOLE_WIDTH, max(lines[:-1], key=len)
+    # the verdict counts causes: the layer out of the optimizer, and one per stop step
+    assert report.verdict.endswith(f"measured; {1 + len(stopped)} problems)"), report.verdict
+    assert f"(dead_units {len(stopped)})" in report.verdict
+    assert report.to_dict()["severities"]["problem"] == 1 + len(stopped)
+
+
+def test_report_groups_the_same_and_json_keeps_every_record_in_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, stopped = dying_run("tensorboard", tmp_path / "run")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "run")]) == 1
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[-1] == report.verdict  # the same line close() printed
+    assert max(len(ln) for ln in lines[1:-1]) <= CONSOLE_WIDTH, max(lines[1:-1], key=len)  # [0]: the run's path
+    assert text.count("3 tensors (" + ", ".join(TOUCHED) + ")") == len(stopped)
+    assert text.count("2 tensors (extra.weight, extra.bias)") == 1
+    assert main(["report", "--json", str(tmp_path / "run")]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert [r["detail"] for r in got["stopped_slices"]] == [r.detail for r in report.stopped_slices]  # in full
+    findings = got["findings"]
+    assert [(f["table"], f["label"], f["records"]) for f in findings] == [("never_updated", "extra", 2)] + [
+        ("stopped_slices", "fc1", 3)
+    ] * len(stopped)
+    assert all(f["touched"] == TOUCHED for f in findings[1:])
+    assert {re.search(r"from step (\d+) on", f["detail"]).group(1) for f in findings[1:]} == {  # type: ignore[union-attr]
+        str(s) for s in stopped
+    }
