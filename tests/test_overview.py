@@ -180,7 +180,9 @@ def test_overview_drawn_from_arrays_equals_the_list_path(monkeypatch: pytest.Mon
     slow = overview._draw(names, ratios, grads, marks)
     assert fast == lists == slow
     with Image.open(io.BytesIO(fast)) as im:
-        assert im.size[1] == n * min(8, 800 // n)
+        ch = min(8, 800 // n)
+        grow = -(-12 // ch) if n * ch * -(-12 // ch) <= 800 else 1  # rows made tall enough for a name each
+        assert im.info["gradlog-cells"] == f"{8 + k * min(8, 320 // k)}x{n * ch * grow}"
 
 
 def test_long_runs_merge_overview_columns_and_each_shows_the_largest_ratio_of_its_steps() -> None:
@@ -231,7 +233,8 @@ def test_long_runs_merge_overview_columns_and_each_shows_the_largest_ratio_of_it
             assert min(stopped) > 0
     gl.close()
     with Image.open(io.BytesIO(mem.images["gradlog/overview"][-1][1])) as im:
-        assert im.width <= 8 + overview.MAX_COLUMNS  # marker strip and gap, then at most one pixel per column
+        cells_w = int(im.info["gradlog-cells"].split("x")[0])
+        assert cells_w <= 8 + overview.MAX_COLUMNS  # marker strip and gap, then at most one pixel per column
 
 
 def test_merged_overview_cells_keep_blow_ups_and_agree_with_and_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,3 +304,46 @@ print("ok")
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_the_overview_image_reads_on_its_own_names_steps_legend_and_no_update_outside_the_optimizer() -> None:
+    """TensorBoard's Images tab shows the image alone: each tensor's row has its name (a tick at the row and
+    ink right of it), the steps are under the columns, the colour scale and every special colour are in a
+    legend; a tensor left out of the optimizer reads 'no update' (it has a gradient, the optimizer never moves
+    it), not 'not measured'."""
+    from gradlog.writers import overview_labels
+
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"kept": nn.Linear(6, 6), "left_out": nn.Linear(6, 6)})
+    opt = torch.optim.AdamW(model["kept"].parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    for step in range(12):
+        x = torch.randn(8, 6)
+        (model["kept"](x).square().mean() + model["left_out"](x).square().mean()).backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    names = [n for n, _ in model.named_parameters()]
+    with Image.open(io.BytesIO(mem.images["gradlog/overview"][-1][1])) as im:
+        img = im.convert("RGB")
+        cells_w, cells_h = (int(v) for v in im.info[overview_labels.CELLS_KEY].split("x"))
+    row_h = cells_h // len(names)
+    assert row_h >= 12  # four tensors: rows tall enough for a line of text each
+    ink = (40, 40, 40)
+    for r, name in enumerate(names):
+        mid = r * row_h + row_h // 2
+        assert img.getpixel((cells_w + 5, mid)) == ink, name  # the tick joining the name to its row
+        text = [img.getpixel((x, mid + dy)) for x in range(cells_w + 10, img.width) for dy in range(-4, 5)]
+        assert sum(p != png.MISSING for p in text) > 10, name  # the name's letters
+        cell = img.getpixel((cells_w - 2, mid))
+        if name.startswith("left_out"):
+            assert cell == png.NO_UPDATE, name
+        else:
+            assert cell not in (png.NO_UPDATE, png.MISSING, png.NO_GRAD), name
+    below = [img.getpixel((x, y)) for y in range(cells_h, img.height) for x in range(img.width)]
+    assert png.scale_colour(0.0) in below and png.scale_colour(1.0) in below  # the colour bar's ends
+    for special in (png.NO_UPDATE, png.NO_GRAD, png.ZERO_GRAD, png.NONFINITE, *png.MARKS.values()):
+        assert special in below, special  # each special colour has its swatch
+    assert overview_labels.short_name("a" * 50) == "..." + "a" * 37

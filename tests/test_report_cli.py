@@ -574,3 +574,36 @@ def test_rejudged_series_with_gaps_and_a_step_written_twice() -> None:
     fired = replay(run, (1e-4, 1e-2), spike_factor=10.0)
     spikes = {(x.name, x.step) for x in fired if x.kind == "grad_norm_spike"}
     assert spikes == {("a", hand_first_spike(a, 10.0)), ("b", hand_first_spike(b, 10.0))} == {("a", 12), ("b", 14)}
+
+
+def test_plot_draws_a_tensor_left_out_of_the_optimizer_on_the_no_update_line() -> None:
+    """A tensor in no param group has a gradient and no update-ratio series: the ratio panel must still show
+    it, dashed red on the 'no update' line at the steps its gradient was measured, not leave it out."""
+    pytest.importorskip("matplotlib")
+    from gradlog.views import plot
+
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"kept": nn.Linear(4, 4), "left_out": nn.Linear(4, 4)})
+    opt = torch.optim.SGD(model["kept"].parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=2, print_report=False)
+    steps = []
+    for step in range(10):
+        x = torch.randn(8, 4)
+        (model["kept"](x).square().mean() + model["left_out"](x).square().mean()).backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        steps.append(step)
+    report = gl.close()
+    never = {r.name: r.reason.value for r in report.never_updated}
+    assert set(never) == {"left_out.weight", "left_out.bias"}
+    fig = plot.figure(mem.scalars, never)
+    lines = {ln.get_label().split("  ")[0]: ln for ln in fig.axes[0].get_lines()}
+    measured = sorted(s for s, _ in mem.scalars[tags.prefix("grad_norm") + "left_out.weight"])
+    kept = lines["kept.weight"]
+    for name in never:
+        line = lines[name]
+        assert line.get_linestyle() == "--" and list(line.get_xdata()) == measured
+        floor = set(line.get_ydata())
+        assert len(floor) == 1 and next(iter(floor)) < min(y for y in kept.get_ydata() if math.isfinite(y))

@@ -152,6 +152,17 @@ def _ratio_panel(ax_r: Any, series: Series, never: Mapping[str, str], lo: float,
         ys = [math.log10(v) if math.isfinite(v) and v > 0 else (float(floor) if v == 0 else math.nan) for _, v in pts]
         curves[name] = (xs, ys)
     scores = {n: _out_of_band_score([v for _, v in series[ratio + n]], lo, hi) for n in ratio_names}
+    # a tensor in no param group has no update-ratio series, yet the optimizer never moved it: drawn on the
+    # "no update" line at the steps its gradient was measured, and always among the highlighted
+    grad = tags.prefix("grad_norm")
+    for name in never:
+        if name not in curves and grad + name in series:
+            curves[name] = (
+                [float(s) for s, _ in sorted(series[grad + name])],
+                [float(floor)] * len(series[grad + name]),
+            )
+            scores[name] = math.inf
+            ratio_names.append(name)
     if len(ratio_names) <= _LEGEND_MAX:
         highlighted = list(ratio_names)
     else:

@@ -17,11 +17,12 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gradlog.measure.meter import Measurement
 from gradlog.runformat.names import OVERVIEW
-from gradlog.writers.png import PILLOW_HINT, has_pillow, heatmap_png, heatmap_png_arrays
+from gradlog.writers.overview_labels import label
+from gradlog.writers.png import PILLOW_HINT, decades, has_pillow, heatmap_png, heatmap_png_arrays, log_range
 
 try:  # optional: without numpy the rows are Python lists
     import numpy as np
@@ -96,8 +97,8 @@ class Overview:
         grad = bytearray(len(self.names))
         for i, row in enumerate(m.rows):
             r = self._row[row.name]
-            if ratios is not None and row.group is not None:
-                values[r] = ratios[i]
+            if ratios is not None:  # a tensor in no param group never moves: "no update", as in the tab
+                values[r] = ratios[i] if row.group is not None else 0.0
             if not m.has_grad[i]:
                 grad[r] = _NO_GRAD
             elif numel[i] > 0 and nonzero[i] == 0:
@@ -151,7 +152,7 @@ class Overview:
 
     def draw(self, marks: Mapping[str, str]) -> bytes:
         """The heatmap as PNG bytes, from the steps recorded so far."""
-        return _draw(self.names[:], list(self._ratios), list(self._grad), dict(marks))
+        return _draw(self.names[:], list(self._ratios), list(self._grad), dict(marks), self.steps[:])
 
     def start(self, marks: Mapping[str, str]) -> None:
         """Draw on a background thread for the latest step; skipped while the previous drawing runs."""
@@ -159,11 +160,17 @@ class Overview:
             return
         self._last_start = time.monotonic()
         step = self.steps[-1]
-        names, ratios, grads, mk = self.names[:], list(self._ratios), list(self._grad), dict(marks)
+        names, ratios, grads, mk, steps = (
+            self.names[:],
+            list(self._ratios),
+            list(self._grad),
+            dict(marks),
+            self.steps[:],
+        )
 
         def work() -> None:
             try:
-                png = _draw(names, ratios, grads, mk)
+                png = _draw(names, ratios, grads, mk, steps)
             except Exception as exc:  # an image is a nicety: never an error in the training loop
                 log.warning("gradlog: drawing the overview image failed (%s: %s)", type(exc).__name__, exc)
                 return
@@ -233,12 +240,20 @@ def _merge(ra: array.array[float], ga: bytes, rb: array.array[float], gb: bytes)
     return values, bytes(grad)
 
 
-def _draw(names: list[str], ratios: list[array.array[float]], grads: list[bytes], marks: dict[str, str]) -> bytes:
-    """Transpose the per-step arrays into rows (tensors) x columns (steps) and draw them."""
+def _draw(
+    names: list[str],
+    ratios: list[array.array[float]],
+    grads: list[bytes],
+    marks: dict[str, str],
+    steps: Sequence[int] = (),
+) -> bytes:
+    """Transpose the per-step arrays into rows (tensors) x columns (steps), draw them, and label the image
+    (`steps`: each column's last step)."""
     n = len(names)
     row_marks = {r: marks[name] for r, name in enumerate(names) if name in marks}
     if np is not None:
-        return _draw_arrays(n, ratios, grads, row_marks)
+        cells, lo, hi = _draw_arrays(n, ratios, grads, row_marks)
+        return label(cells, names, steps, lo, hi)
     values: list[list[float | None]] = [[] for _ in range(n)]
     states: list[list[str | None]] = [[] for _ in range(n)]
     k = min(len(ratios), len(grads))
@@ -251,10 +266,12 @@ def _draw(names: list[str], ratios: list[array.array[float]], grads: list[bytes]
         for r, (row_values, row_grad) in enumerate(zip(zip(*cols), zip(*flags))):
             values[r] = [None if v == _NONE else v for v in row_values]
             states[r] = [words.get(g) for g in row_grad]
-    return heatmap_png(values, row_marks, states)
+    return label(heatmap_png(values, row_marks, states), names, steps, *log_range(values))
 
 
-def _draw_arrays(n: int, ratios: list[array.array[float]], grads: list[bytes], row_marks: dict[int, str]) -> bytes:
+def _draw_arrays(
+    n: int, ratios: list[array.array[float]], grads: list[bytes], row_marks: dict[int, str]
+) -> tuple[bytes, float, float]:
     """`_draw` with numpy: the recorded steps become [tensors, steps] arrays directly (no Python float per
     cell: a 5,000-tensor x 42-step overview's lists were ~7 MB at a measured step's peak)."""
     k = min(len(ratios), len(grads))
@@ -266,7 +283,11 @@ def _draw_arrays(n: int, ratios: list[array.array[float]], grads: list[bytes], r
         sg = np.frombuffer(grads[j], dtype=np.uint8)[:n]
         flags[: sg.size, j] = sg
     states = np.where(flags == _NO_GRAD, 1, np.where(flags == _ZERO_GRAD, 2, 0)).astype(np.uint8)
-    return heatmap_png_arrays(values, values != _NONE, states, row_marks)
+    measured = values != _NONE
+    with np.errstate(invalid="ignore"):
+        positive = values[measured & (values > 0) & (values < math.inf)]
+    lo, hi = decades(float(positive.min()), float(positive.max())) if positive.size else (0.0, 1.0)
+    return heatmap_png_arrays(values, measured, states, row_marks), lo, hi
 
 
 __all__ = ["MAX_COLUMNS", "MIN_INTERVAL_S", "TAG", "Overview"]

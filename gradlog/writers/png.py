@@ -77,10 +77,10 @@ def log_range(values: Sequence[Sequence[float | None]]) -> tuple[float, float]:
         positive = [v for v in row if v is not None and 0 < v < math.inf]  # NaN fails both comparisons
         if positive:
             lo, hi = min(lo, min(positive)), max(hi, max(positive))
-    return _decades(lo, hi)
+    return decades(lo, hi)
 
 
-def _decades(lo: float, hi: float) -> tuple[float, float]:
+def decades(lo: float, hi: float) -> tuple[float, float]:
     """log10 of the range [lo, hi] of positive values, at least one decade wide; (0, 1) when empty (lo > hi)."""
     if lo > hi:
         return 0.0, 1.0
@@ -242,7 +242,7 @@ def heatmap_png_arrays(
     cw, ch = _cell_size(rows, cols, max_width, max_height)
     with np.errstate(invalid="ignore"):
         positive = values[measured & (values > 0) & (values < math.inf)]
-    lo, hi = _decades(float(positive.min()), float(positive.max())) if positive.size else (0.0, 1.0)
+    lo, hi = decades(float(positive.min()), float(positive.max())) if positive.size else (0.0, 1.0)
     out = np.empty((rows, cols, 3), dtype=np.uint8)
     for start in range(0, rows, _ROW_BLOCK):  # a block of rows at a time: the float temporaries stay small
         stop = min(rows, start + _ROW_BLOCK)

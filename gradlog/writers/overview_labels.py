@@ -1,0 +1,127 @@
+"""Words around the overview's cells, so the image reads on its own in TensorBoard's Images tab or W&B:
+tensor names right of the rows, the steps under the columns, a title and a legend of every colour.
+
+The cells keep their place (top-left at 0, 0; `png.heatmap_png`'s pixels unchanged): the labels go right
+of and below them, so a reader that knows the cell size still finds each cell where it was.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gradlog.writers.png import MARKS, MISSING, NO_GRAD, NO_UPDATE, NONFINITE, ZERO_GRAD, scale_colour
+
+#: The PNG text chunk that says where the cells end ("WIDTHxHEIGHT" from the top-left corner), for readers
+#: that look up a cell by its position.
+CELLS_KEY = "gradlog-cells"
+#: A name longer than this is shortened from the left (its last parts say the most: "...3.attn.weight").
+NAME_CHARS = 40
+#: Rows are made taller (whole pixels, nearest neighbour) to fit a name each while the cells stay this high.
+MAX_HEIGHT = 800
+_LINE = 12  # px per text line of Pillow's default font
+_GAP = 4
+_INK = (40, 40, 40)
+_BAR = 160  # colour bar width, px
+_KEYS: list[tuple[tuple[int, int, int], str]] = [
+    (NO_UPDATE, "no update"),
+    (ZERO_GRAD, "gradient exactly 0"),
+    (NO_GRAD, "no gradient"),
+    (NONFINITE, "NaN/Inf"),
+    (MISSING, "not measured"),
+]
+_MARK_WORDS = {  # the row marks (MARKS): "no_update" shares "stalled"'s colour
+    "never_updated": "never updated",
+    "stalled": "stopped / no update",
+    "partly_updated": "partly updated",
+    "nonfinite": "NaN/Inf",
+}
+
+
+def short_name(name: str, limit: int = NAME_CHARS) -> str:
+    """`name`, or its last `limit - 3` characters after '...'."""
+    return name if len(name) <= limit else "..." + name[-(limit - 3) :]
+
+
+def label(cells_png: bytes, names: Sequence[str], steps: Sequence[int], lo: float, hi: float) -> bytes:
+    """`cells_png` (one row of cells per name, one column per entry of `steps`) with the words added.
+
+    `lo`, `hi`: log10 of the colour scale's ends. Rows too thin for a line of text get a name every few
+    rows, each at its row (a tick joins the name to it)."""
+    from PIL import Image, ImageDraw, ImageFont
+    from PIL.PngImagePlugin import PngInfo
+
+    with Image.open(io.BytesIO(cells_png)) as im:
+        cells = im.convert("RGB")
+    rows = max(1, len(names))
+    grow = math.ceil(_LINE / (cells.height / rows))  # few tensors: rows tall enough for a name each
+    if grow > 1 and cells.height * grow <= MAX_HEIGHT:
+        cells = cells.resize((cells.width, cells.height * grow), Image.Resampling.NEAREST)
+    font = ImageFont.load_default()
+    probe = ImageDraw.Draw(cells)
+    shown = [short_name(n) for n in names]
+    text_w = int(max((probe.textlength(s, font=font) for s in shown), default=0))
+    row_h = cells.height / rows
+    legend_w = 2 * _GAP + _BAR + 80
+    width = max(cells.width + _GAP + 6 + text_w + _GAP, legend_w + 120)
+    foot = 2 + _LINE + _GAP + 2 * _LINE + _GAP + 10 + _LINE + _GAP + (len(_KEYS) + len(_MARK_WORDS) + 1) // 2 * _LINE
+    out = Image.new("RGB", (width, cells.height + foot), MISSING)
+    out.paste(cells, (0, 0))
+    draw = ImageDraw.Draw(out)
+    _names(draw, font, shown, cells.width, row_h)
+    y = _steps(draw, font, steps, cells.width, cells.height)
+    _legend(draw, font, lo, hi, y)
+    info = PngInfo()
+    info.add_text(CELLS_KEY, f"{cells.width}x{cells.height}")
+    buf = io.BytesIO()
+    out.save(buf, format="PNG", pnginfo=info)
+    return buf.getvalue()
+
+
+def _names(draw: Any, font: Any, shown: Sequence[str], left: int, row_h: float) -> None:
+    every = max(1, math.ceil(_LINE / max(row_h, 1e-9)))  # rows per printed name
+    x = left + _GAP
+    for r in range(0, len(shown), every):
+        mid = int((r + 0.5) * row_h)
+        draw.line([(x, mid), (x + 3, mid)], fill=_INK)
+        draw.text((x + 6, mid - _LINE // 2), shown[r], fill=_INK, font=font)
+
+
+def _steps(draw: Any, font: Any, steps: Sequence[int], right: int, top: int) -> int:
+    """The step axis under the columns (first, middle and last column's step); returns the next free y."""
+    strip = 8  # the marker strip and its gap (png._STRIP + 2)
+    y = top + 2
+    draw.line([(strip, y), (max(strip, right - 1), y)], fill=_INK)
+    if steps:
+        cols = len(steps)
+        cw = max(1, (right - strip) // cols)
+        picks = sorted({0, cols // 2, cols - 1})
+        last_end = -1
+        for c in picks:
+            text = str(steps[c])
+            w = int(draw.textlength(text, font=font))
+            x = min(max(strip + c * cw + cw // 2 - w // 2, 0), right + 40 - w)
+            if x <= last_end + 4:
+                continue
+            draw.line([(strip + c * cw + cw // 2, y), (strip + c * cw + cw // 2, y + 3)], fill=_INK)
+            draw.text((x, y + 3), text, fill=_INK, font=font)
+            last_end = x + w
+    y += 3 + _LINE + _GAP
+    draw.text((0, y), "gradlog overview: update ratio |dw|/|w| per tensor (rows, model order)", fill=_INK, font=font)
+    draw.text((0, y + _LINE), "and logged step (columns; the numbers are steps)", fill=_INK, font=font)
+    return y + 2 * _LINE + _GAP
+
+
+def _legend(draw: Any, font: Any, lo: float, hi: float, y: int) -> None:
+    """A colour bar labelled with its ends, then a swatch for each special colour and row mark."""
+    for i in range(_BAR):
+        draw.line([(i, y), (i, y + 8)], fill=scale_colour(i / (_BAR - 1)))
+    draw.text((_BAR + _GAP, y - 2), f"1e{lo:.1f} .. 1e{hi:.1f}", fill=_INK, font=font)
+    y += 10 + _GAP
+    keys = [*_KEYS, *((MARKS[k], f"mark: {w}") for k, w in _MARK_WORDS.items())]
+    for i, (rgb, words) in enumerate(keys):
+        x, yy = (i % 2) * 150, y + (i // 2) * _LINE
+        draw.rectangle([(x, yy + 2), (x + 8, yy + 10)], fill=rgb, outline=_INK)
+        draw.text((x + 12, yy), words, fill=_INK, font=font)
