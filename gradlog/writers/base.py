@@ -20,6 +20,10 @@ class Writer(abc.ABC):
     """
 
     inline: bool = False
+    #: The backend is shared with the training thread's own calls (a W&B run, whose rows and step the
+    #: user's `run.log` also moves): a step's calls must be done before `log()` returns, so that the two
+    #: threads never log into it at once. The writer still runs on its thread, bounded as any other.
+    ordered: bool = False
 
     @abc.abstractmethod
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
