@@ -228,6 +228,10 @@ def test_python_block_runs(prog: Program, tmp_path: Path) -> None:
     )
     assert out.returncode == 0, f"{prog.where}\n{code}\n--- stderr ---\n{out.stderr[-4000:]}"
     assert "Traceback" not in out.stderr, out.stderr[-4000:]
+    # a documented writer or option that makes gradlog warn about its own failure is a broken example
+    # (configuration.md's PrintWriter raised KeyError on the close-time counts: issue 41)
+    failed = re.findall(r"gradlog: \w+\.\w+ failed \(.*", out.stderr)
+    assert not failed, f"{prog.where}: {failed[0]}"
 
 
 def _commands(prog: Program) -> list[str]:

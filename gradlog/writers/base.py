@@ -27,7 +27,9 @@ class Writer(abc.ABC):
 
     @abc.abstractmethod
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        """All scalar tags of one measured step, in one call so backends can batch them."""
+        """All scalar tags of one measured step, in one call so backends can batch them. At close (and with
+        the provisional tables) a call of its own carries only the tables' counts (`gradlog/never_updated`,
+        ...): a writer must not expect every tag in every call."""
 
     @abc.abstractmethod
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
