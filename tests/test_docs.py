@@ -218,6 +218,23 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
+HIDDEN_ATTRIBUTES = re.compile(r"\bmodel\.(encoder|lora_A|head)\b")
+
+
+@pytest.mark.parametrize("prog", [p for p in PROGRAMS if p.lang == "python"], ids=lambda p: p.where)
+def test_blocks_fit_a_model_of_the_shape_the_page_shows(prog: Program) -> None:
+    """A block on the `model` setup may use what every model has, not the attributes only the hidden
+    setup's `Net` has (check-and-diff.md's `model.head = nn.Linear(4, 2)` fitted only it: issue 41); a
+    block that needs a model's parts builds that model itself."""
+    code = "\n".join(prog.code)
+    if SETUPS["model"] in prog.code[:1]:
+        shown = "\n".join(prog.code[1:])
+        assert not HIDDEN_ATTRIBUTES.search(shown), (
+            f"{prog.where} uses the hidden setup's {HIDDEN_ATTRIBUTES.search(shown)}"
+        )
+    assert code
+
+
 @pytest.mark.parametrize("prog", [p for p in PROGRAMS if p.lang == "python"], ids=lambda p: p.where)
 def test_python_block_runs(prog: Program, tmp_path: Path) -> None:
     if prog.skip:
