@@ -67,12 +67,14 @@ __all__ = [
     "clip_grad_norm_",
     "close",
     "log",
+    "read_run",
     "watch",
 ]
 
 #: writers whose backend package is optional: resolved on first attribute access, so `import gradlog`
 #: never imports wandb (and the backend itself is imported only when a writer is constructed).
-_LAZY = {"WandbWriter": "gradlog.writers.wandb"}
+#: `read_run` (reading a run back, `views/health.py`) likewise: the training path never imports the readers.
+_LAZY = {"WandbWriter": "gradlog.writers.wandb", "read_run": "gradlog.views.health"}
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import random
 import sys
 from collections.abc import Callable, Mapping
@@ -30,27 +31,54 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradlog import lifecycle
 from gradlog.logger import GradLogger
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter
-from gradlog.verdict.policy import PolicyLike
+from gradlog.verdict.policy import Policy, PolicyLike, Rule
 from gradlog.verdict.report import PARTLY_COLUMNS, PartlyUpdated, Reason, Report, format_table
 from gradlog.verdict.slices import unseen_words
 from gradlog.verdict.unchanged import partly_rows, reduce_to_slices, slice_dims, slice_word
 
 LossFn = Callable[[nn.Module, Any], Any]
+StepFn = Callable[..., Any]
 _MISSING = object()
 
 
 def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """``model(batch)`` (``model(*batch)`` for a tuple or list, ``model(**batch)`` for a dict), reduced to a scalar."""
+    """``model(batch)`` (``model(*batch)`` for a tuple or list, ``model(**batch)`` for a dict), reduced to a scalar.
+
+    A batch the model's ``forward`` cannot take that way (an ``(x, y)`` pair for a model of one input) is
+    refused before the call, naming what was tried and how to pass the loss (issue 41: Python's bare
+    "forward() takes 2 positional arguments but 3 were given" came from inside gradlog)."""
+    args: tuple[Any, ...]
     if isinstance(batch, Mapping):
-        out = model(**batch)
+        args, kwargs, how = (), dict(batch), "model(**batch)"
     elif isinstance(batch, (tuple, list)):
-        out = model(*batch)
+        args, kwargs, how = tuple(batch), {}, "model(*batch)"
     else:
-        out = model(batch)
-    return _scalar(out, "model(batch)")
+        args, kwargs, how = (batch,), {}, "model(batch)"
+    _must_fit(model, args, kwargs, how, batch)
+    return _scalar(model(*args, **kwargs), how)
+
+
+def _must_fit(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: str, batch: Any) -> None:
+    """Raise a TypeError that says what gradlog tried when `model.forward` cannot bind `args`/`kwargs`."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # a builtin or a forward without a signature: let the call decide
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        held = f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list, Mapping)) else "one value"
+        raise TypeError(
+            f"gradlog.check: without loss_fn= the loss is {how} reduced to a scalar, but the batch is {held} "
+            f"and {type(model).__name__}.forward{signature} cannot take it that way ({exc}). Pass your loss, "
+            "e.g. gradlog.check(model, optimizer, (x, y), loss_fn=lambda model, batch: "
+            "torch.nn.functional.cross_entropy(model(batch[0]), batch[1])), or your own training step: "
+            "gradlog.check(model, optimizer, step_fn=train_step)"
+        ) from None
 
 
 def _scalar(out: Any, what: str) -> torch.Tensor:
@@ -194,10 +222,11 @@ def _plain(t: torch.Tensor) -> bool:
 def check(
     model: nn.Module,
     optimizer: Any,
-    batch: Any,
+    batch: Any = None,
     loss_fn: LossFn | None = None,
     steps: int = 1,
     *,
+    step_fn: StepFn | None = None,
     print_report: bool = True,
     include: NameFilter = None,
     exclude: NameFilter = None,
@@ -208,25 +237,77 @@ def check(
     `loss_fn(model, batch)` returns the loss (a tensor is summed; an object with ``.loss``, such as
     a Hugging Face output, gives that); by default ``model(batch)``, ``model(*batch)`` for a tuple
     or list, ``model(**batch)`` for a dict. The batch must already be on the model's device.
-    Gradients are cleared before each step (and put back afterwards). Needs memory for one copy of
-    the weights, gradients and optimizer state. The report is printed unless ``print_report=False``;
-    ``include`` / ``exclude`` choose tensors as in `GradLogger`; ``policy`` tunes severities as there
-    (`gradlog.Policy`).
+    Gradients are cleared before each step (and put back afterwards).
+
+    ``step_fn``: your own training step instead (forward, backward, ``optimizer.step()``, your
+    ``zero_grad()`` wherever your loop has it), called as ``step_fn(batch)``, or ``step_fn()`` without a
+    batch; then a bug in the loop itself (``zero_grad()`` between ``backward()`` and ``step()``) shows.
+    Gradients are cleared once, before the first step. A scheduler it steps is not put back (its
+    ``lr`` in the param groups is): step it outside, or pass a copy.
+
+    Needs memory for one copy of the weights, gradients and optimizer state. The report is printed
+    unless ``print_report=False``; ``include`` / ``exclude`` choose tensors as in `GradLogger`;
+    ``policy`` tunes severities as there (`gradlog.Policy`). A `GradLogger` already open on this model
+    or optimizer is left alone: it does not count the check's steps, and goes on logging after it.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"gradlog.check: model must be a torch.nn.Module, got {type(model).__name__}")
     opt = steppable(optimizer)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"gradlog.check: steps must be an integer >= 1 (optimizer steps to try), got {steps!r}")
-    if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(f"gradlog.check: loss_fn must be a callable (model, batch) -> loss, got {loss_fn!r}")
+    _check_step_args(batch, loss_fn, step_fn)
     lazy = [n for n, p in model.named_parameters() if isinstance(p, nn.parameter.UninitializedParameter)]
     if lazy:
         raise ValueError(
             f"gradlog.check: {lazy[0]!r} is not materialised yet (a lazy module), so it cannot be put back as it "
             "was; run one forward pass (model(batch)) before gradlog.check"
         )
-    saved = _Saved(model, opt)
+    with lifecycle.set_aside(model, opt):
+        saved = _Saved(model, opt)
+        report, gl, seen = _run(model, opt, batch, loss_fn, step_fn, steps, saved, (include, exclude, policy))
+    fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(Report)}
+    fields["never_updated"] = [_label_rare_path(rec, steps) for rec in report.never_updated]
+    # one batch's unchanged slices are data-dependent: shown apart, from the gradients (which weight
+    # decay cannot blur), and never judged as problems
+    fields["partly_updated"] = []
+    fields["never_updated"], notes = _explained(fields["never_updated"], gl, opt, saved)
+    if notes:
+        base = report.policy if report.policy is not None else Policy()
+        fields["policy"] = Policy([*(Rule.parse(spec, severity) for spec, severity in notes), *base.rules])
+    result = CheckReport(**fields, in_batch=_in_batch(model, gl, report, seen))
+    if print_report:
+        print(result.table(), flush=True)
+    return result
+
+
+def _check_step_args(batch: Any, loss_fn: LossFn | None, step_fn: StepFn | None) -> None:
+    if step_fn is not None:
+        if not callable(step_fn):
+            raise TypeError(f"gradlog.check: step_fn must be your training step (a callable), got {step_fn!r}")
+        if loss_fn is not None:
+            raise TypeError("gradlog.check: pass loss_fn= or step_fn=, not both (step_fn computes its own loss)")
+        return
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"gradlog.check: loss_fn must be a callable (model, batch) -> loss, got {loss_fn!r}")
+    if batch is None:
+        raise TypeError(
+            "gradlog.check needs a batch (gradlog.check(model, optimizer, batch)) or your training step "
+            "(gradlog.check(model, optimizer, step_fn=train_step))"
+        )
+
+
+def _run(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: Any,
+    loss_fn: LossFn | None,
+    step_fn: StepFn | None,
+    steps: int,
+    saved: _Saved,
+    selection: tuple[NameFilter, NameFilter, PolicyLike],
+) -> tuple[Report, GradLogger, dict[int, dict[int | None, torch.Tensor]]]:
+    """The checked steps under a memory-only logger; everything in `saved` put back, whatever happens."""
+    include, exclude, policy = selection
     gl = GradLogger(
         model,
         opt,
@@ -240,30 +321,107 @@ def check(
         policy=policy,
     )
     seen: dict[int, dict[int | None, torch.Tensor]] = {}
+    record = opt.register_step_pre_hook(lambda *_: _record_slices(saved.params, seen)) if step_fn else None
     try:
+        for p in saved.params:
+            p.grad = None
         for step in range(steps):
-            for p in saved.params:
-                p.grad = None
-            loss = _scalar(loss_fn(model, batch), "loss_fn(model, batch)") if loss_fn else default_loss(model, batch)
-            torch.autograd.backward(loss)
-            _record_slices(saved.params, seen)
-            opt.step()
+            if step_fn is not None:
+                _user_step(step_fn, batch, gl)
+            else:
+                for p in saved.params:
+                    p.grad = None
+                torch.autograd.backward(_loss(model, batch, loss_fn))
+                _record_slices(saved.params, seen)
+                opt.step()
             gl.log(step)
         report = gl.close()
     finally:
+        if record is not None:
+            record.remove()
         if not gl.closed:
             gl.print_report = False
             gl.close()
         saved.restore()
-    fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(Report)}
-    fields["never_updated"] = [_label_rare_path(rec, steps) for rec in report.never_updated]
-    # one batch's unchanged slices are data-dependent: shown apart, from the gradients (which weight
-    # decay cannot blur), and never judged as problems
-    fields["partly_updated"] = []
-    result = CheckReport(**fields, in_batch=_in_batch(model, gl, report, seen))
-    if print_report:
-        print(result.table(), flush=True)
-    return result
+    return report, gl, seen
+
+
+def _loss(model: nn.Module, batch: Any, loss_fn: LossFn | None) -> torch.Tensor:
+    return _scalar(loss_fn(model, batch), "loss_fn(model, batch)") if loss_fn else default_loss(model, batch)
+
+
+def _user_step(step_fn: StepFn, batch: Any, gl: GradLogger) -> None:
+    """One call of the user's step; it must step the optimizer, or the check has nothing to judge."""
+    before = gl.optimizer_steps
+    step_fn() if batch is None else step_fn(batch)
+    if gl.optimizer_steps == before:
+        raise RuntimeError(
+            "gradlog.check: step_fn returned without calling optimizer.step() on the optimizer given to check; "
+            "step_fn must do the forward, the backward and the optimizer step"
+        )
+
+
+def _explained(
+    records: list[Any], gl: GradLogger, opt: torch.optim.Optimizer, saved: _Saved
+) -> tuple[list[Any], list[tuple[str, str]]]:
+    """Records one check explains as the model's design, not a bug, each made a note (a policy rule for
+    its name) with the evidence in its detail (issue 39):
+
+    - `zero_grad` on a tensor whose output feeds a partner that starts at exactly zero (LoRA's A: its
+      first gradient is zero because B starts at zero; it gets one once B has moved);
+    - `zero_lr` in a param group whose `initial_lr` is above 0 (a scheduler's warm-up from lr 0)."""
+    params = {row.name: row.param for row in gl.table.live}
+    start = {id(p): v for p, v in zip(saved.params, saved.values)}
+    groups = {id(p): g for g, p_group in zip(saved.groups, opt.param_groups) for p in p_group["params"]}
+    out, notes = [], []
+    for rec in records:
+        why = None
+        if rec.reason == Reason.ZERO_GRAD:
+            partner = _zero_partner(rec.name, params, start, {r.name for r in records})
+            if partner is not None:
+                why = (
+                    f"gradient exactly zero because its output feeds {partner}, which starts at exactly zero "
+                    "(LoRA's B is zero-initialised by design): it gets a gradient once that tensor has moved"
+                )
+        elif rec.reason == Reason.ZERO_LR:
+            group = groups.get(id(params[rec.name])) if rec.name in params else None
+            initial = group.get("initial_lr") if group is not None else None
+            if isinstance(initial, (int, float)) and initial > 0:
+                why = (
+                    f"lr is 0 now and the group's initial_lr is {initial:g}: a scheduler's warm-up from 0, "
+                    "which raises the lr on later steps"
+                )
+        if why is None:
+            out.append(rec)
+            continue
+        out.append(dataclasses.replace(rec, detail=f"{why}; a note, not a problem"))
+        notes.append((f"never.{rec.reason}:{_glob_escape(rec.name)}", "note"))
+    return out, notes
+
+
+def _zero_partner(
+    name: str, params: dict[str, torch.Tensor], start: dict[int, torch.Tensor], never: set[str]
+) -> str | None:
+    """A tensor next to `name` (the same module two levels up) that starts at exactly zero, was updated,
+    and reads `name`'s output (its dim 1 is `name`'s dim 0, as LoRA's B [out, r] reads A [r, in])."""
+    p = params.get(name)
+    if p is None or p.dim() < 2:
+        return None
+    near = name.split(".")[:-3]
+    for other, q in params.items():
+        if other == name or other in never or q.dim() < 2 or q.shape[1] != p.shape[0]:
+            continue
+        if other.split(".")[:-3] != near:
+            continue
+        first = start.get(id(q))
+        if first is not None and first.numel() > 0 and not bool(first.any()):
+            return other
+    return None
+
+
+def _glob_escape(name: str) -> str:
+    """`name` as a policy pattern that matches only itself (fnmatch's special characters bracketed)."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
 def _record_slices(params: list[torch.Tensor], seen: dict[int, dict[int | None, torch.Tensor]]) -> None:

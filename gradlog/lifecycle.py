@@ -7,13 +7,14 @@ protocol (`close`, `on_sigterm`, `after_fork`), never through their private stat
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "log",
     "register",
     "replace_earlier",
+    "set_aside",
     "unregister",
     "warn",
 ]
@@ -89,7 +91,7 @@ def replace_earlier(gl: Any, model: object, optimizer: object) -> None:
     two would both hook the same steps and write the same run twice. The earlier one is closed (its tables
     written, its report not printed) and named once, with where it was made."""
     for old in list(ACTIVE):
-        if old is gl or old.model is not model or old.optimizer is not optimizer:
+        if old is gl or id(old) in _SET_ASIDE or old.model is not model or old.optimizer is not optimizer:
             continue
         old.print_report = False
         try:
@@ -102,6 +104,29 @@ def replace_earlier(gl: Any, model: object, optimizer: object) -> None:
             "it is closed and this one replaces it, so each step is measured once. Call close() on the old "
             "one first to keep this quiet"
         )
+
+
+#: ids of the open loggers `set_aside` holds: not replaced, and their hooks do nothing meanwhile
+_SET_ASIDE: set[int] = set()
+
+
+@contextlib.contextmanager
+def set_aside(model: object, optimizer: object) -> Iterator[None]:
+    """`gradlog.check` while the user's logger on this model or optimizer is open: that logger neither
+    counts nor measures the check's steps (its hooks do nothing: its pipeline is inert meanwhile) and the
+    check's own logger does not replace it; both as before once the block ends (issue 41: a check closed
+    the open logger, and the user's next `gl.log` raised)."""
+    aside = [gl for gl in ACTIVE if gl.model is model or gl.optimizer is optimizer]
+    inert = [gl.pipeline.inert for gl in aside]
+    for gl in aside:
+        _SET_ASIDE.add(id(gl))
+        gl.pipeline.inert = True
+    try:
+        yield
+    finally:
+        for gl, was in zip(aside, inert):
+            gl.pipeline.inert = was
+            _SET_ASIDE.discard(id(gl))
 
 
 class Registration:

@@ -94,7 +94,7 @@ class GradLogger:
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> GradLogger:
-        check_moved(kwargs)  # a keyword that moved into an option object: say where, before Python's bare error
+        check_moved(kwargs, _KEYWORDS if cls is GradLogger else ())  # moved or misspelt: say so, not Python
         return super().__new__(cls)
 
     def __init__(
@@ -142,6 +142,7 @@ class GradLogger:
         self.overview = Overview(hist.overview_every)
         self.publisher = Publisher(self.writers, self.overview, out.provisional_every, self.failures, rows)
         self._last_index = -1
+        self._logged = False  # log() was called at least once (close() warns when measurements never went out)
         self._report: Report | None = None
         #: "file:line" of the user's constructor call, named when a later logger replaces this one
         self.made_at = lifecycle.caller()
@@ -235,6 +236,7 @@ class GradLogger:
             return
         if self._report is not None:
             raise RuntimeError("GradLogger.log() called after close(); create a new GradLogger for a new run")
+        self._logged = True
         if step is not None and type(step) is not int:
             step = whole_step(step)
         self.pipeline.on_log(step)
@@ -293,6 +295,7 @@ class GradLogger:
         report = self._report = self.pipeline.final_report(diagnose, self.policy, self.strict)
         try:
             if self.rank_zero:
+                self._warn_never_logged(report)
                 self.publisher.report(report, step=max(self._last_index, 0))
                 if self.print_report:
                     self.publisher.print_final(report)
@@ -301,6 +304,17 @@ class GradLogger:
             self.pipeline.release_optimizer()
             lifecycle.unregister(self)
         return report
+
+    def _warn_never_logged(self, report: Report) -> None:
+        """Steps were measured but `log()` never called: the writers got the tables and no series at all
+        (dashboards empty, and nothing said so; issue 41). Once, at close."""
+        if self._logged or report.measured_steps == 0 or not self.writers.writers:
+            return
+        lifecycle.warn(
+            f"gradlog: {report.measured_steps} measured step(s), but GradLogger.log(step) was never called, so "
+            "no series reached the writers (only the tables at close): call gl.log(step) after optimizer.step() "
+            "(or gradlog.log(step) after gradlog.watch)"
+        )
 
     def where(self) -> str | None:
         """Where this run's files went, and the commands that read them (None for memory-only writers)."""
@@ -327,6 +341,7 @@ class GradLogger:
 
 # `__new__` takes anything (to name moved keywords): help() and IDEs show the real parameters.
 _INIT = inspect.signature(GradLogger.__init__)
+_KEYWORDS = [name for name in _INIT.parameters if name != "self"]
 setattr(GradLogger, "__signature__", _INIT.replace(parameters=list(_INIT.parameters.values())[1:]))  # noqa: B010
 
 

@@ -14,11 +14,12 @@ A bad value raises `ValueError` naming it when the object is made, not at the fi
 
 from __future__ import annotations
 
+import difflib
 import math
 import operator
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -68,8 +69,16 @@ def _seconds(name: str, value: object, allow_zero: bool) -> float:
     return float(value)  # type: ignore[arg-type]  # checked just above
 
 
+class _Spelled:
+    """Option objects: a misspelt keyword names the nearest field before the dataclass's bare TypeError."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        check_spelling(cls.__name__, kwargs, [f.name for f in fields(cls)])  # type: ignore[arg-type]
+        return super().__new__(cls)
+
+
 @dataclass(frozen=True)
-class HistogramOptions:
+class HistogramOptions(_Spelled):
     """``histograms=gradlog.HistogramOptions(...)``: histograms and the other work done on histogram steps.
 
     - `every`: histograms every k-th optimizer step, a multiple of the logger's ``every`` (None: on every
@@ -127,7 +136,7 @@ class HistogramOptions:
 
 
 @dataclass(frozen=True)
-class AlertOptions:
+class AlertOptions(_Spelled):
     """``alerts=gradlog.AlertOptions(...)``: thresholds of the alerts raised during training.
 
     - `ratio_band`: None (default) calibrates to the run: a tensor's update is an outlier when it sits
@@ -175,7 +184,7 @@ def check_resume(value: object) -> None:
 
 
 @dataclass(frozen=True)
-class Output:
+class Output(_Spelled):
     """``writer=gradlog.Output(...)``: where records go, and what keeps them coming when things go wrong.
 
     - `writer`: a registered name (``"tensorboard"``, ``"wandb"``, ``"memory"``), a `gradlog.Writer`, or a
@@ -261,12 +270,27 @@ MOVED: dict[str, str] = {
 }
 
 
-def check_moved(kwargs: Mapping[str, object]) -> None:
-    """A keyword `GradLogger` no longer takes: say where it went (Python's own error names only the word)."""
+def check_moved(kwargs: Mapping[str, object], known: Iterable[str] = ()) -> None:
+    """A keyword `GradLogger` no longer takes: say where it went (Python's own error names only the word);
+    a misspelt one (not in `known`): the nearest right one."""
     moved = [k for k in kwargs if k in MOVED]
     if moved:
         where = "; ".join(f"{k}= is now {MOVED[k]}" for k in moved)
         raise TypeError(f"GradLogger() got keyword arguments that moved into option objects: {where}")
+    if known:
+        check_spelling("GradLogger", kwargs, known)
+
+
+def check_spelling(who: str, kwargs: Mapping[str, object], known: Iterable[str]) -> None:
+    """A keyword `who` does not take: "did you mean `histograms=`?" for the nearest one it takes, or the list
+    of those it takes (issue 41: `histogram=False` got Python's bare "unexpected keyword argument")."""
+    valid = list(known)
+    for key in kwargs:
+        if key in valid:
+            continue
+        near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        hint = f"did you mean `{near[0]}=`?" if near else f"it takes {', '.join(f'{k}=' for k in valid)}"
+        raise TypeError(f"{who}() got an unexpected keyword argument {key!r}: {hint}")
 
 
 class Options(NamedTuple):
@@ -295,6 +319,11 @@ def writer_options(out: Output, log_dir: str | None) -> tuple[str | None, dict[s
                 f"log_dir={log_dir!r} and Output(options={{'log_dir': {opt_dir!r}}}) disagree; pass log_dir= only"
             )
         log_dir = opt_dir
+    if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise ValueError(
+            f"log_dir={os.fspath(log_dir)!r} is a file, not a folder: gradlog writes a run's files into a folder "
+            "(made if missing); pass a folder path such as 'runs/exp1'"
+        )
     strict = bool(options.pop("strict", out.strict))
     return log_dir, options, strict
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import random
+import warnings
 
 import pytest
 import torch
@@ -196,3 +197,145 @@ def test_hugging_face_model_output_loss():
     pos = {(p.name, p.dim): p for p in report.in_batch}[("transformer.wpe.weight", 0)]
     assert pos.indices == tuple(range(5, 16)) and pos.reason == Reason.NOT_IN_BATCH  # position 5 predicts nothing
     assert all(p.reason == Reason.NOT_IN_BATCH for p in report.in_batch)
+
+
+# --- issue 41: a check beside an open logger; a batch the model cannot take ---------------------------------
+def test_check_leaves_an_open_logger_alone():
+    """docs/verdict.md's order: a GradLogger, then gradlog.check. The check must not close the logger (it did,
+    and the user's first gl.log raised), and the logger must not count the check's steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    batch = (torch.randn(4, 8), torch.randint(0, 2, (4,)))
+    xent = lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "already open ... closed" warning either
+        checked = gradlog.check(model, opt, batch, loss_fn=xent, steps=2, print_report=False)
+    assert checked.optimizer_steps == 2 and checked.healthy
+    assert not gl.closed
+    for step in range(3):
+        xent(model, batch).backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    assert report.optimizer_steps == 3 and report.measured_steps == 3
+    assert [s for s, _ in mem.scalars["gradlog/grad_norm_total"]] == [0, 1, 2]
+
+
+def test_a_batch_the_model_cannot_take_names_loss_fn():
+    """README's quickstart model and an (x, y) batch: the error says what gradlog tried and how to pass a loss,
+    instead of Python's bare 'forward() takes 2 positional arguments but 3 were given' from inside gradlog."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(TypeError, match=r"model\(\*batch\).*tuple of 2.*Sequential\.forward.*loss_fn=.*step_fn="):
+        gradlog.check(model, opt, (torch.randn(32, 8), torch.randint(0, 2, (32,))), print_report=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+# --- issue 39.5: check on the user's own training step ---------------------------------------------------
+def test_step_fn_catches_zero_grad_between_backward_and_step():
+    """A healthy model, a buggy loop: only the user's own step shows the misplaced zero_grad()."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = (torch.randn(4, 8), torch.randint(0, 2, (4,)))
+
+    def buggy(b):
+        loss = nn.functional.cross_entropy(model(b[0]), b[1])
+        loss.backward()
+        opt.zero_grad()  # the bug: the gradients are gone before the step
+        opt.step()
+
+    def fine(b):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(b[0]), b[1]).backward()
+        opt.step()
+
+    before = [p.detach().clone() for p in model.parameters()]
+    bad = gradlog.check(model, opt, batch, step_fn=buggy, print_report=False)
+    assert not bad.healthy
+    assert {r.name for r in bad.never_updated} == {n for n, _ in model.named_parameters()}
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    good = gradlog.check(model, opt, batch, step_fn=fine, print_report=False)
+    assert good.healthy and good.never_updated == []
+    with pytest.raises(RuntimeError, match=r"without calling optimizer\.step"):
+        gradlog.check(model, opt, batch, step_fn=lambda b: None, print_report=False)
+    with pytest.raises(TypeError, match="not both"):
+        gradlog.check(model, opt, batch, loss_fn=lambda m, b: m(b[0]).sum(), step_fn=fine, print_report=False)
+
+
+def _lora_gpt2() -> nn.Module:
+    from catalogue import tiny_gpt2
+
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], fan_in_fan_out=True, lora_dropout=0.0)
+    model: nn.Module = peft.get_peft_model(tiny_gpt2(), config)
+    return model
+
+
+def test_lora_a_first_zero_gradient_is_a_note():
+    """peft's LoRA on a tiny GPT-2: B starts at zero, so A's first gradient is exactly zero by design. A note
+    naming B, not a zero_grad problem; a planted bug beside it (a lora_B left out of the optimizer) still is."""
+    pytest.importorskip("transformers")
+    model = _lora_gpt2()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([p for _, p in trainable], lr=1e-3)
+    ids = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids}
+    report = gradlog.check(model, opt, batch, print_report=False)
+    assert report.healthy, report.verdict
+    lora_a = {n for n, _ in trainable if "lora_A" in n}
+    assert len(lora_a) == 2
+    named = {r.name: r for r in report.never_updated if r.reason != Reason.FROZEN}  # the base model: frozen, notes
+    assert set(named) == lora_a
+    for name in lora_a:
+        rec = named[name]
+        assert rec.reason == Reason.ZERO_GRAD and name.replace("lora_A", "lora_B") in rec.detail
+        assert rec.to_dict(report.policy)["severity"] == "note"
+    # the same check on a model whose B are not zero: A gets a gradient, and nothing is listed
+    for n, p in trainable:
+        if "lora_B" in n:
+            with torch.no_grad():
+                p.normal_(0, 0.02)
+    again = gradlog.check(model, opt, batch, print_report=False)
+    assert {r.reason for r in again.never_updated} == {Reason.FROZEN}
+
+
+def test_step_fn_on_peft_lora_with_a_warm_up_from_lr_zero():
+    """The user's own step on peft LoRA with a LambdaLR warm-up from 0: lr is 0 on the first step while
+    initial_lr is 1e-3. A note saying so, not a zero_lr problem; the scheduler's lr put back."""
+    pytest.importorskip("transformers")
+    model = _lora_gpt2()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 10))
+    assert opt.param_groups[0]["lr"] == 0.0
+    gen = torch.Generator().manual_seed(1)
+
+    def train_step(ids):
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+
+    report = gradlog.check(
+        model, opt, torch.randint(0, 64, (4, 12), generator=gen), step_fn=train_step, print_report=False
+    )
+    assert report.healthy, report.verdict
+    found = [r for r in report.never_updated if r.reason != Reason.FROZEN]
+    assert found and {r.reason for r in found} == {Reason.ZERO_LR}
+    for rec in found:
+        assert "initial_lr is 0.001" in rec.detail and "warm-up" in rec.detail
+        assert rec.to_dict(report.policy)["severity"] == "note"
+    assert opt.param_groups[0]["lr"] == 0.0 and sched.last_epoch == 0
+    # a group at lr 0 with no warm-up is still the problem it was
+    plain = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    assert not gradlog.check(
+        model,
+        plain,
+        torch.randint(0, 64, (4, 12), generator=gen),
+        step_fn=lambda ids: (plain.zero_grad(), model(input_ids=ids, labels=ids).loss.backward(), plain.step()),
+        print_report=False,
+    ).healthy

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import gradlog
+import gradlog.lifecycle
 import gradlog.pipeline
 from gradlog import Reason
 from gradlog.measure.params import clean_name
@@ -525,3 +526,56 @@ def test_the_constructor_takes_twelve_parameters_and_names_where_old_keywords_we
         gradlog.GradLogger(model, opt, writer="memory", histograms="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"Output: timeout must be a number of seconds > 0, got 0"):
         gradlog.Output("memory", timeout=0)
+
+
+# --- issue 41: mistakes a first hour makes, each named at once --------------------------------------------
+def test_log_dir_that_is_a_file_is_refused(tmp_path):
+    """A file as log_dir was accepted with a warning; close() then named it as the run's folder."""
+    afile = tmp_path / "afile.txt"
+    afile.write_text("notes")
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"log_dir=.*afile\.txt' is a file, not a folder"):
+        gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), log_dir=str(afile))
+    assert afile.read_text() == "notes"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda m: gradlog.GradLogger(m, None, writer="memory", histogram=False), "did you mean `histograms=`"),
+        (lambda m: gradlog.watch(m, None, writer="memory", evrey=5), "did you mean `every=`"),
+        (lambda m: gradlog.HistogramOptions(bin=32), "HistogramOptions.*did you mean `bins=`"),
+        (lambda m: gradlog.AlertOptions(spike_factr=5.0), "AlertOptions.*did you mean `spike_factor=`"),
+        (lambda m: gradlog.Output("memory", timout=3), "Output.*did you mean `timeout=`"),
+        (lambda m: gradlog.GradLogger(m, None, writer="memory", zzz=1), "'zzz': it takes model=, optimizer="),
+    ],
+)
+def test_misspelt_keyword_names_the_right_one(make, message):
+    model = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=message):
+        make(model)
+    assert not gradlog.lifecycle.ACTIVE
+
+
+def test_never_calling_log_is_said_once_at_close():
+    """Measured steps, no gl.log: the writers got no series. close() says so, once; a loop that logs hears nothing."""
+    for logs in (False, True):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mem = gradlog.MemoryWriter()
+        gl = gradlog.GradLogger(model, opt, writer=mem, every=2, print_report=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(6):
+                model(torch.randn(3, 4)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+                if logs:
+                    gl.log(step)
+            gl.close()
+        said = [w for w in caught if "never called" in str(w.message)]
+        assert len(said) == (0 if logs else 1)
+        assert ("weights/grad_norm/weight" in mem.scalars) == logs  # the per-step series; counts come at close
+        if not logs:
+            assert "3 measured step(s)" in str(said[0].message) and "gl.log(step)" in str(said[0].message)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,9 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path: Path, monkeypatch: pyt
     assert "head_aux.weight" in text and "late.weight" in text and "not_in_optimizer" in text
     # Alerts showed up while training (logging to stderr in the kernel).
     assert "gradlog alert" in text
+    # issue 41: a first notebook reads runs back through the public API, shows no stray repr, leaves no folder
+    sources = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "gradlog.read_run(" in sources and not re.search(r"gradlog\.(cli|readers|views)\.", sources)
+    shown = "\n".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    assert "Generator" not in shown
+    assert not list(Path(tempfile.gettempdir()).glob("gradlog-quickstart-*"))

@@ -52,4 +52,23 @@ def test_demo_needs_only_the_tensorboard_extra(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "TensorBoard event files in runs" in out.stdout and "tensorboard --logdir runs" in out.stdout
     assert "frozen.weight" in out.stdout
+    # README says what the console shows in the order it shows it: where the files went first, the verdict last
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("gradlog PROBLEM: ") and "(10 optimizer steps, 2 measured" in last
+    console = re.search(r"\*\*The console\.\*\*.*?```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert console is not None
+    shown = console.group(1).strip().splitlines()
+    assert shown[0].startswith("gradlog: TensorBoard event files in ") and shown[-1].startswith("gradlog PROBLEM: ")
     assert "pip install torch==2.13.0 -e '.[tensorboard]' && .venv/bin/gradlog demo" in (ROOT / "README.md").read_text()
+
+
+def test_readme_and_demo_help_count_the_same_planted_bugs() -> None:
+    """`gradlog demo --help` said three planted bugs, README five (issue 41): both from `PLANTED` now."""
+    from gradlog.cli.planted import PLANTED, planted_summary
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "gradlog", "demo", "--help"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and planted_summary() in " ".join(out.stdout.split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"with {planted_summary()} (" in readme and planted_summary() == "five planted bugs"
+    assert all(bug in readme for bug in PLANTED)

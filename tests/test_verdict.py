@@ -317,3 +317,36 @@ def test_a_single_tensor_is_said_in_the_singular(tmp_path) -> None:
         with torch.no_grad():
             w.add_(1.0)
     assert diff(open_all(paths)).verdict == "gradlog diff OK: the 1 compared tensor changed across 2 checkpoints"
+
+
+# --- issue 41: the words of the verdict line ---------------------------------------------------------------
+def test_a_logger_that_saw_no_step_says_it_measured_nothing():
+    """README's options block copied as is (a logger made and closed with no step between) printed
+    'gradlog PROBLEM: 1 of 1 tensors never updated (unknown 1) (0 optimizer steps, 0 measured)'."""
+    model = nn.Linear(3, 2)
+    gl = gradlog.GradLogger(model, torch.optim.SGD(model.parameters(), lr=0.1), writer="memory", print_report=False)
+    report = gl.close()
+    assert report.healthy, report.verdict
+    assert report.verdict == (
+        "gradlog OK: nothing measured, so no answer on the 2 tracked tensors (0 optimizer steps, 0 measured)"
+    )
+    # a finding that needs no measurement still is one: a tensor left out of the optimizer
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    report = gradlog.GradLogger(model, opt, writer="memory", print_report=False).close()
+    assert not report.healthy and "not_in_optimizer 2" in report.verdict
+
+
+def test_counts_meet_their_nouns_in_the_singular():
+    """'1 optimizer steps', '1 of 1 tensors', 'in all 2 checkpoints' (issue 41)."""
+    from gradlog.verdict.judge import all_of
+
+    model = nn.Sequential(nn.Linear(3, 2))
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.0)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, include="0.weight")
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    gl.log(0)
+    verdict = gl.close().verdict
+    assert "1 of 1 tensor never updated (zero_lr 1)" in verdict and "(1 optimizer step, 1 measured" in verdict
+    assert [all_of(n, "checkpoint") for n in (1, 2, 3)] == ["the 1 checkpoint", "both checkpoints", "all 3 checkpoints"]

@@ -691,3 +691,67 @@ def test_options_reach_the_writers_that_take_them(tmp_path: Path, monkeypatch: p
     assert projects == ["flat", "nested"]
     with pytest.raises(TypeError, match=r"'flush_sec' is not an option of the writers tensorboard, memory"):
         gradlog.GradLogger(model, opt, writer=gradlog.Output(["tensorboard", "memory"], options={"flush_sec": 5}))
+
+
+def user_owned_run(root: Path, steps: int) -> tuple[dict[tuple[int, str], float], set[str], OfflineRun]:
+    """The issue-41 loop: the user's own `wandb.init`, `run.log({"user/loss": ...})` every iteration, a
+    GradLogger on that run with `every=1` (not strict: the W&B writer on its own thread, as users run it),
+    `gl.close()`, then `run.finish()`. Returns the memory writer's scalars (the reference, same run), the
+    per-step histogram tags, and the run file read back."""
+    torch.manual_seed(0)
+    model = catalogue.TwoLayer(torch.tanh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = wandb.init(project="user-owned", dir=str(root))
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=[mem, "wandb"], every=1, print_report=False)
+    for step in range(steps):
+        loss = catalogue.mse(model, torch.randn(8, 6))
+        run.log({"user/loss": loss.item()})
+        loss.backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    gl.close()
+    assert wandb.run is run, "gradlog must not finish the user's run"
+    run.finish()
+    (path,) = find_run_files(root)
+    hists = {tag for tag, points in mem.histograms.items() if any(h.count for _, h in points)}
+    return quiet(mem), hists, read_finished_run(path)
+
+
+def assert_every_step_whole(
+    steps: int, scalars: dict[tuple[int, str], float], hists: set[str], back: OfflineRun
+) -> None:
+    """Every measured step is in the run file with every scalar (equal to the memory writer's) and every
+    histogram, no key of a step in two rows, and every one of the user's points kept."""
+    got: dict[tuple[int, str], Any] = {}
+    for row in gradlog_rows(back):
+        for key, value in row.items():
+            if key.startswith(("weights/", "gradlog/")) and key != "gradlog/step" and "table" not in key:
+                if key == "gradlog/overview" or key.startswith("gradlog/provisional/"):
+                    continue
+                assert (row["gradlog/step"], key) not in got, f"step {row['gradlog/step']}: {key} in two rows"
+                got[(row["gradlog/step"], key)] = value
+    missing = sorted({s for s, k in scalars if (s, k) not in got})
+    assert not missing, f"measured steps missing keys in the run file: {missing}"
+    assert all(same(float(got[k]), v) for k, v in scalars.items())
+    assert {s for s, _ in scalars} == set(range(steps))
+    hist_keys = {(s, k) for (s, k) in got if k.startswith("weights/") and isinstance(got[(s, k)], dict)}
+    assert hist_keys == {(s, tag) for s in range(steps) for tag in hists}
+    assert len(back.column("user/loss")) == steps
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5, 50])
+def test_user_owned_run_keeps_every_measured_step(steps: int, tmp_path: Path, wandb_offline: Any) -> None:
+    """Issue 41: with the user logging into their own run on the training thread and gradlog's writer on its
+    thread, both called wandb's client at once; 2-8 of 50 measured steps lost their keys, and once the last
+    step's row held `gradlog/step` alone. Each step must be there whole, whoever owns the run."""
+    assert_every_step_whole(steps, *user_owned_run(tmp_path, steps))
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("attempt", range(5))
+def test_user_owned_run_keeps_every_step_every_time(attempt: int, tmp_path: Path, wandb_offline: Any) -> None:
+    """The same, repeated: not a matter of timing (about 20 s an attempt)."""
+    for steps in (1, 2, 5, 50):
+        assert_every_step_whole(steps, *user_owned_run(tmp_path / str(steps), steps))

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradlog.cli.planted import PLANTED as PLANTED
 from gradlog.logger import GradLogger
 from gradlog.verdict.report import Report
 

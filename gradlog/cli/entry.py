@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gradlog.cli.planted import planted_summary
+
 
 class _Rule(argparse.Action):
     """--fail-on/--warn/--note/--ignore KIND[:PATTERN]: collected in command-line order (the last match wins)."""
@@ -88,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gradlog", description="Which PyTorch weights are learning, and which never did."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a small model with three planted bugs and print what gradlog finds")
+    about = f"train a small model with {planted_summary()} and print what gradlog finds"
+    demo = sub.add_parser("demo", help=about, description=about[0].upper() + about[1:] + ".")
     demo.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     demo.add_argument("--every", type=int, default=10, help="measure every k optimizer steps (default 10)")
     demo.add_argument("--writer", default="tensorboard", help="writer name: tensorboard (default) or memory")

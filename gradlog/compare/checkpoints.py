@@ -26,7 +26,7 @@ import torch
 
 from gradlog.measure.params import NameFilter, Selection, _matcher
 from gradlog.readers.checkpoints import BadCheckpoint, Checkpoint, TensorInfo
-from gradlog.verdict.judge import CHECKPOINT_WORDS, Verdict, finding_lines, judge
+from gradlog.verdict.judge import CHECKPOINT_WORDS, Verdict, all_of, finding_lines, judge
 from gradlog.verdict.policy import Policy, PolicyLike
 from gradlog.verdict.report import (
     COLUMNS,
@@ -429,7 +429,7 @@ def _select(include: NameFilter, exclude: NameFilter) -> Callable[[str], bool]:
 
 
 def _never_reason(name: str, info: TensorInfo, opt: OptimizerView | None, opt_note: str, c: int) -> tuple[Reason, str]:
-    base = f"bitwise equal in all {c} checkpoints"
+    base = f"bitwise equal in {all_of(c, 'checkpoint')}"
     if opt is None:
         why = opt_note or "no checkpoint holds optimizer state to say why"
         return Reason.UNKNOWN, f"{base}; {why}"

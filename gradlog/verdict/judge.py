@@ -154,6 +154,23 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
+def plural(n: int, word: str) -> str:
+    """ "1 optimizer step", "2 optimizer steps": the one place a count meets its noun (issue 41 found
+    "1 optimizer steps", "1 of 1 tensors", "in all 2 checkpoints")."""
+    return _plural(n, word)
+
+
+def all_of(n: int, noun: str) -> str:
+    """ "the 1 checkpoint", "both checkpoints", "all 3 checkpoints" (`noun` singular)."""
+    return f"the 1 {noun}" if n == 1 else f"both {noun}s" if n == 2 else f"all {n} {noun}s"
+
+
+def nothing_measured(report: Report) -> bool:
+    """A run that measured no step (closed before any optimizer step reached a measurement): its tensors'
+    reason is `unknown` for want of any evidence, not because of a bug."""
+    return report.measured_steps == 0 and report.error is None
+
+
 def _by_reason(reasons: Iterable[object]) -> str:
     counts: dict[str, int] = {}
     for r in reasons:
@@ -191,6 +208,8 @@ def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> li
     if report.error is not None:
         add("run.diagnosis_error", None)
     for r in report.never_updated:
+        if nothing_measured(report) and str(r.reason) == "unknown":
+            continue  # no step measured: no evidence either way, which the verdict says instead (issue 41)
         add(never_kind(r.reason, r.suspect), r.name, r.aliases, cause=cause_key("never_updated", r))
     for p in report.partly_updated:
         add(f"partly.{p.reason}", p.name, cause=cause_key("partly_updated", p))
@@ -262,13 +281,15 @@ def _tensors(line: _Line, report: Report) -> None:
     if report.error is not None:
         text = f"the diagnosis failed ({report.error}); which tensors {words.never} is unknown"
         line.add(text, _worst(line.of("run.diag")))
+    elif not never and nothing_measured(report):
+        line.parts.append(f"nothing measured, so no answer on the {plural(n, 'tracked tensor')}")
     elif not never and not ignored:
         line.parts.append(words.everything(n))
     elif not never:
         line.parts.append(f"{n - ignored} of {n} {words.tracked_did} ({ignored} ignored by the policy)")
     else:
         more = f", {ignored} more ignored by the policy" if ignored else ""
-        text = f"{len(never)} of {n} tensors {words.never} ({_by_reason(_reasons(never))}{more})"
+        text = f"{len(never)} of {plural(n, 'tensor')} {words.never} ({_by_reason(_reasons(never))}{more})"
         line.add(text, _worst(never))
 
 
@@ -346,7 +367,7 @@ def judge(
     status = PROBLEM_STATUS if problems else OK
     v = Verdict(not problems, status, tuple(line.parts), "", tuple(problems), tuple(line.found), label)
     tail = f"; {v.tally}" if v.tally else ""
-    suffix = f" ({report.optimizer_steps} optimizer steps, {report.measured_steps} measured{tail})"
+    suffix = f" ({plural(report.optimizer_steps, 'optimizer step')}, {report.measured_steps} measured{tail})"
     return dataclasses.replace(v, suffix=suffix)
 
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from gradlog.readers.run import load
 from gradlog.runformat import names, tags
 from gradlog.runformat.cells import bare_name, table_cells
 from gradlog.runformat.files import shown
 from gradlog.runformat.rundata import RunData
 from gradlog.runformat.tables import closed_report, read_alerts, series_first_nonfinite, series_names, series_steps
+from gradlog.runformat.wandb_offline import WandbFileError, find_run_files, read_finished_run
 from gradlog.verdict.alerts import (
     DEFAULT_SPIKE_FACTOR,
     RATIO_HIGH,
@@ -418,3 +421,20 @@ def _count(text: str, default: int) -> int:
     if not (text.isascii() and text.isdigit() and len(text) < 19):
         return default
     return int(text)
+
+
+def read_run(source: Any, wait: float = 60.0) -> Health:
+    """`gradlog.read_run`: a run's health read back, as `gradlog report` prints it (`.text()`, `.healthy`,
+    `.never_updated`, `.to_dict()`). `source`: a TensorBoard or W&B run folder or file, or a `MemoryWriter`.
+    A W&B run just finished is waited for (at most `wait` seconds a run file) until wandb has written its
+    end; a run that never finished (a crash) is read as far as it goes."""
+    if hasattr(source, "scalars") and hasattr(source, "tables") and not isinstance(source, (str, os.PathLike)):
+        return analyze(RunData.from_memory(source))
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        for run_file in find_run_files(path):
+            try:
+                read_finished_run(run_file, timeout=wait)
+            except WandbFileError:
+                pass
+    return analyze(load(path))

@@ -20,10 +20,16 @@ class Writer(abc.ABC):
     """
 
     inline: bool = False
+    #: The backend is shared with the training thread's own calls (a W&B run, whose rows and step the
+    #: user's `run.log` also moves): a step's calls must be done before `log()` returns, so that the two
+    #: threads never log into it at once. The writer still runs on its thread, bounded as any other.
+    ordered: bool = False
 
     @abc.abstractmethod
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        """All scalar tags of one measured step, in one call so backends can batch them."""
+        """All scalar tags of one measured step, in one call so backends can batch them. At close (and with
+        the provisional tables) a call of its own carries only the tables' counts (`gradlog/never_updated`,
+        ...): a writer must not expect every tag in every call."""
 
     @abc.abstractmethod
     def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:

@@ -164,7 +164,15 @@ class GuardedWriters(Writer):
         self._each("log_image", lambda w: w.log_image(tag, png, step))
 
     def flush(self) -> None:
+        """Flush every writer; wait (bounded, as `sync()`) for the `ordered` writers' threads to have sent
+        the step, so that their backend never sees gradlog's calls interleaved with the training thread's."""
         self._each("flush", lambda w: w.flush())
+        ordered = [lane for lane in self._lanes.values() if getattr(lane.writer, "ordered", False)]
+        if ordered:
+            deadline = time.monotonic() + self.timeout
+            for lane in ordered:
+                lane.sync(deadline, SYNC_PATIENCE_S)
+            self._report_lane_errors()
 
     def sync(self, patience: float = SYNC_PATIENCE_S) -> None:
         """Return once the writers on background threads have done every call made so far, so that what

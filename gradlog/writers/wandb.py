@@ -298,7 +298,15 @@ class WandbWriter(Writer):
     finishes a run it did not start. With no active run, `wandb.init(project=project, dir=log_dir,
     **init_kwargs)` starts one, finished again by `close()`. Pass `mode="offline"` or `mode="disabled"`
     through `init_kwargs` (or set `WANDB_MODE`).
+
+    `ordered`: a W&B run's rows and step are shared with the program's own `run.log` calls (on the
+    training thread, into its own run or into the one gradlog started), and wandb's client is not safe
+    for two threads logging at once: rows were lost or merged (issue 41). So `log()` returns only once
+    this writer's thread has sent the step (bounded like every writer: one call running longer than
+    `guard.SYNC_PATIENCE_S` is not waited for).
     """
+
+    ordered = True
 
     def __init__(
         self,
