@@ -495,6 +495,26 @@ class DeadFilters(nn.Module):
         return out
 
 
+class SinusoidalEncoder(nn.Module):
+    """A tiny sequence model that freezes its fixed sinusoidal position table in `__init__` (an
+    `nn.Parameter` with requires_grad=False, as several libraries do), so an optimizer built from
+    `model.parameters()` holds it. Input (T <= 16, 6): each row one position. Plants nothing: the table is
+    frozen by design, every other tensor learns."""
+
+    def __init__(self, positions: int = 16, d: int = 8) -> None:
+        super().__init__()
+        pos = torch.arange(positions, dtype=torch.float32)[:, None]
+        freq = torch.exp(-math.log(10_000.0) * torch.arange(0, d, 2, dtype=torch.float32) / d)
+        table = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=1)
+        self.positions = nn.Parameter(table, requires_grad=False)
+        self.proj = nn.Linear(6, d)
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.proj(x) + self.positions[: x.shape[0]]))
+        return out
+
+
 class TwoPath(nn.Module):
     """`main` plus a `branch` (both 6->4), summed; each test plants a bug into the branch: frozen, or
     `mode` "detached" (no gradient reaches it: `no_grad`) or "times_zero" (an all-zero gradient: `zero_grad`)."""
