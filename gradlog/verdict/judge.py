@@ -158,6 +158,14 @@ def _by_reason(reasons: Iterable[object]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
+def _per_tensor(found: Sequence[Finding]) -> str:
+    """The reasons of findings about fewer tensors than findings (a tensor with two records: the padding row
+    and ids no batch held), counted so they add up: "2 records: not_in_batch 1, padding_idx 1"."""
+    tensors = len({f.name for f in found})
+    counts = _by_reason(_reasons(found))
+    return counts if len(found) == tensors else f"{len(found)} records: {counts}"
+
+
 def never_kind(reason: object, suspect: bool) -> str:
     return "never.frozen_suspect" if str(reason) == "frozen" and suspect else f"never.{reason}"
 
@@ -259,7 +267,7 @@ def _slices(line: _Line, report: Report) -> None:
         partly = [f for f in line.of("partly.") if f.in_batch is batch]
         if partly:
             tensors = len({f.name for f in partly})
-            line.add(f"{_plural(tensors, 'tensor')} {what} ({_by_reason(_reasons(partly))})", _worst(partly))
+            line.add(f"{_plural(tensors, 'tensor')} {what} ({_per_tensor(partly)})", _worst(partly))
     stalled = line.of("stalled.")
     if stalled:
         names = {f.name for f in stalled}
@@ -270,7 +278,7 @@ def _slices(line: _Line, report: Report) -> None:
     if sliced:
         names = {f.name for f in sliced}
         first = min(r.since_step for r in report.stopped_slices if r.name in names)
-        text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({_by_reason(_reasons(sliced))})"
+        text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({_per_tensor(sliced)})"
         line.add(text + f", the first from step {first}", _worst(sliced))
 
 
