@@ -552,6 +552,31 @@ class BiasedAttention(nn.Module):
         return self.out(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
 
 
+class KeyBiasAttention(nn.Module):
+    """`blocks` residual blocks of diffusers' own `Attention` (as its UNets use it, with `bias=True`: separate
+    to_q/to_k/to_v projections, each with a bias) and a small MLP, then a linear head. Every `to_k.bias` gets
+    no gradient but rounding noise (softmax is invariant to a key bias), ~1e-7 of the other tensors'; Adam
+    barely moves it. Plants nothing: a healthy model whose key biases are harmless by construction."""
+
+    def __init__(self, d: int = 16, blocks: int = 4) -> None:
+        super().__init__()
+        from diffusers.models.attention_processor import Attention
+
+        self.attn = nn.ModuleList(Attention(d, heads=2, dim_head=d // 2, bias=True) for _ in range(blocks))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(blocks))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)) for _ in range(blocks)
+        )
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for attn, norm, mlp in zip(self.attn, self.norms, self.mlps):
+            x = x + attn(norm(x))
+            x = x + mlp(x)
+        out: torch.Tensor = self.head(x).squeeze(-1)
+        return out
+
+
 def key_bias_stuck(model: BiasedAttention, value: float = 1.0) -> tuple[int, ...]:
     """Sets the key part of the qkv bias to `value` (1.0: fp32 resolves ~6e-8 there; the key bias's gradient is
     ~3e-9 noise, so SGD(lr=0.1, momentum=0.9) steps round away) and returns the key elements' indices."""

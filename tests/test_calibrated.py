@@ -203,6 +203,7 @@ def test_a_spike_after_zero_norms_is_still_one() -> None:
     series = [0.0, 0.0, 1.0, 0.0, 1.2, 0.9, 0.0, 1.1, 1.0, 0.0, 50.0]
     for step, g in enumerate(series):
         judge.step(step, [Entry(key="e", name="experts.3.w1", grad_norm=g)])
+    judge.finish()  # the run ends at the jump: judged on what came after it (nothing), named at its step
     assert [(a.step, a.kind) for a in judge.fired] == [(10, "grad_norm_spike")]
     assert judge.fired[0].reference == 1.0  # median of 1.0, 1.2, 0.9, 1.1, 1.0: the zeros are not in it
 
@@ -298,6 +299,7 @@ def replay_norms(series: dict[str, list[float]]) -> list[tuple[int, str]]:
     judge = Alerts(emit=False)
     for k in range(len(next(iter(series.values())))):
         judge.step(k, [Entry(key=n, name=n, grad_norm=v[k]) for n, v in series.items()])
+    judge.finish()
     return [(a.step, a.name) for a in judge.fired if a.kind == "grad_norm_spike"]
 
 
