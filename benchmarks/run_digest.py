@@ -35,7 +35,7 @@ def _run(root: Path) -> None:
     from torch import nn
 
     import gradlog
-    from gradlog.cli.demo import build, scheduler
+    from gradlog.cli.demo import build, freeze_by_mistake, scheduler
 
     os.environ["WANDB_MODE"] = "offline"
     os.environ["WANDB_SILENT"] = "true"
@@ -54,6 +54,7 @@ def _run(root: Path) -> None:
             else gradlog.Output("wandb", options={"project": "digest", "dir": str(root / "wandb_dir")})
         )
         gl = gradlog.GradLogger(model, optimizer, writer=writer, every=2, log_dir=str(root / name), print_report=False)
+        freeze_by_mistake(model)  # after gradlog started: a suspect freeze, in the never-updated table
         for step in range(steps):
             loss = nn.functional.cross_entropy(model(xs[step]), ys[step])
             optimizer.zero_grad()

@@ -524,7 +524,7 @@ class Pipeline:
             stalled=stopped,
             stopped_slices=slices,
             precision=rounded_away(rows, spanning, exclude={r.name for r in never}),
-            alerts=list(self.alerts.fired) if self.alerts is not None else [],
+            alerts=self.alerts.settled() if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=steps,
             measured_steps=self.ledger.measured_steps,
@@ -564,6 +564,9 @@ class Pipeline:
         """The diagnosis at close (`diagnose`, after a last look for new tensors); if it fails, a warning
         and a Report that says so, never a traceback at the end of a training run (strict mode and
         distributed mismatches still raise)."""
+        if self.alerts is not None:  # spike candidates still waiting on later norms are judged on what came
+            self.alerts.emit = self.rank_zero
+            self.alerts.finish()
         try:
             self.table.rescan()
             return diagnose()

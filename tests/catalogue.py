@@ -495,6 +495,26 @@ class DeadFilters(nn.Module):
         return out
 
 
+class SinusoidalEncoder(nn.Module):
+    """A tiny sequence model that freezes its fixed sinusoidal position table in `__init__` (an
+    `nn.Parameter` with requires_grad=False, as several libraries do), so an optimizer built from
+    `model.parameters()` holds it. Input (T <= 16, 6): each row one position. Plants nothing: the table is
+    frozen by design, every other tensor learns."""
+
+    def __init__(self, positions: int = 16, d: int = 8) -> None:
+        super().__init__()
+        pos = torch.arange(positions, dtype=torch.float32)[:, None]
+        freq = torch.exp(-math.log(10_000.0) * torch.arange(0, d, 2, dtype=torch.float32) / d)
+        table = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=1)
+        self.positions = nn.Parameter(table, requires_grad=False)
+        self.proj = nn.Linear(6, d)
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.proj(x) + self.positions[: x.shape[0]]))
+        return out
+
+
 class TwoPath(nn.Module):
     """`main` plus a `branch` (both 6->4), summed; each test plants a bug into the branch: frozen, or
     `mode` "detached" (no gradient reaches it: `no_grad`) or "times_zero" (an all-zero gradient: `zero_grad`)."""
@@ -530,6 +550,31 @@ class BiasedAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         return self.out(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
+
+
+class KeyBiasAttention(nn.Module):
+    """`blocks` residual blocks of diffusers' own `Attention` (as its UNets use it, with `bias=True`: separate
+    to_q/to_k/to_v projections, each with a bias) and a small MLP, then a linear head. Every `to_k.bias` gets
+    no gradient but rounding noise (softmax is invariant to a key bias), ~1e-7 of the other tensors'; Adam
+    barely moves it. Plants nothing: a healthy model whose key biases are harmless by construction."""
+
+    def __init__(self, d: int = 16, blocks: int = 4) -> None:
+        super().__init__()
+        from diffusers.models.attention_processor import Attention
+
+        self.attn = nn.ModuleList(Attention(d, heads=2, dim_head=d // 2, bias=True) for _ in range(blocks))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(blocks))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)) for _ in range(blocks)
+        )
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for attn, norm, mlp in zip(self.attn, self.norms, self.mlps):
+            x = x + attn(norm(x))
+            x = x + mlp(x)
+        out: torch.Tensor = self.head(x).squeeze(-1)
+        return out
 
 
 def key_bias_stuck(model: BiasedAttention, value: float = 1.0) -> tuple[int, ...]:

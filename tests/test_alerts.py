@@ -256,6 +256,7 @@ def _spikes(series: list[float]) -> list[tuple[int, float | None]]:
     judge = Alerts(emit=False)
     for step, g in enumerate(series):
         judge.step(step, [Entry(key="w", name="w", grad_norm=g)])
+    judge.finish()  # the end of the run: a candidate still waiting is judged on what came after it
     return [(a.step, round(a.reference or 0.0, 9)) for a in judge.fired if a.kind == "grad_norm_spike"]
 
 
@@ -275,9 +276,10 @@ def test_a_noisy_norm_is_judged_against_its_own_step_to_step_changes() -> None:
     assert 60.0 > 10 * statistics.median(noisy)
     assert _spikes([*noisy, 60.0]) == []
     judge = Alerts(emit=False)
-    for step, g in enumerate([*noisy, 1e9]):
+    for step, g in enumerate([*noisy, 1e9, 1.0]):
         judge.step(step, [Entry(key="w", name="w", grad_norm=g)])
-    (alert,) = judge.fired
+    (alert,) = judge.fired  # named once it came back, at its own step
+    assert "back to 1 at step 13 (1 measured step later)" in alert.detail, alert.detail
     assert alert.step == 12 and alert.reference == pytest.approx(10.0)
     limit = 10 ** (5 * 1.4826 * 1.0)  # every change is one decade
     assert f"only > {limit:.3g}x counts" in alert.detail, alert.detail

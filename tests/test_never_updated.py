@@ -46,16 +46,48 @@ def test_frozen_layer() -> None:
     assert all(r.intentional and not r.suspect for r in report.never_updated)
 
 
-def test_frozen_layer_inside_the_optimizer_is_a_suspect_finding() -> None:
-    """Frozen, yet handed to the optimizer: meant to learn. Usually the bug (frozen by mistake, or too late)."""
+def test_frozen_before_training_inside_the_optimizer_is_a_note() -> None:
+    """Frozen before gradlog started, yet handed to the optimizer (built from model.parameters(), as most
+    examples do): harmless, it never gets a gradient. A note that says so, not a suspect freeze."""
     torch.manual_seed(0)
     model = TwoPath()
     model.branch.requires_grad_(False)
     report = train(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     assert reported(report) == {"branch.weight": Reason.FROZEN, "branch.bias": Reason.FROZEN}
+    assert all(r.intentional and not r.suspect for r in report.never_updated)
+    detail = report.never_updated[0].detail
+    assert "already False when gradlog started" in detail and "param group 0" in detail and "harmless" in detail
+    assert report.healthy and report.verdict.startswith("gradlog OK")
+
+
+def test_a_model_that_freezes_its_sinusoidal_table_is_healthy() -> None:
+    """The issue's case: a model freezes its fixed sinusoidal position table in __init__ and the optimizer is
+    built from model.parameters(), as README's quickstart does: the table is a `frozen` note, the run OK."""
+    torch.manual_seed(0)
+    model = catalogue.SinusoidalEncoder()
+    table = model.positions.detach().clone()
+    report = train(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    assert torch.equal(model.positions, table)  # the reference: it truly never changed
+    assert reported(report) == {"positions": Reason.FROZEN}
+    assert not report.never_updated[0].suspect and report.healthy, report.verdict
+    assert "frozen_suspect" not in report.verdict
+
+
+def test_frozen_mid_run_inside_the_optimizer_is_a_suspect_finding() -> None:
+    """Trainable when gradlog started, in a param group, then frozen before it ever updated: frozen after
+    training began, a mistake; the detail says that, not a cause that fits a deliberate freeze."""
+    torch.manual_seed(0)
+    model = TwoPath()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=3, print_report=False)
+    model.branch.requires_grad_(False)  # a freeze meant for another layer, run once training began
+    report = train(model, opt, gl=gl)
+    assert reported(report) == {"branch.weight": Reason.FROZEN, "branch.bias": Reason.FROZEN}
     assert all(r.suspect and not r.intentional for r in report.never_updated)
-    assert "in optimizer param group 0" in report.never_updated[0].detail
-    assert not report.healthy and report.verdict.startswith("gradlog PROBLEM")
+    detail = report.never_updated[0].detail
+    assert "was True when gradlog started" in detail and "in optimizer param group 0" in detail
+    assert "frozen during the run" in detail and "build the optimizer from the trainable" not in detail
+    assert not report.healthy and "frozen_suspect 2" in report.verdict
 
 
 def test_frozen_after_the_logger_started_is_a_suspect_finding() -> None:

@@ -39,7 +39,7 @@ class Block(importlib.abc.MetaPathFinder):
         return None
 sys.meta_path.insert(0, Block())
 from gradlog.cli.entry import main
-sys.exit(main(["demo", "--steps", "10", "--every", "5"]))
+sys.exit(main(["demo", "--steps", "30", "--every", "5"]))  # bug 1, a freeze at step 10, needs 3 quiet measured steps
 """
 
 

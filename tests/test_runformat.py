@@ -1,9 +1,9 @@
 """The run format round-trips: a `Report` written through the TensorBoard and W&B writers reads back, with
 gradlog's own readers, as the same tables and the same verdict (`gradlog.runformat`).
 
-The report comes from a real run of the demo model's planted bugs (a frozen layer, an unused head, a layer
-built after the optimizer, embedding rows never looked up, a layer whose lr is scheduled to 0 halfway),
-with alerts and a policy rule, logged to both writers at once.
+The report comes from a real run of the demo model's planted bugs (a layer frozen once gradlog started, an
+unused head, a layer built after the optimizer, embedding rows never looked up, a layer whose lr is
+scheduled to 0 halfway), with alerts and a policy rule, logged to both writers at once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import gradlog
-from gradlog.cli.demo import build, scheduler
+from gradlog.cli.demo import build, freeze_by_mistake, scheduler
 from gradlog.readers.run import RunData, load
 from gradlog.readers.wandb_offline import find_run_files
 from gradlog.resume import Segment
@@ -52,6 +52,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Report, 
         gl = gradlog.GradLogger(
             model, optimizer, writer=output, every=2, log_dir=str(root / "run"), policy=POLICY, print_report=False
         )
+        freeze_by_mistake(model)  # trainable when gradlog started: a suspect freeze, never updated
         for step in range(STEPS):
             x, y = torch.randn(32, 16, generator=g), torch.randint(0, 4, (32,), generator=g)
             loss = nn.functional.cross_entropy(model(x), y)

@@ -10,13 +10,14 @@ def test_demo_names_exactly_the_planted_bugs() -> None:
     report = run(steps=30, every=5, writer="memory")
     found = {(r.name, r.reason) for r in report.never_updated}
     assert found == {
-        ("frozen.weight", gradlog.Reason.FROZEN),
         ("late.weight", gradlog.Reason.NOT_IN_OPTIMIZER),
         ("aux_head.weight", gradlog.Reason.NO_GRAD),
     }
     # the layer whose lr the scheduler cuts to 0 at step 15 (half of 30): last measured update at 10
+    # and the layer frozen by mistake at step 10 (a third of 30): last measured update at 5
     stalled = {(r.name, r.since_step, r.last_update_step, r.reason) for r in report.stalled}
     assert stalled == {
+        ("frozen.weight", 10, 5, gradlog.Reason.FROZEN),
         ("fade.weight", 15, 10, gradlog.Reason.ZERO_LR),
         ("fade.bias", 15, 10, gradlog.Reason.ZERO_LR),
     }

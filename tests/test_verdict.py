@@ -192,7 +192,11 @@ STALL = Stalled("t.weight", 50, 45, Reason.ZERO_LR, "lr 0")
         ({"never_updated": [dataclasses.replace(FROZEN, suspect=True)]}, False, "never updated (frozen_suspect 1)"),
         ({"never_updated": [dataclasses.replace(FROZEN, reason=Reason.NO_GRAD)]}, False, "(no_grad 1)"),
         ({"partly_updated": [PADDING]}, True, "1 tensor partly never updated (padding_idx 1)"),
-        ({"partly_updated": [PADDING, UNSEEN]}, True, "1 tensor partly never updated (padding_idx 1, not_in_batch 1)"),
+        (
+            {"partly_updated": [PADDING, UNSEEN]},
+            True,
+            "1 tensor partly never updated (2 records: padding_idx 1, not_in_batch 1)",
+        ),
         ({"partly_updated": [UNSEEN, DEAD]}, False, "2 tensors partly never updated (not_in_batch 1, zero_grad 1)"),
         ({"stalled": [STALL]}, False, "1 tensor stopped learning (zero_lr 1), the first from step 50"),
         ({"first_nonfinite": NonFinite(7, "t.weight", 3)}, False, "first non-finite gradient at step 7 in t.weight"),

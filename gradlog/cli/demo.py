@@ -1,8 +1,10 @@
 """`gradlog demo`: a small training run with five planted bugs, to show what gradlog finds.
 
-Three tensors never learn (a frozen layer, an unused head, a layer left out of the optimizer), one
-embedding learns only in part (half of its ids never occur in a batch), and one layer stops learning
-halfway (its param group's lr is scheduled to 0): the printed report has all three tables.
+Two tensors never learn (an unused head, a layer left out of the optimizer), one embedding learns only
+in part (half of its ids never occur in a batch), one layer stops learning halfway (its param group's lr
+is scheduled to 0) and one a third of the way in (a freeze meant for another layer hits it): the printed
+report has all three tables. A layer frozen before training is no bug (a frozen backbone, a fixed table):
+gradlog lists it as a note, so the demo's freeze happens mid-run, where it is a mistake.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class DemoNet(nn.Module):
         self.embed = nn.Linear(16, width)
         self.tokens = nn.Embedding(TOKENS, width)  # bug 4: rows 16..31 are never looked up
         self.fade = nn.Linear(width, width)  # bug 5: its lr is scheduled to 0 halfway
-        self.frozen = nn.Linear(width, width, bias=False)  # bug 1: frozen by accident
+        self.frozen = nn.Linear(width, width, bias=False)  # bug 1: frozen mid-run by mistake
         self.block = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
         self.late = nn.Linear(width, width, bias=False)  # bug 3: created after the optimizer
         self.head = nn.Linear(width, 4)
@@ -56,7 +58,6 @@ def token_ids(x: torch.Tensor) -> torch.Tensor:
 def build(seed: int = 0) -> tuple[DemoNet, torch.optim.Optimizer]:
     torch.manual_seed(seed)
     model = DemoNet()
-    model.frozen.requires_grad_(False)
     late = set(map(id, model.late.parameters()))
     fade = set(map(id, model.fade.parameters()))
     main = [p for p in model.parameters() if id(p) not in late | fade]
@@ -68,6 +69,18 @@ def scheduler(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_sc
     """Constant lr, except that param group 1 (`fade`) is cut to 0 halfway: the scheduler bug of bug 5."""
     half = steps // 2
     return torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda s: 1.0, lambda s: 1.0 if s < half else 0.0])
+
+
+def freeze_step(steps: int) -> int:
+    """The step at which the demo's loop freezes `frozen` (bug 1): a third of the way in."""
+    return steps // 3
+
+
+def freeze_by_mistake(model: DemoNet) -> None:
+    """Bug 1: a freeze meant for the input layer (`embed`, once it has warmed up) hits `frozen`, a layer in
+    the middle of the network that should keep learning. Called after training began, it is a mistake
+    gradlog names (`stalled`, reason `frozen`); the same call before training would be a deliberate freeze."""
+    model.frozen.requires_grad_(False)
 
 
 def _progress(i: int, n: int, loss: float, start: float) -> None:
@@ -97,6 +110,8 @@ def run(
     loss_fn = nn.CrossEntropyLoss()
     start = time.perf_counter()
     for step in range(steps):
+        if step == freeze_step(steps):
+            freeze_by_mistake(model)
         x = torch.randn(64, 16, generator=gen)
         y = (x @ teacher).argmax(dim=1)
         loss = loss_fn(model(x), y)

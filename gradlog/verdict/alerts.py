@@ -7,6 +7,8 @@ tensor that newly alerted, so a NaN loss that hits 400 tensors is one line, not 
 Each tensor is judged against what is normal *in this run* (measured on GPT-2, Mixtral, a ViT, a
 ResNet with SGD+momentum and LoRA, see tests/test_calibrated.py):
 
+- a tensor whose gradient is rounding noise at a step (`NOISE_FRACTION`) is not judged low there: Adam
+  barely moves an attention key bias, to which softmax is invariant (`verdict.rounding`'s `tiny_update`);
 - the update ratio ‖Δw‖/‖w‖ is calibrated (the default, ``ratio_band=None``): at each measured step it
   is compared, in log10, with the median of the run's other tensors of the same role (weight matrices,
   embeddings and other >= 2-D tensors; 1-D tensors: norm gains, biases), with a robust spread (1.4826 x
@@ -34,8 +36,13 @@ ResNet with SGD+momentum and LoRA, see tests/test_calibrated.py):
   "spikes" on a run whose loss was falling. The spread: LoRA's ``A`` early on varies ~10x from step to
   step while it grows, so 10x its median is its noise, not news. A loss spike (a garbage batch, a lr
   jump, a layer's gradient scaled 100x) jumps far past both, at its step (measured, tests/test_calibrated.py).
-  A level change that happens within one measured interval after the history is long enough still
-  reads as a spike at that step: no one step tells it from the start of a real one.
+  Such a norm is a candidate, not yet an alert: a spike is a jump that comes back, so it is judged on
+  the next measured norms (`SPIKE_CONFIRM`, `SPIKE_FALLBACK`) and named at its own step when they came
+  back; a level change within one measured interval (a masked LM leaving its loss plateau: attention
+  gradient norms up ~10x for good) stays up and is no spike. The run's end judges a candidate on what
+  came after it; one at the last measured step is named (nothing tells it from a real spike's start).
+  A norm at rounding-noise level (`NOISE_FRACTION` of the step's median tensor norm: an attention key
+  bias) is no candidate: its noise jumps 100x from step to step.
   A zero norm says the tensor was not reached that step, not what its scale is: LoRA's ``A`` has a zero
   gradient until its zero-initialised ``B`` moves, and under a warmup from lr 0 its norm then grows like
   t², 12x the median of a history padded with those zeros at step 5 of a healthy run; an expert no token
@@ -97,6 +104,21 @@ SPIKE_WINDOW = 64
 #: a garbage batch, a lr jump or a layer's gradient x100 put at least one named tensor 7-140 spreads out
 #: (a one-step lr x100 on GPT-2 LoRA, whose one tensor over 10x stood at 4.5, is missed)
 SPIKE_Z = 5.0
+#: A spike is a jump that comes back. A candidate is named, at its own step, as soon as a later measured norm of
+#: its tensor is back below halfway (log10) between its reference and its limit (3.2x the reference at the
+#: default factor 10); else it is judged on its next SPIKE_CONFIRM norms: a spike if their median fell at
+#: least SPIKE_FALLBACK of the jump (log10) back from it, a lasting level change (no alert) otherwise: a masked
+#: LM leaving its loss plateau, whose attention gradient norms rise ~10x and stay there. Measured on GPT-2
+#: (every=2): a one-step loss x1000 is back at the next measured step; a one-step lr x100 kicks the weights,
+#: and the norms it raised 10-24x fall back slowly: the median of the next 3 by 27% of the jump (log10) on the
+#: tensor that fell most (named, at step 20), 10-22% on the three others (not named).
+SPIKE_CONFIRM = 3
+SPIKE_FALLBACK = 0.25
+#: A gradient norm below this fraction of the median norm of the step's tensors is rounding noise, not a
+#: gradient (an attention key bias, to which softmax is invariant: ~1e-9 beside ~1e-2; the same fact
+#: `verdict.rounding` calls a harmless `tiny_update`). Such a step is judged by neither the spike rule nor
+#: the update-ratio rule: Adam barely moves such a tensor, and its noise jumps 100x from step to step.
+NOISE_FRACTION = 1e-5
 #: 1-D tensors are judged against a band this many times wider on each side.
 VECTOR_BAND_SLACK = 10.0
 _NAMES_SHOWN = 5
@@ -178,6 +200,36 @@ class _RunningMedian:
 
 
 @dataclass
+class _Candidate:
+    """A norm past the spike limit at `step`, judged once later norms say whether it came back."""
+
+    step: int
+    entry: Entry
+    norm: float
+    ref: float  # log10 of the reference norm
+    what: str
+    limit: float  # log10 of the limit, as a factor
+    later: list[float] = field(default_factory=list)  # log10 of the tensor's later non-zero norms
+    back: int | None = None  # the step of the first later norm back below halfway to the limit
+
+    def see(self, step: int, log_norm: float) -> None:
+        self.later.append(log_norm)
+        if log_norm <= self.ref + self.limit / 2:
+            self.back = step
+
+    def settled(self) -> bool:
+        """Whether the later norms decide it: one came back, or SPIKE_CONFIRM of them were seen."""
+        return self.back is not None or len(self.later) >= SPIKE_CONFIRM
+
+    def spike(self) -> bool:
+        """A jump that came back (or fell back SPIKE_FALLBACK of the way), or one the run ended at."""
+        if self.back is not None or not self.later:
+            return True
+        x = math.log10(self.norm)
+        return median(self.later) <= x - SPIKE_FALLBACK * (x - self.ref)
+
+
+@dataclass
 class _State:
     high: int = 0
     low: int = 0
@@ -186,6 +238,8 @@ class _State:
     zero_init: bool = False
     #: log10 of the last SPIKE_WINDOW non-zero grad norms
     logs: _RunningMedian = field(default_factory=lambda: _RunningMedian(SPIKE_WINDOW))
+    #: a spike candidate waiting for a later norm to come back (a spike) or SPIKE_PATIENCE not to (a level change)
+    pending: _Candidate | None = None
 
     def remember(self, log_norm: float) -> None:
         self.logs.push(log_norm)
@@ -213,8 +267,32 @@ class _State:
 
 class _Fire(Protocol):
     def __call__(
-        self, e: Entry, kind: str, detail: str, value: float | None = None, ref: float | None = None
+        self,
+        e: Entry,
+        kind: str,
+        detail: str,
+        value: float | None = None,
+        ref: float | None = None,
+        at: int | None = None,
     ) -> None: ...
+
+
+class _Noise:
+    """Whether a norm is rounding noise at this step (`NOISE_FRACTION` of the median norm of the step's
+    tensors with a gradient): the median is made only when asked, which few steps need."""
+
+    def __init__(self, entries: Sequence[Entry]) -> None:
+        self.entries = entries
+        self.floor: float | None = None
+
+    def __call__(self, g: float | None) -> bool:
+        if g is None:
+            return False
+        if self.floor is None:
+            norms = [e.grad_norm for e in self.entries if e.has_grad and e.grad_norm is not None]
+            finite = [x for x in norms if math.isfinite(x) and x > 0]
+            self.floor = NOISE_FRACTION * median(finite) if finite else 0.0
+        return g < self.floor
 
 
 def _logging_configured() -> bool:
@@ -309,11 +387,8 @@ class Alerts:
     def step(self, index: int, entries: Sequence[Entry], skipped: bool = False) -> list[Alert]:
         """Judge one measured step given per-tensor entries (the report replays runs from disk through this)."""
         new: list[Alert] = []
-
-        def fire(e: Entry, kind: str, detail: str, value: float | None = None, ref: float | None = None) -> None:
-            if (e.key, kind) not in self._seen:
-                self._seen.add((e.key, kind))
-                new.append(Alert(index, kind, e.name, detail, value, ref))
+        fire = self._firer(index, new)
+        noise = _Noise(entries)
 
         judged: list[tuple[Entry, _State, float]] = []  # (entry, state, ratio) of the tensors with a scale
         for e in entries:
@@ -334,7 +409,7 @@ class Alerts:
                 continue
             g = e.grad_norm
             if g is not None and math.isfinite(g) and g > 0:  # a zero norm is no scale (module docstring)
-                self._spike(e, st, g, fire)
+                self._spike(index, e, st, g, fire, noise)
             r = e.ratio
             if r is None or math.isnan(r):
                 continue
@@ -345,42 +420,117 @@ class Alerts:
                 continue  # no scale of its own yet: ‖Δw‖/‖w‖ falls like 1/t whatever the lr
             judged.append((e, st, r))
         if self.ratio_band is not None:
-            self._banded(judged, fire)
+            self._banded(judged, fire, noise)
         else:
-            self._calibrated(judged, fire)
+            self._calibrated(judged, fire, noise)
         self.fired.extend(new)
         if self.emit:
             self._emit(index, new)
         return new
 
-    def _spike(self, e: Entry, st: _State, g: float, fire: _Fire) -> None:
-        """Judge `g` against the tensor's own history (module docstring), then add it to that history."""
+    def _firer(self, index: int, new: list[Alert]) -> _Fire:
+        """The `fire` of one measured step (`index`): each tensor alerts at most once per kind; `at` names
+        another step (a spike confirmed later is named at its own step)."""
+
+        def fire(
+            e: Entry,
+            kind: str,
+            detail: str,
+            value: float | None = None,
+            ref: float | None = None,
+            at: int | None = None,
+        ) -> None:
+            if (e.key, kind) not in self._seen:
+                self._seen.add((e.key, kind))
+                new.append(Alert(index if at is None else at, kind, e.name, detail, value, ref))
+
+        return fire
+
+    def _spike(self, index: int, e: Entry, st: _State, g: float, fire: _Fire, noise: _Noise) -> None:
+        """Judge `g` against the tensor's own history (module docstring), then add it to that history. A norm
+        past the limit is a candidate, named when later norms come back (`SPIKE_CONFIRM`), dropped when they stay
+        up (a level change); a norm at rounding-noise level is no candidate (its noise jumps 100x)."""
         x = math.log10(g)
-        found = st.spike(x, self.spike_factor) if len(st.logs) >= SPIKE_MIN_HISTORY else None
-        if found is not None:
-            ref, what, limit = found
-            noisy = f"; its steps vary enough that only > {limit:.3g}x counts" if limit > self.spike_factor else ""
-            fire(e, SPIKE, f"grad norm {g:.4g} = {g / ref:.3g}x {what}, {ref:.4g}{noisy}", g, ref)
+        pending = st.pending
+        if pending is not None:
+            pending.see(index, x)
+            if pending.settled():
+                st.pending = None
+                self._settle(pending, fire)
+        elif (e.key, SPIKE) not in self._seen and len(st.logs) >= SPIKE_MIN_HISTORY:
+            found = st.spike(x, self.spike_factor)
+            if found is not None and not noise(g):
+                ref, what, limit = found
+                st.pending = _Candidate(index, e, g, math.log10(ref), what, math.log10(limit))
         st.remember(x)
 
-    def _banded(self, judged: list[tuple[Entry, _State, float]], fire: _Fire) -> None:
-        """Each tensor against the fixed band (1-D tensors: ten times wider on each side)."""
+    def _settle(self, c: _Candidate, fire: _Fire) -> None:
+        """Name candidate `c` at its own step if it came back; a lasting level change is no spike."""
+        found = self._judged(c)
+        if found is not None:
+            fire(c.entry, SPIKE, found.detail, found.value, found.reference, at=c.step)
+
+    def _judged(self, c: _Candidate) -> Alert | None:
+        """The spike alert candidate `c` makes: named when a later norm came back, or when the run ended at it
+        (no later norm tells it from a real spike's start); None when its norm stayed up (a level change)."""
+        if not c.spike():
+            return None
+        ref, limit = 10**c.ref, 10**c.limit
+        noisy = f"; its steps vary enough that only > {limit:.3g}x counts" if limit > self.spike_factor else ""
+        n = len(c.later)
+        if c.back is not None:
+            after = f"; back to {10 ** c.later[-1]:.4g} at step {c.back} ({n} measured step{'s' * (n != 1)} later)"
+        elif n:
+            after = f"; falling back: the median of the next {n} measured norms is {10 ** median(c.later):.4g}"
+        else:
+            after = "; the run ended before a later measured step"
+        detail = f"grad norm {c.norm:.4g} = {c.norm / ref:.3g}x {c.what}, {ref:.4g}{noisy}{after}"
+        return Alert(c.step, SPIKE, c.entry.name, detail, c.norm, ref)
+
+    def finish(self) -> list[Alert]:
+        """At the end of the run: judge the spike candidates still waiting on the norms they have (a candidate
+        at the last measured step is named: nothing tells it from the start of a real spike); log (or print)
+        and return the alerts this raised."""
+        new: list[Alert] = []
+        fire = self._firer(-1, new)
+        for st in self._state.values():
+            c, st.pending = st.pending, None
+            if c is not None:
+                self._settle(c, fire)
+        new.sort(key=lambda a: a.step)
+        self.fired.extend(new)
+        if self.emit:
+            self._emit(-1, new)
+        return new
+
+    def settled(self) -> list[Alert]:
+        """The alerts fired so far and those the waiting spike candidates would give if the run ended now (for
+        a report made mid-run: a provisional table), without changing any state."""
+        extra = [self._judged(st.pending) for st in self._state.values() if st.pending is not None]
+        return [*self.fired, *sorted((a for a in extra if a is not None), key=lambda a: a.step)]
+
+    def _banded(self, judged: list[tuple[Entry, _State, float]], fire: _Fire, noise: _Noise) -> None:
+        """Each tensor against the fixed band (1-D tensors: ten times wider on each side). A low ratio with a
+        rounding-noise gradient (`NOISE_FRACTION`) neither counts nor breaks the low streak."""
         assert self.ratio_band is not None
         lo, hi = self.ratio_band
         for e, st, r in judged:
             b_lo, b_hi = (lo / VECTOR_BAND_SLACK, hi * VECTOR_BAND_SLACK) if e.vector else (lo, hi)
             st.high = st.high + 1 if r > b_hi else 0
-            st.low = st.low + 1 if r < b_lo else 0
+            if not (r < b_lo and noise(e.grad_norm)):
+                st.low = st.low + 1 if r < b_lo else 0
             what = "1-D tensor band" if e.vector else "band"
             if st.high >= self.ratio_patience and (e.key, RATIO_HIGH) not in self._seen:  # (no message built twice)
                 fire(e, RATIO_HIGH, f"update ratio {r:.3g} > {b_hi:g} ({what}) for {st.high} measured steps", r, b_hi)
             if st.low >= self.ratio_patience and (e.key, RATIO_LOW) not in self._seen:
                 fire(e, RATIO_LOW, f"update ratio {r:.3g} < {b_lo:g} ({what}) for {st.low} measured steps", r, b_lo)
 
-    def _calibrated(self, judged: list[tuple[Entry, _State, float]], fire: _Fire) -> None:
+    def _calibrated(self, judged: list[tuple[Entry, _State, float]], fire: _Fire, noise: _Noise) -> None:
         """Each tensor against the median of its role's tensors this step, in log10, with a robust spread:
         its update ratio ‖Δw‖/‖w‖, and its update's size per entry ‖Δw‖/√n (which keeps the lr signal once
-        large updates have grown ‖w‖, as a 30x lr does within a few steps). Either one out, persistently."""
+        large updates have grown ‖w‖, as a 30x lr does within a few steps). Either one out, persistently.
+        A low one whose gradient is rounding noise (`NOISE_FRACTION`: an attention key bias, which softmax
+        ignores) is no finding: that step neither counts nor breaks its low streak."""
         roles: dict[str, list[tuple[Entry, _State, float]]] = {}
         for item in judged:
             roles.setdefault(_role(item[0]), []).append(item)
@@ -400,7 +550,8 @@ class Alerts:
                 high = [f for f in found if f[1] > 0]
                 low = [f for f in found if f[1] < 0]
                 st.high = st.high + 1 if high else 0
-                st.low = st.low + 1 if low else 0
+                if not (low and noise(e.grad_norm)):
+                    st.low = st.low + 1 if low else 0
                 for kind, hits, streak in ((RATIO_HIGH, high, st.high), (RATIO_LOW, low, st.low)):
                     if not hits or streak < self.ratio_patience or (e.key, kind) in self._seen:
                         continue
@@ -415,14 +566,16 @@ class Alerts:
                     fire(e, kind, detail, value, ref)
 
     def _emit(self, index: int, new: list[Alert]) -> None:
+        """One message per kind and step the alerts name (a spike is confirmed, and so said, a few measured
+        steps after its own step `a.step`, which its message names)."""
         if not new:  # the common step: no walk up the logging hierarchy
             return
         configured = _logging_configured()
-        for kind in KINDS:
-            group = [a for a in new if a.kind == kind]
-            if not group:
-                continue
-            msg = _message(index, kind, group, banded=self.ratio_band is not None)
+        for kind, step in dict.fromkeys((a.kind, a.step) for a in sorted(new, key=lambda a: KINDS.index(a.kind))):
+            group = [a for a in new if a.kind == kind and a.step == step]
+            msg = _message(step, kind, group, banded=self.ratio_band is not None)
+            if step != index and index >= 0:
+                msg = msg.replace(f"at optimizer step {step}:", f"at optimizer step {step} (confirmed at {index}):")
             if configured:
                 log.warning("%s", msg)
             elif kind not in self._printed:  # nothing set up: the first of each kind on stderr

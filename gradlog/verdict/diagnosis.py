@@ -43,21 +43,19 @@ def _frozen_between(rows: list[Tracked]) -> dict[int, str]:
 
 
 def _frozen(row: Tracked, ev: Evidence, has_optimizer: bool, trains_below: str | None) -> tuple[Reason, str, bool]:
-    """Frozen on purpose, or by mistake? A frozen tensor the optimizer was given, one that was trainable
-    when gradlog started, or one frozen above the same tensor training in a lower layer, was meant to
-    learn: a finding (suspect), usually the bug."""
-    if has_optimizer and row.group is not None:
-        return (
-            Reason.FROZEN,
-            (
-                f"requires_grad is False, yet it is in optimizer param group {row.group}: frozen by mistake, or "
-                "frozen after the optimizer was built? (a frozen backbone: build the optimizer from the trainable "
-                "parameters only)"
-            ),
-            True,
-        )
+    """Frozen on purpose, or by mistake? A tensor already frozen when gradlog started is frozen on purpose
+    even inside an optimizer param group (a model that freezes its fixed sinusoidal position table in
+    `__init__`, an optimizer built from `model.parameters()`: harmless, it never gets a gradient). What looks
+    like a mistake is a finding (suspect), with the reason it looks so: a tensor trainable when gradlog
+    started and frozen since (while in a param group: frozen after training began), or one frozen above
+    the same tensor training in a lower layer."""
+    group = row.group if has_optimizer else None
     if ev.trainable_at_start:
-        detail = "requires_grad was True when gradlog started and is False now: frozen during the run"
+        where = f", while in optimizer param group {group}" if group is not None else ""
+        detail = (
+            f"requires_grad was True when gradlog started and is False now{where}: frozen during the run, "
+            "before it ever updated (a freeze meant for another layer, or for later in training?)"
+        )
         return Reason.FROZEN, detail, True
     if trains_below is not None:
         return (
@@ -68,6 +66,12 @@ def _frozen(row: Tracked, ev: Evidence, has_optimizer: bool, trains_below: str |
             ),
             True,
         )
+    if group is not None:
+        detail = (
+            f"requires_grad was already False when gradlog started (frozen on purpose, e.g. a fixed table); it "
+            f"sits in optimizer param group {group}, which is harmless: it never gets a gradient"
+        )
+        return Reason.FROZEN, detail, False
     return Reason.FROZEN, "requires_grad is False", False
 
 

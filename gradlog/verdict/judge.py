@@ -187,6 +187,16 @@ def causes(found: Iterable[Finding]) -> dict[tuple[Any, ...], list[Finding]]:
     return out
 
 
+def _per_tensor(found: Sequence[Finding]) -> str:
+    """The reasons of findings counted once per cause, and said so where the causes are not one per tensor
+    (a tensor with two causes: the padding row and ids no batch held, "2 causes: not_in_batch 1,
+    padding_idx 1"; a layer's units dead in three tensors: "1 cause: dead_units 1"), so the counts add up."""
+    tensors = len({f.name for f in found})
+    groups = causes(found)
+    counts = _by_reason(_reasons(group[0] for group in groups.values()))
+    return counts if len(groups) == tensors else f"{_plural(len(groups), 'cause')}: {counts}"
+
+
 def never_kind(reason: object, suspect: bool) -> str:
     return "never.frozen_suspect" if str(reason) == "frozen" and suspect else f"never.{reason}"
 
@@ -262,11 +272,6 @@ def _reasons(found: Iterable[Finding]) -> list[str]:
     return [f.kind.split(".", 1)[1] for f in found]
 
 
-def _cause_reasons(found: Iterable[Finding]) -> list[str]:
-    """One reason per cause: the units of a layer that died at one step count once, not per tensor they touch."""
-    return _reasons(group[0] for group in causes(found).values())
-
-
 def _tensors(line: _Line, report: Report) -> None:
     """The first non-finite gradient (the one thing to look at before anything else), then which tensors
     never updated (or that the diagnosis failed)."""
@@ -300,7 +305,7 @@ def _slices(line: _Line, report: Report) -> None:
         partly = [f for f in line.of("partly.") if f.in_batch is batch]
         if partly:
             tensors = len({f.name for f in partly})
-            line.add(f"{_plural(tensors, 'tensor')} {what} ({_by_reason(_cause_reasons(partly))})", _worst(partly))
+            line.add(f"{_plural(tensors, 'tensor')} {what} ({_per_tensor(partly)})", _worst(partly))
     stalled = line.of("stalled.")
     if stalled:
         names = {f.name for f in stalled}
@@ -311,8 +316,7 @@ def _slices(line: _Line, report: Report) -> None:
     if sliced:
         names = {f.name for f in sliced}
         first = min(r.since_step for r in report.stopped_slices if r.name in names)
-        by_reason = _by_reason(_cause_reasons(sliced))
-        text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({by_reason})"
+        text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({_per_tensor(sliced)})"
         line.add(text + f", the first from step {first}", _worst(sliced))
 
 

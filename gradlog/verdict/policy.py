@@ -61,7 +61,8 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     "never.frozen": (NOTE, "requires_grad=False on purpose (fine-tuning, adapters): the usual reason to list it"),
     "never.frozen_suspect": (
         PROBLEM,
-        "frozen, yet in an optimizer param group or frozen after logging began: looks like a mistake",
+        "frozen after gradlog started, or a block frozen above the same tensor training in a lower layer: "
+        "looks like a mistake (a tensor frozen before training is a note, in a param group or not)",
     ),
     "never.not_in_optimizer": (PROBLEM, f"trainable but in no param group (optimizer built too early?): {_WHOLE}"),
     "never.not_in_model": (PROBLEM, "the optimizer steps a tensor the model no longer has (a replaced head)"),

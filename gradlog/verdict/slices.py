@@ -62,32 +62,57 @@ _WORDS: dict[tuple[str, int | None], tuple[str, str]] = {
 }
 #: a position-embedding table by its usual names (GPT-2's wpe, BERT's position_embeddings, BART's embed_positions)
 _POSITIONS = re.compile(r"(^|\.)(wpe|position_embeddings?|pos_embed\w*|pos_emb\w*|embed_positions)(\.weight)?$")
+#: an embedding used as a table of buckets, not of token ids: T5's relative_attention_bias, DeBERTa's
+#: rel_embeddings, relative-position tables by their usual names
+_BUCKETS = re.compile(
+    r"(^|\.)(relative_attention_bias|rel_embeddings|relative_positions?\w*|rel_pos\w*|\w*buckets?)(\.weight)?$"
+)
 #: ids a note shows before it says how many more there are
 _IDS_SHOWN = 5
 
 
+def _counted(k: int, noun: str, plural: str = "") -> str:
+    """ "id" for one, "ids" for more (`plural` when not noun + "s")."""
+    return noun if k == 1 else plural or noun + "s"
+
+
 def unseen_words(name: str, indices: Sequence[int], total: int, *, one_batch: bool = False) -> str:
-    """What embedding rows no batch reached usually are, in words: the last position under labels=input_ids,
-    positions past the longest sequence, or ids (tokens, items) that no batch contained. `one_batch`: the
-    rows are those of the one batch `gradlog.check` tried, not of a run's measured batches, and the ids are
-    worded so ("are not in this batch")."""
+    """What embedding rows no batch reached usually are, in words: positions past the longest sequence (or
+    a causal LM's last position, said as the possibility it is: gradlog does not know the labels), buckets
+    of a relative-position table that no query-key distance used, or ids (tokens, items) that no batch
+    contained. `one_batch`: the rows are those of the one batch `gradlog.check` tried, not of a run's
+    measured batches, and the words say so ("not in this batch")."""
     idx = sorted(indices)
     k = len(idx)
     last = total - 1
+    batches = "this batch" if one_batch else "any measured batch"
     if _POSITIONS.search(name) and idx and idx[-1] == last and idx == list(range(idx[0], total)):
         a = idx[0]
         if a == last:
             return (
-                f"position {last} has no target when labels are the inputs (labels=input_ids: the last position "
-                "predicts nothing and no earlier one attends to it), or no sequence reached it"
+                f"position {last} had no gradient in {batches}: no sequence reached it, or it was only ever a "
+                "sequence's last position, which has no target in a causal LM whose labels are its inputs"
             )
         return (
-            f"positions {a}-{last} ({k} of {total}): no batch reached past position {a - 1} (the longest sequence "
-            f"seen was {a}, or {a + 1} when labels are the inputs: their last position has no target)"
+            f"positions {a}-{last} ({k} of {total}) had no gradient in {batches}: the longest sequence seen had "
+            f"{a} positions ({a + 1} if this is a causal LM whose labels are its inputs: the last position has no "
+            "target)"
         )
     shown = ", ".join(str(i) for i in idx[:_IDS_SHOWN]) + (", ..." if k > _IDS_SHOWN else "")
-    absent = "are not in this batch" if one_batch else "were in no measured batch"
-    return f"ids {shown} ({k:,} of {total:,}) {absent}"
+    if _BUCKETS.search(name):
+        used = "is" if k == 1 else "are"
+        if not one_batch:
+            used = "was" if k == 1 else "were"
+        return (
+            f"relative-position {_counted(k, 'bucket')} {shown} ({k:,} of {total:,}) {used} used by no query-key "
+            f"pair of {batches}: no distance between two positions fell in {'it' if k == 1 else 'them'} (longer "
+            "sequences reach the far buckets)"
+        )
+    if one_batch:
+        absent = "is not in this batch" if k == 1 else "are not in this batch"
+    else:
+        absent = "was in no measured batch" if k == 1 else "were in no measured batch"
+    return f"{_counted(k, 'id')} {shown} ({k:,} of {total:,}) {absent}"
 
 
 #: optimizer state that accumulates every gradient (squares or magnitudes): zero only if every gradient

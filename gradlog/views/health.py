@@ -326,6 +326,7 @@ def replay(
                 first_ratio.add(e.name)
                 e.zero_start = abs(e.ratio - 1.0) < 1e-3
         judge.step(step, entries)
+    judge.finish()
     return judge.fired
 
 
