@@ -33,6 +33,8 @@ from torch import nn
 from gradlog.logger import GradLogger
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter
+from gradlog.measure.trace import StepTrace, TraceResult
+from gradlog.verdict.located import locate, not_registered, traced_hint
 from gradlog.verdict.policy import PolicyLike
 from gradlog.verdict.report import PARTLY_COLUMNS, PartlyUpdated, Reason, Report, format_table
 from gradlog.verdict.slices import unseen_words
@@ -240,23 +242,31 @@ def check(
         policy=policy,
     )
     seen: dict[int, dict[int | None, torch.Tensor]] = {}
+    trace = StepTrace(model, opt)  # the first step is traced: where a weight's path from the loss is cut
     try:
         for step in range(steps):
             for p in saved.params:
                 p.grad = None
+            if step == 0:
+                trace.start()
             loss = _scalar(loss_fn(model, batch), "loss_fn(model, batch)") if loss_fn else default_loss(model, batch)
+            if step == 0:
+                trace.loss(loss)
             torch.autograd.backward(loss)
             _record_slices(saved.params, seen)
             opt.step()
+            trace.stop()
             gl.log(step)
         report = gl.close()
     finally:
+        trace.stop()
         if not gl.closed:
             gl.print_report = False
             gl.close()
         saved.restore()
     fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(Report)}
-    fields["never_updated"] = [_label_rare_path(rec, steps) for rec in report.never_updated]
+    _add_trace(fields, gl, trace.result())
+    fields["never_updated"] = [_label_rare_path(rec, steps) for rec in fields["never_updated"]]
     # one batch's unchanged slices are data-dependent: shown apart, from the gradients (which weight
     # decay cannot blur), and never judged as problems
     fields["partly_updated"] = []
@@ -264,6 +274,16 @@ def check(
     if print_report:
         print(result.table(), flush=True)
     return result
+
+
+def _add_trace(fields: dict[str, Any], gl: GradLogger, trace: TraceResult) -> None:
+    """The traced step's answers: each no-gradient record's cut and fix, tensors outside the model's
+    parameters (counted among the tensors judged), the hint that tells "cleared" from "never reached"."""
+    ids = {row.name: id(row.param) for row in gl.table.live}
+    fields["hint"] = traced_hint(fields["hint"], fields["never_updated"], ids, trace)
+    outside = not_registered(trace)
+    fields["never_updated"] = locate(fields["never_updated"], ids, trace) + outside
+    fields["tracked_tensors"] += len(outside)
 
 
 def _record_slices(params: list[torch.Tensor], seen: dict[int, dict[int | None, torch.Tensor]]) -> None:
@@ -343,7 +363,7 @@ def _in_batch(
 
 def _label_rare_path(rec: Any, steps: int) -> Any:
     """One batch cannot tell an unused tensor from one only a rare path uses: say so where it matters."""
-    if rec.reason in (Reason.NO_GRAD, Reason.ZERO_GRAD):
+    if rec.reason in (Reason.NO_GRAD, Reason.ZERO_GRAD) and "traced step: " not in rec.detail:
         batch = "this batch" if steps == 1 else f"these {steps} steps on this batch"
         return dataclasses.replace(
             rec, detail=f"{rec.detail} (in {batch}: a path only some batches take looks the same; try another batch)"
