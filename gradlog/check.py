@@ -241,6 +241,7 @@ def check(
         exclude=exclude,
         policy=policy,
     )
+    gl._once.close(0)  # check traces its own first step below: the logger's run-time trace stays off
     seen: dict[int, dict[int | None, torch.Tensor]] = {}
     trace = StepTrace(model, opt)  # the first step is traced: where a weight's path from the loss is cut
     try:
@@ -363,7 +364,7 @@ def _in_batch(
 
 def _label_rare_path(rec: Any, steps: int) -> Any:
     """One batch cannot tell an unused tensor from one only a rare path uses: say so where it matters."""
-    if rec.reason in (Reason.NO_GRAD, Reason.ZERO_GRAD) and "traced step: " not in rec.detail:
+    if rec.reason in (Reason.NO_GRAD, Reason.ZERO_GRAD) and "traced step (" not in rec.detail:
         batch = "this batch" if steps == 1 else f"these {steps} steps on this batch"
         return dataclasses.replace(
             rec, detail=f"{rec.detail} (in {batch}: a path only some batches take looks the same; try another batch)"

@@ -29,7 +29,6 @@ from torch import nn
 import gradlog
 from gradlog import Reason
 from gradlog.measure.trace import StepTrace
-from gradlog.verdict.located import locate, traced_hint
 
 
 def _check(model: nn.Module, batch: Any, loss_fn: Any = None, lr: float = 0.1) -> gradlog.CheckReport:
@@ -178,32 +177,64 @@ def test_loss_rebuilt_from_item() -> None:
     assert not any(r.reason == Reason.NOT_REGISTERED for r in report.never_updated)  # the rebuilt loss is no weight
 
 
-def test_misplaced_zero_grad_is_told_apart_from_a_loss_that_never_reached() -> None:
-    """A run's report with zero_grad() between backward() and step(): every tensor had grad None. One traced
-    step sees backward write the gradients (post-accumulate-grad hooks) and step() find none: the hint says
-    they were cleared, not that the loss never reached them."""
-    torch.manual_seed(0)
-    model = CutEncoder()
+def _run(model: nn.Module, zero_between: bool = False, steps: int = 25) -> gradlog.Report:
+    """A run of `steps` steps measured every 10th, with zero_grad() between backward() and step() when
+    `zero_between` (the bug), after step() otherwise."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
-    for step in range(3):
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=10, print_report=False)
+    for step in range(steps):
         model(torch.randn(4, 8)).pow(2).mean().backward()
-        opt.zero_grad()  # the bug
+        if zero_between:
+            opt.zero_grad()  # the bug
         opt.step()
         gl.log(step)
-    report = gl.close()
-    assert report.hint is not None and report.hint.startswith("every trainable tensor had grad None")
-    with StepTrace(model, opt) as trace:
-        model(torch.randn(4, 8)).pow(2).mean().backward()
         opt.zero_grad()
-        opt.step()
-    result = trace.result()
-    ids = {n: id(p) for n, p in model.named_parameters()}
-    hint = traced_hint(report.hint, report.never_updated, ids, result)
-    assert hint is not None and "cleared in between" in hint and "never between them" in hint
-    for rec in locate(report.never_updated, ids, result):
-        assert "backward() wrote its gradient and it was None at step()" in rec.detail
+    return gl.close()
+
+
+def test_a_run_traces_one_step_after_the_first_measured_step_shows_no_gradient() -> None:
+    """In a run the cut is located once: the first measured step shows grad None, the next step is traced
+    (named with its number and cost in the detail), and the records end with the fix."""
+    torch.manual_seed(0)
+    model = CutEncoder("detach")
+    report = _run(model)
+    rows = _rows(report, Reason.NO_GRAD)
+    assert set(rows) == {"enc.weight", "enc.bias"}
+    site = planted_site(CutEncoder, "detach")
+    for line in rows.values():
+        assert "traced step (optimizer step 1; " in line and " torch calls): cut at " in line
+        assert f"{site} (`h = self.enc(x).detach()`) by `.detach()`; fix: remove the .detach()" in line
     _no_trace_left(model)
+    healthy = _run(CutEncoder("none"))
+    assert healthy.healthy and "traced step" not in healthy.table()
+
+
+def test_a_run_tells_a_misplaced_zero_grad_from_a_loss_that_never_reached() -> None:
+    """zero_grad() between backward() and step(): every tensor had grad None. The traced step sees backward
+    write the gradients (post-accumulate-grad hooks) and step() find none: the hint says they were cleared.
+    A loss that never reached the weights (a generator trained on detached fakes) says that instead."""
+    torch.manual_seed(0)
+    model = CutEncoder()
+    report = _run(model, zero_between=True)
+    assert report.hint is not None and "zero_grad() called between backward() and step() cleared them" in report.hint
+    assert "never reached" not in report.hint
+    for rec in report.never_updated:
+        assert rec.reason == Reason.NO_GRAD and "backward() wrote its gradient and it was None at step()" in rec.detail
+    _no_trace_left(model)
+    with StepTrace(model, None) as trace:  # the same, traced by hand without an optimizer: read at stop()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        model.zero_grad()
+    result = trace.result()
+    assert all(result.cleared(id(p)) for p in model.parameters())
+
+
+def test_a_run_names_layers_in_a_python_list_from_the_first_step() -> None:
+    torch.manual_seed(0)
+    report = _run(Stacked("list"))
+    rows = _rows(report, Reason.NOT_REGISTERED)
+    assert set(rows) == {f"layers[{i}].{w}" for i in range(3) for w in ("weight", "bias")}
+    assert "6 of 8 tensors never updated (not_registered 6" in report.verdict and not report.healthy
+    assert _run(Stacked("modulelist")).never_updated == []
 
 
 # --- third-party models ------------------------------------------------------------------------------------

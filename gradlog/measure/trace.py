@@ -27,11 +27,13 @@ tests/test_trace.py); it runs once, never on the measured-step path.
 from __future__ import annotations
 
 import linecache
+import logging
 import os
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +43,13 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
+_log = logging.getLogger("gradlog")
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _GRADLOG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY = f"{os.sep}site-packages{os.sep}"
+#: torch calls one traced step records at most: a run's trace that waits for a step through an evaluation
+#: loop stops recording there
+MAX_CALLS = 200_000
 #: calls that turn a tensor into Python numbers: the graph ends there
 _TO_PYTHON = frozenset({"item", "tolist", "numpy", "__float__", "__int__", "__index__"})
 #: ops whose derivative is zero everywhere: a gradient through them is exactly zero
@@ -149,6 +155,7 @@ class TraceResult:
     loss_leaf: bool = False
     calls: int = 0  # torch calls traced
     seconds: float = 0.0  # wall time of the traced step, the step itself included
+    step: int | None = None  # a run's optimizer step that was traced (None: gradlog.check's)
 
     def cleared(self, pid: int) -> bool:
         """Backward wrote a gradient, and the optimizer's step saw none: cleared in between."""
@@ -156,6 +163,13 @@ class TraceResult:
 
     def cost(self) -> str:
         return f"one traced step: {self.calls} torch calls, {self.seconds * 1e3:.0f} ms"
+
+    def label(self) -> str:
+        """ "traced step (optimizer step 51; 812 torch calls)": what the records' causes come from, and its
+        cost in torch calls (the same in every run of the same code: the records stay reproducible; the time
+        it took is logged, `cost`)."""
+        at = f"optimizer step {self.step}; " if self.step is not None else ""
+        return f"traced step ({at}{self.calls} torch calls)"
 
 
 def user_site(skip: Iterable[str] = ()) -> Site | None:
@@ -275,7 +289,6 @@ class StepTrace:
         self._made: set[int] = set()  # leaves requiring grad created during the step (by a factory call)
         self._foreign_grad: set[int] = set()
         self._result = TraceResult()
-        self._loss: torch.Tensor | None = None
         self._started = 0.0
         self._stepped = False
         self._recording = False
@@ -316,8 +329,12 @@ class StepTrace:
 
     def loss(self, loss: torch.Tensor) -> None:
         """The step's loss, when the caller has it: a loss without grad_fn is a finding of its own."""
-        self._loss = loss
         self._result.loss_leaf = loss.grad_fn is None
+
+    @property
+    def stepped(self) -> bool:
+        """The traced optimizer's step began: the step's forward, loss and backward are recorded."""
+        return self._stepped
 
     # --- hooks ----------------------------------------------------------------------------------------
     def _accumulated_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
@@ -353,6 +370,9 @@ class StepTrace:
     def saw(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         """One torch call: note the weights it read, foreign leaves, and whether it cut the graph."""
         self._result.calls += 1
+        if self._result.calls > MAX_CALLS:  # a step that never ends (an evaluation loop before the next step)
+            self._pause()
+            return
         inputs = [*_tensors(args), *_tensors(kwargs)]
         name = _name(func)
         outs = list(_tensors(out))
@@ -412,6 +432,93 @@ class StepTrace:
             out.append(Foreign(t, path, site, container))
         self._foreign.clear()
         return out
+
+
+def starved(rows: Sequence[Any], has_grad: Sequence[bool], nonzero: Sequence[float]) -> bool:
+    """A measured step's rows (`Tracked`) show a trainable tensor of the model, in the optimizer, with no
+    gradient or an all-zero one: what makes a run trace one step (a C-speed test first: most steps have none)."""
+    if False not in has_grad and 0.0 not in nonzero:
+        return False
+    for row, has, nz in zip(rows, has_grad, nonzero):
+        if (not has or nz == 0.0) and row.in_model and row.group is not None:
+            p = row.held()
+            if p is not None and p.requires_grad:
+                return True
+    return False
+
+
+class OnceTrace:
+    """A run's one traced step: armed when the model's attributes hold tensors outside its parameters (at
+    once), or when the first measured step shows a trainable tensor without a gradient or with an all-zero
+    one (`after_log`); it then traces from the next forward of the model to the next optimizer step, is read
+    out at the next `log()` (or at close), and is done. A healthy run pays one scan of the modules'
+    attributes at the start and one test of the first measured step: nothing on the measured-step path.
+    Holds the model and optimizer weakly (a logger never keeps them alive); every hook has a handle."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self._model = weakref.ref(model)
+        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        self.state = "waiting"  # -> "armed" (a forward pre-hook) -> "tracing" -> "done"
+        self._handle: RemovableHandle | None = None
+        self._trace: StepTrace | None = None
+        self.result: TraceResult | None = None
+        known = {id(p) for p in model.parameters()}
+        if optimizer is not None:
+            known |= {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if unregistered(model, known):
+            self.arm()
+
+    def arm(self) -> None:
+        model = self._model()
+        if self.state != "waiting" or model is None:
+            return
+        self._handle = model.register_forward_pre_hook(self._pre_forward)
+        self.state = "armed"
+
+    def _pre_forward(self, module: nn.Module, args: Any) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        self._trace = StepTrace(module, optimizer)
+        self._trace.start()
+        self.state = "tracing"
+
+    def after_log(self, starved: Callable[[], bool] | None, step: int) -> None:
+        """After `log()`: a traced step that reached its optimizer step is read out; a new measurement whose
+        `starved()` says a trainable tensor got no (or a zero) gradient arms the trace. `step`: optimizer steps."""
+        if self.state == "tracing" and self._trace is not None and self._trace.stepped:
+            self._finish(step - 1)  # the traced step was the last one taken
+        elif self.state == "waiting" and starved is not None:
+            # only the first measured step decides: a tensor that had a gradient there can never be reported
+            # as never getting one (no_grad, zero_grad need it at every measured step); after it, log() pays
+            # one comparison
+            if starved():
+                self.arm()
+            else:
+                self.state = "done"
+
+    def _finish(self, step: int | None) -> None:
+        trace, self._trace = self._trace, None
+        if trace is not None:
+            trace.stop()
+            self.result = trace.result()
+            self.result.step = step
+            _log.info("gradlog: traced optimizer step %d to locate the causes (%s)", step, self.result.cost())
+        self.state = "done"
+
+    def close(self, step: int) -> TraceResult | None:
+        """At close(): remove what is still hooked; the result, if a step was traced."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        if self.state == "tracing":
+            stepped = self._trace is not None and self._trace.stepped
+            self._finish(step - 1)
+            if not stepped:
+                self.result = None  # a forward without its optimizer step: nothing to say
+        self.state = "done"
+        return self.result
 
 
 def _match(cuts: list[tuple[Cut, list[Any]]], starved: list[int]) -> dict[int, Cut]:

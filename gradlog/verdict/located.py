@@ -11,31 +11,36 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from gradlog.measure.trace import Foreign, TraceResult
-from gradlog.verdict.report import NeverUpdated, Reason
+from gradlog.verdict.report import NeverUpdated, Reason, Stalled
 
 #: the hint `gradlog.verdict.diagnosis` gives when every trainable tensor had grad None
 _NONE_HINT = "every trainable tensor had grad None"
-_CLEARED_FIX = "call zero_grad() before backward() or after step(), never between them"
+_CLEARED_FIX = "clear the gradients before backward() or after step(), never between them"
+#: the hint when a traced step saw backward() write every gradient and step() find none
+CLEARED_HINT = (
+    "every trainable tensor had grad None at step(), yet backward() computed their gradients: zero_grad() "
+    "called between backward() and step() cleared them; fix: call it before backward() or after step()"
+)
 
 
 def cause(pid: int, trace: TraceResult) -> str | None:
     """What the traced step says kept one weight from a gradient, ending with the fix; None: it cannot say."""
+    label = trace.label()
     if trace.cleared(pid):
         return (
-            "traced step: backward() wrote its gradient and it was None at step(): cleared in between; "
-            f"fix: {_CLEARED_FIX}"
+            f"{label}: backward() wrote its gradient and it was None at step(): cleared in between; fix: {_CLEARED_FIX}"
         )
     cut = trace.cut_of.get(pid)
     if cut is not None:
-        return f"traced step: {cut.located()}; fix: {cut.fix()}"
+        return f"{label}: {cut.located()}; fix: {cut.fix()}"
     if trace.loss_leaf:
         return (
-            "traced step: the loss has no grad_fn (a new tensor built from numbers), so no path leads to any "
+            f"{label}: the loss has no grad_fn (a new tensor built from numbers), so no path leads to any "
             "weight; fix: return the loss tensor the model's outputs computed"
         )
     if pid not in trace.used and pid in trace.none_at_step:
         return (
-            "traced step: no torch call read it, so it is unused in forward; fix: call its module in forward(), "
+            f"{label}: no torch call read it, so it is unused in forward; fix: call its module in forward(), "
             "or leave it out of the model"
         )
     return None
@@ -88,25 +93,25 @@ def _detail(f: Foreign) -> str:
 
 
 def traced_hint(
-    hint: str | None, records: Sequence[NeverUpdated], ids: Mapping[str, int], trace: TraceResult
+    hint: str | None, records: Sequence[NeverUpdated | Stalled], ids: Mapping[str, int], trace: TraceResult
 ) -> str | None:
-    """The hint, with "every trainable tensor had grad None" replaced by what the trace saw: gradients computed
-    and cleared before step(), or a loss that never reached the weights (and where it was cut)."""
-    if hint is None or not hint.startswith(_NONE_HINT):
+    """The hint, with "every trainable tensor had grad None: is zero_grad() misplaced?" replaced by what the
+    trace saw: gradients computed and cleared before step(), or a loss that never reached the weights (and
+    where it was cut). `records`: the never-updated and stalled ones (a resumed run's tensors quiet since the
+    resume are stalled); its "from the resume at step N on, " stays in front."""
+    prefix, found, _ = (hint or "").partition(_NONE_HINT)
+    if not found:
         return hint
     pids = [ids[r.name] for r in records if r.reason == Reason.NO_GRAD and r.name in ids]
     if not pids:
         return hint
     if all(trace.cleared(p) for p in pids):
-        return (
-            "every trainable tensor had grad None at step(), yet backward() computed their gradients: they were "
-            f"cleared in between (zero_grad() between backward() and step()); fix: {_CLEARED_FIX}"
-        )
+        return prefix + CLEARED_HINT
     if any(p in trace.accumulated for p in pids):
         return hint
     cuts = [trace.cut_of[p] for p in pids if p in trace.cut_of]
     nearest = max(cuts, key=lambda c: c.seq) if cuts else None  # the cut nearest the loss
     first = next((p for p in pids if trace.cut_of.get(p) is nearest), pids[0])
     why = cause(first, trace)
-    where = f": {why.removeprefix('traced step: ')}" if why else ""
-    return f"every trainable tensor had grad None: the loss never reached them (backward() wrote no gradient){where}"
+    where = f": {why.split('): ', 1)[-1]}" if why else ""  # the cause without the trace's label
+    return f"{prefix}{_NONE_HINT}: the loss never reached them (backward() wrote no gradient){where}"
