@@ -35,6 +35,8 @@ from gradlog import lifecycle
 from gradlog.logger import GradLogger
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter
+from gradlog.measure.trace import StepTrace, TraceResult
+from gradlog.verdict.located import locate, not_registered, traced_hint
 from gradlog.verdict.policy import Policy, PolicyLike, Rule
 from gradlog.verdict.report import PARTLY_COLUMNS, PartlyUpdated, Reason, Report, format_table
 from gradlog.verdict.slices import unseen_words
@@ -264,9 +266,10 @@ def check(
         )
     with lifecycle.set_aside(model, opt):
         saved = _Saved(model, opt)
-        report, gl, seen = _run(model, opt, batch, loss_fn, step_fn, steps, saved, (include, exclude, policy))
+        report, gl, seen, traced = _run(model, opt, batch, loss_fn, step_fn, steps, saved, (include, exclude, policy))
     fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(Report)}
-    fields["never_updated"] = [_label_rare_path(rec, steps) for rec in report.never_updated]
+    _add_trace(fields, gl, traced)
+    fields["never_updated"] = [_label_rare_path(rec, steps) for rec in fields["never_updated"]]
     # one batch's unchanged slices are data-dependent: shown apart, from the gradients (which weight
     # decay cannot blur), and never judged as problems
     fields["partly_updated"] = []
@@ -305,7 +308,7 @@ def _run(
     steps: int,
     saved: _Saved,
     selection: tuple[NameFilter, NameFilter, PolicyLike],
-) -> tuple[Report, GradLogger, dict[int, dict[int | None, torch.Tensor]]]:
+) -> tuple[Report, GradLogger, dict[int, dict[int | None, torch.Tensor]], TraceResult]:
     """The checked steps under a memory-only logger; everything in `saved` put back, whatever happens."""
     include, exclude, policy = selection
     gl = GradLogger(
@@ -320,30 +323,39 @@ def _run(
         exclude=exclude,
         policy=policy,
     )
+    gl._once.close(0)  # check traces its own first step below: the logger's run-time trace stays off
     seen: dict[int, dict[int | None, torch.Tensor]] = {}
+    trace = StepTrace(model, opt)  # the first step is traced: where a weight's path from the loss is cut
     record = opt.register_step_pre_hook(lambda *_: _record_slices(saved.params, seen)) if step_fn else None
     try:
         for p in saved.params:
             p.grad = None
         for step in range(steps):
+            if step == 0:
+                trace.start()  # ends at the optimizer's step (the user's own, under step_fn)
             if step_fn is not None:
                 _user_step(step_fn, batch, gl)
             else:
                 for p in saved.params:
                     p.grad = None
-                torch.autograd.backward(_loss(model, batch, loss_fn))
+                loss = _loss(model, batch, loss_fn)
+                if step == 0:
+                    trace.loss(loss)
+                torch.autograd.backward(loss)
                 _record_slices(saved.params, seen)
                 opt.step()
+            trace.stop()
             gl.log(step)
         report = gl.close()
     finally:
+        trace.stop()
         if record is not None:
             record.remove()
         if not gl.closed:
             gl.print_report = False
             gl.close()
         saved.restore()
-    return report, gl, seen
+    return report, gl, seen, trace.result()
 
 
 def _loss(model: nn.Module, batch: Any, loss_fn: LossFn | None) -> torch.Tensor:
@@ -424,6 +436,16 @@ def _glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
+def _add_trace(fields: dict[str, Any], gl: GradLogger, trace: TraceResult) -> None:
+    """The traced step's answers: each no-gradient record's cut and fix, tensors outside the model's
+    parameters (counted among the tensors judged), the hint that tells "cleared" from "never reached"."""
+    ids = {row.name: id(row.param) for row in gl.table.live}
+    fields["hint"] = traced_hint(fields["hint"], fields["never_updated"], ids, trace)
+    outside = not_registered(trace)
+    fields["never_updated"] = locate(fields["never_updated"], ids, trace) + outside
+    fields["tracked_tensors"] += len(outside)
+
+
 def _record_slices(params: list[torch.Tensor], seen: dict[int, dict[int | None, torch.Tensor]]) -> None:
     """Per tensor and slice kind, which slices got a non-zero gradient in any checked step."""
     with torch.no_grad():
@@ -501,7 +523,7 @@ def _in_batch(
 
 def _label_rare_path(rec: Any, steps: int) -> Any:
     """One batch cannot tell an unused tensor from one only a rare path uses: say so where it matters."""
-    if rec.reason in (Reason.NO_GRAD, Reason.ZERO_GRAD):
+    if rec.reason in (Reason.NO_GRAD, Reason.ZERO_GRAD) and "traced step (" not in rec.detail:
         batch = "this batch" if steps == 1 else f"these {steps} steps on this batch"
         return dataclasses.replace(
             rec, detail=f"{rec.detail} (in {batch}: a path only some batches take looks the same; try another batch)"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
+import warnings
 import weakref
 from typing import Any
 
@@ -17,6 +19,7 @@ from gradlog.measure.distributed import check_supported, is_rank_zero
 from gradlog.measure.meter import Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
+from gradlog.measure.trace import OnceTrace, starved
 from gradlog.options import (
     AlertOptions,
     HistogramOptions,
@@ -35,6 +38,7 @@ from gradlog.publishing import Failures, Publisher
 from gradlog.resume import Continuation, open_run
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
+from gradlog.verdict.located import locate, not_registered, traced_hint
 from gradlog.verdict.policy import Policy, PolicyLike
 from gradlog.verdict.report import Report
 from gradlog.writers import WriterSpec
@@ -148,6 +152,8 @@ class GradLogger:
         self.made_at = lifecycle.caller()
         lifecycle.replace_earlier(self, model, optimizer)
         self._registration = lifecycle.register(self, model)
+        #: one step traced for the report's causes: the cut's line, tensors outside the model (issue 39)
+        self._once = OnceTrace(model, optimizer)
 
     # --- what the pipeline holds, for reading (tests, integrations, the curious) -------------------
     @property
@@ -242,10 +248,24 @@ class GradLogger:
         self.pipeline.on_log(step)
         with lifecycle.LogCall():
             m = self.pipeline.take()
-            if m is None or m.index == self._last_index:
+            fresh = m is not None and m.index != self._last_index
+            if self._once.state in ("waiting", "tracing"):
+                self._trace_after_log(m if fresh else None)
+            if m is None or not fresh:
                 return
             self._last_index = m.index
             self._publish(m, m.index if step is None else step)
+
+    def _trace_after_log(self, m: Measurement | None) -> None:
+        """The run's one traced step (`gradlog.measure.trace.OnceTrace`): armed by a measured step that shows a
+        trainable tensor without a gradient, read out after the traced step. Advice: a failure ends it quietly."""
+        try:
+            check = None if m is None else (lambda: starved(m.rows, m.has_grad, m.lists.nonzero))
+            self._once.after_log(check, self.pipeline.steps)
+        except Exception as exc:  # never kill the run for advice
+            self._once.close(self.pipeline.steps)
+            self._once.result = None
+            warnings.warn(f"gradlog: the traced step failed and is skipped ({exc!r})", RuntimeWarning, stacklevel=3)
 
     def _publish(self, m: Measurement, step: int) -> None:
         histogram_step = self.pipeline.histogram_step(m.index)  # the overview and the provisional tables then
@@ -292,7 +312,7 @@ class GradLogger:
         self.pipeline.detach()
         # report() itself when collective: a subclass or a wrapper of report() then decides the final answer
         diagnose = (lambda: self._diagnose(collective=False, reuse=False)) if local else self.report
-        report = self._report = self.pipeline.final_report(diagnose, self.policy, self.strict)
+        report = self._report = self._traced(self.pipeline.final_report(diagnose, self.policy, self.strict))
         try:
             if self.rank_zero:
                 self._warn_never_logged(report)
@@ -314,6 +334,20 @@ class GradLogger:
             f"gradlog: {report.measured_steps} measured step(s), but GradLogger.log(step) was never called, so "
             "no series reached the writers (only the tables at close): call gl.log(step) after optimizer.step() "
             "(or gradlog.log(step) after gradlog.watch)"
+        )
+
+    def _traced(self, report: Report) -> Report:
+        """The report with what the run's one traced step found (nothing when no step was traced)."""
+        result = self._once.close(self.pipeline.steps)
+        if result is None or report.error is not None:
+            return report
+        ids = {row.name: id(row.param) for row in self.table.live}
+        outside = not_registered(result)
+        return dataclasses.replace(
+            report,
+            hint=traced_hint(report.hint, [*report.never_updated, *report.stalled], ids, result),
+            never_updated=locate(report.never_updated, ids, result) + outside,
+            tracked_tensors=report.tracked_tensors + len(outside),
         )
 
     def where(self) -> str | None:

@@ -875,3 +875,167 @@ class DyingUnitsCNN(nn.Module):
 
     def optimizer_without_extra(self, lr: float = 0.01) -> torch.optim.Optimizer:
         return torch.optim.SGD([p for n, p in self.named_parameters() if not n.startswith("extra.")], lr=lr)
+
+
+# --- issue 39: where the path from the loss is cut, and tensors outside the model -------------------------
+# Each planted statement carries a `# planted: <marker>` comment: a test finds its line with `planted_site`
+# (never a hard-coded number) and asserts that the report names that file and line.
+def planted_site(obj: Any, marker: str) -> str:
+    """ "catalogue.py:123": the file and line of the statement in `obj`'s source marked `# planted: <marker>`."""
+    import inspect
+    import os
+
+    lines, start = inspect.getsourcelines(obj)
+    hits = [start + i for i, line in enumerate(lines) if line.rstrip().endswith(f"# planted: {marker}")]
+    assert len(hits) == 1, f"{marker!r} marks {len(hits)} lines of {obj!r}"
+    return f"{os.path.basename(inspect.getsourcefile(obj) or '')}:{hits[0]}"
+
+
+class CutEncoder(nn.Module):
+    """An encoder and a decoder; `cut` says how forward cuts the encoder off the loss: "detach"
+    (``.detach()``), "no_grad" (a ``torch.no_grad()`` region), "inference" (``torch.inference_mode()``),
+    "data" (``.data``), or "none" (the healthy twin). With a cut, enc.weight and enc.bias get grad None and
+    the report must name the marked line; the decoder learns."""
+
+    def __init__(self, cut: str = "none") -> None:
+        super().__init__()
+        self.cut = cut
+        self.enc = nn.Linear(8, 6)
+        self.dec = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cut == "detach":
+            h = self.enc(x).detach()  # planted: detach
+        elif self.cut == "no_grad":
+            with torch.no_grad():
+                h = self.enc(x)  # planted: no_grad
+        elif self.cut == "inference":
+            with torch.inference_mode():
+                h = self.enc(x).clone()  # planted: inference
+            h = h.clone()
+        elif self.cut == "data":
+            h = self.enc(x).data  # planted: data
+        else:
+            h = self.enc(x)
+        out: torch.Tensor = self.dec(torch.relu(h))
+        return out
+
+
+class VQAutoencoder(nn.Module):
+    """A VQ-VAE in miniature: encoder, a 5-entry codebook chosen by nearest neighbour (argmin), decoder.
+    `straight_through=True` is the healthy twin (van den Oord et al.: ``z + (q - z).detach()`` and the
+    codebook/commitment terms: every tensor learns though three ``.detach()`` cut the graph on purpose).
+    False plants the classic bug: the decoder reads the code vectors themselves, so the argmin (marked) cuts
+    the encoder off: enc.* get grad None. Forward returns the loss."""
+
+    def __init__(self, straight_through: bool = True) -> None:
+        super().__init__()
+        self.straight_through = straight_through
+        self.enc = nn.Linear(8, 3)
+        self.book = nn.Embedding(5, 3)
+        self.dec = nn.Linear(3, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.enc(x)
+        idx = torch.cdist(z, self.book.weight).argmin(-1)  # planted: argmin
+        q = self.book(idx)
+        if not self.straight_through:
+            return nn.functional.mse_loss(self.dec(q), x)
+        st = z + (q - z).detach()
+        commit = nn.functional.mse_loss(q, z.detach()) + 0.25 * nn.functional.mse_loss(z, q.detach())
+        return nn.functional.mse_loss(self.dec(st), x) + commit
+
+
+class RoundedCode(nn.Module):
+    """An encoder whose output is rounded before the decoder: ``torch.round`` (marked) has a zero derivative,
+    so enc.* get an exactly-zero gradient (`zero_grad`). `straight_through=True`, the healthy twin, rounds
+    with ``h + (h.round() - h).detach()`` and the encoder learns."""
+
+    def __init__(self, straight_through: bool = False) -> None:
+        super().__init__()
+        self.straight_through = straight_through
+        self.enc = nn.Linear(8, 6)
+        self.dec = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = 4 * self.enc(x)
+        if self.straight_through:
+            h = h + (h.round() - h).detach()
+        else:
+            h = torch.round(h)  # planted: round
+        out: torch.Tensor = self.dec(h)
+        return out
+
+
+class EMATeacher(nn.Module):
+    """Healthy: a student and a frozen teacher updated as the student's moving average under
+    ``torch.no_grad()`` inside forward (BYOL, DINO, mean teacher); the loss pulls the student towards the
+    teacher's output. The teacher's in-place updates read the student's weights under no_grad (cuts), yet the
+    student learns: nothing may be reported but the teacher's intended freeze."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.student = nn.Linear(8, 8)
+        self.teacher = nn.Linear(8, 8)
+        self.teacher.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self.teacher(x)
+            for t, s in zip(self.teacher.parameters(), self.student.parameters()):
+                t.mul_(0.99).add_(s, alpha=0.01)
+        return nn.functional.mse_loss(self.student(x), target)
+
+
+class SimSiam(nn.Module):
+    """Healthy: SimSiam's symmetric loss, each view's branch stopped with ``.detach()`` (a stop-gradient
+    branch of a contrastive loss): encoder and predictor both learn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(8, 8)
+        self.pred = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z1, z2 = self.enc(x), self.enc(x + 0.1 * torch.randn_like(x))
+        sim = nn.functional.cosine_similarity
+        return -(sim(self.pred(z1), z2.detach()).mean() + sim(self.pred(z2), z1.detach()).mean()) / 2
+
+
+class Stacked(nn.Module):
+    """Three Linear layers and a head. `container="list"` plants the bug: the layers sit in a plain Python
+    list (marked), so they are used and get gradients but are no parameters of the model: the 6 tensors
+    `layers[i].weight/bias` are `not_registered` and the model has only the head's 2. "modulelist" is the
+    healthy twin (it also keeps a plain list of references to the registered layers, which is fine)."""
+
+    def __init__(self, container: str = "modulelist") -> None:
+        super().__init__()
+        made = [nn.Linear(8, 8) for _ in range(3)]
+        if container == "list":
+            self.layers = made  # planted: list
+        else:
+            self.layers = nn.ModuleList(made)
+            self.refs = list(made)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+class MadeInForward(nn.Module):
+    """Planted: a Linear created inside forward on every call (marked): its weight and bias take part and
+    get gradients, but are new at every step and no parameter of the model (`not_registered`). Plus a scale
+    held as a plain ``requires_grad=True`` tensor attribute (`scale`: `not_registered`, fix nn.Parameter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 4)
+        self.scale = torch.ones(8, requires_grad=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = nn.Linear(8, 8)(x * self.scale)  # planted: made
+        out: torch.Tensor = self.head(h)
+        return out

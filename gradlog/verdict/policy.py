@@ -41,6 +41,7 @@ _REASONS = (
     "frozen",
     "not_in_optimizer",
     "not_in_model",
+    "not_registered",
     "no_grad",
     "zero_lr",
     "zero_grad",
@@ -66,6 +67,11 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     ),
     "never.not_in_optimizer": (PROBLEM, f"trainable but in no param group (optimizer built too early?): {_WHOLE}"),
     "never.not_in_model": (PROBLEM, "the optimizer steps a tensor the model no longer has (a replaced head)"),
+    "never.not_registered": (
+        PROBLEM,
+        "used in forward and given a gradient, but no parameter of the model (modules in a Python list, a module "
+        f"made in forward()): no optimizer steps it, {_WHOLE}",
+    ),
     "never.no_grad": (PROBLEM, f"no gradient ever reached it (unused module, detach, no_grad): {_WHOLE}"),
     "never.zero_lr": (PROBLEM, f"its param group's lr is 0 (a scheduler or a typo): {_WHOLE}"),
     "never.zero_grad": (
@@ -88,6 +94,7 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     "partly.frozen": (NOTE, "frozen slices (not produced today; listed for completeness)"),
     "partly.not_in_optimizer": (PROBLEM, "slices left out of the optimizer"),
     "partly.not_in_model": (PROBLEM, "slices the model no longer has"),
+    "partly.not_registered": (PROBLEM, "slices outside the model's parameters (not produced today)"),
     "partly.no_grad": (PROBLEM, "slices no gradient reached"),
     "partly.zero_lr": (PROBLEM, "slices with lr 0"),
     "partly.zero_grad": (

@@ -33,6 +33,8 @@ class Reason(str, enum.Enum):
     FROZEN = "frozen"
     NOT_IN_OPTIMIZER = "not_in_optimizer"
     NOT_IN_MODEL = "not_in_model"  # in the optimizer, no longer (or never) in the model: a replaced module
+    #: took part in a traced step and got a gradient, but is no parameter of the model (a Python list of modules)
+    NOT_REGISTERED = "not_registered"
     NO_GRAD = "no_grad"
     ZERO_LR = "zero_lr"
     ZERO_GRAD = "zero_grad"

@@ -1,0 +1,610 @@
+"""One traced training step: where the path from the loss to a weight is cut, and which tensors took part in
+the step without being parameters of the model.
+
+A report that says "grad None: unused, detached, or under torch.no_grad()" leaves the user three guesses and
+no place. One step run under `StepTrace` answers with the place: a `TorchFunctionMode` sees every torch call
+of the forward and the loss; a call that reads a tensor which requires grad and returns none that does (a
+``.detach()``, ``.data``, an op under ``torch.no_grad()``, ``argmax``, a comparison, an integer cast,
+``.item()``) is a *cut*, and so is an op whose gradient is zero everywhere (``round``, ``floor``, ``sign``).
+Each cut keeps the user's frame (the first outside torch and gradlog) and the autograd node of what it read,
+so after the step the cut that separates a weight with no gradient from the loss is the one whose input
+reaches that weight. Cuts that parameters learn across (a straight-through estimator, an EMA teacher, a
+stop-gradient branch, a detached target) are recorded too, and never reported: only weights that ended with
+no gradient, or an exactly zero one, look for their cut.
+
+Post-accumulate-grad hooks tell whether backward wrote a weight's gradient at all, so "computed, then cleared
+before step()" (a misplaced ``zero_grad()``) is told apart from "the loss never reached it". Leaves that
+require grad, get one, and are no parameter of the model, yet belong to it (held by its attributes: modules in
+a Python list, a plain ``requires_grad=True`` tensor; or made during the step: a module built inside
+``forward``, a tensor made there with ``requires_grad=True``) are recorded with the frame that first used them;
+another model's weights the step uses (a GAN's discriminator) are not.
+
+Everything goes through handles removed at the end (hooks) or a mode popped at the end: nothing is set on
+the user's model or optimizer. The cost is one step's worth of Python per torch call (measured in
+tests/test_trace.py); it runs once, never on the measured-step path.
+"""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import os
+import sys
+import time
+import types
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
+
+_log = logging.getLogger("gradlog")
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_GRADLOG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY = f"{os.sep}site-packages{os.sep}"
+#: torch calls one traced step records at most: a run's trace that waits for a step through an evaluation
+#: loop stops recording there
+MAX_CALLS = 200_000
+#: calls that turn a tensor into Python numbers: the graph ends there
+_TO_PYTHON = frozenset({"item", "tolist", "numpy", "__float__", "__int__", "__index__"})
+#: ops whose derivative is zero everywhere: a gradient through them is exactly zero
+_ZERO_DERIVATIVE = frozenset({"round", "round_", "floor", "floor_", "ceil", "ceil_", "trunc", "trunc_", "sign", "sgn"})
+_COMPARISONS = frozenset(
+    {"gt", "ge", "lt", "le", "eq", "ne", "__gt__", "__ge__", "__lt__", "__le__", "__eq__", "__ne__", "greater"}
+)
+#: calls on a tensor that read no value (shapes, dtypes, devices, printing): never a cut
+_NO_VALUE = frozenset({"size", "dim", "numel", "__len__", "__repr__", "__format__", "__bool__", "stride", "__hash__"})
+
+
+@dataclass(frozen=True)
+class Site:
+    """A line of the user's code: the first stack frame outside torch and gradlog."""
+
+    file: str
+    line: int
+    code: str  # the source line, stripped ("" when it cannot be read)
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def quoted(self) -> str:
+        """ "model.py:41 (`h = self.enc(x).detach()`)"."""
+        return f"{self}" + (f" (`{self.code}`)" if self.code else "")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A call that read a tensor requiring grad and gave nothing a gradient can flow back through (or a
+    zero one): `kind` is "detach", "data", "no_grad", "inference_mode", "python" (``.item()`` and friends),
+    "integer" (an integer or boolean result: argmax, comparisons, casts) or "zero_derivative"."""
+
+    kind: str
+    op: str
+    site: Site | None
+    seq: int = 0  # its place among the step's torch calls: the last cut is the nearest the loss
+
+    def what(self) -> str:
+        """The cut in words: "`.detach()`", "`linear` under torch.no_grad()"."""
+        words = {
+            "detach": f"`.{self.op}()`",
+            "data": "`.data`",
+            "no_grad": f"`{self.op}` run under torch.no_grad()",
+            "inference_mode": f"`{self.op}` run under torch.inference_mode()",
+            "python": f"`.{self.op}()` (a Python number: no graph back to the weights)",
+            "integer": f"`{self.op}` (returns integers/booleans: not differentiable)",
+            "zero_derivative": f"`{self.op}` (its gradient is zero everywhere)",
+        }
+        return words.get(self.kind, f"`{self.op}`")
+
+    def fix(self) -> str:
+        """What to change there, in one line."""
+        return {
+            "detach": "remove the .detach() (a straight-through estimator keeps a path: x + (q - x).detach())",
+            "data": "use the tensor itself, not its .data",
+            "no_grad": "move this call out of the torch.no_grad() block",
+            "inference_mode": "move this call out of the torch.inference_mode() block",
+            "python": "keep the loss a tensor: do not rebuild it from .item() (torch.tensor(loss.item(), "
+            "requires_grad=True) is a new leaf with no path to the weights)",
+            "integer": "argmax, comparisons and integer casts have no gradient: use a differentiable relaxation "
+            "(softmax, Gumbel-softmax) or a straight-through estimator (soft + (hard - soft).detach())",
+            "zero_derivative": f"{self.op} has zero gradient: use a straight-through estimator "
+            f"(x + (x.{self.op.rstrip('_')}() - x).detach())",
+        }.get(self.kind, "give it a differentiable path to the loss")
+
+    def located(self) -> str:
+        """ "cut at model.py:41 (`h = ...`) by `.detach()`"."""
+        where = f" at {self.site.quoted()}" if self.site else ""
+        return f"cut{where} by {self.what()}"
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """A leaf that required grad, took part in the traced step and got a gradient, but is no parameter of
+    the model: `path` names it when the model's attributes hold it ("layers[2].weight"), `site` is where the
+    step first used it."""
+
+    tensor: torch.Tensor
+    path: str | None
+    site: Site | None
+    container: str | None  # "a Python list of 6 Linear", when an attribute holds it
+
+
+@dataclass
+class TraceResult:
+    """What one traced step found: per weight (by `id`), whether backward wrote its gradient and whether the
+    optimizer then saw none (or a zero one); the cut that explains each weight that got none; the foreign
+    leaves; and what the trace cost."""
+
+    #: ids of the weights backward wrote a gradient to (a post-accumulate-grad hook fired)
+    accumulated: set[int] = field(default_factory=set)
+    #: ids of the weights whose gradient was None at the optimizer's step (or after backward, without one)
+    none_at_step: set[int] = field(default_factory=set)
+    #: ids of the weights whose gradient was exactly zero at the step
+    zero_at_step: set[int] = field(default_factory=set)
+    #: id -> the first cut (in call order) whose input reaches the weight, for weights with no/zero gradient
+    cut_of: dict[int, Cut] = field(default_factory=dict)
+    #: ids of the weights some traced call read (directly or through a module's forward)
+    used: set[int] = field(default_factory=set)
+    foreign: list[Foreign] = field(default_factory=list)
+    #: the loss had no grad_fn: it was rebuilt as a new leaf (or never required grad); its cut, where one is known
+    loss_leaf: bool = False
+    calls: int = 0  # torch calls traced
+    seconds: float = 0.0  # wall time of the traced step, the step itself included
+    step: int | None = None  # a run's optimizer step that was traced (None: gradlog.check's)
+
+    def cleared(self, pid: int) -> bool:
+        """Backward wrote a gradient, and the optimizer's step saw none: cleared in between."""
+        return pid in self.accumulated and pid in self.none_at_step
+
+    def cost(self) -> str:
+        return f"one traced step: {self.calls} torch calls, {self.seconds * 1e3:.0f} ms"
+
+    def label(self) -> str:
+        """ "traced step (optimizer step 51; 812 torch calls)": what the records' causes come from, and its
+        cost in torch calls (the same in every run of the same code: the records stay reproducible; the time
+        it took is logged, `cost`)."""
+        at = f"optimizer step {self.step}; " if self.step is not None else ""
+        return f"traced step ({at}{self.calls} torch calls)"
+
+
+def user_site(skip: Iterable[str] = ()) -> Site | None:
+    """The user's line: from the caller outwards, the first frame outside torch and gradlog (and `skip`),
+    preferring one outside installed libraries (site-packages), so that a cut inside a Hugging Face model
+    under the user's torch.no_grad() names the user's call, not transformers' line."""
+    frame: types.FrameType | None = sys._getframe(1)
+    dirs = (_TORCH_DIR, _GRADLOG_DIR, *skip)
+    fallback: types.FrameType | None = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(dirs) and not path.startswith("<frozen"):
+            if _LIBRARY not in path and "dist-packages" not in path:
+                break
+            fallback = fallback or frame
+        frame = frame.f_back
+    frame = frame or fallback
+    if frame is None:
+        return None
+    path = frame.f_code.co_filename
+    code = linecache.getline(path, frame.f_lineno).split("  #")[0].strip()  # the statement, not its comment
+    code = code if len(code) <= 80 else code[:77] + "..."
+    return Site(_shown(path), frame.f_lineno, code)
+
+
+def _shown(path: str) -> str:
+    """A path as the report shows it: relative to the working directory when under it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The tensors in a call's arguments or result: tensors, and those in lists, tuples and dicts (two deep)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 2 and isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x, depth + 1)
+    elif depth < 2 and isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x, depth + 1)
+
+
+def _name(func: Any) -> str:
+    name = getattr(func, "__name__", None) or repr(func)
+    if name == "__get__":  # a property: Tensor.data, Tensor.grad, ...
+        owner = getattr(func, "__self__", None)
+        name = getattr(owner, "__name__", name)
+    return str(name)
+
+
+def _kind(name: str, outs: list[torch.Tensor], result: Any) -> str | None:
+    """Whether a call that read a tensor requiring grad cut the path (and how), from what it returned."""
+    if name in _NO_VALUE:
+        return None
+    if name in _TO_PYTHON:
+        return "python"
+    if not outs:
+        return None
+    if name in _ZERO_DERIVATIVE and any(o.requires_grad for o in outs):
+        return "zero_derivative"
+    if any(o.requires_grad for o in outs):
+        return None
+    if name in ("detach", "detach_"):
+        return "detach"
+    if name == "data":
+        return "data"
+    if torch.is_inference_mode_enabled():
+        return "inference_mode"
+    if not torch.is_grad_enabled():
+        return "no_grad"
+    if not any(o.is_floating_point() or o.is_complex() for o in outs):
+        return "integer"
+    return "other"
+
+
+class _Recorder(TorchFunctionMode):
+    """Sees every torch call while pushed; hands each to the trace (never failing the user's call)."""
+
+    def __init__(self, trace: StepTrace) -> None:
+        super().__init__()
+        self.trace = trace
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        try:
+            self.trace.saw(func, args, kwargs or {}, out)
+        except Exception:  # the trace is advice: a call it cannot read is skipped, the step goes on
+            pass
+        return out
+
+
+class StepTrace:
+    """Trace one training step of `model` (and its `optimizer`, when given).
+
+    ``with StepTrace(model, optimizer) as trace: <forward, loss, backward, step>`` then ``trace.result()``;
+    or `start()` / `stop()` from two places (a forward pre-hook and the next optimizer step pre-hook). The
+    loss, when known (`loss(t)`), lets the result say whether it had a grad_fn at all.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        params: dict[int, torch.Tensor] = {id(p): p for p in model.parameters()}
+        if optimizer is not None:
+            for group in optimizer.param_groups:
+                params.update({id(p): p for p in group["params"]})
+        self.params = params
+        self.attributes = unregistered(model, set(params))
+        self._mode = _Recorder(self)
+        self._handles: list[RemovableHandle] = []
+        self._cuts: list[tuple[Cut, list[Any]]] = []
+        self._foreign: dict[int, tuple[torch.Tensor, Site | None]] = {}
+        self._made: set[int] = set()  # leaves requiring grad created during the step (by a factory call)
+        self._foreign_grad: set[int] = set()
+        self._result = TraceResult()
+        self._started = 0.0
+        self._stepped = False
+        self._recording = False
+        self.active = False
+
+    # --- start and stop -------------------------------------------------------------------------------
+    def __enter__(self) -> StepTrace:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+        for pid, p in self.params.items():
+            if p.requires_grad and p.is_leaf:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._accumulated_hook(pid)))  # type: ignore[no-untyped-call]
+        # a global pre-hook runs before every per-optimizer one (gradlog's own measuring included): the mode
+        # is off before anything reads the weights for the step
+        self._handles.append(register_optimizer_step_pre_hook(self._step_pre_hook))
+        self._mode.__enter__()  # type: ignore[no-untyped-call]
+        self._recording = True
+        self.active = True
+
+    def stop(self) -> None:
+        """Pop the mode, remove every hook, and read the gradients if no optimizer step did."""
+        if not self.active:
+            return
+        self.active = False
+        self._pause()
+        if not self._stepped:
+            self._read_grads()
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._result.seconds = time.perf_counter() - self._started
+
+    def loss(self, loss: torch.Tensor) -> None:
+        """The step's loss, when the caller has it: a loss without grad_fn is a finding of its own."""
+        self._result.loss_leaf = loss.grad_fn is None
+
+    @property
+    def stepped(self) -> bool:
+        """The traced optimizer's step began: the step's forward, loss and backward are recorded."""
+        return self._stepped
+
+    # --- hooks ----------------------------------------------------------------------------------------
+    def _accumulated_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
+        def hook(_: torch.Tensor) -> None:
+            self._result.accumulated.add(pid)
+
+        return hook
+
+    def _pause(self) -> None:
+        if self._recording:
+            self._recording = False
+            self._mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+    def _step_pre_hook(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """The step of the traced optimizer (any, without one) ends the trace: what it does is not the forward."""
+        if self._stepped or (self.optimizer is not None and optimizer is not self.optimizer):
+            return
+        self._stepped = True
+        self._pause()
+        self._read_grads()
+
+    def _read_grads(self) -> None:
+        with torch.no_grad():
+            for pid, p in self.params.items():
+                if not p.requires_grad:
+                    continue
+                if p.grad is None:
+                    self._result.none_at_step.add(pid)
+                elif not p.grad.is_sparse and p.grad.count_nonzero().item() == 0:
+                    self._result.zero_at_step.add(pid)
+
+    # --- the mode's callback ----------------------------------------------------------------------------
+    def saw(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """One torch call: note the weights it read, foreign leaves, and whether it cut the graph."""
+        self._result.calls += 1
+        if self._result.calls > MAX_CALLS:  # a step that never ends (an evaluation loop before the next step)
+            self._pause()
+            return
+        inputs = [*_tensors(args), *_tensors(kwargs)]
+        name = _name(func)
+        outs = list(_tensors(out))
+        for o in outs:  # a leaf requiring grad made during the step: torch.randn(..., requires_grad=True)
+            if o.is_leaf and o.requires_grad and id(o) not in self.params and not inputs:
+                self._made.add(id(o))
+        graded = [t for t in inputs if t.requires_grad]
+        if not graded:
+            return
+        for t in graded:
+            if id(t) in self.params:
+                self._result.used.add(id(t))
+                continue
+            if t.is_leaf and id(t) not in self._foreign:
+                self._foreign[id(t)] = (t, user_site())
+                self._handles.append(t.register_post_accumulate_grad_hook(self._foreign_hook(id(t))))  # type: ignore[no-untyped-call]
+            if getattr(func, "__module__", None) == "torch.nn.init":
+                self._made.add(id(t))  # initialised during the step: a module built in forward
+        kind = _kind(name, outs, out)
+        if kind is not None:
+            cut = Cut(kind, name, user_site(), self._result.calls)
+            self._cuts.append((cut, [t.grad_fn if t.grad_fn is not None else t for t in graded]))
+
+    def _foreign_hook(self, tid: int) -> Callable[[torch.Tensor], None]:
+        def hook(_: torch.Tensor) -> None:
+            self._foreign_grad.add(tid)
+
+        return hook
+
+    # --- after the step ---------------------------------------------------------------------------------
+    def result(self) -> TraceResult:
+        """The findings (call after `stop`): cuts matched to the weights they starve, foreign leaves named."""
+        res = self._result
+        trainable = [pid for pid, p in self.params.items() if p.requires_grad]
+        # no gradient: a cut stopped backward; an exactly zero one: backward got there through a zero derivative
+        none = [pid for pid in trainable if pid in res.none_at_step]
+        zero = [pid for pid in trainable if pid in res.zero_at_step]
+        stops = [c for c in self._cuts if c[0].kind != "zero_derivative"]
+        flats = [c for c in self._cuts if c[0].kind == "zero_derivative"]
+        res.cut_of = {**_match(stops, none), **_match(flats, zero)}
+        res.foreign = self._named_foreign()
+        self._cuts.clear()  # the autograd nodes they hold keep activations alive
+        return res
+
+    def _named_foreign(self) -> list[Foreign]:
+        by_id = {id(t): (path, container) for path, container, t in self.attributes}
+        out = []
+        for tid, (t, site) in self._foreign.items():
+            if tid not in self._foreign_grad:
+                continue
+            path, container = by_id.get(tid, (None, None))
+            # another model's weights (a GAN's discriminator) are not this model's to hold: only leaves the
+            # model's attributes hold, or that the step made (a module built in forward), are named; a 0-dim
+            # leaf the step made is a loss rebuilt from a number, not a weight
+            if path is None and (tid not in self._made or (t.dim() == 0 and not isinstance(t, nn.Parameter))):
+                continue
+            out.append(Foreign(t, path, site, container))
+        self._foreign.clear()
+        return out
+
+
+def starved(rows: Sequence[Any], has_grad: Sequence[bool], nonzero: Sequence[float]) -> bool:
+    """A measured step's rows (`Tracked`) show a trainable tensor of the model, in the optimizer, with no
+    gradient or an all-zero one: what makes a run trace one step (a C-speed test first: most steps have none)."""
+    if False not in has_grad and 0.0 not in nonzero:
+        return False
+    for row, has, nz in zip(rows, has_grad, nonzero):
+        if (not has or nz == 0.0) and row.in_model and row.group is not None:
+            p = row.held()
+            if p is not None and p.requires_grad:
+                return True
+    return False
+
+
+class OnceTrace:
+    """A run's one traced step: armed when the model's attributes hold tensors outside its parameters (at
+    once), or when the first measured step shows a trainable tensor without a gradient or with an all-zero
+    one (`after_log`); it then traces from the next forward of the model to the next optimizer step, is read
+    out at the next `log()` (or at close), and is done. A healthy run pays one scan of the modules'
+    attributes at the start and one test of the first measured step: nothing on the measured-step path.
+    Holds the model and optimizer weakly (a logger never keeps them alive); every hook has a handle."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self._model = weakref.ref(model)
+        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        self.state = "waiting"  # -> "armed" (a forward pre-hook) -> "tracing" -> "done"
+        self._handle: RemovableHandle | None = None
+        self._trace: StepTrace | None = None
+        self.result: TraceResult | None = None
+        known = {id(p) for p in model.parameters()}
+        if optimizer is not None:
+            known |= {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if unregistered(model, known):
+            self.arm()
+
+    def arm(self) -> None:
+        model = self._model()
+        if self.state != "waiting" or model is None:
+            return
+        self._handle = model.register_forward_pre_hook(self._pre_forward)
+        self.state = "armed"
+
+    def _pre_forward(self, module: nn.Module, args: Any) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        self._trace = StepTrace(module, optimizer)
+        self._trace.start()
+        self.state = "tracing"
+
+    def after_log(self, starved: Callable[[], bool] | None, step: int) -> None:
+        """After `log()`: a traced step that reached its optimizer step is read out; a new measurement whose
+        `starved()` says a trainable tensor got no (or a zero) gradient arms the trace. `step`: optimizer steps."""
+        if self.state == "tracing" and self._trace is not None and self._trace.stepped:
+            self._finish(step - 1)  # the traced step was the last one taken
+        elif self.state == "waiting" and starved is not None:
+            # only the first measured step decides: a tensor that had a gradient there can never be reported
+            # as never getting one (no_grad, zero_grad need it at every measured step); after it, log() pays
+            # one comparison
+            if starved():
+                self.arm()
+            else:
+                self.state = "done"
+
+    def _finish(self, step: int | None) -> None:
+        trace, self._trace = self._trace, None
+        if trace is not None:
+            trace.stop()
+            self.result = trace.result()
+            self.result.step = step
+            _log.info("gradlog: traced optimizer step %d to locate the causes (%s)", step, self.result.cost())
+        self.state = "done"
+
+    def close(self, step: int) -> TraceResult | None:
+        """At close(): remove what is still hooked; the result, if a step was traced."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        if self.state == "tracing":
+            stepped = self._trace is not None and self._trace.stepped
+            self._finish(step - 1)
+            if not stepped:
+                self.result = None  # a forward without its optimizer step: nothing to say
+        self.state = "done"
+        return self.result
+
+
+def _match(cuts: list[tuple[Cut, list[Any]]], starved: list[int]) -> dict[int, Cut]:
+    """For each starved weight, the first cut (in call order) whose input reaches it in the autograd graph."""
+    if not cuts or not starved:
+        return {}
+    bit = {pid: 1 << i for i, pid in enumerate(starved)}
+    memo: dict[Any, int] = {}
+    out: dict[int, Cut] = {}
+    for cut, sources in cuts:
+        mask = 0
+        for s in sources:
+            mask |= bit.get(id(s), 0) if isinstance(s, torch.Tensor) else _reach(s, bit, memo)
+        for pid, b in bit.items():
+            if mask & b and pid not in out:
+                out[pid] = cut
+        if len(out) == len(bit):
+            break
+    return out
+
+
+def _reach(node: Any, bit: dict[int, int], memo: dict[Any, int]) -> int:
+    """The starved weights (a bit mask) an autograd node leads to: an iterative post-order walk, memoised."""
+    stack = [(node, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if n in memo:
+            continue
+        nexts = [m for m, _ in getattr(n, "next_functions", ()) if m is not None]
+        if not expanded:
+            stack.append((n, True))
+            stack.extend((m, False) for m in nexts if m not in memo)
+            continue
+        mask = 0
+        var = getattr(n, "variable", None)
+        if isinstance(var, torch.Tensor):
+            mask |= bit.get(id(var), 0)
+        for m in nexts:
+            mask |= memo.get(m, 0)
+        memo[n] = mask
+    return memo.get(node, 0)
+
+
+def unregistered(model: nn.Module, known: set[int]) -> list[tuple[str, str, torch.Tensor]]:
+    """Tensors requiring grad that the model's attributes hold outside its parameters: modules or tensors in
+    a Python list, tuple or dict, or a plain tensor attribute. Each as (path, what holds it, tensor), e.g.
+    ("layers[2].weight", "a Python list of 6 Linear", w); tensors the model does hold as parameters are left
+    out (a list of references to registered layers is fine)."""
+    internal = set(vars(nn.Module()))
+    out: list[tuple[str, str, torch.Tensor]] = []
+    seen: set[int] = set()
+    for mod_name, module in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        for key, value in vars(module).items():
+            if key in internal:
+                continue
+            for path, t, container in _held(prefix + key, value):
+                if id(t) not in known and id(t) not in seen and t.requires_grad and t.is_leaf:
+                    seen.add(id(t))
+                    out.append((path, container, t))
+    return out
+
+
+def _held(path: str, value: Any) -> Iterator[tuple[str, torch.Tensor, str]]:
+    """The grad-requiring tensors an attribute value holds, with their paths and a description of the holder."""
+    if isinstance(value, torch.Tensor):
+        yield path, value, "a plain tensor attribute (not an nn.Parameter)"
+        return
+    if isinstance(value, dict):
+        items = [(f"{path}[{k!r}]", v) for k, v in value.items()]
+        kind = "dict"
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        kind = type(value).__name__ if type(value) in (list, tuple) else "sequence"
+    else:
+        return
+    if not items or len(items) > 10_000:
+        return
+    classes = [type(v).__name__ for _, v in items if isinstance(v, (nn.Module, torch.Tensor))]
+    if not classes:
+        return
+    names = sorted(set(classes))
+    container = f"a Python {kind} of {len(classes)} {'/'.join(names)}"
+    for item_path, v in items:
+        if isinstance(v, nn.Module):
+            for pname, p in v.named_parameters():
+                yield f"{item_path}.{pname}", p, container
+        elif isinstance(v, torch.Tensor):
+            yield item_path, v, container

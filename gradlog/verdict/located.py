@@ -1,0 +1,117 @@
+"""A traced step's answers put into the report: the cut named in the records of weights that got no gradient,
+the tensors that took part in the step outside the model's parameters as records of their own
+(`not_registered`), and the hint that says which of "cleared before step()" and "never reached" it was.
+
+Each record that a trace explains ends with "fix: ..." and, where the cause is a line, its file and line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from gradlog.measure.trace import Foreign, TraceResult
+from gradlog.verdict.report import NeverUpdated, Reason, Stalled
+
+#: the hint `gradlog.verdict.diagnosis` gives when every trainable tensor had grad None
+_NONE_HINT = "every trainable tensor had grad None"
+_CLEARED_FIX = "clear the gradients before backward() or after step(), never between them"
+#: the hint when a traced step saw backward() write every gradient and step() find none
+CLEARED_HINT = (
+    "every trainable tensor had grad None at step(), yet backward() computed their gradients: zero_grad() "
+    "called between backward() and step() cleared them; fix: call it before backward() or after step()"
+)
+
+
+def cause(pid: int, trace: TraceResult) -> str | None:
+    """What the traced step says kept one weight from a gradient, ending with the fix; None: it cannot say."""
+    label = trace.label()
+    if trace.cleared(pid):
+        return (
+            f"{label}: backward() wrote its gradient and it was None at step(): cleared in between; fix: {_CLEARED_FIX}"
+        )
+    cut = trace.cut_of.get(pid)
+    if cut is not None:
+        return f"{label}: {cut.located()}; fix: {cut.fix()}"
+    if trace.loss_leaf:
+        return (
+            f"{label}: the loss has no grad_fn (a new tensor built from numbers), so no path leads to any "
+            "weight; fix: return the loss tensor the model's outputs computed"
+        )
+    if pid not in trace.used and pid in trace.none_at_step:
+        return (
+            f"{label}: no torch call read it, so it is unused in forward; fix: call its module in forward(), "
+            "or leave it out of the model"
+        )
+    return None
+
+
+def locate(records: Sequence[NeverUpdated], ids: Mapping[str, int], trace: TraceResult) -> list[NeverUpdated]:
+    """`records` with the traced cause in the detail of each no-gradient or zero-gradient one (`ids`: tensor
+    name -> `id` of the parameter); the other records as they were."""
+    out = []
+    for rec in records:
+        pid = ids.get(rec.name)
+        why = None if pid is None or rec.reason not in (Reason.NO_GRAD, Reason.ZERO_GRAD) else cause(pid, trace)
+        if why is None:
+            out.append(rec)
+            continue
+        evidence = rec.detail.split(": unused in forward")[0]  # the guesses make way for the traced answer
+        out.append(dataclasses.replace(rec, detail=f"{evidence}; {why}"))
+    return out
+
+
+def not_registered(trace: TraceResult) -> list[NeverUpdated]:
+    """One record per tensor that took part in the traced step and got a gradient, yet is no parameter of the
+    model: no optimizer built from ``model.parameters()`` steps it, and nothing else would say so."""
+    out = []
+    for f in trace.foreign:
+        t = f.tensor
+        name = f.path or f"<{type(t).__name__} {tuple(t.shape)}>"
+        out.append(NeverUpdated(name, tuple(t.shape), t.numel(), Reason.NOT_REGISTERED, _detail(f)))
+    return out
+
+
+def _detail(f: Foreign) -> str:
+    used = f" (first used at {f.site.quoted()})" if f.site else ""
+    head = f"used in the traced step{used} and given a gradient, but not a parameter of the model"
+    if f.container is not None and f.path is not None:
+        attr = f.path.split("[")[0]
+        if f.container.startswith("a plain tensor"):
+            return (
+                f"{head}: {attr} is {f.container}, so no optimizer sees it; "
+                f"fix: make it an nn.Parameter (self.{attr.rsplit('.', 1)[-1]} = nn.Parameter(...))"
+            )
+        holder = "nn.ModuleDict" if " dict " in f.container else "nn.ModuleList"
+        if "Parameter" in f.container or "Tensor" in f.container:
+            holder = "nn.ParameterDict" if " dict " in f.container else "nn.ParameterList"
+        return f"{head}: {attr} is {f.container}, so no optimizer sees it; fix: hold them in {holder}"
+    return (
+        f"{head}: a module created inside forward(), or a tensor made with requires_grad=True there, is new at "
+        "every step and never trained; fix: create it once in __init__ as a submodule or nn.Parameter"
+    )
+
+
+def traced_hint(
+    hint: str | None, records: Sequence[NeverUpdated | Stalled], ids: Mapping[str, int], trace: TraceResult
+) -> str | None:
+    """The hint, with "every trainable tensor had grad None: is zero_grad() misplaced?" replaced by what the
+    trace saw: gradients computed and cleared before step(), or a loss that never reached the weights (and
+    where it was cut). `records`: the never-updated and stalled ones (a resumed run's tensors quiet since the
+    resume are stalled); its "from the resume at step N on, " stays in front."""
+    prefix, found, _ = (hint or "").partition(_NONE_HINT)
+    if not found:
+        return hint
+    pids = [ids[r.name] for r in records if r.reason == Reason.NO_GRAD and r.name in ids]
+    if not pids:
+        return hint
+    if all(trace.cleared(p) for p in pids):
+        return prefix + CLEARED_HINT
+    if any(p in trace.accumulated for p in pids):
+        return hint
+    cuts = [trace.cut_of[p] for p in pids if p in trace.cut_of]
+    nearest = max(cuts, key=lambda c: c.seq) if cuts else None  # the cut nearest the loss
+    first = next((p for p in pids if trace.cut_of.get(p) is nearest), pids[0])
+    why = cause(first, trace)
+    where = f": {why.split('): ', 1)[-1]}" if why else ""  # the cause without the trace's label
+    return f"{prefix}{_NONE_HINT}: the loss never reached them (backward() wrote no gradient){where}"
