@@ -47,6 +47,7 @@ _REASONS = (
     "nonfinite_grad",
     "below_precision",
     "tiny_update",
+    "overwritten",
     "not_in_batch",
     "padding_idx",
     "dead_units",
@@ -78,6 +79,11 @@ DEFAULTS: dict[str, tuple[str, str]] = {
         f"an fp32 tensor whose every update was below its resolution (a noise-level gradient, lr far too small): "
         f"{_WHOLE}",
     ),
+    "never.overwritten": (
+        PROBLEM,
+        "updated by the optimizer at every measured step, yet set back to the same values outside it (a reset, a "
+        f"mask applied to saved weights, a checkpoint reloaded every step): {_WHOLE}",
+    ),
     "never.not_in_batch": (PROBLEM, f"{_WHOLE}, not only some rows"),
     "never.padding_idx": (NOTE, "a padding row, never updated by design"),
     "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
@@ -100,6 +106,10 @@ DEFAULTS: dict[str, tuple[str, str]] = {
         NOTE,
         "fp32 elements or slices whose gradient was rounding noise, so no update registered (an attention key "
         "bias: softmax ignores it): harmless on its own; promote it where every element must learn",
+    ),
+    "partly.overwritten": (
+        PROBLEM,
+        "slices set back outside the optimizer (not produced today; listed for completeness)",
     ),
     "partly.not_in_batch": (
         NOTE,
