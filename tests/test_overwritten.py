@@ -183,6 +183,25 @@ def test_torch_prune_stays_quiet_weight_orig_learns() -> None:
     assert report.healthy, report.verdict
 
 
+def test_torch_structured_prune_is_a_note_naming_the_pruned_rows() -> None:
+    """Structured pruning (whole rows of `a.weight_orig`): the pruned rows get no gradient and never
+    change, by design. They are a note (`partly.pruned`, intentional), not dead units; the verdict is OK."""
+    from torch.nn.utils import prune
+
+    model, _, loss = mlp()
+    prune.ln_structured(model.a, "weight", amount=0.25, n=1, dim=0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    start = model.a.weight_orig.detach().clone()
+    report, _ = run(model, opt, loss)
+    pruned_rows = (model.a.weight_mask == 0).all(dim=1).nonzero().flatten().tolist()
+    unchanged_rows = (model.a.weight_orig.detach() == start).all(dim=1).nonzero().flatten().tolist()
+    assert len(pruned_rows) == 2 and unchanged_rows == pruned_rows  # the reference, from copies and the mask
+    [rec] = report.partly_updated
+    assert (rec.name, rec.dim, list(rec.indices), rec.reason) == ("a.weight_orig", 0, pruned_rows, Reason.PRUNED)
+    assert rec.intentional and "a.weight_mask is zero there" in rec.detail
+    assert report.healthy and "gradlog OK" in report.verdict and "1 note" in report.verdict
+
+
 def test_weight_clipping_max_norm_ema_and_tying_stay_quiet() -> None:
     """WGAN's clamp after each step, a max-norm renormalisation of each row after each step (the norm is
     the same before every step, the values are not), an EMA copy updated outside the optimizer (its

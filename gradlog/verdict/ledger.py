@@ -140,7 +140,7 @@ class Ledger:
         #: filled by `changed`: tensors updated at measured steps whose values equal their first ones (exact)
         self.back_to_start: set[int] = set()
         #: the last measurement's rows, sums of squares before its step and which rows it updated (`_screen`)
-        self._prev: tuple[list[Tracked], list[float], list[bool], int] | None = None
+        self._prev: tuple[list[Tracked], torch.Tensor, torch.Tensor, int] | None = None
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -265,13 +265,13 @@ class Ledger:
     def _screen(self, m: Measurement) -> None:
         """The set-back screen (see the module docstring): tensors updated at the previous measured step
         whose sum of squares before this one is bit for bit the one before that step start (or continue) a
-        `SetBack` streak; any other step of theirs ends it. Host floats already read: no device work."""
-        host = m.lists
-        before, upd = host.before, host.update
-        if before is None or upd is None:
+        `SetBack` streak; any other step of theirs ends it. Host tensors already read, compared whole: a few
+        ops a measured step, and Python work only for the tensors in a streak."""
+        before, upd = m.before_sumsq, m.update_sumsq
+        if before is None or upd is None or before.device.type != "cpu" or upd.device.type != "cpu":
             self._prev = None
             return
-        moved = [u > 0 and not m.skipped for u in upd]
+        moved = upd > 0 if not m.skipped else torch.zeros(upd.shape, dtype=torch.bool)
         prev, self._prev = self._prev, (m.rows, before, moved, m.index)
         if prev is None:
             return
@@ -279,14 +279,15 @@ class Ledger:
         if rows is not m.rows and [r.index for r in rows] != [r.index for r in m.rows]:
             self.set_back.clear()  # the table changed: positions differ, start again
             return
-        for i, row in enumerate(m.rows):
-            if not was_moved[i] or row.group is None:
+        same = torch.logical_and(was_moved, before == was)
+        at = {r.index: i for i, r in enumerate(m.rows)} if self.set_back else {}
+        for tracked in [k for k in self.set_back if k not in at or not bool(same[at[k]])]:
+            del self.set_back[tracked]  # it moved on (or is gone): the streak ends
+        for i in same.nonzero().flatten().tolist():
+            row = m.rows[i]
+            if row.group is None:
                 continue
             sb = self.set_back.get(row.index)
-            if before[i] != was[i]:
-                if sb is not None:
-                    del self.set_back[row.index]  # it moved on: the streak ends
-                continue
             if sb is None:
                 measured = self._ev(row).measured - 2  # before `index` (this step and `index` are counted)
                 self.set_back[row.index] = SetBack(index, m.index, max(0, measured))

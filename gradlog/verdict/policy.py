@@ -50,6 +50,7 @@ _REASONS = (
     "overwritten",
     "not_in_batch",
     "padding_idx",
+    "pruned",
     "dead_units",
     "not_routed",
     "unknown",
@@ -86,6 +87,10 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     ),
     "never.not_in_batch": (PROBLEM, f"{_WHOLE}, not only some rows"),
     "never.padding_idx": (NOTE, "a padding row, never updated by design"),
+    "never.pruned": (
+        NOTE,
+        "pruned whole by torch.nn.utils.prune, by design (not produced today; listed for completeness)",
+    ),
     "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
     "never.dead_units": (PROBLEM, f"{_WHOLE} (units, stopped slices' reason: not given to whole tensors today)"),
     "never.not_routed": (PROBLEM, f"{_WHOLE} (experts, stopped slices' reason: not given to whole tensors today)"),
@@ -117,6 +122,11 @@ DEFAULTS: dict[str, tuple[str, str]] = {
         "true of most real runs and harmless; promote it for a table where every row must learn",
     ),
     "partly.padding_idx": (NOTE, "the embedding's padding_idx row, never updated by design"),
+    "partly.pruned": (
+        NOTE,
+        "rows, columns or elements that torch.nn.utils.prune's mask zeroes (the `<name>_orig` parameter's): no "
+        "gradient reaches them, by design",
+    ),
     "partly.unknown": (PROBLEM, "slices never measured"),
     "partly.dead_units": (PROBLEM, "units that never learned (stopped slices' reason: not given here today)"),
     "partly.not_routed": (PROBLEM, "experts never routed to (stopped slices' reason: not given here today)"),
