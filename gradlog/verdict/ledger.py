@@ -81,6 +81,7 @@ class SetBack:
     since: int  # the measured step whose update was undone first in this streak
     back_at: int  # the next measured step: its pre-hook values were those before `since` (by the screen)
     measured_before: int  # this tensor's measured steps before `since` (0: the streak began at its first)
+    at: int  # its position in the measurements' rows (the same while the parameter table is)
     hits: int = 1  # measured steps of the streak: sum of squares before them equal to the previous one's
     pending: bool = True  # fingerprint it at the next measured step's pre-hook
     ref: Fingerprint | None = None  # its values at the streak's first fingerprinted pre-hook
@@ -276,21 +277,21 @@ class Ledger:
         if prev is None:
             return
         rows, was, was_moved, index = prev
-        if rows is not m.rows and [r.index for r in rows] != [r.index for r in m.rows]:
+        if rows is not m.rows and rows != m.rows:  # element identity first: a C loop over pointers
             self.set_back.clear()  # the table changed: positions differ, start again
             return
         same = torch.logical_and(was_moved, before == was)
-        at = {r.index: i for i, r in enumerate(m.rows)} if self.set_back else {}
-        for tracked in [k for k in self.set_back if k not in at or not bool(same[at[k]])]:
-            del self.set_back[tracked]  # it moved on (or is gone): the streak ends
-        for i in same.nonzero().flatten().tolist():
+        hits = set(same.nonzero().flatten().tolist())
+        for tracked in [k for k, sb in self.set_back.items() if sb.at not in hits]:
+            del self.set_back[tracked]  # it moved on: the streak ends
+        for i in hits:
             row = m.rows[i]
             if row.group is None:
                 continue
             sb = self.set_back.get(row.index)
             if sb is None:
                 measured = self._ev(row).measured - 2  # before `index` (this step and `index` are counted)
-                self.set_back[row.index] = SetBack(index, m.index, max(0, measured))
+                self.set_back[row.index] = SetBack(index, m.index, max(0, measured), i)
             else:
                 sb.hits += 1
                 sb.pending = True
