@@ -30,9 +30,10 @@ from gradlog.runformat.tags import HISTOGRAM_KINDS
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Evidence, Ledger
+from gradlog.verdict.overwritten import overwritten
 from gradlog.verdict.policy import Policy
 from gradlog.verdict.precision import rounded_away
-from gradlog.verdict.report import Report, StoppedSlice
+from gradlog.verdict.report import Report, Stalled, StoppedSlice
 from gradlog.verdict.slices import SliceFacts, global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
 from gradlog.verdict.stopped_slices import global_last_steps, last_steps, silent_slices, stopped_slices
@@ -386,6 +387,7 @@ class Pipeline:
         self.table.rescan()  # parameters materialised or added since the last measured step
         self._release_freed()
         self.ledger.fingerprint_new(self.table.live, self.table.generation)
+        self.ledger.check_set_back(self.table.live, index)  # weights set back outside the optimizer (the screen's)
         hist = bool(self.histogram_every) and index % self.histogram_every == 0
         zeros = hist if self.count_zeros is None else self.count_zeros
         clips, self._clips = self._clips, []
@@ -498,7 +500,10 @@ class Pipeline:
         evidence = spanning = self.ledger.evidence  # the whole run's evidence where records speak for all of it
         if segments is not None:
             evidence, spanning = segments.never_evidence(rows, spanning), segments.whole_run(rows, spanning)
-        never = diagnose(rows, evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps)
+        set_back, set_back_stalled = overwritten(rows, spanning, self.ledger.back_to_start, self.ledger.set_back)
+        never = diagnose(
+            rows, evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps, overwritten=set_back
+        )
         steps = self.optimizer_steps if self.with_optimizer else self.calls
         facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, optimizer)
         if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
@@ -516,6 +521,8 @@ class Pipeline:
             self.with_optimizer,
             exclude={r.name for r in never},
         )
+        reported = {r.name for r in never} | {r.name for r in stopped}
+        stopped = _in_model_order(rows, stopped, [s for s in set_back_stalled if s.name not in reported])
         whole = {r.name for r in never} | {r.name for r in stopped}
         slices, silent = self._slices_in_time(collective, owners, whole, resumed_after)
         report = Report(
@@ -587,6 +594,12 @@ class Pipeline:
                 error=key,
                 policy=policy,
             )
+
+
+def _in_model_order(rows: list[Tracked], *parts: list[Stalled]) -> list[Stalled]:
+    """Stalled records of several sources, one list in model order."""
+    order = {r.name: k for k, r in enumerate(rows)}
+    return sorted((s for part in parts for s in part), key=lambda s: order.get(s.name, len(order)))
 
 
 def _shared(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:

@@ -208,7 +208,15 @@ def _stalled_at_resume(r: NeverUpdated, first_step: int, since: int, last: int) 
 
 #: Reasons of a record whose slices had no non-zero gradient at any measured step with a gradient
 _NO_GRADIENT = frozenset(
-    {Reason.ZERO_GRAD, Reason.NOT_IN_BATCH, Reason.PADDING_IDX, Reason.NO_GRAD, Reason.FROZEN, Reason.UNKNOWN}
+    {
+        Reason.ZERO_GRAD,
+        Reason.NOT_IN_BATCH,
+        Reason.PADDING_IDX,
+        Reason.PRUNED,
+        Reason.NO_GRAD,
+        Reason.FROZEN,
+        Reason.UNKNOWN,
+    }
 )
 
 

@@ -39,8 +39,9 @@ def train(
     def share_kept(step: int) -> None:
         if step % every == 0:
             for n, p in params.items():
-                kept = (p.detach() == before[n]) & (grads[n] != 0)
-                ref[n].append(kept.sum().item() / p.numel())
+                graded = grads[n] != 0
+                kept = (p.detach() == before[n]) & graded
+                ref[n].append(kept.sum().item() / max(1, int(graded.sum())))  # of the elements with a gradient
 
     report = catalogue.train(
         opt, gl, steps, lambda step: lm_loss(model, gen), copy_weights_and_grads, after_step=share_kept
@@ -108,7 +109,58 @@ def test_host_count_equals_the_torch_count_on_signed_zeros_and_nan(dtype: torch.
     g[torch.rand(n, generator=gen) < 0.2] = 0.0
     g[torch.rand(n, generator=gen) < 0.1] = -0.0
     g[:50] = float("nan")
-    want = int(((d == 0) & (g != 0)).sum())
+    want = [int(((d == 0) & (g != 0)).sum()), int((g != 0).sum())]
     got = _host_frozen(d, g)
-    assert got is not None and int(got) == want
+    assert got is not None and got.tolist() == want
     assert _host_frozen(d[::2], g[::2]) is None  # not contiguous: the caller's torch path
+
+
+class HalfSeenPositions(torch.nn.Module):
+    """A bf16 position table of 64 positions whose batches are 32 long (rows 32-63 never get a gradient),
+    read out linearly, so each reached element's gradient keeps its size from step to step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wpe = torch.nn.Embedding(64, 16, dtype=torch.bfloat16)
+        self.readout = torch.nn.Parameter(torch.randn(16, dtype=torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.wpe(torch.arange(x.shape[1])) * x.unsqueeze(-1)) @ self.readout
+
+
+def test_rounded_away_share_counts_only_the_elements_that_had_a_gradient() -> None:
+    """Issue 41: a half-unseen bf16 position table's share was taken of all its elements, so its unseen
+    half (no gradient, nothing to round away) diluted it below the finding's threshold."""
+    torch.manual_seed(0)
+    model = HalfSeenPositions()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    gen = torch.Generator().manual_seed(1)
+    w = model.wpe.weight
+    before: list[torch.Tensor] = []
+    masks: list[torch.Tensor] = []
+    shares: list[float] = []  # by hand: kept / had a gradient
+    diluted: list[float] = []  # what the old share was: kept / all elements
+
+    def copy(step: int) -> None:
+        before.append(w.detach().clone())
+        masks.append(w.grad != 0)
+
+    def share(step: int) -> None:
+        kept = (w.detach() == before[-1]) & masks[-1]
+        shares.append(int(kept.sum()) / int(masks[-1].sum()))
+        diluted.append(int(kept.sum()) / w.numel())
+
+    def loss(step: int) -> torch.Tensor:
+        x = torch.randn(8, 32, generator=gen).to(torch.bfloat16)
+        return model(x).float().mean()
+
+    report = catalogue.train(opt, gl, 8, loss, copy, after_step=share)
+    assert all(int(m[32:].sum()) == 0 for m in masks) and all(bool(m[:32].all()) for m in masks)
+    assert series(mem, "wpe.weight") == pytest.approx([s for s in shares if s])
+    mean = sum(shares) / len(shares)
+    assert mean >= 0.25 > sum(diluted) / len(diluted)  # the old share stayed under the threshold
+    rec = {r.name: r for r in report.precision}["wpe.weight"]
+    assert rec.mean_frac == pytest.approx(mean) and rec.max_frac == pytest.approx(max(shares))
+    assert "of its elements with a non-zero gradient" in rec.detail

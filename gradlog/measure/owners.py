@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 __all__ = ["Owner", "Owners", "describe", "family"]
@@ -30,6 +31,9 @@ class Owner:
     attr: str  # the tensor's attribute on the module: "weight", "bias", ...
     padding_idx: int | None = None  # an embedding's, as the module has it
     expert_class: bool = False  # the module's class name says "expert" (transformers' MixtralExperts)
+    #: `torch.nn.utils.prune`'s parameter `<name>_orig` beside its buffer `<name>_mask`: the slices the mask
+    #: zeroes whole, per slice kind (0 rows, 1 columns, None elements), as the module had them when described
+    pruned: tuple[tuple[int | None, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,10 @@ def describe(model: nn.Module, rows_by_id: Mapping[int, int]) -> Owners:
             if index is None or index in owners:  # not tracked, or a shared tensor's later holder
                 continue
             kind = family(module)
+            mask = getattr(module, attr[: -len("_orig")] + "_mask", None) if attr.endswith("_orig") else None
+            if isinstance(mask, torch.Tensor) and tuple(mask.shape) == tuple(p.shape):  # torch.nn.utils.prune
+                owners[index] = Owner(kind, attr, None, False, _masked_slices(mask))
+                continue
             pad = module.padding_idx if kind == "embedding" else None  # only an embedding's matters
             key = (type(module), attr, pad)
             if key not in alike:
@@ -79,3 +87,15 @@ def describe(model: nn.Module, rows_by_id: Mapping[int, int]) -> Owners:
         if "expert" in path.rsplit(".", 1)[-1].lower() and isinstance(module, (nn.ModuleList, nn.ModuleDict)):
             containers[path] = len(module)
     return Owners(owners, containers)
+
+
+def _masked_slices(mask: torch.Tensor) -> tuple[tuple[int | None, tuple[int, ...]], ...]:
+    """The rows and columns (2+ dims) or elements (1-D) that a pruning mask zeroes entirely."""
+    zero = (mask == 0).detach().cpu()
+    if zero.dim() == 0:
+        return ()
+    if zero.dim() == 1:
+        return ((None, tuple(zero.nonzero().flatten().tolist())),)
+    z = zero.reshape(zero.shape[0], zero.shape[1], -1).all(dim=2)
+    rows, cols = z.all(dim=1).nonzero().flatten().tolist(), z.all(dim=0).nonzero().flatten().tolist()
+    return ((0, tuple(rows)), (1, tuple(cols)))

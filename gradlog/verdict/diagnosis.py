@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence
@@ -198,8 +198,10 @@ def diagnose(
     changed: dict[int, bool],
     has_optimizer: bool,
     skipped_steps: int = 0,
+    overwritten: Mapping[int, str] | None = None,
 ) -> list[NeverUpdated]:
-    """One record per tensor that never learned, in model order."""
+    """One record per tensor that never learned, in model order. `overwritten`: the details of tensors the
+    optimizer updated and something outside it set back (`gradlog.verdict.overwritten`), by tracked index."""
     out = []
     between = _frozen_between(rows)
     for row in rows:
@@ -208,6 +210,8 @@ def diagnose(
         found: tuple[Reason, str] | None
         if moved is None:  # no fingerprint: never materialised, or first seen after the last step
             found = Reason.UNKNOWN, "never materialised (lazy or meta parameter), or first seen after the last step"
+        elif moved and overwritten and row.index in overwritten:
+            found = Reason.OVERWRITTEN, overwritten[row.index]
         elif moved:
             found = _changed_reason(row, ev)
         else:

@@ -2,6 +2,16 @@
 
 The starting values of every tensor are kept as per-slice fingerprints (`measure/fingerprint.py`):
 at most 8 bytes per row and per column, or the raw bits of each element of a 1-D tensor.
+
+Weights set back outside the optimizer (a pruning mask applied to saved weights after every step, a
+checkpoint reloaded, `p.data.copy_(init)`): the optimizer's updates are measured, yet the values do not
+stay. Two cheap looks find it. At close, a tensor updated at measured steps whose fingerprint equals its
+first one is back where it started (`Ledger.back_to_start`, exact). During the run, a screen on numbers
+already measured: a tensor's sum of squares before a measured step equal, bit for bit, to the one before
+the previous measured step although that step updated it; only then is it fingerprinted, at the next
+measured step's pre-hook, and again at the one after, and the two compared (`SetBack`): exact, and no
+cost for tensors the screen passes (a max-norm renormalisation keeps the norm, not the values: its
+fingerprints differ, and it is let go).
 """
 
 from __future__ import annotations
@@ -10,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.fingerprint import Changes, Fingerprint, changes_all, take_all
+from gradlog.measure.distributed import is_dtensor
+from gradlog.measure.fingerprint import Changes, Fingerprint, changes_all, compare, take, take_all
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.verdict.report import NonFinite
@@ -61,6 +72,25 @@ class Evidence:
     frozen_max: float = 0.0
 
 
+@dataclass
+class SetBack:
+    """A tensor back at its earlier values before measured steps although the optimizer updated it in
+    between: an unbroken streak of such steps, from the pair (`since`, `back_at`), and the proof by
+    fingerprints (`held`)."""
+
+    since: int  # the measured step whose update was undone first in this streak
+    back_at: int  # the next measured step: its pre-hook values were those before `since` (by the screen)
+    measured_before: int  # this tensor's measured steps before `since` (0: the streak began at its first)
+    at: int  # its position in the measurements' rows (the same while the parameter table is)
+    hits: int = 1  # measured steps of the streak: sum of squares before them equal to the previous one's
+    pending: bool = True  # fingerprint it at the next measured step's pre-hook
+    ref: Fingerprint | None = None  # its values at the streak's first fingerprinted pre-hook
+    ref_step: int = -1
+    held: int = 0  # later pre-hook fingerprints equal to `ref`, slice for slice: the values were set back (exact)
+    #: a later fingerprint differed from `ref` (the norm matched, the values did not: a renormalisation)
+    moved_on: bool = False
+
+
 class StepIndex:
     """The optimizer-step numbers of the measured steps, kept as arithmetic runs (start, stride, count):
     a few integers for a whole run measured every k steps, whatever its length."""
@@ -106,6 +136,12 @@ class Ledger:
         self.slice_changes: dict[int, Changes] = {}
         self._fp_generation: int | None = None  # see `fingerprint_new`
         self._unmaterialized: list[Tracked] = []
+        #: tensors whose values were back at the previous measured step's (`SetBack`), by tracked index
+        self.set_back: dict[int, SetBack] = {}
+        #: filled by `changed`: tensors updated at measured steps whose values equal their first ones (exact)
+        self.back_to_start: set[int] = set()
+        #: the last measurement's rows, sums of squares before its step and which rows it updated (`_screen`)
+        self._prev: tuple[list[Tracked], torch.Tensor, torch.Tensor, int] | None = None
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -150,6 +186,7 @@ class Ledger:
             ev.first_fp = None
             ev.first_version = -1
         self.slice_changes.pop(index, None)
+        self.set_back.pop(index, None)
 
     @property
     def nbytes(self) -> int:
@@ -224,6 +261,62 @@ class Ledger:
                 ev.stalled += 1
                 if q is not None:
                     q.grad_ok += 1
+        self._screen(m)
+
+    def _screen(self, m: Measurement) -> None:
+        """The set-back screen (see the module docstring): tensors updated at the previous measured step
+        whose sum of squares before this one is bit for bit the one before that step start (or continue) a
+        `SetBack` streak; any other step of theirs ends it. Host tensors already read, compared whole: a few
+        ops a measured step, and Python work only for the tensors in a streak."""
+        before, upd = m.before_sumsq, m.update_sumsq
+        if before is None or upd is None or before.device.type != "cpu" or upd.device.type != "cpu":
+            self._prev = None
+            return
+        moved = upd > 0 if not m.skipped else torch.zeros(upd.shape, dtype=torch.bool)
+        prev, self._prev = self._prev, (m.rows, before, moved, m.index)
+        if prev is None:
+            return
+        rows, was, was_moved, index = prev
+        if rows is not m.rows and rows != m.rows:  # element identity first: a C loop over pointers
+            self.set_back.clear()  # the table changed: positions differ, start again
+            return
+        same = torch.logical_and(was_moved, before == was)
+        hits = set(same.nonzero().flatten().tolist())
+        for tracked in [k for k, sb in self.set_back.items() if sb.at not in hits]:
+            del self.set_back[tracked]  # it moved on: the streak ends
+        for i in hits:
+            row = m.rows[i]
+            if row.group is None:
+                continue
+            sb = self.set_back.get(row.index)
+            if sb is None:
+                measured = self._ev(row).measured - 2  # before `index` (this step and `index` are counted)
+                self.set_back[row.index] = SetBack(index, m.index, max(0, measured), i)
+            else:
+                sb.hits += 1
+                sb.pending = True
+
+    def check_set_back(self, rows: list[Tracked], step: int) -> None:
+        """At measured step `step`'s pre-hook (the weights as the step finds them): fingerprint the tensors
+        the screen flagged at the last measured step, and compare with the streak's first such fingerprint."""
+        todo = [i for i, sb in self.set_back.items() if sb.pending]
+        if not todo:
+            return
+        by_index = {r.index: r for r in rows}
+        for index in todo:
+            sb = self.set_back[index]
+            sb.pending = False
+            row = by_index.get(index)
+            if row is None or not is_materialized(row.param) or is_dtensor(row.param):
+                del self.set_back[index]
+                continue
+            fp = take(row.param)
+            if sb.ref is None or sb.ref.shape != fp.shape:
+                sb.ref, sb.ref_step, sb.held = fp, step, 0
+            elif bool(compare(sb.ref, fp).any()):
+                sb.ref, sb.held, sb.moved_on = fp, 0, True
+            else:
+                sb.held += 1
 
     def changed(self, rows: list[Tracked], provisional: bool = False) -> dict[int, bool]:
         """Whether each tensor's value differs from its first fingerprint; keeps which slices did in
@@ -288,8 +381,11 @@ class Ledger:
         counts = below[spans].tolist() if spans else []
         for k, r in enumerate(live):
             out[r.index] = counts[2 * k + 1] > counts[2 * k]
+        self.back_to_start = set()
         for r in rows:
             if self._ev(r).updated:
+                if out.get(r.index) is False and r.index in self.slice_changes and not is_dtensor(r.param):
+                    self.back_to_start.add(r.index)  # updated, yet every slice is as it was: set back outside
                 out[r.index] = True
         return out
 

@@ -48,8 +48,10 @@ _REASONS = (
     "nonfinite_grad",
     "below_precision",
     "tiny_update",
+    "overwritten",
     "not_in_batch",
     "padding_idx",
+    "pruned",
     "dead_units",
     "not_routed",
     "unknown",
@@ -85,8 +87,17 @@ DEFAULTS: dict[str, tuple[str, str]] = {
         f"an fp32 tensor whose every update was below its resolution (a noise-level gradient, lr far too small): "
         f"{_WHOLE}",
     ),
+    "never.overwritten": (
+        PROBLEM,
+        "updated by the optimizer at every measured step, yet set back to the same values outside it (a reset, a "
+        f"mask applied to saved weights, a checkpoint reloaded every step): {_WHOLE}",
+    ),
     "never.not_in_batch": (PROBLEM, f"{_WHOLE}, not only some rows"),
     "never.padding_idx": (NOTE, "a padding row, never updated by design"),
+    "never.pruned": (
+        NOTE,
+        "pruned whole by torch.nn.utils.prune, by design (not produced today; listed for completeness)",
+    ),
     "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
     "never.dead_units": (PROBLEM, f"{_WHOLE} (units, stopped slices' reason: not given to whole tensors today)"),
     "never.not_routed": (PROBLEM, f"{_WHOLE} (experts, stopped slices' reason: not given to whole tensors today)"),
@@ -109,12 +120,21 @@ DEFAULTS: dict[str, tuple[str, str]] = {
         "fp32 elements or slices whose gradient was rounding noise, so no update registered (an attention key "
         "bias: softmax ignores it): harmless on its own; promote it where every element must learn",
     ),
+    "partly.overwritten": (
+        PROBLEM,
+        "slices set back outside the optimizer (not produced today; listed for completeness)",
+    ),
     "partly.not_in_batch": (
         NOTE,
         "ids or positions no batch contained (rare tokens, the last position under labels=input_ids): "
         "true of most real runs and harmless; promote it for a table where every row must learn",
     ),
     "partly.padding_idx": (NOTE, "the embedding's padding_idx row, never updated by design"),
+    "partly.pruned": (
+        NOTE,
+        "rows, columns or elements that torch.nn.utils.prune's mask zeroes (the `<name>_orig` parameter's): no "
+        "gradient reaches them, by design",
+    ),
     "partly.unknown": (PROBLEM, "slices never measured"),
     "partly.dead_units": (PROBLEM, "units that never learned (stopped slices' reason: not given here today)"),
     "partly.not_routed": (PROBLEM, "experts never routed to (stopped slices' reason: not given here today)"),

@@ -3,7 +3,8 @@
 On each measured step the meter counts, per low-precision tensor (fp16, bf16, 8-bit floats), the
 elements whose gradient was non-zero (lr > 0) yet whose value came out of the step unchanged
 (`Meter._frozen_counts`: `w_after == w_before` and `grad != 0`, on the device, after the pass that
-already takes the update's norm); the share of the tensor's elements is the series
+already takes the update's norm); their share of the elements that had a non-zero gradient (not of the
+whole tensor: an embedding's rows that no batch reached have no update to lose) is the series
 `weights/frozen_frac/<name>` (written while non-zero), and the ledger keeps its mean and maximum. A
 tensor is a finding when the mean share over at least `MIN_STEPS` judged measured steps is at least
 `MEAN_FRAC`. Tensors that never changed at all are `never_updated`'s finding (`below_precision`) and
@@ -57,8 +58,8 @@ def rounded_away(
         if mean < MEAN_FRAC:
             continue
         detail = (
-            f"on average {mean:.0%} of its elements (at most {ev.frozen_max:.0%}) had a non-zero gradient and lr > 0 "
-            f"yet kept their {ev.dtype} value, over {ev.frozen_steps} measured steps: the updates are below the "
+            f"on average {mean:.0%} (at most {ev.frozen_max:.0%}) of its elements with a non-zero gradient and lr > 0 "
+            f"kept their {ev.dtype} value, over {ev.frozen_steps} measured steps: the updates are below the "
             "dtype's precision. Keep fp32 master weights (mixed precision), use stochastic rounding or Kahan "
             "summation in the optimizer, or raise lr"
         )

@@ -41,8 +41,10 @@ class Reason(str, enum.Enum):
     NONFINITE_GRAD = "nonfinite_grad"
     BELOW_PRECISION = "below_precision"  # bf16/fp16: the update rounds away in the weights' dtype
     TINY_UPDATE = "tiny_update"  # fp32/fp64: every update below the value's resolution (a noise-level gradient)
+    OVERWRITTEN = "overwritten"  # updated by the optimizer, set back to the same values outside it (a reset, a mask)
     NOT_IN_BATCH = "not_in_batch"  # slices only: embedding rows absent from every measured batch
     PADDING_IDX = "padding_idx"  # slices only: an embedding's padding row, never updated by design
+    PRUNED = "pruned"  # slices only: zeroed whole by torch.nn.utils.prune's mask, never updated by design
     DEAD_UNITS = "dead_units"  # stopped slices: the same units stopped in the layer's paired tensors too
     NOT_ROUTED = "not_routed"  # experts: the router's rows for them stopped too (no token routed any more)
     UNKNOWN = "unknown"
@@ -52,7 +54,7 @@ class Reason(str, enum.Enum):
 
 
 #: Reasons that usually mean the user meant it (fine-tuning with a frozen backbone, padding rows).
-INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX})
+INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX, Reason.PRUNED})
 
 #: Alert kinds that are warnings by default (`gradlog.verdict.policy.DEFAULTS`: `alert.<kind>`); a NaN/Inf
 #: gradient is the problem `first_nonfinite`, a missing gradient ends in the never-updated table.

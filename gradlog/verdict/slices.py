@@ -329,7 +329,8 @@ def partly_updated(
             if not bool(picked.any()):
                 continue
             caveat = "" if in_state is not None else _caveat(ev, optimizer_steps)
-            out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat)
+            pruned = _pruned(owner, dim, changed.numel())
+            out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned)
     return out
 
 
@@ -352,6 +353,16 @@ def _caveat(ev: Evidence, optimizer_steps: int) -> str:
     return ""
 
 
+def _pruned(owner: Owner | None, dim: int | None, n: int) -> torch.Tensor | None:
+    """The slices of kind `dim` that torch.nn.utils.prune's mask zeroes whole (a bool mask of `n`), or None."""
+    for d, idx in owner.pruned if owner is not None else ():
+        if d == dim and idx and max(idx) < n:
+            out = torch.zeros(n, dtype=torch.bool)
+            out[list(idx)] = True
+            return out
+    return None
+
+
 def _padding_idx(owner: Owner | None, n: int) -> int | None:
     pad = owner.padding_idx if owner is not None else None
     if pad is None:
@@ -372,6 +383,7 @@ def _records(
     wd: float,
     ev: Evidence,
     caveat: str,
+    pruned: torch.Tensor | None = None,
 ) -> list[PartlyUpdated]:
     total = never.numel()
     noun, question = _WORDS.get(words_key(kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
@@ -388,6 +400,9 @@ def _records(
         pad[padding] = True
         masks.append((Reason.PADDING_IDX, pad))
         rest = picked & ~pad
+    if pruned is not None and zero is not None and bool((rest & zero & pruned).any()):
+        masks.append((Reason.PRUNED, rest & zero & pruned))  # no gradient there by design: the mask zeroes them
+        rest = rest & ~(zero & pruned)
     if zero is not None:
         unseen = kind == "embedding.weight" and dim == 0 and not hooked
         masks.append((Reason.NOT_IN_BATCH if unseen else Reason.ZERO_GRAD, rest & zero))
@@ -411,6 +426,12 @@ def _records(
             head = f"{what} never changed ({n_never}) or moved only through weight decay ({moved}, weight_decay {wd:g})"
         if reason is Reason.PADDING_IDX:
             detail = f"{head}: the embedding's padding_idx row, never updated by design"
+        elif reason is Reason.PRUNED:
+            base = row.name[: -len("_orig")] if row.name.endswith("_orig") else row.name
+            detail = (
+                f"{head}: pruned by torch.nn.utils.prune ({base}_mask is zero there: no gradient reaches them, "
+                f"and the effective {base.rsplit('.', 1)[-1]} is zero there), by design"
+            )
         elif reason is Reason.NOT_IN_BATCH and not hooked:
             words = unseen_words(row.name, idx, total)
             detail = f"{words}: {head}; zero gradient at all {with_grad} measured steps with a gradient"

@@ -1,0 +1,82 @@
+"""At close: tensors whose optimizer updates did not stay, because something outside the optimizer set the
+values back (`Reason.OVERWRITTEN`).
+
+The evidence is the ledger's (`gradlog.verdict.ledger`, its docstring says how it is found):
+
+- back to the start: updated at measured steps, and every slice of the final values equals the first
+  fingerprint's. A never-updated record.
+- a `SetBack` streak held to the end: the values before a measured step were those before the previous
+  one although that step updated them, at every measured step since the streak began, and two pre-hook
+  fingerprints proved it. A streak that began at the tensor's first or second measured step (the second:
+  a mask that zeroes some entries once, then holds the rest at their start) is a never-updated record;
+  one that began later (the tensor learned, then a checkpoint was reloaded every step) a stalled one.
+
+Healthy runs that change weights outside the optimizer change them to new values every time (weight
+clipping, max-norm renormalisation, `torch.nn.utils.prune`'s mask applied in forward to a learning
+`weight_orig`, an EMA copy outside the optimizer): no record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gradlog.measure.params import Tracked
+from gradlog.verdict.ledger import Evidence, SetBack
+from gradlog.verdict.report import Reason, Stalled
+
+#: what to look for, said once per record
+_FIX = (
+    "look for a write after optimizer.step(): a mask applied to saved weights (weight.data = w0 * mask: "
+    "mask the current weights, or use torch.nn.utils.prune), a load_state_dict of an old checkpoint, or "
+    "p.data.copy_(...) in the loop"
+)
+
+
+def _steps(n: int) -> str:
+    return f"{n} measured step{'s' if n != 1 else ''}"
+
+
+def _updated(ev: Evidence) -> str:
+    return f"updated by the optimizer at {ev.updated} of {_steps(ev.measured)}"
+
+
+def _held(sb: SetBack | None) -> bool:
+    """A streak to the end, proven by fingerprints."""
+    return sb is not None and sb.held > 0
+
+
+def overwritten(
+    rows: Sequence[Tracked],
+    evidence: dict[int, Evidence],
+    back_to_start: set[int],
+    set_back: dict[int, SetBack],
+) -> tuple[dict[int, str], list[Stalled]]:
+    """The never-updated details (by tracked index) and the stalled records of tensors set back outside the
+    optimizer, in model order."""
+    never: dict[int, str] = {}
+    stalled: list[Stalled] = []
+    for row in rows:
+        ev = evidence.get(row.index)
+        if ev is None or not ev.updated or not row.param.requires_grad:
+            continue
+        sb = set_back.get(row.index)
+        held = sb if _held(sb) else None
+        when = f" between steps {held.since} and {held.back_at}" if held is not None else ""
+        if row.index in back_to_start:
+            never[row.index] = (
+                f"{_updated(ev)}, yet its values are back where they started: set back outside the optimizer"
+                f"{when or ' (after the last measured step at the latest)'}; {_FIX}"
+            )
+        elif held is not None and held.measured_before <= 1:
+            never[row.index] = (
+                f"{_updated(ev)}, yet set back outside the optimizer{when}, and again before each of the "
+                f"{_steps(held.hits)} from {held.back_at} on: its values before them are all the same; {_FIX}"
+            )
+        elif held is not None:
+            detail = (
+                f"updated by the optimizer at every measured step, yet set back outside it{when}, and again before "
+                f"each of the {_steps(held.hits)} from {held.back_at} on: its values before them are all the same "
+                f"(those before step {held.since}: it learned until then); {_FIX}"
+            )
+            stalled.append(Stalled(row.name, held.back_at, held.since, Reason.OVERWRITTEN, detail))
+    return never, stalled

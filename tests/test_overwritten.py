@@ -1,0 +1,232 @@
+"""Weights set back outside the optimizer (issue 39): the optimizer updates them at every step, something
+after the step puts the old values back, and the weight never learns although every measured update was
+non-zero. Each planted bug's reference is a copy of the initial weights (or of the values the reset
+holds), compared with the values before every step by the test itself; each healthy twin changes its
+weights outside the optimizer too, but never back to where they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from catalogue import TwoLayer, lm_loss, random_mse, tiny_gpt2
+from torch import nn
+
+import gradlog
+from gradlog.verdict.report import Reason, Report
+
+STEPS = 10
+
+
+def run(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    loss: Callable[[int], torch.Tensor],
+    after_step: Callable[[int], None] | None = None,
+    every: int = 1,
+    steps: int = STEPS,
+    before_step: Callable[[int], None] | None = None,
+) -> tuple[Report, dict[str, list[bool]]]:
+    """The run, and per tensor and step whether its values before that step equal the ones before the
+    previous step (by hand, from copies)."""
+    params = dict(model.named_parameters())
+    last: dict[str, torch.Tensor] = {}
+    same: dict[str, list[bool]] = {n: [] for n in params}
+
+    def copy(step: int) -> None:
+        for n, p in params.items():
+            if n in last:
+                same[n].append(torch.equal(last[n], p.detach()))
+            last[n] = p.detach().clone()
+
+    def at_start(step: int) -> None:
+        if before_step is not None:
+            before_step(step)
+
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=every, print_report=False)
+    for step in range(steps):
+        at_start(step)
+        loss(step).backward()
+        copy(step)
+        opt.step()
+        if after_step is not None:
+            after_step(step)
+        gl.log(step)
+        opt.zero_grad()
+    return gl.close(), same
+
+
+def never(report: Report) -> dict[str, tuple[Reason, str]]:
+    return {r.name: (r.reason, r.detail) for r in report.never_updated}
+
+
+def mlp() -> tuple[TwoLayer, torch.optim.Optimizer, Callable[[int], torch.Tensor]]:
+    torch.manual_seed(0)
+    model = TwoLayer(torch.tanh)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2), random_mse(model, 16, 6)
+
+
+@pytest.mark.parametrize("premasked", [True, False])
+def test_a_pruning_mask_applied_to_the_saved_initial_weights_is_overwritten(premasked: bool) -> None:
+    model, opt, loss = mlp()
+    w = model.a.weight
+    mask = (torch.rand(w.shape, generator=torch.Generator().manual_seed(1)) > 0.5).float()
+    if premasked:  # pruned once before training, then the bug: the saved weights masked again after each step
+        w.data = w.data * mask
+    w0 = w.detach().clone()
+    start = w.detach().clone()
+
+    def reset(step: int) -> None:
+        w.data = w0 * mask
+
+    report, same = run(model, opt, loss, reset)
+    got = never(report)
+    reason, detail = got["a.weight"]
+    assert reason is Reason.OVERWRITTEN
+    if premasked:
+        assert torch.equal(w.detach(), start)  # the reference: bit-identical to its start
+        assert "back where they started" in detail and "between steps 0 and 1" in detail
+    else:
+        assert not torch.equal(w.detach(), start) and all(same["a.weight"][1:])
+        assert "between steps 1 and 2" in detail
+    assert "updated by the optimizer at 10 of 10 measured steps" in detail and "w0 * mask" in detail
+    assert set(got) == {"a.weight"}  # every other tensor learned
+    assert not report.healthy and "overwritten" in report.verdict
+
+
+def test_gpt2_layer_set_back_every_step_is_named_with_the_step() -> None:
+    """A real transformers GPT-2: one block's MLP weight set back to a copy of its initial values after
+    every step; gradlog names that tensor alone, overwritten, and the steps."""
+    model = tiny_gpt2()
+    gen = torch.Generator().manual_seed(0)
+    target = model.transformer.h[1].mlp.c_fc.weight
+    init = target.detach().clone()
+
+    def reset(step: int) -> None:
+        with torch.no_grad():
+            target.copy_(init)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    report, _ = run(model, opt, lambda step: lm_loss(model, gen), reset, steps=6)
+    assert torch.equal(target.detach(), init)
+    got = never(report)
+    assert set(got) == {"transformer.h.1.mlp.c_fc.weight"}
+    reason, detail = got["transformer.h.1.mlp.c_fc.weight"]
+    assert reason is Reason.OVERWRITTEN and "between steps 0 and 1" in detail
+    text = str(report)
+    assert "transformer.h.1.mlp.c_fc.weight" in text and "overwritten" in text
+
+
+@pytest.mark.parametrize("saved_at", [0, 4])
+def test_a_checkpoint_reloaded_before_every_step(saved_at: int) -> None:
+    """load_state_dict of an old checkpoint at the top of the loop: the values before every step are the
+    checkpoint's (the final values differ from it by the last step's update). Saved before step 0: never
+    updated; saved before step 4: it learned until then, and stalled from step 5, the first that found the
+    values put back."""
+    model, opt, loss = mlp()
+    saved: dict[str, torch.Tensor] = {}
+
+    def reload(step: int) -> None:
+        if step == saved_at:
+            saved.update({k: v.clone() for k, v in model.b.state_dict().items()})
+        if step > saved_at:
+            model.b.load_state_dict(saved)
+
+    report, same = run(model, opt, loss, before_step=reload)
+    # the reference, by hand: the values before step k+1 equal those before step k from `saved_at` on
+    assert all(same["b.weight"][saved_at:]) and not any(same["b.weight"][:saved_at]) and not any(same["a.weight"])
+    if saved_at == 0:
+        got = never(report)
+        assert set(got) == {"b.weight", "b.bias"}
+        assert all(reason is Reason.OVERWRITTEN and "between steps 0 and 1" in d for reason, d in got.values())
+    else:
+        assert report.never_updated == []
+        stalled = {s.name: s for s in report.stalled}
+        assert set(stalled) == {"b.weight", "b.bias"}
+        s = stalled["b.weight"]
+        assert s.reason is Reason.OVERWRITTEN and (s.last_update_step, s.since_step) == (4, 5)
+        assert "between steps 4 and 5" in s.detail and "those before step 4: it learned until then" in s.detail
+
+
+def test_set_back_measured_every_third_step() -> None:
+    model, opt, loss = mlp()
+    init = model.a.bias.detach().clone()
+
+    def reset(step: int) -> None:
+        model.a.bias.data.copy_(init)
+
+    report, _ = run(model, opt, loss, reset, every=3, steps=12)
+    reason, detail = never(report)["a.bias"]
+    assert reason is Reason.OVERWRITTEN and "between steps 0 and 3" in detail and "at 4 of 4 measured" in detail
+
+
+# --- healthy twins: weights changed outside the optimizer, never back ------------------------------------------
+def test_torch_prune_stays_quiet_weight_orig_learns() -> None:
+    """torch.nn.utils.prune: the parameter is `weight_orig` (it learns: its unmasked entries move); the
+    effective `weight` is weight_orig * weight_mask, recomputed in forward, not a parameter. Pruned entries
+    of weight_orig get an exactly-zero gradient by design. gradlog says OK: no row of `a.weight_orig` is
+    fully pruned at 50% unstructured sparsity, so every row and column changed."""
+    from torch.nn.utils import prune
+
+    model, _, loss = mlp()
+    prune.l1_unstructured(model.a, "weight", amount=0.5)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    start = model.a.weight_orig.detach().clone()
+    report, _ = run(model, opt, loss)
+    mask = model.a.weight_mask.bool()
+    moved = model.a.weight_orig.detach() != start
+    assert bool(moved[mask].all()) and not bool(moved[~mask].any())  # the reference: kept entries learned
+    assert bool((model.a.weight.detach()[~mask] == 0).all())
+    assert report.never_updated == [] and report.stalled == [] and report.partly_updated == []
+    assert report.healthy, report.verdict
+
+
+def test_torch_structured_prune_is_a_note_naming_the_pruned_rows() -> None:
+    """Structured pruning (whole rows of `a.weight_orig`): the pruned rows get no gradient and never
+    change, by design. They are a note (`partly.pruned`, intentional), not dead units; the verdict is OK."""
+    from torch.nn.utils import prune
+
+    model, _, loss = mlp()
+    prune.ln_structured(model.a, "weight", amount=0.25, n=1, dim=0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    start = model.a.weight_orig.detach().clone()
+    report, _ = run(model, opt, loss)
+    pruned_rows = (model.a.weight_mask == 0).all(dim=1).nonzero().flatten().tolist()
+    unchanged_rows = (model.a.weight_orig.detach() == start).all(dim=1).nonzero().flatten().tolist()
+    assert len(pruned_rows) == 2 and unchanged_rows == pruned_rows  # the reference, from copies and the mask
+    [rec] = report.partly_updated
+    assert (rec.name, rec.dim, list(rec.indices), rec.reason) == ("a.weight_orig", 0, pruned_rows, Reason.PRUNED)
+    assert rec.intentional and "a.weight_mask is zero there" in rec.detail
+    assert report.healthy and "gradlog OK" in report.verdict and "1 note" in report.verdict
+
+
+def test_weight_clipping_max_norm_ema_and_tying_stay_quiet() -> None:
+    """WGAN's clamp after each step, a max-norm renormalisation of each row after each step (the norm is
+    the same before every step, the values are not), an EMA copy updated outside the optimizer (its
+    tensors are in no param group), and tied weights (GPT-2's wte and lm_head)."""
+    model, opt, loss = mlp()
+    ema = nn.Linear(6, 8)
+    for p in ema.parameters():
+        p.requires_grad_(False)
+
+    def outside(step: int) -> None:
+        with torch.no_grad():
+            model.a.weight.clamp_(-0.3, 0.3)  # WGAN-style: some entries pinned, the others move
+            w = model.b.weight
+            w.mul_(1.0 / w.norm(dim=1, keepdim=True))  # every row renormalised to unit norm
+            for e, p in zip(ema.parameters(), model.a.parameters()):
+                e.mul_(0.9).add_(p, alpha=0.1)
+
+    report, same = run(model, opt, loss, outside)
+    assert not any(same["b.weight"]) and not any(same["a.weight"])  # the reference: always new values
+    assert report.never_updated == [] and report.stalled == [], report.format()
+    assert report.healthy, report.verdict
+
+    tied = tiny_gpt2()
+    gen = torch.Generator().manual_seed(0)
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    report, _ = run(tied, torch.optim.AdamW(tied.parameters(), lr=1e-3), lambda step: lm_loss(tied, gen), steps=5)
+    assert not [r for r in report.never_updated if r.reason is Reason.OVERWRITTEN]
+    assert not [s for s in report.stalled if s.reason is Reason.OVERWRITTEN]
