@@ -103,6 +103,12 @@ SPIKE_WINDOW = 64
 #: a garbage batch, a lr jump or a layer's gradient x100 put at least one named tensor 7-140 spreads out
 #: (a one-step lr x100 on GPT-2 LoRA, whose one tensor over 10x stood at 4.5, is missed)
 SPIKE_Z = 5.0
+#: A gradient norm below this fraction of the step's median non-zero norm is rounding noise (`_with_signal`):
+#: a sum that is zero by construction keeps ~1e-7 (fp32's resolution) of its terms. Measured at every=5 on the
+#: zoo (tests/zoo.py): SimSiam's four biases in front of BatchNorms at 3e-8 .. 8e-8 of the median, attention
+#: key biases at 3e-11 .. 2e-8 (Swin, the diffusers UNet; softmax ignores them), the lowest
+#: learning tensors at 1.8e-4 (Mamba's dt_proj) and 3.4e-4 (a ConvNeXt LayerNorm behind its 1e-6 layer scale)
+NOISE_GRADIENT = 1e-5
 #: 1-D tensors are judged against a band this many times wider on each side.
 VECTOR_BAND_SLACK = 10.0
 _NAMES_SHOWN = 5
@@ -322,6 +328,7 @@ class Alerts:
                 new.append(Alert(index, kind, e.name, detail, value, ref))
 
         judged: list[tuple[Entry, _State, float]] = []  # (entry, state, ratio) of the tensors with a scale
+        norms: list[float] = []  # this step's non-zero gradient norms: what a signal is, next to rounding noise
         for e in entries:
             st = self._state.get(e.key)
             if st is None:
@@ -341,6 +348,7 @@ class Alerts:
             g = e.grad_norm
             if g is not None and math.isfinite(g) and g > 0:  # a zero norm is no scale (module docstring)
                 self._spike(e, st, g, fire)
+                norms.append(g)
             r = e.ratio
             if r is None or math.isnan(r):
                 continue
@@ -350,6 +358,7 @@ class Alerts:
             if st.zero_init:
                 continue  # no scale of its own yet: ‖Δw‖/‖w‖ falls like 1/t whatever the lr
             judged.append((e, st, r))
+        judged = _with_signal(judged, norms)
         if self.ratio_band is not None:
             self._banded(judged, fire)
         else:
@@ -459,6 +468,26 @@ def _rms(ratio: float, before_sumsq: float, numel: int) -> float | None:
     if not (numel > 0 and before_sumsq > 0 and math.isfinite(ratio) and math.isfinite(before_sumsq)):
         return None
     return ratio * math.sqrt(before_sumsq / numel)
+
+
+def _with_signal(judged: list[tuple[Entry, _State, float]], norms: list[float]) -> list[tuple[Entry, _State, float]]:
+    """The tensors whose gradient this step is more than rounding noise: below `NOISE_GRADIENT` x the median
+    non-zero norm of the step, a gradient is zero by construction (a bias in front of a BatchNorm, which takes
+    any shift back out; an attention key bias, which softmax ignores: ~1e-9 where their peers' are ~1e-2) and
+    its update is weight decay and noise. Such a tensor says nothing about its lr, and as a peer it drags its
+    role's median down until a healthy tensor reads as 1,000x out (SimSiam's predictor bias among three biases
+    in front of BatchNorms, tests/zoo.py). Its streaks restart."""
+    if not norms:
+        return judged
+    floor = NOISE_GRADIENT * median(norms)
+    kept = []
+    for item in judged:
+        g = item[0].grad_norm
+        if g is not None and 0 < g < floor:
+            item[1].high = item[1].low = 0
+        else:
+            kept.append(item)
+    return kept
 
 
 #: one measure out for a tensor: what it is, how far out (signed decades beyond the limit), its value, the median
