@@ -736,6 +736,23 @@ class TinyLM(nn.Module):
         return out
 
 
+class BiasesBeforeNorm(nn.Module):
+    """Three Linear layers each followed by a BatchNorm (SimSiam's and many CNNs' pattern), then a head. No bug:
+    the three biases in front of the BatchNorms get a gradient of rounding noise (~1e-9: the norm takes any
+    shift back out), the head's bias a real one. Healthy: a run's update-ratio alerts must name nothing,
+    though the three noise biases are the head bias's only 1-D bias peers."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            *(m for i in range(3) for m in (nn.Linear(8 if i == 0 else d, d), nn.BatchNorm1d(d), nn.ReLU()))
+        )
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))  # type: ignore[no-any-return]
+
+
 class TinyClassifier(nn.Module):
     """Token and position embeddings (padding row 0), one encoder layer with dropout, a BatchNorm, a head;
     `model(ids=..., labels=...)` returns the loss, as a Hugging Face model does. Healthy: `check` on one

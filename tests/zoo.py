@@ -1,0 +1,1133 @@
+"""The calibration zoo (issue 38): model families no other test of this project trains, each built from a tiny
+config, trained the way its library documents, and verified healthy without gradlog before gradlog is judged.
+
+A family is a function that builds a `Setup`: the model (whose trainable tensors the health check copies), the
+number of steps, a held-out evaluation on fixed data (lower is better), and either `step(i)` (one complete
+training step of a hand-written loop: forward, backward, every optimizer's step, zero_grad; it returns the
+step's training metric) with the (module, optimizer) pairs a user would hand to `gradlog.GradLogger` (one per
+optimizer), or `fit(gradlog_kwargs)` for a family trained by `transformers.Trainer` with `GradlogCallback`.
+`run(family, every)` trains it under gradlog and returns an `Outcome`: the verdict's reports and the
+independent evidence (training metric and held-out evaluation before/after, tensors that never changed).
+
+Healthy means, measured without gradlog: the training metric (mean of the first 10 steps vs the last 10) and
+the held-out evaluation (before vs after training) both fall by at least `DROP` (15%), and every tensor that
+was trainable when training began ends different from its starting copy. Everything is seeded (torch's global
+seed before the model is built, one generator per data stream), so a run is the same run every time.
+
+Data is synthetic with learnable structure (nothing is downloaded): token streams that count up by a step of 1
+or 2 (`counting`), images made of a class template plus noise (`templates`), tones whose frequency is the class
+(audio), clustered vectors.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import gradlog
+from gradlog.verdict.judge import never_kind
+from gradlog.verdict.policy import Policy
+
+#: the least relative fall of the training metric and of the held-out evaluation a healthy run shows
+DROP = 0.15
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class Setup:
+    """One family, built and seeded, ready to train (see the module docstring)."""
+
+    model: nn.Module
+    steps: int
+    evaluate: Callable[[], float]
+    step: Callable[[int], float] | None = None
+    watch: list[tuple[nn.Module, torch.optim.Optimizer]] = field(default_factory=list)
+    fit: Callable[[dict[str, Any]], tuple[list[gradlog.Report], list[float]]] | None = None
+
+
+@dataclass
+class Outcome:
+    """A family's run: gradlog's reports (one per logger) and the evidence of health gathered without gradlog."""
+
+    family: str
+    every: int | None
+    steps: int
+    losses: list[float]
+    eval_before: float
+    eval_after: float
+    unchanged: list[str]
+    trainable: int
+    reports: list[gradlog.Report]
+    writers: list[gradlog.MemoryWriter]  # each logger's series, to look a finding up
+
+    @property
+    def train_drop(self) -> float:
+        first, last = self.losses[:10], self.losses[-10:]
+        return 1 - (sum(last) / len(last)) / (sum(first) / len(first))
+
+    @property
+    def eval_drop(self) -> float:
+        return 1 - self.eval_after / self.eval_before
+
+    @property
+    def healthy(self) -> bool:
+        return self.train_drop >= DROP and self.eval_drop >= DROP and not self.unchanged
+
+    def evidence(self) -> str:
+        """The health numbers as the docs table shows them."""
+        first = sum(self.losses[:10]) / 10
+        last = sum(self.losses[-10:]) / 10
+        return (
+            f"train {first:.3g}->{last:.3g} (-{self.train_drop:.0%}), held-out {self.eval_before:.3g}->"
+            f"{self.eval_after:.3g} (-{self.eval_drop:.0%}), {self.trainable - len(self.unchanged)}/{self.trainable} "
+            "tensors changed"
+        )
+
+
+def findings(report: gradlog.Report) -> list[tuple[str, str, str, str]]:
+    """Every finding of `report` as (severity, kind, tensor, detail), the detail being the record's own words."""
+    policy = report.policy or Policy()
+    out = []
+    for r in report.never_updated:
+        kind = never_kind(r.reason, r.suspect)
+        out.append((policy.severity(kind, (r.name, *r.aliases)), kind, r.name, r.detail))
+    for p in report.partly_updated:
+        out.append((policy.severity(f"partly.{p.reason}", p.name), f"partly.{p.reason}", p.name, p.detail))
+    for s in report.stalled:
+        out.append((policy.severity(f"stalled.{s.reason}", s.name), f"stalled.{s.reason}", s.name, s.detail))
+    for sl in report.stopped_slices:
+        out.append((policy.severity(f"stopped.{sl.reason}", sl.name), f"stopped.{sl.reason}", sl.name, sl.detail))
+    for q in report.precision:
+        out.append((policy.severity("precision.rounded_away", q.name), "precision.rounded_away", q.name, q.detail))
+    for a in report.warning_alerts():
+        detail = f"step {a.step}: {a.detail}"
+        out.append((policy.severity(f"alert.{a.kind}", a.name), f"alert.{a.kind}", a.name, detail))
+    return out
+
+
+def seed(value: int = 0) -> None:
+    random.seed(value)
+    torch.manual_seed(value)
+
+
+def run(family: Callable[[], Setup], every: int | None) -> Outcome:
+    """Build `family`, evaluate it, train it under gradlog (`every` None: gradlog's default), evaluate again."""
+    seed(0)
+    s = family()
+    model = s.model
+    initial = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    before = s.evaluate()
+    writers = [gradlog.MemoryWriter() for _ in s.watch or [None]]
+    kwargs: dict[str, Any] = {"print_report": False}
+    if every is not None:
+        kwargs["every"] = every
+    if s.fit is not None:
+        reports, losses = s.fit({**kwargs, "writer": writers[0]})
+    else:
+        assert s.step is not None
+        loggers = [gradlog.GradLogger(m, opt, writer=w, **kwargs) for (m, opt), w in zip(s.watch, writers)]
+        losses = []
+        for i in range(s.steps):
+            losses.append(s.step(i))
+            for gl in loggers:
+                gl.log(i)
+        reports = [gl.close() for gl in loggers]
+    after = s.evaluate()
+    unchanged = [n for n, p in model.named_parameters() if n in initial and torch.equal(p.detach(), initial[n])]
+    return Outcome(family.__name__, every, s.steps, losses, before, after, unchanged, len(initial), reports, writers)
+
+
+# --- data -------------------------------------------------------------------------------------------------
+def counting(gen: torch.Generator, batch: int, length: int, vocab: int, first: int = 0) -> tuple[torch.Tensor, ...]:
+    """Token streams that count up from a random start by a step of 1 or 2, modulo the ids first..vocab-1:
+    (ids, step - 1), the second a label for sequence classification."""
+    used = vocab - first
+    start = torch.randint(0, used, (batch, 1), generator=gen)
+    step = torch.randint(1, 3, (batch, 1), generator=gen)
+    return first + (start + step * torch.arange(length)) % used, step.squeeze(1) - 1
+
+
+def first_half(ids: torch.Tensor, first: int, vocab: int) -> torch.Tensor:
+    """A sequence label: whether the first id is in the lower half of first..vocab-1."""
+    return (ids[:, 0] < (first + vocab) // 2).long()
+
+
+def masked(gen: torch.Generator, ids: torch.Tensor, mask_id: int, first: int, vocab: int) -> tuple[torch.Tensor, ...]:
+    """BERT's masking, as `DataCollatorForLanguageModeling` does it: 15% of positions are chosen (the labels
+    elsewhere are -100); of those 80% become the mask id, 10% a random id, 10% stay."""
+    labels = ids.clone()
+    chosen = torch.rand(ids.shape, generator=gen) < 0.15
+    labels[~chosen] = -100
+    r = torch.rand(ids.shape, generator=gen)
+    inputs = ids.clone()
+    inputs[chosen & (r < 0.8)] = mask_id
+    swap = chosen & (r >= 0.8) & (r < 0.9)
+    inputs[swap] = torch.randint(first, vocab, ids.shape, generator=gen)[swap]
+    return inputs, labels
+
+
+def templates(classes: int, channels: int, size: int, seed_: int = 7) -> torch.Tensor:
+    """One smooth image per class (random noise blurred by an average pool), unit scale."""
+    gen = torch.Generator().manual_seed(seed_)
+    raw = torch.randn(classes, channels, size, size, generator=gen)
+    smooth = F.avg_pool2d(F.pad(raw, (1, 1, 1, 1), mode="circular"), 3, stride=1)
+    return smooth / smooth.std()
+
+
+def images(gen: torch.Generator, tmpl: torch.Tensor, batch: int, noise: float = 1.0) -> tuple[torch.Tensor, ...]:
+    """A batch of class templates plus Gaussian noise: (pixels, labels)."""
+    y = torch.randint(0, tmpl.shape[0], (batch,), generator=gen)
+    return tmpl[y] + noise * torch.randn(batch, *tmpl.shape[1:], generator=gen), y
+
+
+def held_out(make: Callable[[torch.Generator], Any], seed_: int = 12345) -> Any:
+    """A fixed evaluation batch drawn by `make` from a generator of its own (never the training stream's)."""
+    return make(torch.Generator().manual_seed(seed_))
+
+
+def eval_loss(model: nn.Module, batch: Batch) -> Callable[[], float]:
+    """The held-out evaluation of a Hugging Face model: its `.loss` on a fixed batch, in eval mode."""
+
+    def evaluate() -> float:
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            value = float(model(**batch).loss)
+        model.train(was)
+        return value
+
+    return evaluate
+
+
+def hf_step(
+    model: nn.Module, opt: torch.optim.Optimizer, batch: Callable[[int], Batch], clip: float = 1.0
+) -> Callable[[int], float]:
+    """The loop the transformers docs show without Trainer: loss = model(**batch).loss, backward, clip, step."""
+    model.train()
+
+    def step(i: int) -> float:
+        loss = model(**batch(i)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    return step
+
+
+def trainer_fit(model: nn.Module, data: list[Batch], steps: int, lr: float, **args: Any) -> Callable[..., Any]:
+    """`fit` for a family trained by `transformers.Trainer` (its defaults: AdamW, linear decay, clip at 1.0),
+    with `GradlogCallback(**gradlog_kwargs)`: returns the callback's report and the logged training losses."""
+    import catalogue
+    import transformers
+
+    from gradlog.integrations.huggingface import GradlogCallback
+
+    def fit(kwargs: dict[str, Any]) -> tuple[list[gradlog.Report], list[float]]:
+        callback = GradlogCallback(**kwargs)
+        with tempfile.TemporaryDirectory() as out:
+            targs = catalogue.hf_args(
+                out, max_steps=steps, learning_rate=lr, per_device_train_batch_size=8, logging_steps=1, seed=0, **args
+            )
+            trainer = transformers.Trainer(model=model, args=targs, train_dataset=data, callbacks=[callback])
+            trainer.train()
+        losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+        assert callback.run.report is not None
+        return [callback.run.report], losses
+
+    return fit
+
+
+def rows(batches: list[Batch]) -> list[Batch]:
+    """Batches split into examples, the form a `Trainer`'s dataset hands its collator."""
+    return [{k: v[j] for k, v in b.items()} for b in batches for j in range(len(next(iter(b.values()))))]
+
+
+# --- transformers: causal LMs (labels=input_ids) ------------------------------------------------------------
+def _causal_lm(model: nn.Module, vocab: int, steps: int, lr: float = 1e-3, length: int = 16) -> Setup:
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(i: int) -> Batch:
+        ids, _ = counting(gen, 8, length, vocab)
+        return {"input_ids": ids, "labels": ids}
+
+    test = held_out(lambda g: {"input_ids": (ids := counting(g, 32, length, vocab)[0]), "labels": ids})
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    return Setup(model, steps, eval_loss(model, test), hf_step(model, opt, batch), [(model, opt)])
+
+
+def gpt2() -> Setup:
+    """GPT-2 (4 layers, d=32), causal LM with labels=input_ids on counting streams, AdamW 1e-3 in a hand-written
+    loop with gradient clipping at 1.0. Healthy: the LM loss on streams and on a fixed held-out set falls."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=4, n_head=4)
+    return _causal_lm(GPT2LMHeadModel(cfg), 64, 150)
+
+
+def llama_trainer() -> Setup:
+    """Llama (2 layers, d=32, grouped-query attention, RoPE, SwiGLU) as a causal LM with labels=input_ids,
+    trained by `transformers.Trainer` (AdamW 2e-3, linear decay, clipping) with `GradlogCallback`.
+    Healthy: the logged training loss and the held-out LM loss fall."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    model = LlamaForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(1)
+    data = rows([{"input_ids": (ids := counting(gen, 8, 16, 64)[0]), "labels": ids} for _ in range(150)])
+    test = held_out(lambda g: {"input_ids": (ids := counting(g, 32, 16, 64)[0]), "labels": ids})
+    return Setup(model, 150, eval_loss(model, test), fit=trainer_fit(model, data, 150, 2e-3))
+
+
+def mixtral() -> Setup:
+    """Mixtral (2 layers, 4 experts, top-2 routing, untied embeddings), causal LM with labels=input_ids, AdamW
+    1e-3, hand-written loop. Healthy: LM loss (train and held-out) falls; every expert's weights change."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
+    return _causal_lm(MixtralForCausalLM(cfg), 64, 150)
+
+
+def qwen2_moe() -> Setup:
+    """Qwen2-MoE (2 layers, 4 routed experts top-2 plus a gated shared expert, q/k/v biases), causal LM with
+    labels=input_ids, AdamW 1e-3, hand-written loop. Healthy: LM loss (train and held-out) falls."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    cfg = Qwen2MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        decoder_sparse_step=1,
+    )
+    return _causal_lm(Qwen2MoeForCausalLM(cfg), 64, 150)
+
+
+def mamba() -> Setup:
+    """Mamba (2 layers, d=32, state 8; the pure-PyTorch selective scan on CPU), a state-space causal LM with
+    labels=input_ids, AdamW 2e-3, hand-written loop. Healthy: LM loss (train and held-out) falls."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    cfg = MambaConfig(vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, use_cache=False)
+    return _causal_lm(MambaForCausalLM(cfg), 64, 150, lr=2e-3)
+
+
+# --- transformers: masked LM, classification ----------------------------------------------------------------
+MASK, FIRST = 1, 4  # the mask id; data ids are FIRST..vocab-1 (0..3 are special ids, as in every tokenizer)
+
+
+def _mlm_batch(gen: torch.Generator, batch: int, vocab: int, length: int = 16) -> Batch:
+    """Counting streams over 16 of the vocabulary's ids (a language smaller than its tokenizer), BERT-masked."""
+    ids, _ = counting(gen, batch, length, FIRST + 16, FIRST)
+    inputs, labels = masked(gen, ids, MASK, FIRST, FIRST + 16)
+    return {"input_ids": inputs, "labels": labels}
+
+
+def bert_mlm() -> Setup:
+    """BERT (2 layers, d=32) masked LM: 15% of positions chosen, 80/10/10 mask/random/keep, labels -100
+    elsewhere (what `DataCollatorForLanguageModeling` does), AdamW 1e-3, hand-written loop.
+    Healthy: masked-LM loss on training batches and on a fixed held-out set falls."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16,
+    )  # fmt: skip
+    model = BertForMaskedLM(cfg)
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: _mlm_batch(g, 64, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = hf_step(model, opt, lambda i: _mlm_batch(gen, 16, 64))
+    return Setup(model, 200, eval_loss(model, test), step, [(model, opt)])
+
+
+def roberta_mlm_trainer() -> Setup:
+    """RoBERTa (2 layers, d=32; positions start after the padding id) masked LM as BERT's, trained by
+    `transformers.Trainer` (AdamW 1e-3) with `GradlogCallback`. Healthy: masked-LM loss falls (logged and held-out)."""
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    cfg = RobertaConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=20, type_vocab_size=1,
+    )  # fmt: skip
+    model = RobertaForMaskedLM(cfg)
+    gen = torch.Generator().manual_seed(1)
+    data = rows([_mlm_batch(gen, 8, 64) for _ in range(200)])
+    test = held_out(lambda g: _mlm_batch(g, 64, 64))
+    return Setup(model, 200, eval_loss(model, test), fit=trainer_fit(model, data, 200, 1e-3))
+
+
+def distilbert_cls_trainer() -> Setup:
+    """DistilBERT (2 layers, d=32) sequence classification (is the first id in the lower half?), trained by
+    `transformers.Trainer` (AdamW 1e-3) with `GradlogCallback`. Healthy: cross-entropy falls (logged and held-out)."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    cfg = DistilBertConfig(
+        vocab_size=64, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=16, num_labels=2
+    )
+    model = DistilBertForSequenceClassification(cfg)
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        ids, _ = counting(g, n, 16, 64, FIRST)
+        return {"input_ids": ids, "labels": first_half(ids, FIRST, 64)}
+
+    data = rows([batch(gen, 8) for _ in range(150)])
+    test = held_out(lambda g: batch(g, 64))
+    return Setup(model, 150, eval_loss(model, test), fit=trainer_fit(model, data, 150, 1e-3))
+
+
+# --- transformers: encoder-decoder ---------------------------------------------------------------------------
+def _seq2seq_batch(gen: torch.Generator, n: int, vocab: int) -> Batch:
+    """Source: 12 ids of a counting stream; target: the stream's next 8 ids."""
+    ids, _ = counting(gen, n, 20, vocab, FIRST)
+    return {"input_ids": ids[:, :12].contiguous(), "labels": ids[:, 12:].contiguous()}
+
+
+def _seq2seq(model: nn.Module, steps: int, lr: float = 1e-3) -> Setup:
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: _seq2seq_batch(g, 64, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    step = hf_step(model, opt, lambda i: _seq2seq_batch(gen, 8, 64))
+    return Setup(model, steps, eval_loss(model, test), step, [(model, opt)])
+
+
+def t5() -> Setup:
+    """T5 (2+2 layers, d=32, relative position buckets) with labels (the model shifts them into decoder inputs),
+    continuing a counting stream, AdamW 1e-3, hand-written loop. Healthy: seq2seq loss falls (train, held-out)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+    return _seq2seq(T5ForConditionalGeneration(cfg), 150)
+
+
+def bart() -> Setup:
+    """BART (1+1 layers, d=32, learned positions) with labels, continuing a counting stream, AdamW 1e-3,
+    hand-written loop. Healthy: seq2seq loss falls (train, held-out)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+    )  # fmt: skip
+    return _seq2seq(BartForConditionalGeneration(cfg), 150)
+
+
+# --- transformers: vision -------------------------------------------------------------------------------------
+def _vision(model: nn.Module, steps: int, lr: float = 1e-3, size: int = 16, trainer: bool = False) -> Setup:
+    tmpl = templates(4, 3, size)
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        x, y = images(g, tmpl, n)
+        return {"pixel_values": x, "labels": y}
+
+    test = held_out(lambda g: batch(g, 64))
+    if trainer:
+        data = rows([batch(gen, 8) for _ in range(steps)])
+        return Setup(model, steps, eval_loss(model, test), fit=trainer_fit(model, data, steps, lr))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    return Setup(model, steps, eval_loss(model, test), hf_step(model, opt, lambda i: batch(gen, 16)), [(model, opt)])
+
+
+def vit_trainer() -> Setup:
+    """ViT (2 layers, d=32, 4x4 patches of 16x16 images) image classification of noisy class templates,
+    trained by `transformers.Trainer` (AdamW 1e-3) with `GradlogCallback`. Healthy: cross-entropy falls."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(
+        image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, num_labels=4,
+    )  # fmt: skip
+    return _vision(ViTForImageClassification(cfg), 120, trainer=True)
+
+
+def convnext() -> Setup:
+    """ConvNeXt (2 stages, depthwise 7x7 convs, LayerNorm, layer scale 1e-6 as configured by default) image
+    classification, AdamW 1e-3, hand-written loop. Healthy: cross-entropy falls (train, held-out)."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    cfg = ConvNextConfig(num_channels=3, patch_size=2, hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, num_labels=4)
+    return _vision(ConvNextForImageClassification(cfg), 120)
+
+
+def swin() -> Setup:
+    """Swin (2 stages, window 4, relative position bias tables, shifted windows) image classification, AdamW
+    1e-3, hand-written loop. Healthy: cross-entropy falls (train, held-out)."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    cfg = SwinConfig(
+        image_size=16, patch_size=2, num_channels=3, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4,
+        num_labels=4,
+    )  # fmt: skip
+    return _vision(SwinForImageClassification(cfg), 120)
+
+
+def resnet_hf() -> Setup:
+    """transformers' ResNet (basic blocks, BatchNorm everywhere) image classification, AdamW 1e-3, hand-written
+    loop; evaluated in eval mode (BatchNorm's running statistics). Healthy: cross-entropy falls."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=4
+    )
+    return _vision(ResNetForImageClassification(cfg), 120, size=32)
+
+
+# --- transformers: speech --------------------------------------------------------------------------------------
+def wav2vec2_trainer() -> Setup:
+    """Wav2Vec2 (conv feature encoder, 2 transformer layers, SpecAugment time masking) audio classification of
+    noisy tones (the class is the frequency), the feature encoder frozen with `freeze_feature_encoder()` as the
+    audio-classification example does, trained by `transformers.Trainer` (AdamW 1e-3) with `GradlogCallback`.
+    Healthy: cross-entropy falls (logged and held-out)."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+
+    cfg = Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16, 16),
+        conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        num_labels=3, classifier_proj_size=16,
+    )  # fmt: skip
+    model = Wav2Vec2ForSequenceClassification(cfg)
+    model.freeze_feature_encoder()
+    t = torch.arange(1600) / 1600
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        y = torch.randint(0, 3, (n,), generator=g)
+        phase = 2 * math.pi * torch.rand(n, 1, generator=g)
+        wave = torch.sin(2 * math.pi * (40 + 60 * y[:, None]) * t + phase) + 0.5 * torch.randn(n, 1600, generator=g)
+        return {"input_values": wave, "labels": y}
+
+    gen = torch.Generator().manual_seed(1)
+    data = rows([batch(gen, 8) for _ in range(120)])
+    test = held_out(lambda g: batch(g, 48))
+    return Setup(model, 120, eval_loss(model, test), fit=trainer_fit(model, data, 120, 1e-3))
+
+
+def whisper_trainer() -> Setup:
+    """Whisper (1+1 layers, d=32, 16 mel bins; the encoder's sinusoidal positions frozen by the model itself)
+    speech recognition: 4 "words" per utterance, each 8 frames of its own mel pattern plus noise, labels the word
+    ids and an end id; trained by `transformers.Trainer` (AdamW 2e-3) with `GradlogCallback`.
+    Healthy: seq2seq loss falls (logged and held-out)."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    cfg = WhisperConfig(
+        vocab_size=64, num_mel_bins=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, d_model=32, max_source_positions=16,
+        max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+        suppress_tokens=None, begin_suppress_tokens=None,
+    )  # fmt: skip
+    model = WhisperForConditionalGeneration(cfg)
+    words = torch.randn(8, 16, 8, generator=torch.Generator().manual_seed(7))
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        w = torch.randint(0, 8, (n, 4), generator=g)
+        feats = torch.cat([words[w[:, k]] for k in range(4)], dim=2) + 0.5 * torch.randn(n, 16, 32, generator=g)
+        labels = torch.cat([w + 3, torch.full((n, 1), 2)], dim=1)
+        return {"input_features": feats, "labels": labels}
+
+    gen = torch.Generator().manual_seed(1)
+    data = rows([batch(gen, 8) for _ in range(150)])
+    test = held_out(lambda g: batch(g, 48))
+    return Setup(model, 150, eval_loss(model, test), fit=trainer_fit(model, data, 150, 2e-3))
+
+
+# --- transformers: contrastive image-text ----------------------------------------------------------------------
+def _image_text(model: nn.Module, steps: int, lr: float = 1e-3) -> Setup:
+    """Pairs of a class's noisy image template and a caption naming the class among filler ids, in batches of 8
+    distinct classes of 16, trained with the model's own contrastive loss (return_loss=True)."""
+    tmpl = templates(16, 3, 16)
+
+    def batch(g: torch.Generator, n: int = 8) -> Batch:
+        y = torch.randperm(16, generator=g)[:n]
+        filler = torch.randint(20, 40, (n, 6), generator=g)
+        ids = torch.cat([(y + 3)[:, None], filler, torch.full((n, 1), 63)], dim=1)
+        return {"input_ids": ids, "pixel_values": tmpl[y] + 0.5 * torch.randn(n, 3, 16, 16, generator=g),
+                "return_loss": torch.tensor(True)}  # fmt: skip
+
+    gen = torch.Generator().manual_seed(1)
+    tests = held_out(lambda g: [batch(g) for _ in range(8)])
+
+    def evaluate() -> float:
+        model.eval()
+        with torch.no_grad():
+            value = sum(float(model(**b).loss) for b in tests) / len(tests)
+        model.train()
+        return value
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    return Setup(model, steps, evaluate, hf_step(model, opt, lambda i: batch(gen)), [(model, opt)])
+
+
+def clip() -> Setup:
+    """CLIP (text and vision towers of 2 layers, d=32, projections of 16, learned temperature) trained with its
+    symmetric InfoNCE loss (return_loss=True), AdamW 1e-3, hand-written loop. Healthy: contrastive loss falls
+    (train, and on 8 fixed held-out batches)."""
+    from transformers import CLIPConfig, CLIPModel
+
+    common = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    cfg = CLIPConfig(
+        text_config={"vocab_size": 64, "max_position_embeddings": 8, "eos_token_id": 63, **common},
+        vision_config={"image_size": 16, "patch_size": 4, **common},
+        projection_dim=16,
+    )
+    return _image_text(CLIPModel(cfg), 150)
+
+
+def siglip() -> Setup:
+    """SigLIP (text and vision towers of 2 layers, d=32; attention-pooling head; learned scale and bias) trained
+    with its pairwise sigmoid loss (return_loss=True), AdamW 1e-3, hand-written loop. Healthy: loss falls."""
+    from transformers import SiglipConfig, SiglipModel
+
+    common = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    cfg = SiglipConfig(
+        text_config={"vocab_size": 64, "max_position_embeddings": 8, **common},
+        vision_config={"image_size": 16, "patch_size": 4, **common},
+    )
+    return _image_text(SiglipModel(cfg), 150)
+
+
+# --- diffusers ----------------------------------------------------------------------------------------------
+def unet2d() -> Setup:
+    """diffusers' UNet2DModel (2 resolutions, an attention block at the lower one, GroupNorm) trained as DDPM
+    (the docs' unconditional training: noise added by `DDPMScheduler.add_noise` at a random timestep, MSE on the
+    predicted noise), AdamW 1e-3, 8x8 one-channel images of 4 smooth patterns. Healthy: the noise-prediction
+    MSE falls on training batches and on fixed held-out (image, noise, timestep) triples."""
+    from diffusers import DDPMScheduler, UNet2DModel
+
+    model = UNet2DModel(
+        sample_size=8, in_channels=1, out_channels=1, layers_per_block=1, block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=4, attention_head_dim=8,
+    )  # fmt: skip
+    sched = DDPMScheduler(num_train_timesteps=100)
+    tmpl = templates(4, 1, 8)
+
+    def batch(g: torch.Generator, n: int) -> tuple[torch.Tensor, ...]:
+        x0 = tmpl[torch.randint(0, 4, (n,), generator=g)]
+        noise = torch.randn(x0.shape, generator=g)
+        t = torch.randint(0, 100, (n,), generator=g)
+        return sched.add_noise(x0, noise, t), noise, t
+
+    def loss_of(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return F.mse_loss(model(b[0], b[2]).sample, b[1])
+
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: batch(g, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(i: int) -> float:
+        loss = loss_of(batch(gen, 16))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    return Setup(model, 120, _evaluator(model, lambda: loss_of(test)), step, [(model, opt)])
+
+
+def _evaluator(model: nn.Module, loss: Callable[[], torch.Tensor]) -> Callable[[], float]:
+    def evaluate() -> float:
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            value = float(loss())
+        model.train(was)
+        return value
+
+    return evaluate
+
+
+def _plain(model: nn.Module, opt: torch.optim.Optimizer, loss: Callable[[int], torch.Tensor], steps: int,
+           test: Callable[[], torch.Tensor], clip: float | None = None) -> Setup:  # fmt: skip
+    """A hand-written PyTorch loop: loss(i) on a fresh batch, backward, optional clipping, step, zero_grad."""
+
+    def step(i: int) -> float:
+        model.train()
+        value = loss(i)
+        value.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        return float(value.detach())
+
+    return Setup(model, steps, _evaluator(model, test), step, [(model, opt)])
+
+
+# --- a graph network ------------------------------------------------------------------------------------------
+class GCN(nn.Module):
+    """Two graph-convolution layers (Kipf & Welling): H' = D^-1/2 (A + I) D^-1/2 H W, message passing written
+    by hand with `index_add_` over the edge list, ReLU and dropout between."""
+
+    def __init__(self, features: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Linear(features, hidden)
+        self.conv2 = nn.Linear(hidden, classes)
+
+    @staticmethod
+    def propagate(h: torch.Tensor, edges: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        src, dst = edges
+        return torch.zeros_like(h).index_add_(0, dst, h[src] * norm[:, None])
+
+    def forward(self, x: torch.Tensor, edges: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        h = F.dropout(F.relu(self.propagate(self.conv1(x), edges, norm)), 0.5, self.training)
+        return self.propagate(self.conv2(h), edges, norm)
+
+
+def gcn() -> Setup:
+    """A hand-written GCN on a stochastic block model (300 nodes, 4 communities; node features a weak noisy
+    community signal, so neighbours help), full-batch node classification on half the nodes, Adam 1e-2 with
+    weight decay 5e-4 (Kipf & Welling's recipe). Healthy: cross-entropy falls on the training nodes and on
+    the other half (held out)."""
+    gen = torch.Generator().manual_seed(3)
+    n, k = 300, 4
+    y = torch.randint(0, k, (n,), generator=gen)
+    p = torch.where(y[:, None] == y[None, :], 0.06, 0.005)
+    adj = torch.triu(torch.rand(n, n, generator=gen) < p, diagonal=1)
+    adj = adj | adj.T | torch.eye(n, dtype=torch.bool)
+    edges = adj.nonzero().T
+    deg = adj.sum(1).float()
+    norm = (deg[edges[0]] * deg[edges[1]]).rsqrt()
+    x = 0.4 * F.one_hot(y, k).float() @ torch.randn(k, 16, generator=gen) + torch.randn(n, 16, generator=gen)
+    train_mask = torch.rand(n, generator=gen) < 0.5
+    model = GCN(16, 32, k)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=5e-4)
+
+    def loss(i: int) -> torch.Tensor:
+        return F.cross_entropy(model(x, edges, norm)[train_mask], y[train_mask])
+
+    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(model(x, edges, norm)[~train_mask], y[~train_mask]))
+
+
+# --- plain PyTorch classics -----------------------------------------------------------------------------------
+class LSTMLM(nn.Module):
+    """PyTorch's word_language_model example in small: embedding, 2-layer LSTM, dropout, a decoder whose weight
+    is the embedding's (tied)."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.2)
+        self.encoder = nn.Embedding(vocab, dim)
+        self.rnn = nn.LSTM(dim, dim, 2, dropout=0.2, batch_first=True)
+        self.decoder = nn.Linear(dim, vocab)
+        self.decoder.weight = self.encoder.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.drop(self.encoder(ids)))
+        return self.decoder(self.drop(out))  # type: ignore[no-any-return]
+
+
+def lstm_lm() -> Setup:
+    """An LSTM language model with tied input/output embeddings, trained with plain SGD (lr 5) and gradient
+    clipping at 0.25 as PyTorch's word_language_model example does, on counting streams.
+    Healthy: next-token cross-entropy falls (train, held-out)."""
+    model = LSTMLM()
+    gen = torch.Generator().manual_seed(1)
+
+    def lm(ids: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(ids[:, :-1]).reshape(-1, 64), ids[:, 1:].reshape(-1))
+
+    test = held_out(lambda g: counting(g, 64, 20, 64)[0])
+    opt = torch.optim.SGD(model.parameters(), lr=5.0)
+    return _plain(model, opt, lambda i: lm(counting(gen, 16, 20, 64)[0]), 200, lambda: lm(test), clip=0.25)
+
+
+class VAE(nn.Module):
+    """An MLP variational auto-encoder (Kingma & Welling): encoder to (mu, log-variance) of a 4-d latent, the
+    reparameterisation trick, a decoder back to the data."""
+
+    def __init__(self, dim: int = 20, latent: int = 4, hidden: int = 64) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU())
+        self.mu = nn.Linear(hidden, latent)
+        self.logvar = nn.Linear(hidden, latent)
+        self.dec = nn.Sequential(nn.Linear(latent, hidden), nn.ReLU(), nn.Linear(hidden, dim))
+
+    def loss(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+        h = self.enc(x)
+        mu, logvar = self.mu(h), self.logvar(h)
+        eps = torch.randn(mu.shape, generator=gen)
+        recon = self.dec(mu + eps * (0.5 * logvar).exp())
+        kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp()).sum(1)
+        return ((recon - x).pow(2).sum(1) + kl).mean()
+
+
+def vae() -> Setup:
+    """A VAE on 20-d data made from a 2-d latent through a fixed random nonlinear map plus noise, Adam 1e-3.
+    Healthy: the negative ELBO falls on training batches and on a fixed held-out set (fixed sampling noise)."""
+    mix = torch.randn(2, 20, generator=torch.Generator().manual_seed(7))
+
+    def data(g: torch.Generator, n: int) -> torch.Tensor:
+        z = torch.randn(n, 2, generator=g)
+        return 3 * torch.tanh(z @ mix) + 0.1 * torch.randn(n, 20, generator=g)
+
+    model = VAE()
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: data(g, 256))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return _plain(
+        model, opt, lambda i: model.loss(data(gen, 32), gen), 200,
+        lambda: model.loss(test, torch.Generator().manual_seed(5)),
+    )  # fmt: skip
+
+
+def _mmd(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Maximum mean discrepancy with a Gaussian kernel (bandwidth 1): 0 when the samples' distributions agree."""
+
+    def k(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.exp(-torch.cdist(x, y).pow(2) / 2).mean()
+
+    return float(k(a, a) + k(b, b) - 2 * k(a, b))
+
+
+def gan() -> Setup:
+    """A GAN (MLP generator and discriminator, non-saturating loss) on a ring of 8 Gaussians, each network with
+    its own Adam (lr 1e-3, betas 0.5/0.999) and its own GradLogger, as a user logs two optimizers.
+    Healthy (gradlog-free): the MMD between generated and real samples falls, per step and on fixed noise."""
+    angles = torch.arange(8) * (2 * math.pi / 8)
+    centres = 2 * torch.stack([angles.cos(), angles.sin()], 1)
+
+    def real(g: torch.Generator, n: int) -> torch.Tensor:
+        return centres[torch.randint(0, 8, (n,), generator=g)] + 0.1 * torch.randn(n, 2, generator=g)
+
+    model = nn.ModuleDict(
+        {
+            "generator": nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2)),
+            "discriminator": nn.Sequential(nn.Linear(2, 64), nn.LeakyReLU(0.2), nn.Linear(64, 64),
+                                           nn.LeakyReLU(0.2), nn.Linear(64, 1)),
+        }
+    )  # fmt: skip
+    gnet, dnet = model["generator"], model["discriminator"]
+    opt_g = torch.optim.Adam(gnet.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(dnet.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    gen = torch.Generator().manual_seed(1)
+    fixed_z = torch.randn(512, 8, generator=torch.Generator().manual_seed(5))
+    fixed_real = held_out(lambda g: real(g, 512))
+    ones, zeros = torch.ones(64, 1), torch.zeros(64, 1)
+
+    def step(i: int) -> float:
+        x = real(gen, 64)
+        fake = gnet(torch.randn(64, 8, generator=gen))
+        d_loss = F.binary_cross_entropy_with_logits(dnet(x), ones) + F.binary_cross_entropy_with_logits(
+            dnet(fake.detach()), zeros
+        )
+        d_loss.backward()
+        opt_d.step()
+        opt_d.zero_grad()
+        g_loss = F.binary_cross_entropy_with_logits(dnet(fake), ones)
+        g_loss.backward()
+        opt_g.step()
+        opt_g.zero_grad()
+        opt_d.zero_grad()  # the generator's backward also reached the discriminator
+        return _mmd(fake.detach(), x)
+
+    def evaluate() -> float:
+        with torch.no_grad():
+            return _mmd(gnet(fixed_z), fixed_real)
+
+    return Setup(model, 250, evaluate, step, [(gnet, opt_g), (dnet, opt_d)])
+
+
+class ActorCritic(nn.Module):
+    """A shared trunk with a policy head (the actor) and a state-value head (the critic)."""
+
+    def __init__(self, dim: int = 8, actions: int = 4, hidden: int = 32) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(dim, hidden), nn.Tanh())
+        self.policy = nn.Linear(hidden, actions)
+        self.value = nn.Linear(hidden, 1)
+
+    def forward(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(s)
+        return self.policy(h), self.value(h).squeeze(1)
+
+
+def actor_critic() -> Setup:
+    """Advantage actor-critic on a contextual bandit (one-step episodes of 64 parallel environments: 8-d state,
+    4 actions, reward 1 for the action a fixed linear map of the state prefers, else 0): policy gradient with the
+    critic's value as baseline, value MSE, an entropy bonus of 0.01, Adam 3e-3. Healthy (gradlog-free): the
+    regret (1 - reward) of the sampled actions falls, and so does the expected regret on fixed held-out states."""
+    best = torch.randn(8, 4, generator=torch.Generator().manual_seed(7))
+    model = ActorCritic()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(1)
+    states = torch.randn(512, 8, generator=torch.Generator().manual_seed(5))
+
+    def step(i: int) -> float:
+        s = torch.randn(64, 8, generator=gen)
+        logits, v = model(s)
+        dist = torch.distributions.Categorical(logits=logits)
+        a = torch.multinomial(dist.probs, 1, generator=gen).squeeze(1)
+        r = (a == (s @ best).argmax(1)).float()
+        adv = (r - v).detach()
+        loss = -(dist.log_prob(a) * adv).mean() + 0.5 * F.mse_loss(v, r) - 0.01 * dist.entropy().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(1 - r.mean())
+
+    def evaluate() -> float:
+        with torch.no_grad():
+            probs = model(states)[0].softmax(1)
+            return float(1 - probs.gather(1, (states @ best).argmax(1, keepdim=True)).mean())
+
+    return Setup(model, 200, evaluate, step, [(model, opt)])
+
+
+def cnn_bn() -> Setup:
+    """A small CNN (conv-BatchNorm-ReLU twice, global pooling, linear) on noisy class templates, SGD with
+    momentum 0.9 and weight decay 5e-4 (the classic recipe); evaluated in eval mode (running statistics).
+    Healthy: cross-entropy falls (train, held-out)."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4),
+    )  # fmt: skip
+    tmpl = templates(4, 3, 16)
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: images(g, tmpl, 128))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+    def loss(i: int) -> torch.Tensor:
+        x, y = images(gen, tmpl, 32)
+        return F.cross_entropy(model(x), y)
+
+    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(model(tx), ty))
+
+
+class Encoder(nn.Module):
+    """A small transformer encoder classifier (learned positions, 4 `nn.TransformerEncoderLayer`s, the first
+    position's state pooled,
+    a linear head): what layer-wise learning-rate decay fine-tunes."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, layers: int = 4, classes: int = 2) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(16, dim)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(dim, 4, 64, dropout=0.1, batch_first=True) for _ in range(layers)
+        )
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h[:, 0])  # type: ignore[no-any-return]
+
+
+def llrd() -> Setup:
+    """Layer-wise learning-rate decay fine-tuning: AdamW with one param group per depth, the head at 1e-3 and each
+    layer below at 0.7x the one above (embeddings lowest, 0.7^5), weight decay 0.01; a sequence classifier
+    (is the first id in the lower half?). Healthy: cross-entropy falls (train, held-out)."""
+    model = Encoder()
+    groups: list[dict[str, Any]] = [{"params": model.head.parameters(), "lr": 1e-3}]
+    for depth, layer in enumerate(reversed(model.layers), start=1):
+        groups.append({"params": layer.parameters(), "lr": 1e-3 * 0.7**depth})
+    embeddings = [*model.tokens.parameters(), *model.positions.parameters()]
+    groups.append({"params": embeddings, "lr": 1e-3 * 0.7 ** (len(model.layers) + 1)})
+    opt = torch.optim.AdamW(groups, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(1)
+    tx = held_out(lambda g: counting(g, 128, 16, 64)[0])
+    ty = first_half(tx, 0, 64)
+
+    def loss(i: int) -> torch.Tensor:
+        ids, _ = counting(gen, 16, 16, 64)
+        return F.cross_entropy(model(ids), first_half(ids, 0, 64))
+
+    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(model(tx), ty))
+
+
+def _clusters(g: torch.Generator, centres: torch.Tensor, n: int, noise: float) -> tuple[torch.Tensor, ...]:
+    y = torch.randint(0, centres.shape[0], (n,), generator=g)
+    return centres[y] + noise * torch.randn(n, centres.shape[1], generator=g), y
+
+
+class MeanTeacher(nn.Module):
+    """A student classifier and its teacher, an exponential moving average of the student's weights (Tarvainen &
+    Valpola): the teacher is frozen in `__init__` and only ever changed by `update_teacher`."""
+
+    def __init__(self, decay: float = 0.95) -> None:
+        super().__init__()
+        self.student = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+        self.teacher = copy.deepcopy(self.student).requires_grad_(False)
+        self.decay = decay
+
+    @torch.no_grad()
+    def update_teacher(self) -> None:
+        for t, s in zip(self.teacher.parameters(), self.student.parameters()):
+            t.lerp_(s, 1 - self.decay)
+
+
+def ema_teacher() -> Setup:
+    """Mean teacher: cross-entropy on the labelled quarter of each batch plus a consistency loss (MSE between the
+    student's and the EMA teacher's class probabilities under different input noise) on all of it; Adam 1e-3 on
+    the student, the teacher updated after each step; the logger watches the whole module (teacher included), as
+    a user passes their model. Healthy: the student's cross-entropy falls (train, held-out)."""
+    centres = 1.5 * torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
+    model = MeanTeacher()
+    opt = torch.optim.Adam(model.student.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: _clusters(g, centres, 256, 1.0))
+
+    def step(i: int) -> float:
+        x, y = _clusters(gen, centres, 64, 1.0)
+        student = model.student(x + 0.3 * torch.randn(x.shape, generator=gen))
+        with torch.no_grad():
+            teacher = model.teacher(x + 0.3 * torch.randn(x.shape, generator=gen))
+        ce = F.cross_entropy(student[:16], y[:16])
+        loss = ce + F.mse_loss(student.softmax(1), teacher.softmax(1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        model.update_teacher()
+        return float(ce.detach())
+
+    test = _evaluator(model, lambda: F.cross_entropy(model.student(tx), ty))
+    return Setup(model, 200, test, step, [(model, opt)])
+
+
+class SimSiam(nn.Module):
+    """SimSiam (Chen & He): an encoder with a BatchNorm projector and a bottleneck predictor; the loss compares
+    each view's prediction with the other view's projection behind a stop-gradient (`detach`)."""
+
+    def __init__(self, dim: int = 16, width: int = 64, out: int = 32) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Linear(dim, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, out), nn.BatchNorm1d(out)
+        )
+        self.predictor = nn.Sequential(nn.Linear(out, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, out))
+
+    def loss(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        za, zb = self.encoder(a), self.encoder(b)
+        pa, pb = self.predictor(za), self.predictor(zb)
+        sim = F.cosine_similarity(pa, zb.detach()).mean() + F.cosine_similarity(pb, za.detach()).mean()
+        return 1 - sim / 2  # 1 - the mean cosine: 0 when each view predicts the other
+
+
+def simsiam() -> Setup:
+    """SimSiam on 16-d points of 8 clusters, two views by additive noise and random feature scaling; SGD with
+    momentum 0.9 (lr 0.05, weight decay 1e-4), as the paper trains it. Healthy: 1 - cosine between a view's
+    prediction and the other's projection falls, on training batches and on fixed held-out pairs (eval mode)."""
+    centres = 2 * torch.randn(8, 16, generator=torch.Generator().manual_seed(7))
+    model = SimSiam()
+    gen = torch.Generator().manual_seed(1)
+
+    def views(g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, _ = _clusters(g, centres, n, 0.5)
+
+        def view() -> torch.Tensor:
+            return x * (0.8 + 0.4 * torch.rand(n, 16, generator=g)) + 0.3 * torch.randn(n, 16, generator=g)
+
+        return view(), view()
+
+    test = held_out(lambda g: views(g, 256))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    return _plain(model, opt, lambda i: model.loss(*views(gen, 64)), 200, lambda: model.loss(*test))
+
+
+#: every family, cheapest first: the first `FAST` run in the default test run, the rest are heavy
+FAMILIES: list[Callable[[], Setup]] = [
+    actor_critic,
+    gcn,
+    vae,
+    gan,
+    cnn_bn,
+    ema_teacher,
+    simsiam,
+    lstm_lm,
+    llrd,
+    gpt2,
+    llama_trainer,
+    mixtral,
+    qwen2_moe,
+    mamba,
+    bert_mlm,
+    roberta_mlm_trainer,
+    distilbert_cls_trainer,
+    t5,
+    bart,
+    vit_trainer,
+    convnext,
+    swin,
+    resnet_hf,
+    wav2vec2_trainer,
+    whisper_trainer,
+    clip,
+    siglip,
+    unet2d,
+]
+FAST = 5
+
+
+def main(argv: list[str]) -> None:
+    """`python tests/zoo.py [family,...]`: run the families (all by default) at every=5 and at the default
+    `every`, one JSON line each: the health evidence, each logger's verdict and every finding (severity, kind,
+    tensor, detail), the raw material of docs/verdict.md's table."""
+    import json
+    import time
+
+    chosen = [f for f in FAMILIES if not argv or f.__name__ in argv[0].split(",")]
+    for family in chosen:
+        for every in (5, None):
+            start = time.perf_counter()
+            o = run(family, every)
+            line = {
+                "family": o.family,
+                "every": every,
+                "steps": o.steps,
+                "seconds": round(time.perf_counter() - start, 1),
+                "healthy": o.healthy,
+                "evidence": o.evidence(),
+                "unchanged": o.unchanged,
+                "verdicts": [r.verdict for r in o.reports],
+                "findings": [f for r in o.reports for f in findings(r)],
+            }
+            print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
