@@ -91,6 +91,20 @@ def deepspeed_suite(out: Path) -> None:
         rank = torch.distributed.get_rank()
         (out / f"zero{stage}-trained-rank{rank}.json").write_text(json.dumps({"steps": engine.global_steps}))
     hf_trainer(out)
+    pipeline(out)  # last: its engine leaves DeepSpeed's global parallel state set for a pipeline
+
+
+def pipeline(out: Path) -> None:
+    """DeepSpeed's pipeline parallelism: each rank holds a different half of the layers."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)]
+    module = PipelineModule(layers=layers, num_stages=2, loss_fn=nn.MSELoss())
+    config = {**_ds_config(0), "gradient_accumulation_steps": 2, "train_micro_batch_size_per_gpu": 2}
+    engine, opt, _, _ = deepspeed.initialize(model=module, config=config)
+    _record(out, "pipeline-engine", logger, engine, opt)
 
 
 def hf_trainer(out: Path) -> None:

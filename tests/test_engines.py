@@ -140,6 +140,14 @@ def test_deepspeed_zero_is_refused_however_it_is_handed_over(deepspeed_run: Any,
     assert [p["steps"] for p in runs[f"zero{stage}-trained"]] == [1, 1]
 
 
+@pytest.mark.heavy
+@needs_dist
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
+@pytest.mark.timeout(1200)
+def test_deepspeed_pipeline_parallelism_is_refused(deepspeed_run: Any) -> None:
+    assert_refused(deepspeed_run, "pipeline-engine", "DeepSpeed PipelineEngine passed as the model", "different layers")
+
+
 @pytest.mark.parametrize("check_first", [False, True])
 @pytest.mark.heavy
 @needs_dist

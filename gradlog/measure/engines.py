@@ -33,8 +33,8 @@ _DS_WHAT = (
     "slice as the model's: wrong gradient norms, and frozen or dead layers reported as fine"
 )
 _DS_FIX = (
-    "gradlog measures DeepSpeed exactly only without ZeRO partitioning; for sharded training use PyTorch FSDP2 "
-    "(`from torch.distributed.fsdp import fully_shard`) or DDP, which gradlog measures globally"
+    "Train with PyTorch FSDP2 (`from torch.distributed.fsdp import fully_shard`) or DDP, which gradlog measures "
+    "globally"
 )
 _FSDP1_WHAT = (
     "FSDP1 flattens parameters into per-rank slices, so every number would be "
@@ -82,7 +82,7 @@ def _check_model(model: nn.Module) -> None:
                 "pipeline parallelism puts different layers on different ranks, so no rank sees the whole model"
                 if pipeline
                 else _DS_WHAT,
-                "Pipeline parallelism is not supported; " + _DS_FIX if pipeline else _DS_FIX,
+                "Pipeline parallelism is not supported. " + _DS_FIX if pipeline else _DS_FIX,
             )
         if _is_fsdp1(m):
             raise _refuse("FSDP1 (FullyShardedDataParallel)", _FSDP1_WHAT, _FSDP1_FIX)
