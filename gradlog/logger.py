@@ -15,7 +15,8 @@ from torch import nn
 import gradlog.lifecycle as lifecycle
 from gradlog.lifecycle import clip_grad_norm_, close, log
 from gradlog.measure.amp import AmpState
-from gradlog.measure.distributed import check_supported, is_rank_zero
+from gradlog.measure.distributed import is_rank_zero
+from gradlog.measure.engines import refuse_unsupported
 from gradlog.measure.meter import Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
@@ -119,13 +120,13 @@ class GradLogger:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
+        refuse_unsupported(model, optimizer)  # DeepSpeed ZeRO, FSDP1, pipelines: refused, never measured wrong
         if optimizer is not None:
             optimizer = steppable(optimizer)  # a wrapper's (accelerate, Lightning) inner optimizer
         every = check_every(every)
         hist, alert, out = histogram_options(histograms), alert_options(alerts), output(writer)
         self.options = Options(hist, alert, out)
         log_dir, options, wstrict = writer_options(out, log_dir)
-        check_supported(model)
         self._model = weakref.ref(model)  # weak: a logger never keeps a model (and its weights) alive
         self.print_report = print_report
         self.policy = Policy.coerce(policy)  # how much each kind of finding matters (gradlog/verdict/policy.py)

@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from gradlog.measure.once import warn
 from gradlog.measure.params import Tracked, local_tensor
@@ -61,19 +60,6 @@ def _dist_ready() -> bool:
 def is_rank_zero() -> bool:
     """Rank 0 of an initialised process group, or a single process: the one that writes."""
     return not _dist_ready() or torch.distributed.get_rank() == 0
-
-
-def check_supported(model: nn.Module) -> None:
-    """FSDP1 flattens parameters into per-rank slices with no shape left: refuse it instead of lying."""
-    for m in model.modules():
-        cls = type(m)
-        if cls.__name__ == "FullyShardedDataParallel" and cls.__module__.startswith("torch.distributed.fsdp"):
-            raise NotImplementedError(
-                "gradlog does not support FSDP1 (FullyShardedDataParallel): its parameters are flat per-rank "
-                "slices, so every number would be shard-local. Shard with FSDP2 instead: "
-                "`from torch.distributed.fsdp import fully_shard; fully_shard(layer); fully_shard(model)`, "
-                "which gradlog measures globally."
-            )
 
 
 def _owner(t: torch.Tensor, rank: int) -> bool:

@@ -1,0 +1,167 @@
+"""Refuse the training engines gradlog cannot measure exactly, before training starts.
+
+Some engines keep gradients, fp32 masters or the parameters themselves in flat per-rank partitions
+(DeepSpeed ZeRO, FSDP1) or place different layers on different ranks (pipeline parallelism). gradlog's
+numbers would then be one rank's slice presented as the whole model's: wrong without a warning (a
+total gradient norm of 0.13 for a true 0.58, "all tensors were updated" while a frozen layer never
+changed). Such setups are refused with a `NotImplementedError` that names the engine, what would be
+wrong and what to do instead. Everything is duck-typed (class names, the marks engines put on
+parameters): gradlog never imports deepspeed, and ``import gradlog`` only needs torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+#: DeepSpeed's model wrappers: the optimizer steps inside `engine.step()`, over flat partitions
+_DS_ENGINES = ("DeepSpeedEngine", "PipelineEngine", "DeepSpeedHybridEngine")
+#: DeepSpeed's optimizers that keep fp32 masters and gradients as flat per-rank partitions
+_DS_OPTIMIZERS = ("ZeROOptimizer", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3", "BF16_Optimizer")
+#: attributes DeepSpeed sets on model parameters: ZeRO-3 partitions (ds_*), ZeRO-1/2 and bf16 fp32 masters
+_DS_PARAM_MARKS = ("ds_id", "ds_shape", "ds_status", "ds_tensor", "_hp_mapping")
+#: set by FSDP1 on every parameter it flattens (torch/distributed/fsdp/_common_utils.py, FSDP_FLATTENED)
+_FSDP1_MARK = "_fsdp_flattened"
+_HOLDERS = ("optimizer", "_optimizer")
+
+_DS_WHAT = (
+    "DeepSpeed ZeRO keeps each rank's gradients and fp32 master weights in flat partitions (ZeRO-3 also the "
+    "weights: each parameter is shape (0,) outside forward/backward), so gradlog would report one rank's "
+    "slice as the model's: wrong gradient norms, and frozen or dead layers reported as fine"
+)
+_DS_FIX = (
+    "Train with PyTorch FSDP2 (`from torch.distributed.fsdp import fully_shard`) or DDP, which gradlog measures "
+    "globally"
+)
+_FSDP1_WHAT = (
+    "FSDP1 flattens parameters into per-rank slices, so every number would be "
+    "shard-local: wrong norms, and tensors held on other ranks reported as never updated"
+)
+_FSDP1_FIX = (
+    "Shard with FSDP2 instead: `from torch.distributed.fsdp import fully_shard; fully_shard(layer); "
+    "fully_shard(model)`, which gradlog measures globally"
+)
+
+
+def _mro_names(obj: object) -> Iterator[tuple[str, str]]:
+    """(module, name) of every class `obj` is an instance of."""
+    for cls in type(obj).__mro__:
+        yield getattr(cls, "__module__", "") or "", cls.__name__
+
+
+def _deepspeed_class(obj: object, names: tuple[str, ...]) -> str | None:
+    """The name of `obj`'s class when it (or a base) is one of DeepSpeed's `names`."""
+    for module, name in _mro_names(obj):
+        if module.startswith("deepspeed") and name in names:
+            return type(obj).__name__
+    return None
+
+
+def _is_fsdp1(m: object) -> bool:
+    return any(
+        name == "FullyShardedDataParallel" and module.startswith("torch.distributed.fsdp")
+        for module, name in _mro_names(m)
+    )
+
+
+def _refuse(engine: str, what: str, fix: str) -> NotImplementedError:
+    return NotImplementedError(f"gradlog does not support {engine}: {what}. {fix}.")
+
+
+def _check_model(model: nn.Module) -> None:
+    """A DeepSpeed engine or an FSDP1 wrapper anywhere in the module tree."""
+    for m in model.modules():
+        ds = _deepspeed_class(m, _DS_ENGINES)
+        if ds is not None:
+            pipeline = "Pipeline" in ds
+            raise _refuse(
+                f"a DeepSpeed {ds} passed as the model",
+                "pipeline parallelism puts different layers on different ranks, so no rank sees the whole model"
+                if pipeline
+                else _DS_WHAT,
+                "Pipeline parallelism is not supported. " + _DS_FIX if pipeline else _DS_FIX,
+            )
+        if _is_fsdp1(m):
+            raise _refuse("FSDP1 (FullyShardedDataParallel)", _FSDP1_WHAT, _FSDP1_FIX)
+
+
+def _check_params(model: nn.Module) -> None:
+    """Parameters marked by DeepSpeed or FSDP1 (the wrapper was unwrapped, e.g. `engine.module`, `fsdp.module`)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    many = distributed and torch.distributed.get_world_size() > 1
+    for name, p in model.named_parameters():
+        marks = [a for a in _DS_PARAM_MARKS if hasattr(p, a)]
+        if marks:
+            raise _refuse(
+                f"DeepSpeed-managed parameters (the model's {name!r} carries DeepSpeed's {marks[0]!r}; "
+                "a model or optimizer taken from inside a DeepSpeed engine)",
+                _DS_WHAT,
+                _DS_FIX,
+            )
+        if getattr(p, _FSDP1_MARK, False):
+            raise _refuse(
+                f"FSDP1-managed parameters (the model's {name!r} carries FSDP1's {_FSDP1_MARK!r}: a module "
+                "taken from inside FullyShardedDataParallel, such as `fsdp.module`)",
+                _FSDP1_WHAT,
+                _FSDP1_FIX,
+            )
+        if many and tuple(p.shape) == (0,) and not hasattr(p, "placements"):
+            raise _refuse(
+                f"parameters partitioned across ranks by an engine gradlog does not know (the model's {name!r} "
+                f"is shape (0,) on rank {torch.distributed.get_rank()} of {torch.distributed.get_world_size()})",
+                "its values live on other ranks, so gradlog would report it as never updated and leave it out of "
+                "every norm",
+                "Measure a model whose parameters have their full shape on every rank (DDP), or shard with FSDP2 "
+                "(`fully_shard`), whose DTensor shards gradlog combines",
+            )
+
+
+def _chain(optimizer: Any) -> Iterator[Any]:
+    """`optimizer` and every object it holds in `.optimizer` / `._optimizer`, outermost first."""
+    seen: set[int] = set()
+    current = optimizer
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        held = getattr(current, "__dict__", {})
+        current = next((held[a] for a in _HOLDERS if a in held), None)
+
+
+def _check_optimizer(model: nn.Module, optimizer: Any) -> None:
+    """A DeepSpeed ZeRO optimizer anywhere in the wrapper chain, or a wrapper whose inner optimizer holds
+    none of the model's parameters (flat partitions of an unknown ZeRO-like engine)."""
+    chain = list(_chain(optimizer))
+    for opt in chain:
+        ds = _deepspeed_class(opt, _DS_OPTIMIZERS)
+        if ds is not None:
+            raise _refuse(f"a DeepSpeed {ds} optimizer", _DS_WHAT, _DS_FIX)
+    inner = chain[-1]
+    if len(chain) < 2 or not isinstance(inner, torch.optim.Optimizer):
+        return
+    model_params = {id(p) for p in model.parameters() if p.requires_grad}
+    held = [p for g in inner.param_groups for p in g["params"]]
+    if model_params and held and not any(id(p) in model_params for p in held):
+        wrapper = type(chain[0]).__name__
+        raise _refuse(
+            f"the optimizer wrapper {wrapper}",
+            f"the {type(inner).__name__} it steps holds none of the model's parameters (flat partitions or copies "
+            "of them, as ZeRO-style optimizers keep), so gradlog would measure tensors that are not the model's",
+            "Pass an optimizer built on the model's own parameters",
+        )
+
+
+def refuse_unsupported(model: nn.Module, optimizer: Any = None) -> None:
+    """Raise NotImplementedError when gradlog's numbers for this model/optimizer would be silently wrong.
+
+    Checked before anything is hooked: a DeepSpeed engine (ZeRO or pipeline), a DeepSpeed ZeRO optimizer
+    at any depth of the wrapper chain, parameters marked by DeepSpeed or FSDP1 (their wrapper was unwrapped
+    or only the inner optimizer was passed), FSDP1 modules, and parameters of shape (0,) partitioned on
+    other ranks.
+    """
+    _check_model(model)
+    if optimizer is not None:
+        _check_optimizer(model, optimizer)
+    _check_params(model)

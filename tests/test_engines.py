@@ -1,0 +1,160 @@
+"""Engines gradlog cannot measure exactly are refused before training, never reported on wrongly.
+
+Two real gloo ranks (torchrun, see tests/engines_worker.py): FSDP1 reached through `.module` (with and
+without `use_orig_params`), a parameter left as a shape-(0,) stand-in by an unknown partitioning engine,
+and DeepSpeed ZeRO-1, -2 and -3 on its CPU accelerator (the engine, its optimizer, the inner torch
+optimizer, gradlog.check, the Hugging Face Trainer with a DeepSpeed config). Before these refusals
+gradlog measured rank 0's flat slices and reported them as the model's (issue 43). A wrapper holding
+flat copies of the parameters is refused in-process (no distribution needed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from catalogue import free_port
+from torch import nn
+
+import gradlog
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_dist = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
+
+
+def _launch(out: Path, suite: str, timeout: float, env: dict[str, str] | None = None) -> dict[str, list[Any]]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(ROOT / "tests" / "engines_worker.py"),
+        str(out),
+        suite,
+    ]
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    full = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    found: dict[str, list[Any]] = {}
+    for rank in (0, 1):
+        for f in sorted(out.glob(f"*-rank{rank}.json")):
+            found.setdefault(f.name.rsplit("-rank", 1)[0], []).append(json.loads(f.read_text()))
+    return found
+
+
+def assert_refused(runs: dict[str, list[Any]], case: str, *patterns: str) -> None:
+    """Both ranks raised NotImplementedError with a message matching every pattern (as pytest's match=)."""
+    assert len(runs[case]) == 2, case
+    for payload in runs[case]:
+        assert payload["type"] == "NotImplementedError", (case, payload)
+        for pattern in patterns:
+            assert re.search(pattern, payload["error"]), (case, pattern, payload["error"])
+
+
+@pytest.fixture(scope="module")
+def fsdp1_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    return _launch(tmp_path_factory.mktemp("fsdp1"), "fsdp1", timeout=180)
+
+
+@pytest.mark.slow
+@needs_dist
+@pytest.mark.parametrize("orig", [True, False])
+def test_fsdp1_module_reached_through_dot_module_is_refused(fsdp1_run: Any, orig: bool) -> None:
+    # `fsdp.module` is a plain module: only the marks FSDP1 leaves on its parameters tell
+    assert_refused(fsdp1_run, f"fsdp1-module-orig{orig}", r"FSDP1-managed parameters", r"fsdp\.module", "fully_shard")
+    assert_refused(fsdp1_run, f"fsdp1-wrapper-orig{orig}", r"FSDP1 \(FullyShardedDataParallel\)", "fully_shard")
+
+
+@pytest.mark.slow
+@needs_dist
+def test_a_parameter_partitioned_to_shape_zero_is_refused(fsdp1_run: Any) -> None:
+    assert_refused(fsdp1_run, "empty-param", r"'2\.bias' is shape \(0,\) on rank [01] of 2", "never updated")
+
+
+class FlatCopies:
+    """A ZeRO-like wrapper gradlog does not know: it steps an Adam over flat copies of the parameters."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        self.optimizer = torch.optim.Adam([self.flat], lr=1e-3)
+
+
+def test_an_unknown_wrapper_over_flat_copies_is_refused() -> None:
+    model = nn.Linear(4, 2)
+    with pytest.raises(NotImplementedError, match=r"wrapper FlatCopies: the Adam it steps holds none of the model"):
+        gradlog.GradLogger(model, FlatCopies(model), writer="memory", print_report=False)
+    with pytest.raises(NotImplementedError, match=r"wrapper FlatCopies"):
+        gradlog.check(model, FlatCopies(model), torch.randn(3, 4), print_report=False)
+
+
+def test_a_wrapper_over_the_models_own_parameters_is_still_measured() -> None:
+    class Holder:
+        def __init__(self, opt: torch.optim.Optimizer) -> None:
+            self.optimizer = opt
+
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, Holder(opt), writer="memory", print_report=False, every=1)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    gl.log(0)
+    assert gl.close().verdict.startswith("gradlog OK")
+
+
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+@pytest.fixture(scope="module")
+def deepspeed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    return _launch(tmp_path_factory.mktemp("deepspeed"), "deepspeed", timeout=900, env={"DS_ACCELERATOR": "cpu"})
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.heavy
+@needs_dist
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
+@pytest.mark.timeout(1200)
+def test_deepspeed_zero_is_refused_however_it_is_handed_over(deepspeed_run: Any, stage: int) -> None:
+    runs = deepspeed_run
+    opt = "DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer"
+    assert_refused(runs, f"zero{stage}-engine", "a DeepSpeed DeepSpeedEngine passed as the model", "flat partitions")
+    assert_refused(runs, f"zero{stage}-engine-module", f"a DeepSpeed {opt} optimizer", "fully_shard")
+    mark = "ds_id" if stage == 3 else "_hp_mapping"
+    assert_refused(runs, f"zero{stage}-inner", f"DeepSpeed-managed parameters .* DeepSpeed's '{mark}'")
+    assert_refused(runs, f"zero{stage}-check", f"a DeepSpeed {opt} optimizer")
+    # the refusals touched nothing: the engine still trains
+    assert [p["steps"] for p in runs[f"zero{stage}-trained"]] == [1, 1]
+
+
+@pytest.mark.heavy
+@needs_dist
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
+@pytest.mark.timeout(1200)
+def test_deepspeed_pipeline_parallelism_is_refused(deepspeed_run: Any) -> None:
+    assert_refused(deepspeed_run, "pipeline-engine", "DeepSpeed PipelineEngine passed as the model", "different layers")
+
+
+@pytest.mark.parametrize("check_first", [False, True])
+@pytest.mark.heavy
+@needs_dist
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
+@pytest.mark.timeout(1200)
+def test_hf_trainer_with_a_deepspeed_config_is_refused_before_the_first_step(
+    deepspeed_run: Any, check_first: bool
+) -> None:
+    assert_refused(deepspeed_run, f"hf-zero2-check{check_first}", "a DeepSpeed DeepSpeedZeroOptimizer optimizer")
+    assert [p["global_step"] for p in deepspeed_run[f"hf-zero2-check{check_first}-steps"]] == [0, 0]
