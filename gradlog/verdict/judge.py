@@ -325,7 +325,9 @@ def judge(
     status = PROBLEM_STATUS if problems else OK
     v = Verdict(not problems, status, tuple(line.parts), "", tuple(problems), tuple(line.found), label)
     tail = f"; {v.tally}" if v.tally else ""
-    suffix = f" ({report.optimizer_steps} optimizer steps, {report.measured_steps} measured{tail})"
+    rotation = getattr(report, "update_rotation", 1)
+    each = f", each tensor's update ratio every {rotation} measured" if rotation > 1 else ""
+    suffix = f" ({report.optimizer_steps} optimizer steps, {report.measured_steps} measured{each}{tail})"
     return dataclasses.replace(v, suffix=suffix)
 
 

@@ -96,7 +96,7 @@ class Overview:
         grad = bytearray(len(self.names))
         for i, row in enumerate(m.rows):
             r = self._row[row.name]
-            if ratios is not None and row.group is not None:
+            if ratios is not None and row.group is not None and host.has_ratio(i):
                 values[r] = ratios[i]
             if not m.has_grad[i]:
                 grad[r] = _NO_GRAD
