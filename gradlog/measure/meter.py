@@ -351,7 +351,8 @@ class Meter:
         self._cursor = 0  # `_pick`: the tracked index the next measured step's copies start from
         #: measured steps per round of the snapshot rotation (1: every tensor's update on every measured step)
         self.rotation = 1
-        self.snapshot_bytes = 0  # bytes the last measured step copied (and fingerprinted in raw bits)
+        self.snapshot_bytes = 0  # bytes the last measured step copied (and held as fingerprints)
+        self.copied: list[str] = []  # the tensors it copied
         self.optimizer = optimizer
         self.bins = bins
         self.histogram_kinds = histogram_kinds
@@ -550,6 +551,7 @@ class Meter:
         self._kept = {rows[i].index: c for i, c in zip(op.moving, op.snapshot)} if keep else {}
         op.before = _every_row(sumsq, op.moving, len(rows))
         self.snapshot_bytes = sum(map(_nbytes, weights)) + sum(f.nbytes for f in op.fingerprints)
+        self.copied = [rows[i].name for i in op.moving]
 
     def _pick(self, op: _Open, moving: list[int]) -> tuple[list[int], list[int]]:
         """(rows to copy, rows to fingerprint) of the rows the optimizer may move, under the snapshot budget.
