@@ -556,8 +556,10 @@ class Meter:
     def _pick(self, op: _Open, moving: list[int]) -> tuple[list[int], list[int]]:
         """(rows to copy, rows to fingerprint) of the rows the optimizer may move, under the snapshot budget.
 
-        A row without a gradient is fingerprinted, never copied: optimizers leave it as it is, and the fingerprint
-        says so exactly (an update of 0), or that it moved after all. The others are copied while their bytes fit
+        When every such row fits in the budget, all are copied (as without a budget: a tensor without a gradient
+        gets its update of 0 and update histogram as a sharded run's ranks give them). Otherwise a row without a
+        gradient is fingerprinted, never copied: optimizers leave it as it is, and the fingerprint says so exactly
+        (an update of 0), or that it moved after all. The others are copied while their bytes fit
         in the budget; those that do not are fingerprinted (whether they moved stays exact: the verdict's "never
         updated", "stalled" and "updated at step s" keep their evidence) and copied on the next measured steps, in
         the tracked order, a round at a time: each tensor's update ratio is measured once every `rotation` measured
@@ -566,10 +568,14 @@ class Meter:
         if self.budget is None or op.dist is not None:
             return moving, []
         rows = op.rows
+        total = sum(_nbytes(local_tensor(rows[i].param)) for i in moving)
+        limit = budget_bytes(self.budget, total)
+        assert limit is not None
+        if total <= limit:
+            self.rotation = 1
+            return moving, []
         graded = [i for i in moving if op.has_grad[i]]
         size = {i: _nbytes(local_tensor(rows[i].param)) for i in graded}
-        limit = budget_bytes(self.budget, sum(_nbytes(local_tensor(rows[i].param)) for i in moving))
-        assert limit is not None
         if sum(size.values()) <= limit:
             copy = graded
             self.rotation = 1
