@@ -20,6 +20,12 @@ What it measures, on one model from `overhead.py` (default `gpt`: 6 layers, d 25
    Also every step with histograms (`every=1`), the TensorBoard and W&B writers (offline), for the cost of a
    measured step on this device.
 
+3. **A measured step's peak device memory** (issue 40): `torch.cuda.max_memory_allocated()` over one step,
+   less what was allocated when it began, for an unmeasured and a measured step, training alone and under
+   gradlog (default snapshot budget, and `snapshot_budget=None`, which copies every tensor); the measured step's
+   excess over training alone's step as a share of the weights' bytes, and the bytes gradlog's snapshot copied.
+   On a CPU only the copied bytes are reported (the allocator's peak is a CUDA counter).
+
 On a CPU (`--device cpu`) the sync count has no meaning (nothing is asynchronous) and is reported as n/a;
 the rest runs, so the script is tested without a GPU. It writes one markdown table (`--out`) and prints it.
 """
@@ -164,6 +170,56 @@ def ratio(norm: dict[str, list[float]], key: str, every: int | None) -> tuple[fl
     return ((every - 1) * (pl if plain else lg) + lg) / every, lg
 
 
+def step_peak_mb(t: Trainer, device: torch.device) -> float:
+    """Peak device memory over one step, less what was allocated when it began (MB; NaN off CUDA)."""
+    if device.type != "cuda":
+        t.step()
+        return math.nan
+    _sync(device)
+    start = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    t.step()
+    _sync(device)
+    return (torch.cuda.max_memory_allocated(device) - start) / 2**20
+
+
+def peak_memory(spec: overhead.ModelSpec, device: torch.device, tmp: str) -> list[str]:
+    """Section 3: an unmeasured and a measured step's peak, training alone and under gradlog (every 2)."""
+    lines = [
+        "",
+        "| peak device memory of a step | unmeasured MB | measured MB | measured over training alone "
+        "(share of weights) | snapshot copied MB |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    configs: list[tuple[str, dict[str, Any]]] = [
+        ("training alone", {"monitor": False}),
+        ("gradlog default budget, every 2", {"every": 2, "writer": "memory"}),
+        ("gradlog snapshot_budget=None, every 2", {"every": 2, "writer": "memory", "snapshot_budget": None}),
+    ]
+    alone = math.nan
+    for label, kw in configs:
+        t = Trainer(spec, device, tmp, **kw)
+        weights = sum(p.numel() * p.element_size() for p in t.model.parameters()) / 2**20
+        for _ in range(3):  # warm-up: optimizer state, the allocator's pools
+            t.step()
+        if t.every:
+            while t.i % t.every == 0:  # the next step unmeasured, the one after measured
+                t.step()
+        plain = step_peak_mb(t, device)
+        measured = step_peak_mb(t, device)
+        copied = t.gl.pipeline.meter.snapshot_bytes / 2**20 if t.gl is not None else 0.0
+        if t.gl is None:
+            alone = max(plain, measured)
+        over = measured - alone
+        t.close()
+        del t
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        share = f"{over:.0f} MB ({over / weights:.0%})" if math.isfinite(over) else "n/a"
+        lines.append(f"| {label} | {plain:.0f} | {measured:.0f} | {share} | {copied:.1f} of {weights:.0f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -220,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{sorted(set(pmeasured)) or '-'} |"
         )
         print(f"  syncs: {label} done, {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+
+    # 3. a measured step's peak device memory (before the timing: its trainers are freed first)
+    lines += peak_memory(spec, device, tmp)
+    print(f"  peak memory done, {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
 
     # 2. overhead
     build: dict[str, Callable[[], Trainer]] = {

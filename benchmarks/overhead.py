@@ -251,6 +251,29 @@ def _big(device: torch.device, numel: float, d: int = 256, batch: int = 64) -> B
     return model, lambda m: F.mse_loss(m(idx), y)
 
 
+def _llama(
+    device: torch.device, layers: int, hidden: int, mlp: int, heads: int, vocab: int, seq: int, batch: int
+) -> Built:
+    """A Llama-shaped decoder built from a transformers `LlamaConfig` (RMSNorm, rotary attention, SwiGLU MLP,
+    untied head), next-token loss on a fixed random batch."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=seq,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(device)
+    idx = torch.randint(vocab, (batch, seq), generator=torch.Generator().manual_seed(1)).to(device)
+    return model, lambda m: m(idx, labels=idx).loss
+
+
 def sgd(model: nn.Module) -> torch.optim.Optimizer:
     """Plain SGD: no optimizer state, so the huge table costs its weights and its gradient only."""
     return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
@@ -263,6 +286,8 @@ def adamw_foreach(model: nn.Module) -> torch.optim.Optimizer:
 
 #: configurations of the models added for issue 17: what their targets need.
 FOCUSED = ("baseline", "floor", "scalars-1", "hist-1", "default")
+#: issue 40's large model: gradlog at its defaults and with histograms every step, against the other tools
+LARGE = ("baseline", "default", "hist-1", "tb-1", "wandb-1", "watch-1", "lightning")
 
 
 def model_specs(args: argparse.Namespace | None = None) -> dict[str, ModelSpec]:
@@ -270,6 +295,7 @@ def model_specs(args: argparse.Namespace | None = None) -> dict[str, ModelSpec]:
     frozen = float(getattr(args, "frozen_params", 50e6))
     big = float(getattr(args, "big_numel", 200e6))
     deep = int(getattr(args, "deep_tensors", 5000))
+    layers = int(getattr(args, "llama_layers", 20))
     return {
         "gpt": ModelSpec(
             "gpt",
@@ -319,6 +345,17 @@ def model_specs(args: argparse.Namespace | None = None) -> dict[str, ModelSpec]:
             lambda dev: _mlp(dev, blocks=deep // 2, width=32, batch=16),
             optimizer=adamw_foreach,
             configs=FOCUSED,
+        ),
+        "llama": ModelSpec(
+            "llama",
+            f"Llama-shaped decoder (transformers LlamaConfig): {layers} layers, hidden 1024, MLP 2816, 16 heads, "
+            f"vocab 32000, untied (~{(layers * 12.85e6 + 65.5e6) / 1e6:.0f}M parameters), seq 128, batch 1, SGD "
+            "(no optimizer state: every configuration steps the one model)",
+            lambda dev: _llama(dev, layers=layers, hidden=1024, mlp=2816, heads=16, vocab=32000, seq=128, batch=1),
+            optimizer=sgd,
+            configs=LARGE,
+            shared=True,
+            steps=2,
         ),
         "gpt350m": ModelSpec(
             "gpt350m",
@@ -1477,6 +1514,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--big-numel", type=float, default=None, help="elements of the huge tensor (default 200e6; quick 20e6)"
     )
     p.add_argument("--deep-tensors", type=int, default=5000, help="tensors of the deep model (default 5000)")
+    p.add_argument("--llama-layers", type=int, default=20, help="layers of the llama model (default 20: ~320M)")
     p.add_argument("--no-fingerprints", dest="fingerprints", action="store_false", help="skip the fingerprint table")
     p.add_argument("--no-growth", dest="growth", action="store_false", help="skip the growth table")
     p.add_argument("--growth-rounds", type=int, default=None, help="rounds per growth model (default 3; quick 2)")

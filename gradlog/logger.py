@@ -27,6 +27,7 @@ from gradlog.options import (
     Options,
     Output,
     alert_options,
+    check_budget,
     check_every,
     check_moved,
     histogram_options,
@@ -85,6 +86,11 @@ class GradLogger:
     Alerts during training (``alerts=True``, or a `gradlog.AlertOptions` with their thresholds): a
     NaN/Inf gradient, a gradient-norm spike, an update ratio out of its band, a tensor with no gradient.
 
+    Memory: to measure the update, a measured step copies the weights it measures the update of, at most
+    ``snapshot_budget`` bytes of them (``"auto"``: 10% of the trainable weights' bytes, or 64 MB where that is
+    more); the others' updates are measured on the next measured steps, in rotation (docs/configuration.md).
+    Whether a tensor changed stays exact on every measured step. None: every tensor on every measured step.
+
     Unmeasured steps cost one counter increment. ``close()`` removes every hook, writes the
     never-updated table and returns a `Report`; it also runs at interpreter exit if forgotten, on
     SIGTERM, and when the model is garbage-collected.
@@ -117,6 +123,7 @@ class GradLogger:
         scaler: Any = None,
         print_report: bool = True,
         policy: PolicyLike = None,
+        snapshot_budget: int | str | None = "auto",
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
@@ -125,7 +132,7 @@ class GradLogger:
             optimizer = steppable(optimizer)  # a wrapper's (accelerate, Lightning) inner optimizer
         every = check_every(every)
         hist, alert, out = histogram_options(histograms), alert_options(alerts), output(writer)
-        self.options = Options(hist, alert, out)
+        self.options = Options(hist, alert, out, check_budget(snapshot_budget))
         log_dir, options, wstrict = writer_options(out, log_dir)
         self._model = weakref.ref(model)  # weak: a logger never keeps a model (and its weights) alive
         self.print_report = print_report

@@ -24,8 +24,10 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
+from gradlog.measure.bucketing import DEFAULT_SAMPLE
 from gradlog.measure.distributed import DEFAULT_TIMEOUT_S as DEFAULT_SYNC_TIMEOUT_S
 from gradlog.measure.histogram import MAX_BINS
+from gradlog.measure.meter import SNAPSHOT_FLOOR, SNAPSHOT_SHARE, Budget
 from gradlog.runformat.tags import HISTOGRAM_KINDS
 from gradlog.verdict.alerts import (
     DEFAULT_NO_GRAD_PATIENCE,
@@ -89,7 +91,11 @@ class HistogramOptions(_Spelled):
     - `count_zeros`: ``grad_zero_frac`` (a pass of its own) on histogram steps (None), on every measured
       step (True) or never (False);
     - `overview_every`: the overview heatmap image every that many published steps (None: on histogram
-      steps, at most one per 20 s; 0: never).
+      steps, at most one per 20 s; 0: never);
+    - `sample`: a tensor of more entries than this has its histogram's buckets counted on that many of its
+      entries, at fixed random positions, and scaled to its size (min, max and the moments stay exact; a
+      bucket holding a share q is off by about sqrt(q (1 - q) / sample) of the total): the histograms' cost
+      then follows the number of tensors, not of parameters. None: every entry is counted (exact).
     """
 
     every: int | None = None
@@ -97,6 +103,7 @@ class HistogramOptions(_Spelled):
     bins: int = 64
     count_zeros: bool | None = None
     overview_every: int | None = None
+    sample: int | None = DEFAULT_SAMPLE
 
     def __post_init__(self) -> None:
         if self.every is not None and (
@@ -121,6 +128,13 @@ class HistogramOptions(_Spelled):
                 f"step) or False, got {self.count_zeros!r}"
             )
         check_overview_every(self.overview_every)
+        if self.sample is not None and (
+            isinstance(self.sample, bool) or not isinstance(self.sample, int) or self.sample < 1
+        ):
+            raise ValueError(
+                f"HistogramOptions(sample={self.sample!r}): must be a positive number of entries (default "
+                f"{DEFAULT_SAMPLE}) or None (exact histograms)"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -299,6 +313,20 @@ class Options(NamedTuple):
     histograms: HistogramOptions
     alerts: AlertOptions | None
     output: Output
+    snapshot_budget: Budget = "auto"
+
+
+def check_budget(value: object) -> Budget:
+    """`GradLogger(snapshot_budget=...)`: "auto", a positive number of bytes, or None."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"snapshot_budget={value!r}: must be 'auto' (at most {SNAPSHOT_SHARE:.0%} of the trainable weights' "
+            f"bytes, or {SNAPSHOT_FLOOR >> 20} MB where that is more), a positive number of bytes, or None (every "
+            "tensor copied on every measured step)"
+        )
+    return value
 
 
 def check_every(every: object) -> int:

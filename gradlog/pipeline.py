@@ -134,6 +134,8 @@ class Pipeline:
             skipped=self.amp.found_inf,
             reducer=Reducer(self._layout(hist.bins, hist.kinds), options.output.sync_timeout),
             skip_count=self.amp.count,
+            sample=hist.sample,
+            budget=options.snapshot_budget,
         )
         self.ledger = Ledger()
         self.ledger.fingerprint_new(self.table.live, self.table.generation)
@@ -380,7 +382,24 @@ class Pipeline:
         except Exception as exc:
             self.meter.abandon()
             step = self.optimizer_steps - 1
+            if out_of_memory(exc) and not self.failures.strict:
+                self._out_of_memory(step)
+                return
             self.failures.handle(exc, lambda key: f"gradlog: measuring step {step} failed ({key}); training continues")
+
+    def _out_of_memory(self, step: int) -> None:
+        """An allocation for measuring failed: the step's measurement is dropped (its copies freed with it), said
+        once however often it happens (each failure's message names other sizes)."""
+        once = self.failures.once
+        if OUT_OF_MEMORY not in once.seen:
+            budget = self.meter.budget
+            once(
+                OUT_OF_MEMORY,
+                f"gradlog: out of memory while measuring step {step}: that step's measurement is skipped and training "
+                f"continues (this is said once; skipped steps are missing from the measured steps). A smaller "
+                f"snapshot_budget= (now {budget!r}) or histograms=False needs less.",
+                stacklevel=3,
+            )
 
     def _begin(self, index: int, snapshot: bool) -> None:
         self.collect()  # a measurement the user never published still feeds the ledger
@@ -538,6 +557,7 @@ class Pipeline:
             skipped_steps=self.ledger.skipped_steps,
             tracked_tensors=len(rows),
             policy=policy,
+            update_rotation=self.meter.rotation,
         )
         return report, silent
 
@@ -600,6 +620,17 @@ def _in_model_order(rows: list[Tracked], *parts: list[Stalled]) -> list[Stalled]
     """Stalled records of several sources, one list in model order."""
     order = {r.name: k for k, r in enumerate(rows)}
     return sorted((s for part in parts for s in part), key=lambda s: order.get(s.name, len(order)))
+
+
+OUT_OF_MEMORY = "out of memory"
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """A failed allocation: torch's (CUDA and others), Python's, or the CPU allocator's RuntimeError."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
 def _shared(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:

@@ -498,7 +498,7 @@ def test_writers_asking_to_be_called_inline_are_called_on_the_training_thread(
     assert (threads == {threading.main_thread().name}) is inline, threads
 
 
-def test_the_constructor_takes_twelve_parameters_and_names_where_old_keywords_went() -> None:
+def test_the_constructor_takes_thirteen_parameters_and_names_where_old_keywords_went() -> None:
     params = list(inspect.signature(gradlog.GradLogger).parameters)
     assert params == [
         "model",
@@ -513,6 +513,7 @@ def test_the_constructor_takes_twelve_parameters_and_names_where_old_keywords_we
         "scaler",
         "print_report",
         "policy",
+        "snapshot_budget",
     ]
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -139,7 +139,12 @@ def _batched_histograms(
 
 
 def _host_histograms(
-    xs: list[torch.Tensor], bins: int, counts: torch.Tensor, moments: torch.Tensor, flips: list[bool] | None = None
+    xs: list[torch.Tensor],
+    bins: int,
+    counts: torch.Tensor,
+    moments: torch.Tensor,
+    flips: list[bool] | None = None,
+    sample: int | None = None,
 ) -> None:
     """CPU: small tensors in batches (`_batched_histograms`); the others one by one: min/max, sum and
     sum of squares, then the buckets, a cache-sized piece at a time (see `_bucket_counts`); the rare
@@ -147,7 +152,7 @@ def _host_histograms(
     [len(xs), bins] and `moments` [len(xs), 5] as they are made: no per-tensor results are kept and stacked.
 
     `flips[i]`: the row of `-xs[i]`, without making `-xs[i]` (contiguous floating tensors only: see
-    `histogram_partials`)."""
+    `histogram_partials`). `sample`: see `histogram_partials`."""
     done = _batched_histograms(xs, bins, counts, moments, flips)
     rest = [xs[i] for i, d in enumerate(done) if not d]
     at = [i for i, d in enumerate(done) if not d]
@@ -163,7 +168,8 @@ def _host_histograms(
             host = iter(torch.stack(parts).double().tolist() if parts else [])  # stack promotes fp32 + fp64
             for j in run:
                 i = at[j]
-                _host_row(xs[i], i, bins, (counts, moments), rows, flips is not None and flips[i], host, scratch)
+                flip = flips is not None and flips[i]
+                _host_row(xs[i], i, bins, (counts, moments), rows, flip, host, scratch, sample)
 
 
 def _host_row(
@@ -175,11 +181,13 @@ def _host_row(
     flip: bool,
     host: Iterator[float],
     scratch: _Scratch,
+    sample: int | None = None,
 ) -> None:
     """Row `i` of `out` (counts, moments; through `rows`, their numpy views, where numpy is there) for the
     flat tensor `x`, whose min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`,
     counted from x: its min is -max(x), its sum -sum(x) (rounding is symmetric) and its positions
-    `(max(x) - x) * scale`."""
+    `(max(x) - x) * scale`. `sample`: the buckets are counted on that many entries (`sampled`) and scaled to x's
+    finite values; the moments stay exact."""
     counts, moments = out
     if x.numel() == 0:
         counts[i] = 0
@@ -206,7 +214,12 @@ def _host_row(
     if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
         x = x.double()
     scale = bins / (hi - lo) if hi > lo else 0.0
-    count = _bucket_counts(x, lo, scale, bins, flip, scratch)
+    part = sampled(x, sample)
+    count = _bucket_counts(x if part is None else part, lo, scale, bins, flip, scratch)
+    if part is not None:  # the maximum folded first: the last bucket is the one that holds it
+        count[bins - 1] += count[bins]
+        count[bins] = 0
+        count[:bins] = scale_counts(count[:bins], x.numel(), hi > lo)
     if rows is not None:  # numpy: a torch op costs ~3 us, per tensor
         c = count.numpy()
         c[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
@@ -297,14 +310,70 @@ def _finite_in(v: float, dtype: torch.dtype) -> bool:
     return math.isfinite(v) and abs(v) <= torch.finfo(dtype).max
 
 
-def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accelerators: the same numbers without reading anything back (NaN/Inf masked with `where`)."""
+#: the default `HistogramOptions.sample`: histograms of tensors with more entries are counted on this many
+DEFAULT_SAMPLE = 1 << 16
+_SAMPLE_SEED = 0x6A09E667  # fixed: the same positions on every step, in every run
+_SAMPLE_CACHE = 32  # distinct (size, device) index sets kept (256 kB each at the default sample)
+_samples: dict[tuple[int, int, str], torch.Tensor] = {}
+_samples_lock = threading.Lock()
+
+
+def sample_index(n: int, k: int, device: torch.device) -> torch.Tensor:
+    """`k` positions in `range(n)`, uniform and independent (drawn with replacement, sorted for locality), int32,
+    on `device`: the entries a sampled histogram counts. Fixed for a size (a seeded generator), so a tensor is
+    sampled at the same positions on every step; random, not a stride, so no column of a matrix is favoured.
+    Kept per (n, k, device): the layers of a model share a few sizes, so a few index sets serve every tensor."""
+    key = (n, k, str(device))
+    with _samples_lock:
+        got = _samples.get(key)
+        if got is None:
+            gen = torch.Generator().manual_seed(_SAMPLE_SEED ^ n)
+            pos = torch.randint(0, n, (k,), generator=gen, dtype=torch.int64).sort().values
+            got = pos.to(torch.int32 if n <= 2**31 - 1 else torch.int64).to(device)
+            if len(_samples) >= _SAMPLE_CACHE:
+                _samples.pop(next(iter(_samples)))
+            _samples[key] = got
+        return got
+
+
+def sampled(x: torch.Tensor, sample: int | None) -> torch.Tensor | None:
+    """The entries of flat `x` a histogram with `sample` counts (None: count them all)."""
+    if sample is None or x.numel() <= sample:
+        return None
+    return x.index_select(0, sample_index(x.numel(), sample, x.device))
+
+
+def scale_counts(counts: torch.Tensor, total: torch.Tensor | int, ends: bool) -> torch.Tensor:
+    """Bucket counts of a sample [bins] scaled to `total` values: integers that add up to `total` exactly
+    (rounded on the running sum, so no bucket is off by more than one from its share), with the first and last
+    bucket holding at least one value each where `ends` (the range's min and max are exact and are values of the
+    tensor). No host read: the same ops serve accelerators."""
+    c = counts.to(torch.float64)
+    k = c.sum()
+    total_t = torch.as_tensor(total, dtype=torch.float64, device=c.device)
+    cum = torch.round(torch.cumsum(c, 0) * (total_t / k.clamp(min=1)))
+    out = torch.diff(cum, prepend=cum.new_zeros(1))
+    if ends and out.numel() > 1:
+        for end in (0, out.numel() - 1):
+            need = ((out[end] == 0) & (k > 0)).to(out.dtype)
+            out[out.argmax()] -= need
+            out[end] += need
+    return out.to(counts.dtype)
+
+
+def _device_histogram(x: torch.Tensor, bins: int, sample: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accelerators: the same numbers without reading anything back (NaN/Inf masked with `where`). `sample`: the
+    buckets of that many entries (`sampled`), scaled to the finite values; the range and moments stay exact."""
     if x.numel() == 0:
         return torch.zeros(bins + 1, dtype=torch.int64, device=x.device), torch.zeros(5, device=x.device)
     fin = torch.isfinite(x)
     nonfinite = x.numel() - fin.sum()
     zf = torch.where(fin, x, 0)  # NaN/Inf stand at 0 for the range and the moments
     lo, hi = torch.aminmax(zf)
+    part = sampled(x, sample)
+    if part is not None:  # only the sample is bucketed: its own NaN/Inf are parked and taken out as below
+        fin, nonfinite_all, nonfinite = torch.isfinite(part), nonfinite, part.numel() - torch.isfinite(part).sum()
+        x = part
     z = torch.where(fin, x, lo)  # ... and are parked in bucket 0 for counting, then taken out of it
     wide = stat_dtype(x.device)  # float64 where the device has it (not MPS)
     width = hi.to(wide) - lo.to(wide)
@@ -315,7 +384,12 @@ def _device_histogram(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.T
     # bincount would read its maximum back to size its output; histc with fixed edges does not.
     counts = torch.histc(pos, bins + 1, 0, bins + 1).to(torch.int64)
     counts[0] -= nonfinite
-    moments = torch.stack([lo, hi, zf.sum(), torch.dot(zf, zf), nonfinite.to(x.dtype)])
+    if part is not None:
+        counts[bins - 1] += counts[bins]
+        counts[bins] = 0
+        counts[:bins] = scale_counts(counts[:bins], zf.numel() - nonfinite_all, True)
+        nonfinite = nonfinite_all
+    moments = torch.stack([lo, hi, zf.sum(), torch.dot(zf, zf), nonfinite.to(zf.dtype)])
     return counts, moments
 
 
@@ -338,7 +412,9 @@ def on_host(xs: Sequence[torch.Tensor], device: torch.device) -> bool:
     return host_reads_free(device) and all(x.device == device for x in xs)
 
 
-def host_histograms(xs: Sequence[torch.Tensor], bins: int, negate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def host_histograms(
+    xs: Sequence[torch.Tensor], bins: int, negate: bool = False, sample: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU tensors (`on_host`): the `histogram_partials` numbers as bucket counts [n, bins] and moments
     [n, 5] (min, max, sum, sum of squares, NaN/Inf count; float64).
 
@@ -350,12 +426,12 @@ def host_histograms(xs: Sequence[torch.Tensor], bins: int, negate: bool = False)
     counts = torch.empty(len(flat), bins, dtype=torch.int64 if wide else torch.int32)
     moments = torch.empty(len(flat), 5, dtype=torch.float64)
     if flat:
-        _host_histograms(flat, bins, counts, moments, flips)
+        _host_histograms(flat, bins, counts, moments, flips, sample)
     return counts, moments
 
 
 def histogram_partials(
-    xs: Sequence[torch.Tensor], bins: int, device: torch.device, negate: bool = False
+    xs: Sequence[torch.Tensor], bins: int, device: torch.device, negate: bool = False, sample: int | None = None
 ) -> torch.Tensor:
     """[n, bins + 5]: bucket counts of the finite values, then min, max, sum, sum of squares, NaN/Inf count.
 
@@ -368,6 +444,11 @@ def histogram_partials(
     `negate`: the rows of `-x` for each x (the update histogram from the negated update the meter holds).
     On the CPU, x is not touched: -x's min is -max(x), its sum -sum(x) and its bucket positions
     `(max(x) - x) * scale`, the same rounded numbers as negating first, without a pass that writes.
+
+    `sample`: a tensor of more entries than that has its buckets counted on `sample` of them (`sample_index`:
+    fixed, uniform positions) and scaled to its number of finite values (`scale_counts`); min, max, sum, sum of
+    squares and the NaN/Inf count stay exact. A bucket holding a share q of the values is then off by about
+    sqrt(q (1 - q) / sample) of the total (docs/metrics.md). None: every entry is counted.
     """
     dt = stat_dtype(device)
     if not xs:
@@ -379,7 +460,7 @@ def histogram_partials(
     moments: list[torch.Tensor] = [torch.empty(0)] * len(xs)
     for dev, idx in by_device.items():
         if host_reads_free(dev):
-            c, m = host_histograms([xs[i] for i in idx], bins, negate)
+            c, m = host_histograms([xs[i] for i in idx], bins, negate, sample)
             part = torch.cat([c.to(dt), m.to(dt)], dim=1)
             if len(by_device) == 1:
                 return part.to(device)
@@ -389,7 +470,8 @@ def histogram_partials(
         else:
             flat, flips = _histogram_inputs([xs[i] for i in idx], negate)
             for j, i in enumerate(idx):
-                counts[i], moments[i] = _device_histogram(flat[j].neg() if flips and flips[j] else flat[j], bins)
+                x = flat[j].neg() if flips and flips[j] else flat[j]
+                counts[i], moments[i] = _device_histogram(x, bins, sample)
     if len(by_device) == 1:
         c_all = torch.stack(counts).to(device, dt)
         m_all = torch.stack(moments).to(device, dt)

@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover
 
 from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
+from gradlog.measure.fingerprint import Fingerprint, changes_all, take_all
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
@@ -99,6 +100,39 @@ KEEP_SNAPSHOT_BYTES = 16 << 20
 #: ... and only while measured steps are at most this many optimizer steps apart.
 KEEP_SNAPSHOT_EVERY = 10
 
+#: The default snapshot budget (`GradLogger(snapshot_budget="auto")`): a measured step copies at most this share
+#: of the trainable weights' bytes, or SNAPSHOT_FLOOR bytes where that is more (`Meter._pick`).
+SNAPSHOT_SHARE = 0.1
+SNAPSHOT_FLOOR = 64 << 20
+#: `snapshot_budget`: "auto", a number of bytes, or None (every tensor copied on every measured step)
+Budget = int | str | None
+
+
+def budget_bytes(budget: Budget, trainable: int) -> int | None:
+    """The bytes of weights one measured step may copy under `budget`, for `trainable` bytes of moving weights."""
+    if budget is None:
+        return None
+    if budget == "auto":
+        return max(int(SNAPSHOT_SHARE * trainable), SNAPSHOT_FLOOR)
+    assert isinstance(budget, int)
+    return budget
+
+
+def rotation_length(sizes: Sequence[int], budget: int) -> int:
+    """Measured steps one round of `Meter._pick` takes over tensors of these byte sizes (in order): each step takes
+    the next tensors while they fit in `budget` (at least one), and a round ends at the last tensor."""
+    steps, held = 0, 0
+    for n in sizes:
+        if steps == 0 or held + n > budget:
+            steps, held = steps + 1, n
+        else:
+            held += n
+    return steps
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
 
 def _sumsq(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(-1)
@@ -134,6 +168,11 @@ def _ratios(update: list[float], before: list[float], weight: list[float]) -> li
     return out
 
 
+def _rated_only(ratio: list[float], rated: list[bool] | None) -> list[float]:
+    """NaN for the rows whose ratio was not measured (`Measurement.rated`): no number stands in for it."""
+    return ratio if rated is None else [r if ok else math.nan for r, ok in zip(ratio, rated)]
+
+
 @dataclass(frozen=True)
 class HostLists:
     """`Measurement.lists`: the columns the ledger, the alerts, the scalars and the overview all read."""
@@ -147,6 +186,11 @@ class HostLists:
     ratio: list[float] | None
     before: list[float] | None
     update: list[float] | None
+    rated: list[bool] | None = None  # `Measurement.rated`: rows whose `ratio` was measured (None: all)
+
+    def has_ratio(self, i: int) -> bool:
+        """Whether row i has a measured update ratio (the caller still checks that the row is in the optimizer)."""
+        return self.ratio is not None and (self.rated is None or self.rated[i])
 
 
 @dataclass
@@ -174,6 +218,9 @@ class Measurement:
     frozen_rows: list[bool] | None = None
     #: [n] elements with a non-zero gradient, counted with `frozen` (the share's denominator)
     frozen_of: torch.Tensor | None = None
+    #: per row, whether its update ratio was measured this step (None: every row's was). A row left out of the
+    #: step's snapshot budget that changed (`Meter._pick`) has no ratio; its `update_sumsq` is +inf ("moved")
+    rated: list[bool] | None = None
 
     @functools.cached_property
     def frozen_frac(self) -> list[float | None] | None:
@@ -206,9 +253,12 @@ class Measurement:
             grad_norm=[_root(v) for v in sumsq],
             weight_norm=[_root(v) for v in weight],
             numel=self.numel.tolist(),
-            ratio=_ratios(update, before, weight) if update is not None and before is not None else None,
+            ratio=_rated_only(_ratios(update, before, weight), self.rated)
+            if update is not None and before is not None
+            else None,
             before=before,
             update=update,
+            rated=self.rated,
         )
 
     @property
@@ -244,7 +294,7 @@ class Measurement:
                 n_nonfinite += nf[i] > 0
             elif row.param.requires_grad:
                 n_nograd += 1
-            if ratios is not None and row.group is not None:
+            if ratios is not None and row.group is not None and host.has_ratio(i):
                 out[t_ratio] = ratios[i]
             if dead is not None and self.has_grad[i] and not math.isnan(dead[i]):
                 out[t_dead] = dead[i]
@@ -277,6 +327,10 @@ class _Open:
     before: torch.Tensor | None = None  # the weights' sums of squares before the step (with a snapshot)
     snapshot: list[torch.Tensor] | None = None  # copies of the moving rows' weights (`Meter._snapshot`)
     moving: list[int] = field(default_factory=list)  # rows with a snapshot: in the optimizer and requiring grad
+    #: rows the optimizer may move that were fingerprinted instead of copied (`Meter._pick`): whether they changed
+    #: is known exactly, how much only where they did not (an update of 0)
+    watched: list[int] = field(default_factory=list)
+    fingerprints: list[Fingerprint] = field(default_factory=list)
     slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step updated
     # kind -> (counts, moments) of histograms made on the CPU (`bucketing.host_histograms`): no host copy to wait for
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
@@ -296,8 +350,17 @@ class Meter:
         skipped: SkipFn | None = None,
         reducer: Reducer | None = None,
         skip_count: SkipFn | None = None,
+        sample: int | None = None,
+        budget: Budget = None,
     ) -> None:
         self.table = table
+        self.sample = sample  # histograms of bigger tensors are counted on a sample (`bucketing.sampled`)
+        self.budget = budget  # bytes of weights a measured step may copy (`_pick`); None: every tensor
+        self._cursor = 0  # `_pick`: the tracked index the next measured step's copies start from
+        #: measured steps per round of the snapshot rotation (1: every tensor's update on every measured step)
+        self.rotation = 1
+        self.snapshot_bytes = 0  # bytes the last measured step copied (and held as fingerprints)
+        self.copied: list[str] = []  # the tensors it copied
         self.optimizer = optimizer
         self.bins = bins
         self.histogram_kinds = histogram_kinds
@@ -463,13 +526,13 @@ class Meter:
         if op.dist is not None:
             h = self._dist_grad_histogram(op.dist, xs, op.histograms)
         elif due and on_host(xs, op.packer.device):
-            counts, moments = host_histograms(xs, self.bins)
+            counts, moments = host_histograms(xs, self.bins, sample=self.sample)
             if inv is not None:
                 moments[:, :3] *= inv.to(moments)
                 moments[:, 3] *= inv.to(moments) ** 2
             op.held["grad"] = counts, moments
         elif due:
-            h = histogram_partials(xs, self.bins, op.packer.device)
+            h = histogram_partials(xs, self.bins, op.packer.device, sample=self.sample)
         if h is None:
             return
         if inv is not None:
@@ -485,7 +548,9 @@ class Meter:
         copied. In the weights' own dtype: one copy, never more (finish() takes the norm of a low-precision
         update in fp32, one tensor at a time)."""
         rows, device = op.rows, op.packer.device
-        op.moving = [i for i, r in enumerate(rows) if r.group is not None and r.param.requires_grad]
+        moving = [i for i, r in enumerate(rows) if r.group is not None and r.param.requires_grad]
+        op.moving, op.watched = self._pick(op, moving)
+        op.fingerprints = take_all([local_tensor(rows[i].param) for i in op.watched])
         weights = [local_tensor(rows[i].param) for i in op.moving]  # no_grad here: no detach needed
         keep = self._keeps_snapshot(weights, device) and op.index - self._last_start <= KEEP_SNAPSHOT_EVERY
         self._last_start = op.index
@@ -493,6 +558,51 @@ class Meter:
         op.snapshot, sumsq = copy_with_sumsq(weights, device, into)
         self._kept = {rows[i].index: c for i, c in zip(op.moving, op.snapshot)} if keep else {}
         op.before = _every_row(sumsq, op.moving, len(rows))
+        self.snapshot_bytes = sum(map(_nbytes, weights)) + sum(f.nbytes for f in op.fingerprints)
+        self.copied = [rows[i].name for i in op.moving]
+
+    def _pick(self, op: _Open, moving: list[int]) -> tuple[list[int], list[int]]:
+        """(rows to copy, rows to fingerprint) of the rows the optimizer may move, under the snapshot budget.
+
+        When every such row fits in the budget, all are copied (as without a budget: a tensor without a gradient
+        gets its update of 0 and update histogram as a sharded run's ranks give them). Otherwise a row without a
+        gradient is fingerprinted, never copied: optimizers leave it as it is, and the fingerprint says so exactly
+        (an update of 0), or that it moved after all. The others are copied while their bytes fit
+        in the budget; those that do not are fingerprinted (whether they moved stays exact: the verdict's "never
+        updated", "stalled" and "updated at step s" keep their evidence) and copied on the next measured steps, in
+        the tracked order, a round at a time: each tensor's update ratio is measured once every `rotation` measured
+        steps. A tensor larger than the budget is copied alone on its turn. Sharded runs copy every shard (their
+        ranks must measure the same rows)."""
+        if self.budget is None or op.dist is not None:
+            return moving, []
+        rows = op.rows
+        total = sum(_nbytes(local_tensor(rows[i].param)) for i in moving)
+        limit = budget_bytes(self.budget, total)
+        assert limit is not None
+        if total <= limit:
+            self.rotation = 1
+            return moving, []
+        graded = [i for i in moving if op.has_grad[i]]
+        size = {i: _nbytes(local_tensor(rows[i].param)) for i in graded}
+        if sum(size.values()) <= limit:
+            copy = graded
+            self.rotation = 1
+        else:
+            order = sorted(graded, key=lambda i: rows[i].index)
+            self.rotation = rotation_length([size[i] for i in order], limit)
+            start = next((k for k, i in enumerate(order) if rows[i].index >= self._cursor), 0)
+            take: list[int] = []
+            held = 0
+            for i in order[start:]:
+                if take and held + size[i] > limit:
+                    break
+                take.append(i)
+                held += size[i]
+            after = start + len(take)
+            self._cursor = rows[order[after]].index if after < len(order) else 0
+            copy = sorted(take)
+        taken = set(copy)
+        return copy, [i for i in moving if i not in taken]
 
     @staticmethod
     def _unclip(grad: torch.Tensor, rows: list[Tracked], clips: Sequence[Clip], packer: Packer) -> None:
@@ -560,6 +670,8 @@ class Meter:
                         torch._foreach_neg_(op.snapshot)
                         hists.append(("update", op.snapshot, op.moving))
             sums["update"] = update
+        if op.watched:
+            sums["changed"] = self._changed(op, weights, device)
         if op.dist is None:
             op.snapshot = None  # the step's one copy of the weights: released before the weight histograms
         sums["weight"] = weight if weight is not None else norm_partials(weights, device, counts=False)[:, SUMSQ]
@@ -578,6 +690,16 @@ class Meter:
         if total is not None:
             packer.add("skipped_total", total.reshape(-1)[:1])
         self._done = (op, packer)
+
+    @staticmethod
+    def _changed(op: _Open, weights: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """1 where a fingerprinted row (`_pick`) changed through the step, else 0 (no host read)."""
+        found = changes_all(op.fingerprints, [weights[i] for i in op.watched])
+        flags = [
+            c.any().to(device) if c is not None else torch.ones((), dtype=torch.bool, device=device) for c in found
+        ]
+        op.fingerprints = []
+        return torch.stack(flags).to(op.grad.dtype)
 
     @staticmethod
     def _frozen_counts(op: _Open, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
@@ -625,11 +747,11 @@ class Meter:
         counted without negating; elsewhere `xs` are negated in place, not copied)."""
         device = op.packer.device
         if on_host(xs, device):
-            op.held[kind] = host_histograms(xs, self.bins, negate=negate)
+            op.held[kind] = host_histograms(xs, self.bins, negate=negate, sample=self.sample)
             return
         if negate:
             torch._foreach_neg_(xs)
-        op.packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device), owned=True)
+        op.packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device, sample=self.sample), owned=True)
 
     @staticmethod
     def _merge(
@@ -696,6 +818,7 @@ class Meter:
             elif kind in op.held:
                 hists[kind] = Histograms.of(*op.held[kind], positions)
         skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
+        rated = self._rated(op, host)
         if "slices/done" in host:
             self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())
         if "dead_rows" in host:
@@ -726,4 +849,24 @@ class Meter:
             frozen=host["frozen"].double() if "frozen" in host else None,
             frozen_rows=op.frozen_rows if "frozen" in host else None,
             frozen_of=host["frozen_of"].double() if "frozen_of" in host else None,
+            rated=rated,
         )
+
+    @staticmethod
+    def _rated(op: _Open, host: dict[str, torch.Tensor]) -> list[bool] | None:
+        """The fingerprinted rows (`_pick`) into the host numbers: one that did not change has an update of 0 and
+        its weights before the step are its weights after; one that changed has no ratio this step and an update
+        of +inf (it moved: the ledger's evidence); one whose weights are NaN now has a NaN update either way.
+        Returns `Measurement.rated` (None: every row has its ratio)."""
+        if "changed" not in host or "update" not in host or "before" not in host:
+            return None
+        rated = [True] * len(op.rows)
+        changed = host["changed"].tolist()
+        update, before, weight = host["update"], host["before"], host["weight"]
+        for i, moved in zip(op.watched, changed):
+            w = float(weight[i])
+            # NaN weights: NaN, as a copy's difference would have it (the ledger reads NaN as "not moved")
+            update[i] = math.nan if w != w else math.inf if moved else 0.0
+            before[i] = w
+            rated[i] = not moved
+        return rated

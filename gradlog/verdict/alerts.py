@@ -374,7 +374,7 @@ class Alerts:
         nonfinite, norms, ratios, before = host.nonfinite, host.grad_norm, host.ratio, host.before
         entries = []
         for i, row in enumerate(m.rows):
-            has_ratio = ratios is not None and row.group is not None and before is not None
+            has_ratio = ratios is not None and row.group is not None and before is not None and host.has_ratio(i)
             entries.append(
                 Entry(
                     key=row.index,

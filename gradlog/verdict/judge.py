@@ -371,7 +371,10 @@ def judge(
     status = PROBLEM_STATUS if problems else OK
     v = Verdict(not problems, status, tuple(line.parts), "", tuple(problems), tuple(line.found), label)
     tail = f"; {v.tally}" if v.tally else ""
-    suffix = f" ({plural(report.optimizer_steps, 'optimizer step')}, {report.measured_steps} measured{tail})"
+    rotation = getattr(report, "update_rotation", 1)
+    each = f", each tensor's update ratio every {rotation} measured" if rotation > 1 else ""
+    steps = plural(report.optimizer_steps, "optimizer step")
+    suffix = f" ({steps}, {report.measured_steps} measured{each}{tail})"
     return dataclasses.replace(v, suffix=suffix)
 
 

@@ -362,6 +362,9 @@ class Report:
     measured_steps: int = 0
     skipped_steps: int = 0
     tracked_tensors: int = 0
+    #: measured steps per round of the snapshot budget's rotation (`GradLogger(snapshot_budget=...)`): each
+    #: tensor's update ratio is measured once every that many measured steps (1: on every one)
+    update_rotation: int = 1
     error: str | None = None  # the diagnosis itself failed (close() warned); never_updated is then unknown
     #: what training warned about (update ratio out of the tensor's band, gradient-norm spikes, no gradient):
     #: listed, never a PROBLEM by themselves; NaN/Inf gradients are the problem `first_nonfinite`

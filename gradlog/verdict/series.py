@@ -46,7 +46,7 @@ def run_level(m: Measurement) -> dict[str, float]:
             bad += 1
         elif numel[i] > 0 and nonzero[i] == 0:
             zero_grad += 1
-        if ratios is not None and row.group is not None:
+        if ratios is not None and row.group is not None and host.has_ratio(i):
             r = ratios[i]
             if r == 0.0:
                 no_update += 1

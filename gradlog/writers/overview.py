@@ -97,8 +97,10 @@ class Overview:
         grad = bytearray(len(self.names))
         for i, row in enumerate(m.rows):
             r = self._row[row.name]
-            if ratios is not None:  # a tensor in no param group never moves: "no update", as in the tab
-                values[r] = ratios[i] if row.group is not None else 0.0
+            if ratios is not None and row.group is None:  # in no param group: never moves ("no update", as in the tab)
+                values[r] = 0.0
+            elif ratios is not None and host.has_ratio(i):
+                values[r] = ratios[i]
             if not m.has_grad[i]:
                 grad[r] = _NO_GRAD
             elif numel[i] > 0 and nonzero[i] == 0:
