@@ -271,7 +271,7 @@ def _slices(line: _Line, report: Report) -> None:
         names = {f.name for f in sliced}
         first = min(r.since_step for r in report.stopped_slices if r.name in names)
         text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({_by_reason(_reasons(sliced))})"
-        line.add(text + f", the first from step {first}", _worst(sliced))
+        line.add(text + f", the first silent at every measured step from step {first} on", _worst(sliced))
 
 
 def _run_wide(line: _Line, report: Report) -> None:
