@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from catalogue import RareUnits, train
+from catalogue import RareBranch, RareUnits, train
 
 import gradlog
 from gradlog.logger import DEFAULT_EVERY
@@ -86,3 +86,45 @@ def test_rare_units_are_never_called_stopped_and_a_killed_unit_is(every: int) ->
 @pytest.mark.parametrize("every", EVERYS)
 def test_rare_units_over_30_seeds(every: int) -> None:
     check(range(30), every)
+
+
+def branch_run(
+    seed: int, stop_at: int | None, every: int = 2, rate: float = 0.1, steps: int = 150
+) -> tuple[gradlog.Report, list[int]]:
+    """`RareBranch` taking its branch on `rate` of steps (until `stop_at`, never after); the report and the
+    steps at which the branch's weight got a gradient (a hook's record)."""
+    torch.manual_seed(seed)
+    model = RareBranch()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=every, print_report=False)
+    took: list[int] = []
+    now = [0]
+    model.branch.weight.register_hook(lambda g: took.append(now[0]) if bool((g != 0).any()) else None)
+    gen = torch.Generator().manual_seed(seed)
+
+    def loss(step: int) -> torch.Tensor:
+        now[0] = step
+        model.take = bool(torch.rand(1, generator=gen) < rate) and (stop_at is None or step < stop_at)
+        return (model(torch.randn(8, 8, generator=gen)) - 1.0).pow(2).mean()
+
+    return train(opt, gl, steps, loss), took
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_branch_taken_on_10_percent_of_steps_is_never_called_stalled(seed: int) -> None:
+    report, took = branch_run(seed, None)
+    assert took and max(took) > 100  # the reference: it kept getting gradients late in the run
+    assert [s.name for s in report.stalled if s.name.startswith("branch.")] == []
+
+
+def test_a_branch_no_longer_taken_is_still_called_stalled_with_its_step() -> None:
+    """Taken on half the steps until step 60, then never: evidence (a branch taken twice in 40 steps, then
+    never, is not: chance 0.02)."""
+    report, took = branch_run(0, 60, rate=0.5)
+    assert max(took) < 60  # the hook's last gradient, before step 60
+    got = {s.name: s for s in report.stalled}
+    assert set(got) == {"branch.weight", "branch.bias"}
+    for s in got.values():
+        measured_last = max(t for t in took if t % 2 == 0)
+        assert s.last_update_step == measured_last and s.reason.value == "no_grad"
+        assert "chance" in s.detail and "updated on " in s.detail

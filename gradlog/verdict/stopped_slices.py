@@ -12,7 +12,7 @@ row and per column of a tensor with 2+ dims, per element of a 1-D one). A slice 
 - that silence is evidence: a slice non-zero at c of the m measured steps (its tensor had a gradient at)
   up to its last one, then silent at the n after, is called stopped only when a slice firing at random at
   any steady rate would show this with chance below `MAX_CHANCE` (1e-3): C(m, c) / C(m + n, c), about
-  (1 - p)^n for p = c / (m + n) (`chance_silent`). A ReLU unit that fires on 10% of steps is silent for 4,
+  (1 - p)^n for p = c / (m + n) (`gradlog.verdict.silence`). A ReLU unit that fires on 10% of steps is silent for 4,
   or 20, measured steps all the time; a unit seen on 12 of 20 steps, then on none of 40, is not.
 
 What a measured step sees is that step's gradient only: with ``every=k`` a slice used on unmeasured
@@ -48,13 +48,17 @@ from gradlog.measure.slice_grads import SliceGrads
 from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.ledger import StepIndex
 from gradlog.verdict.report import Reason, StoppedSlice, format_ranges
-from gradlog.verdict.slices import slice_kind, words_key
+from gradlog.verdict.silence import MAX_CHANCE, chance_silent, evidence_words
+from gradlog.verdict.slices import share_words, slice_kind, words_key
 
 #: a slice is stopped after at least this many quiet measured steps, and this share of all measured steps:
 #: a stricter bar than a whole tensor's (`gradlog.verdict.stalled`: 3 and 10%), as a model has many slices
 #: and each is noisier: a ReLU unit fed a batch of 5 was quiet 3 steps in a row by chance in a 12-step run
 MIN_QUIET_STEPS = 4
 MIN_QUIET_FRACTION = 0.2
+
+#: the reasons the verdict weighs by their share of the layer (`gradlog.verdict.policy.DEAD_REASONS`)
+_WEIGHED = (Reason.ZERO_GRAD, Reason.DEAD_UNITS, Reason.NOT_ROUTED)
 
 #: at most this many records (groups by stop step) per tensor and dim; later groups fold into the last, which
 #: then spans several stop steps: `last_grad_step` is its earliest last step, `since_step` its latest since
@@ -94,17 +98,8 @@ class _Evidence:
         )
 
     def words(self) -> str:
-        """ "silent for 40 measured steps; active on 60% (12) of the 20 before; chance 2e-07 ..."."""
-        pct = [f"{100 * k / max(self.seen, 1):.0f}%" for k in (self.lo, self.hi)]
-        share = f"{pct[0]} ({self.lo})" if self.lo == self.hi else f"{pct[0]}-{pct[1]} ({self.lo}-{self.hi})"
-        return (
-            f"silent for {_steps(self.silent)}; active on {share} of the {self.seen} before; chance "
-            f"{self.chance:.1g} for a slice firing at random at a steady rate (stopped: below {MAX_CHANCE:g})"
-        )
-
-
-def _steps(n: int) -> str:
-    return f"{n} measured step{'s' if n != 1 else ''}"
+        """ "silent for 40 measured steps; active on 60% (12) of the 20 before; chance 2e-09 ..."."""
+        return evidence_words(self.silent, self.seen, self.lo, self.hi, self.chance, "a slice")
 
 
 @dataclass
@@ -205,21 +200,6 @@ def global_last_steps(rows: Sequence[Tracked], lasts: Lasts, reducer: Reducer) -
         out.setdefault(row.index, {})[dim] = torch.stack([v - 1 for v in parts if v is not None]).to(torch.int64)
     by_index = {r.index: r for r in rows}
     return {k: v for k, v in out.items() if all(d in v for d in _dims(by_index[k]))}  # every dim, or none
-
-
-#: a slice is called stopped only when a slice that fires at random, at any steady rate, would show its evidence
-#: with a chance below this (`chance_silent`)
-MAX_CHANCE = 1e-3
-
-
-def chance_silent(before: torch.Tensor, after: torch.Tensor, hits: torch.Tensor) -> torch.Tensor:
-    """Per slice, the chance that a slice firing at random at a steady rate (its non-zero steps exchangeable
-    among the tensor's measured steps) puts all `hits` of them in the first `before` of `before + after` steps:
-    C(before, hits) / C(before + after, hits), about (1 - p)^after for p = hits / (before + after), and never
-    small for a slice seen non-zero on a step or two. Exact for every rate at once: no rate is estimated."""
-    b, total, k = before.to(torch.float64), (before + after).to(torch.float64), hits.to(torch.float64)
-    log = torch.lgamma(b + 1) - torch.lgamma(b - k + 1) - torch.lgamma(total + 1) + torch.lgamma(total - k + 1)
-    return log.exp()
 
 
 def stopped_slices(
@@ -373,7 +353,8 @@ def _records(groups: list[_Group], resumed_at: int | None = None) -> list[Stoppe
                 f": last non-zero gradient at measured step {g.last}, none at any measured step from step {g.since} "
                 f"on; {g.evidence.words()};"
             )
-        detail = f"{what}{when} the rest of the tensor kept learning ({question}){extra}"
+        share = f"; {share_words(len(g.indices), g.total, noun)}" if reason in _WEIGHED else ""
+        detail = f"{what}{when} the rest of the tensor kept learning ({question}){extra}{share}"
         last = g.last if resumed_at is None else -1  # at or before the resume: which step is not known
         out.append(
             StoppedSlice(g.row.name, g.dim, len(g.indices), g.total, tuple(g.indices), g.since, last, reason, detail)
@@ -396,6 +377,7 @@ def cut(s: StoppedSlice, indices: set[int]) -> StoppedSlice:
     else:
         noun, rest = s.slices, ": " + s.detail
     rest = re.sub(r"; the same \d+ stopped in", f"; the same {len(idx)} stopped in", rest)
+    rest = re.sub(r"; [\d.]+% of the layer's ", f"; {100 * len(idx) / max(s.total, 1):.1f}% of the layer's ", rest)
     what = f"{noun} {format_ranges(idx, 8)} ({len(idx)} of {s.total})"
     return replace(s, indices=idx, stopped=len(idx), detail=what + rest)
 
