@@ -41,7 +41,7 @@ def steps(n: int) -> str:
 
 
 def evidence_words(silent: int, seen: int, lo: int, hi: int, p: float, what: str, active: str = "active") -> str:
-    """ "silent for 40 measured steps; active on 60% (12) of the 20 before; chance 2e-09 for a slice active at
+    """ "silent for 40 measured steps; active on 60% (12) of the 20 before; chance 9e-08 for a slice active at
     random at a steady rate (stopped: below 0.001)"; `lo`..`hi`: the active counts of a group."""
     pct = [f"{100 * k / max(seen, 1):.0f}%" for k in (lo, hi)]
     share = f"{pct[0]} ({lo})" if lo == hi else f"{pct[0]}-{pct[1]} ({lo}-{hi})"

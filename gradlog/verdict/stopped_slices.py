@@ -98,7 +98,7 @@ class _Evidence:
         )
 
     def words(self) -> str:
-        """ "silent for 40 measured steps; active on 60% (12) of the 20 before; chance 2e-09 ..."."""
+        """ "silent for 40 measured steps; active on 60% (12) of the 20 before; chance 9e-08 ..."."""
         return evidence_words(self.silent, self.seen, self.lo, self.hi, self.chance, "a slice")
 
 
