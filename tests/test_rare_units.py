@@ -115,6 +115,9 @@ def test_a_branch_taken_on_10_percent_of_steps_is_never_called_stalled(seed: int
     report, took = branch_run(seed, None)
     assert took and max(took) > 100  # the reference: it kept getting gradients late in the run
     assert [s.name for s in report.stalled if s.name.startswith("branch.")] == []
+    # nor does a no-gradient alert name it once it had a gradient (before that, the patience: maybe unused)
+    first = min(t for t in took if t % 2 == 0)
+    assert [a.step for a in report.alerts if a.kind == "no_grad" and a.step > first] == []
 
 
 def test_a_branch_no_longer_taken_is_still_called_stalled_with_its_step() -> None:
@@ -128,3 +131,5 @@ def test_a_branch_no_longer_taken_is_still_called_stalled_with_its_step() -> Non
         measured_last = max(t for t in took if t % 2 == 0)
         assert s.last_update_step == measured_last and s.reason.value == "no_grad"
         assert "chance" in s.detail and "updated on " in s.detail
+    alerts = [a for a in report.alerts if a.kind == "no_grad" and a.name == "branch.weight"]
+    assert len(alerts) == 1 and alerts[0].step > 60 and "chance" in alerts[0].detail  # named once evidence says so

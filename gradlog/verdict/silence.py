@@ -17,6 +17,8 @@ needs no such bar.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 #: a claim is made only when a steady, randomly active thing would show its silence with a chance below this
@@ -32,8 +34,9 @@ def chance_silent(before: torch.Tensor, after: torch.Tensor, hits: torch.Tensor)
 
 
 def chance(before: int, after: int, hits: int) -> float:
-    """`chance_silent` of one thing."""
-    return float(chance_silent(torch.tensor([before]), torch.tensor([after]), torch.tensor([hits]))[0])
+    """`chance_silent` of one thing (on the host: no tensor for a number)."""
+    b, t, k = before, before + after, hits
+    return math.exp(math.lgamma(b + 1) - math.lgamma(b - k + 1) - math.lgamma(t + 1) + math.lgamma(t - k + 1))
 
 
 def steps(n: int) -> str:
