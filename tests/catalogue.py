@@ -454,6 +454,90 @@ class DeadUnits(nn.Module):
         return out
 
 
+class RareUnits(nn.Module):
+    """A ReLU layer whose chosen units fire rarely on purpose, healthy: `fc1` (16->16, relu) and `fc2`
+    (16->1). Units 0-11 of `fc1` are triggers: weight row j is 1 at input j and 0 elsewhere, bias -5, so a
+    unit fires only on steps whose batch sets its input j to 10 (`batch` does, with probability `RATES[j]`
+    per step: 5% for units 0-3, 10% for 4-7, 20% for 8-11); units 12-15 read inputs 12-15 (random) with bias
+    +1 and fire on every step. What a test can assert, from its own per-step record of the gradient rows:
+    units 0-11 get gradients on about their rate of steps to the end of the run, so none of them stopped;
+    `kill` (bias -100, as a bad update would) stops a unit for good at the step a test chooses."""
+
+    RATES = (0.05,) * 4 + (0.1,) * 4 + (0.2,) * 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 16)
+        self.fc2 = nn.Linear(16, 1)
+        with torch.no_grad():
+            self.fc1.weight[:12] = 0.0
+            self.fc1.weight[:12, :12] = torch.eye(12)
+            self.fc1.bias[:12] = -5.0
+            self.fc1.weight[12:, :12] = 0.0
+            self.fc1.bias[12:] = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
+        return out
+
+    def batch(self, gen: torch.Generator, size: int = 8) -> torch.Tensor:
+        """One step's inputs: trigger j on (10) for the whole batch with probability `RATES[j]`, inputs
+        12-15 standard normal."""
+        fire = torch.rand(12, generator=gen) < torch.tensor(self.RATES)
+        x = torch.randn(size, 16, generator=gen)
+        x[:, :12] = 10.0 * fire.float()
+        return x
+
+    def kill(self, unit: int) -> None:
+        with torch.no_grad():
+            self.fc1.bias[unit] = -100.0
+
+
+class RareBranch(nn.Module):
+    """A healthy model with a branch taken now and then: `body` (8->8) on every step, `branch` (8->8) added
+    only when `take` is set (a test draws it per step, e.g. on 10% of steps), `head` (8->1). `branch` gets a
+    gradient (and an update) on exactly the steps that take it, to the end of the run: it never stopped,
+    unless a test stops taking it for good."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.branch = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 1)
+        self.take = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.body(x))
+        if self.take:
+            h = h + self.branch(h)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+class WideReLU(nn.Module):
+    """A ReLU layer of `width` units, healthy but for the units a test names: `fc1` (16->width, relu, bias +1:
+    every other unit fires on every batch) and `fc2` (width->4). `dead` units never fire (bias -100 from the
+    start): rows of `fc1.weight`, entries of `fc1.bias` and columns of `fc2.weight` that never change (the
+    test's copy of the weights says which). `kill(units)` does the same mid-run (a bad update), so those units
+    stop from that step on."""
+
+    def __init__(self, width: int = 64, dead: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, width)
+        self.fc2 = nn.Linear(width, 4)
+        with torch.no_grad():
+            self.fc1.bias.fill_(1.0)
+        self.kill(dead)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
+        return out
+
+    def kill(self, units: tuple[int, ...] | list[int]) -> None:
+        with torch.no_grad():
+            self.fc1.bias[list(units)] = -100.0
+
+
 class ResumePlanted(nn.Module):
     """A record of each kind a resumed run merges: `emb` (20x8, padding_idx 0: row 0 never learns by design;
     rows no batch holds never learn), `fc1` (8->16) whose units 0-2 never fire (bias -100 before the ReLU:

@@ -24,7 +24,7 @@ from torch import nn
 import gradlog
 from gradlog.measure.histogram import Histogram
 
-STEPS = 5  # 4 quiet measured steps after STOP_AT: the bar of a stopped slice
+STEPS = 14  # 7 active then 7 quiet measured steps around STOP_AT: evidence of a stop (chance 1 / C(14, 7) < 1e-3)
 GLOBAL_BATCH = 8
 
 
@@ -41,7 +41,7 @@ class Block(nn.Module):
 #: units of the first layer planted dead (bias -100 before a ReLU), on both ranks' shards of 16 rows
 DEAD = (1, 9, 10)
 #: units of the first layer whose output is zeroed from step `STOP_AT` on (a forward hook): stopped slices
-STOPPED, STOP_AT = (4, 12), 1
+STOPPED, STOP_AT = (4, 12), 7
 
 
 class Net(nn.Module):

@@ -244,7 +244,7 @@ def test_stopped_slices_are_global_and_equal_one_process(
     main_run: Any, reference: Any, reference_accumulated: Any
 ) -> None:
     """Units zeroed from step 1 on, one in each rank's shard of `inp` (rows 0-7 and 8-15 under FSDP2):
-    rank 0 reports them at their global indices, stopped from step 1, as one process does."""
+    rank 0 reports them at their global indices, stopped from step STOP_AT, as one process does."""
     _, runs = main_run
     planted = {(n, d, tuple(W.STOPPED), W.STOP_AT) for n, d in (("inp.weight", 0), ("inp.bias", None))}
     assert planted <= {(n, d, tuple(i), s) for n, d, i, s, _ in reference["stopped"]}

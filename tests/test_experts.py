@@ -108,7 +108,9 @@ def test_a_conv1d_weight_is_never_taken_for_experts() -> None:
 
 @pytest.mark.parametrize("every", [1, 3])
 def test_mixtral_router_collapse_at_step_k_reports_experts_stopped_from_k(every: int) -> None:
-    k, steps = 9, 27
+    # every=3: 18 measured steps, as 9 (3 before the collapse) are no evidence: experts routed at random would
+    # put their 3 steps with a token first with chance 1 / C(9, 3) = 1/84 (`stopped_slices.MAX_CHANCE`)
+    k, steps = (9, 27) if every == 1 else (18, 54)
     model = tiny_mixtral()
     step_now = [0]
     hooks = mask_router(model, [4, 5, 6, 7], lambda: step_now[0] >= k)
@@ -302,14 +304,15 @@ def test_mixtral_experts_idle_across_a_resume_span_the_run(
 
 
 def test_per_expert_modules_idle_across_a_resume_span_the_run(tmp_path: Path) -> None:
-    """Per-expert modules (TwoLayerMoE, SGD) checkpointed at step 12 and resumed: in layer 0, expert 5
-    routed in neither segment was never routed; 3, routed until step 5, stopped at its own step; 2, routed
+    """Per-expert modules (TwoLayerMoE, SGD) checkpointed at step 14 and resumed: in layer 0, expert 5
+    routed in neither segment was never routed; 3, routed until step 6, stopped at its own step; 2, routed
     until the checkpoint, stopped at the resume; 4, routed only after it, is no finding. Layer 1's routes
-    never change. The steps come from the gradients read here."""
+    never change. The steps come from the gradients read here. (The first segment holds 7 routed, then 7
+    quiet steps of expert 3: evidence of a stop, chance 1 / C(14, 7); 6 and 6 would not be, 1 / C(12, 6).)"""
     torch.manual_seed(0)
     model = TwoLayerMoE()
     opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    routes = {range(0, 6): [0, 1, 2, 3, 0, 1], range(6, 12): [0, 1, 2, 0, 0, 1], range(12, 24): [0, 1, 4, 0, 4, 1]}
+    routes = {range(0, 7): [0, 1, 2, 3, 0, 1], range(7, 14): [0, 1, 2, 0, 0, 1], range(14, 28): [0, 1, 4, 0, 4, 1]}
     last: dict[str, int] = {}  # reference: the last step each tensor had a non-zero gradient
 
     def segment(model: TwoLayerMoE, opt: torch.optim.Optimizer, steps: range) -> gradlog.Report:
@@ -328,10 +331,10 @@ def test_per_expert_modules_idle_across_a_resume_span_the_run(tmp_path: Path) ->
         loop(opt, gl, len(steps), loss, after_backward=record, start=steps.start)
         return gl.close()
 
-    segment(model, opt, range(12))
+    segment(model, opt, range(14))
     resumed = TwoLayerMoE()
     opt = checkpointed(model, opt, resumed, tmp_path / "ckpt.pt")
-    report = segment(resumed, opt, range(12, 24))
+    report = segment(resumed, opt, range(14, 28))
 
     want = set()
     for i in range(2):  # per layer: experts none of whose tensors had a gradient, or none from some step on
@@ -339,11 +342,11 @@ def test_per_expert_modules_idle_across_a_resume_span_the_run(tmp_path: Path) ->
             max((s for n, s in last.items() if n.startswith(f"layers.{i}.experts.{k}.")), default=-1) for k in range(6)
         ]
         want.add((f"layers.{i}.experts", "never", tuple(k for k, s in enumerate(ends) if s < 0), -1))
-        want |= {(f"layers.{i}.experts", "stopped", (k,), s + 1) for k, s in enumerate(ends) if 0 <= s < 23}
+        want |= {(f"layers.{i}.experts", "stopped", (k,), s + 1) for k, s in enumerate(ends) if 0 <= s < 27}
     assert want == {
         ("layers.0.experts", "never", (5,), -1),
-        ("layers.0.experts", "stopped", (3,), 6),
-        ("layers.0.experts", "stopped", (2,), 12),  # the resume step
+        ("layers.0.experts", "stopped", (3,), 7),
+        ("layers.0.experts", "stopped", (2,), 14),  # the resume step
         ("layers.1.experts", "never", (2, 3, 5), -1),
     }
     assert {(e.layer, e.state, e.experts, e.since_step) for e in report.experts} == want

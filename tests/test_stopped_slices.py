@@ -32,6 +32,7 @@ class LastNonzero:
         self.params = dict(model.named_parameters())
         self.dims, self.every, self.measured = dims, every, 0
         self.last = {n: torch.full((self.params[n].shape[d or 0],), -1) for n, d in dims.items()}
+        self.hits = {n: torch.zeros(v.shape, dtype=torch.int64) for n, v in self.last.items()}
 
     def __call__(self, step: int) -> None:
         if step % self.every:
@@ -42,18 +43,29 @@ class LastNonzero:
             assert g is not None
             nz = (g != 0) if d is None else (g != 0).movedim(d, 0).reshape(g.shape[d], -1).any(1)
             self.last[n][nz] = step
+            self.hits[n] += nz
 
     def stopped(self) -> set[tuple[str, int | None, tuple[int, ...], int]]:
         """(name, dim, indices, since step) of the slices quiet on at least max(4, 20% of the measured steps)
-        measured steps after their last non-zero gradient, up to the tensor's last one, grouped by stop step
-        (the policy's bar, `gradlog.verdict.stopped_slices.MIN_QUIET_*`)."""
+        measured steps after their last non-zero gradient, up to the tensor's last one (the policy's bar,
+        `gradlog.verdict.stopped_slices.MIN_QUIET_*`), whose c non-zero steps all falling in the first m of the
+        m + n a random order would give with chance C(m, c) / C(m + n, c) < 1e-3, grouped by stop step."""
         need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * self.measured))
         out = set()
         for n, last in self.last.items():
             top = int(last.max())
+            total = top // self.every + 1  # every measured step up to the tensor's last non-zero one
             for v in sorted(set(last[(last >= 0) & (last < top)].tolist())):
-                if (top - v) // self.every >= need:
-                    out.add((n, self.dims[n], tuple((last == v).nonzero().flatten().tolist()), v + self.every))
+                if (top - v) // self.every < need:
+                    continue
+                before = v // self.every + 1
+                idx = [
+                    i
+                    for i in (last == v).nonzero().flatten().tolist()
+                    if math.comb(before, int(self.hits[n][i])) / math.comb(total, int(self.hits[n][i])) < 1e-3
+                ]
+                if idx:
+                    out.add((n, self.dims[n], tuple(idx), v + self.every))
         return out
 
 
@@ -90,10 +102,12 @@ def train_gpt2(
 
 @pytest.mark.parametrize("every", [1, 4])
 def test_gpt2_units_killed_at_step_k_are_reported_with_their_step(every: int) -> None:
-    k = 16
+    # every=4: 20 measured steps, as 8 (4 before the kill, 4 after) are no evidence: a unit firing at random put
+    # its 4 non-zero steps in the first 4 of 8 with chance 1 / C(8, 4) = 1/70
+    k, steps = (16, 32) if every == 1 else (32, 80)
     model = tiny_gpt2(activation="relu")
     ref = LastNonzero(model, mlp_dims(model), every)
-    report, _ = train_gpt2(model, steps=32, kill_at=k, every=every, ref=ref)
+    report, _ = train_gpt2(model, steps=steps, kill_at=k, every=every, ref=ref)
     # the reference sees the planted bug: 16 units of block 0 last had a gradient at the measured step before k
     killed = {(n, d, tuple(KILLED), since) for n, d in GPT_DIMS.items() for since in [k + (-k) % every]}
     want = ref.stopped()

@@ -278,30 +278,65 @@ class SliceGrads:
         self.last_rows: dict[int, torch.Tensor] = {}
         self.last_cols: dict[int, torch.Tensor] = {}
         self.all_at: dict[int, int] = {}
+        #: the evidence behind a stop (`gradlog.verdict.stopped_slices`), kept beside `last_rows` and as lazily:
+        #: per tensor, how many measured steps it had a gradient at (`seen`); per slice, the ordinal (1-based,
+        #: in `seen`) of its last non-zero one (`ord_rows`/`ord_cols`, 0 for none) and on how many of them it
+        #: was non-zero (`hits_rows`/`hits_cols`, int32 on the gradient's device). A step at which every slice was
+        #: non-zero, known on the host, only moves `all_seen` (its ordinal) and `all_hits` (their count): a
+        #: slice's ordinal is max(vector, all_seen), its count vector + all_hits.
+        self.seen: dict[int, int] = {}
+        self.ord_rows: dict[int, torch.Tensor] = {}
+        self.ord_cols: dict[int, torch.Tensor] = {}
+        self.hits_rows: dict[int, torch.Tensor] = {}
+        self.hits_cols: dict[int, torch.Tensor] = {}
+        self.all_seen: dict[int, int] = {}
+        self.all_hits: dict[int, int] = {}
         self.track_last = True  # False: only the never-had-a-gradient evidence (benchmarks' A/B)
 
     @property
     def nbytes(self) -> int:
-        dicts = (self.rows, self.cols, self.last_rows, self.last_cols)
-        return sum(t.numel() * t.element_size() for d in dicts for t in d.values())
+        return sum(t.numel() * t.element_size() for d in self._vectors() for t in d.values())
+
+    def _vectors(self) -> tuple[dict[int, torch.Tensor], ...]:
+        return (
+            self.rows,
+            self.cols,
+            self.last_rows,
+            self.last_cols,
+            self.ord_rows,
+            self.ord_cols,
+            self.hits_rows,
+            self.hits_cols,
+        )
 
     def forget(self, key: int) -> None:
         """A tensor was freed (replaced): its evidence goes."""
-        for d in (self.rows, self.cols, self.last_rows, self.last_cols):
+        for d in self._vectors():
             d.pop(key, None)
         self.full.discard(key)
         self.rows_full.discard(key)
-        self.all_at.pop(key, None)
+        for n in (self.all_at, self.seen, self.all_seen, self.all_hits):
+            n.pop(key, None)
 
     def _mark_last(self, key: int, step: int, r_nz: torch.Tensor, c_nz: torch.Tensor | None) -> None:
-        """This step's per-slice "non-zero" into the last-step vectors (in place on the device, no sync)."""
-        for store, nz in ((self.last_rows, r_nz), (self.last_cols, c_nz)):
+        """This step's per-slice "non-zero" into the last-step, last-ordinal and count vectors (in place on the
+        device, no sync)."""
+        at = self.seen[key]
+        for stores, nz in (
+            ((self.last_rows, self.ord_rows, self.hits_rows), r_nz),
+            ((self.last_cols, self.ord_cols, self.hits_cols), c_nz),
+        ):
             if nz is None:
                 continue
-            last = store.get(key)
+            last_s, ord_s, hits_s = stores
+            last = last_s.get(key)
             if last is None or last.shape != nz.shape or last.device != nz.device:
-                last = store[key] = torch.full(nz.shape, self.all_at.get(key, -1), dtype=torch.int32, device=nz.device)
+                last = last_s[key] = torch.full(nz.shape, self.all_at.get(key, -1), dtype=torch.int32, device=nz.device)
+                ord_s[key] = torch.full(nz.shape, self.all_seen.get(key, 0), dtype=torch.int32, device=nz.device)
+                hits_s[key] = torch.zeros(nz.shape, dtype=torch.int32, device=nz.device)
             last.masked_fill_(nz, step)
+            ord_s[key].masked_fill_(nz, at)
+            hits_s[key].add_(nz)
 
     def observe(
         self,
@@ -329,6 +364,8 @@ class SliceGrads:
             if not track and not dead and s.step is None:
                 continue
             g = local_tensor(g.detach() if g.requires_grad else g)
+            if s.step is not None and g.numel():
+                self.seen[row.index] = self.seen.get(row.index, 0) + 1
             known = host and g.device.type == "cpu" and ((dense is not None and dense[i]) or i in probed)
             self._observe_one(s, i, row.index, g, track, known)
         return s.result(len(rows))
@@ -393,8 +430,10 @@ class SliceGrads:
 
     def _complete(self, s: _Gathered, i: int, key: int, g: torch.Tensor, track: bool) -> None:
         """Every slice of the gradient is non-zero, known on the host: complete from now on, no device flag."""
-        if s.step is not None:
+        if s.step is not None and g.numel():
             self.all_at[key] = s.step
+            self.all_seen[key] = self.seen[key]
+            self.all_hits[key] = self.all_hits.get(key, 0) + 1
         if s.dead:
             s.dense_pos.append(i)
             if s.keep_rows:

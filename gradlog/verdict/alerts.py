@@ -77,6 +77,7 @@ from typing import Protocol
 from gradlog.measure.meter import Measurement
 from gradlog.runformat.names import ALERT_COLUMNS
 from gradlog.verdict.report import WARNING_KINDS, Alert
+from gradlog.verdict.silence import MAX_CHANCE, chance
 
 log = logging.getLogger("gradlog")
 
@@ -208,6 +209,19 @@ class _RunningMedian:
             del self.sorted[bisect.bisect_left(self.sorted, old)]
 
 
+def _no_grad_evidence(st: _State) -> str | None:
+    """What a no-gradient streak adds to its alert's words, or None when it is no evidence: a tensor that had a
+    gradient at c of the m measured steps before the streak of n is named only when one used at random at a
+    steady rate would be this quiet with chance C(m, c) / C(m + n, c) below `silence.MAX_CHANCE` (a branch taken
+    on 10% of steps is quiet 5 steps in a row most of the time). One that never had a gradient: the patience."""
+    if not st.with_grad:
+        return ""
+    p = chance(st.judged, st.no_grad, st.with_grad)
+    if p >= MAX_CHANCE:
+        return None
+    return f", after a gradient at {st.with_grad} of the {st.judged} before (chance {p:.1g} at a steady rate)"
+
+
 @dataclass
 class _Candidate:
     """A norm past the spike limit at `step`, judged once later norms say whether it came back."""
@@ -243,6 +257,10 @@ class _State:
     high: int = 0
     low: int = 0
     no_grad: int = 0
+    #: measured steps judged before the current no-gradient streak, and those of them with a gradient: what a
+    #: streak is weighed against (`_no_grad_evidence`)
+    judged: int = 0
+    with_grad: int = 0
     ratios: int = 0
     zero_init: bool = False
     #: log10 of the last SPIKE_WINDOW non-zero grad norms
@@ -408,8 +426,12 @@ class Alerts:
                 if e.trainable:
                     st.no_grad += 1
                     if st.no_grad >= self.no_grad_patience and (e.key, NO_GRAD) not in self._seen:
-                        fire(e, NO_GRAD, f".grad was None on {st.no_grad} measured steps in a row")
+                        said = _no_grad_evidence(st)
+                        if said is not None:
+                            fire(e, NO_GRAD, f".grad was None on {st.no_grad} measured steps in a row{said}")
                 continue
+            st.judged += st.no_grad + 1
+            st.with_grad += 1
             st.no_grad = 0
             if skipped:
                 continue

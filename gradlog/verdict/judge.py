@@ -19,7 +19,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gradlog.verdict.causes import cause_key
-from gradlog.verdict.policy import DEFAULTS, IGNORE, NOTE, PROBLEM, SEVERITIES, WARNING, Policy
+from gradlog.verdict.policy import (
+    DEAD_REASONS,
+    DEFAULTS,
+    EVENT_SLICES,
+    IGNORE,
+    NOTE,
+    PROBLEM,
+    SEVERITIES,
+    SMALL_SHARE,
+    WARNING,
+    Policy,
+)
 
 
 class Report(Protocol):
@@ -201,6 +212,29 @@ def never_kind(reason: object, suspect: bool) -> str:
     return "never.frozen_suspect" if str(reason) == "frozen" and suspect else f"never.{reason}"
 
 
+def slice_kinds(report: Report) -> tuple[list[str], list[str]]:
+    """The kinds of the partly-updated and the stopped-slice records, in their order: `partly.REASON` and
+    `stopped.REASON`, or `*.few_dead` for dead units, filters and experts (`policy.DEAD_REASONS`) that are a
+    small share of their tensor's slices along their dim (`policy.SMALL_SHARE`, never-active and stopped ones
+    counted together) and, for stopped ones, not an event (`policy.EVENT_SLICES` at one step). A whole tensor
+    never counts here: that is the never-updated table's."""
+    lost: dict[tuple[str, Any], int] = {}
+    records = [*report.partly_updated, *report.stopped_slices]
+    for r in records:
+        if str(r.reason) in DEAD_REASONS:
+            key = (r.name, r.dim)
+            lost[key] = lost.get(key, 0) + len(r.indices)
+
+    def kind(table: str, r: Any) -> str:
+        if str(r.reason) not in DEAD_REASONS or not r.total:
+            return f"{table}.{r.reason}"
+        small = lost[(r.name, r.dim)] <= SMALL_SHARE * r.total
+        event = table == "stopped" and len(r.indices) >= EVENT_SLICES
+        return f"{table}.few_dead" if small and not event else f"{table}.{r.reason}"
+
+    return [kind("partly", p) for p in report.partly_updated], [kind("stopped", s) for s in report.stopped_slices]
+
+
 def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> list[Finding]:
     """Every finding in `report` (plus `extra` (kind, name) pairs, e.g. `gradlog diff`'s), with its severity."""
     policy = report.policy if report.policy is not None else Policy()
@@ -221,12 +255,13 @@ def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> li
         if nothing_measured(report) and str(r.reason) == "unknown":
             continue  # no step measured: no evidence either way, which the verdict says instead (issue 41)
         add(never_kind(r.reason, r.suspect), r.name, r.aliases, cause=cause_key("never_updated", r))
-    for p in report.partly_updated:
-        add(f"partly.{p.reason}", p.name, cause=cause_key("partly_updated", p))
+    partly_kinds, stopped_kinds = slice_kinds(report)
+    for p, kind in zip(report.partly_updated, partly_kinds):
+        add(kind, p.name, cause=cause_key("partly_updated", p))
     for s in report.stalled:
         add(f"stalled.{s.reason}", s.name, cause=cause_key("stalled", s))
-    for sl in report.stopped_slices:
-        add(f"stopped.{sl.reason}", sl.name, cause=cause_key("stopped_slices", sl))
+    for sl, kind in zip(report.stopped_slices, stopped_kinds):
+        add(kind, sl.name, cause=cause_key("stopped_slices", sl))
     for q in report.precision:
         add("precision.rounded_away", q.name)
     for p in getattr(report, "in_batch", ()):  # gradlog.check: judged by the same policy as a run's slices
@@ -317,7 +352,7 @@ def _slices(line: _Line, report: Report) -> None:
         names = {f.name for f in sliced}
         first = min(r.since_step for r in report.stopped_slices if r.name in names)
         text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({_per_tensor(sliced)})"
-        line.add(text + f", the first from step {first}", _worst(sliced))
+        line.add(text + f", the first silent at every measured step from step {first} on", _worst(sliced))
 
 
 def _run_wide(line: _Line, report: Report) -> None:

@@ -58,6 +58,16 @@ _REASONS = (
 )
 
 _WHOLE = "the whole tensor never learned"
+#: dead units (`zero_grad`, `dead_units`, `not_routed` slices of the partly-updated and stopped tables) weigh by
+#: their share of their tensor's slices along that dim, never-active and stopped together: up to this share the
+#: finding is `partly.few_dead` / `stopped.few_dead` (notes by default). 5%: a few truly dead ReLU units are normal
+#: (1 of 64 units of a classification head, 2 of 256 of an MLP encoder, 1 of 32 filters: 1.6%, 0.8%, 3.1%), while
+#: one expert of eight (12.5%) or a unit killed in a layer of 16 (6.3%) is capacity a user would miss
+SMALL_SHARE = 0.05
+#: ...unless this many slices of one tensor stopped at one measured step: an event (a bad update), not attrition
+EVENT_SLICES = 8
+#: the reasons that say "units, filters, experts no longer fire", which the share weighs
+DEAD_REASONS = frozenset({"zero_grad", "dead_units", "not_routed"})
 #: kind -> (default severity, why). Every kind a Report, an alert, the run or `gradlog diff` can produce.
 DEFAULTS: dict[str, tuple[str, str]] = {
     # never updated: whole tensors
@@ -137,6 +147,12 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     ),
     "partly.unknown": (PROBLEM, "slices never measured"),
     "partly.dead_units": (PROBLEM, "units that never learned (stopped slices' reason: not given here today)"),
+    "partly.few_dead": (
+        NOTE,
+        f"dead units, filters or experts, at most {SMALL_SHARE:.0%} of their tensor's (counted with its stopped ones): "
+        "a few units that never fire are normal in a ReLU network (1 of 64 units of a classification head, 2 of 256 "
+        "of an MLP encoder); promote it where every unit must learn",
+    ),
     "partly.not_routed": (PROBLEM, "experts never routed to (stopped slices' reason: not given here today)"),
     # stopped learning
     **{f"stalled.{r}": (PROBLEM, "learned, then stopped: something changed mid-run") for r in _REASONS},
@@ -148,6 +164,11 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     ),
     "stopped.not_routed": (PROBLEM, "experts the router stopped choosing (router collapse): capacity lost for good"),
     "stopped.zero_grad": (PROBLEM, "slices that had a gradient and then none while the rest of the tensor learned"),
+    "stopped.few_dead": (
+        NOTE,
+        f"units, filters or experts that stopped, at most {SMALL_SHARE:.0%} of their tensor's (counted with its "
+        f"never-active ones) and fewer than {EVENT_SLICES} at one step: a few ReLU units die in healthy runs",
+    ),
     **{
         f"stopped.{r}": (PROBLEM, "slices that learned, then stopped while the rest of the tensor learned")
         for r in _REASONS

@@ -23,7 +23,15 @@ from gradlog.runformat.names import (
     TABLE_COLUMNS,
 )
 from gradlog.verdict import causes
-from gradlog.verdict.judge import ALERT_FINDINGS, NAMED_BY_TABLES, Verdict, finding_lines, judge, never_kind
+from gradlog.verdict.judge import (
+    ALERT_FINDINGS,
+    NAMED_BY_TABLES,
+    Verdict,
+    finding_lines,
+    judge,
+    never_kind,
+    slice_kinds,
+)
 from gradlog.verdict.policy import IGNORE, SEVERITIES, WARNING, Policy
 
 
@@ -99,8 +107,9 @@ class NeverUpdated:
         """The row of the written table (`TABLE_COLUMNS`)."""
         return [*self.row(), str(self.suspect)]
 
-    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None); `kind`: the
+        judge's (`judge.slice_kinds`: dead units of a small share are `partly.few_dead`)."""
         return {
             "name": self.name,
             "aliases": list(self.aliases),
@@ -153,8 +162,9 @@ class PartlyUpdated:
             self.detail,
         ]
 
-    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None); `kind`: the
+        judge's (`judge.slice_kinds`: dead units of a small share are `partly.few_dead`)."""
         return {
             "name": self.name,
             "dim": self.dim,
@@ -164,7 +174,7 @@ class PartlyUpdated:
             "reason": self.reason.value,
             "detail": self.detail,
             "intentional": self.intentional,
-            "severity": (policy or Policy()).severity(f"partly.{self.reason}", self.name),
+            "severity": (policy or Policy()).severity(kind or f"partly.{self.reason}", self.name),
         }
 
 
@@ -181,8 +191,9 @@ class Stalled:
     def row(self) -> list[str]:
         return [self.name, str(self.since_step), str(self.last_update_step), self.reason.value, self.detail]
 
-    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None); `kind`: the
+        judge's (`judge.slice_kinds`: dead units of a small share are `partly.few_dead`)."""
         return {
             "name": self.name,
             "since_step": self.since_step,
@@ -229,13 +240,14 @@ class StoppedSlice:
             self.detail,
         ]
 
-    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
+    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
+        """Plain JSON types, with the record's severity under `policy` (the defaults when None); `kind`: the
+        judge's (`judge.slice_kinds`: dead units of a small share are `stopped.few_dead`)."""
         return {
             **dataclasses.asdict(self),
             "indices": list(self.indices),
             "reason": self.reason.value,
-            "severity": (policy or Policy()).severity(f"stopped.{self.reason}", self.name),
+            "severity": (policy or Policy()).severity(kind or f"stopped.{self.reason}", self.name),
         }
 
 
@@ -571,6 +583,7 @@ class Report:
         `severity` under the policy."""
         v = judge(self)
         policy = self.policy or Policy()
+        partly_kinds, stopped_kinds = slice_kinds(self)
         return {
             "healthy": v.healthy,
             "status": v.status,
@@ -583,9 +596,9 @@ class Report:
             "tracked_tensors": self.tracked_tensors,
             "error": self.error,
             "never_updated": [r.to_dict(policy) for r in self.never_updated],
-            "partly_updated": [r.to_dict(policy) for r in self.partly_updated],
+            "partly_updated": [r.to_dict(policy, k) for r, k in zip(self.partly_updated, partly_kinds)],
             "stalled": [r.to_dict(policy) for r in self.stalled],
-            "stopped_slices": [r.to_dict(policy) for r in self.stopped_slices],
+            "stopped_slices": [r.to_dict(policy, k) for r, k in zip(self.stopped_slices, stopped_kinds)],
             "experts": [r.to_dict() for r in self.experts],
             "precision": [r.to_dict(policy) for r in self.precision],
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),

@@ -255,6 +255,11 @@ def words_key(kind: str, dim: int | None) -> tuple[str, int | None]:
     return kind, dim
 
 
+def share_words(k: int, total: int, noun: str) -> str:
+    """ "1.6% of the layer's units": a dead-units finding's weight (`gradlog.verdict.policy.SMALL_SHARE`)."""
+    return f"{100 * k / max(total, 1):.1f}% of the layer's {noun}"
+
+
 def _steps(n: int) -> str:
     return f"{n} measured step{'s' if n != 1 else ''}"
 
@@ -439,6 +444,8 @@ def _records(
                 detail += caveat
         elif reason in (Reason.ZERO_GRAD, Reason.NOT_IN_BATCH):
             detail = f"{head}; zero gradient at all {with_grad} measured steps with a gradient: {question}"
+            if reason is Reason.ZERO_GRAD:  # what the verdict weighs it by (`judge.slice_kinds`)
+                detail += f"; {share_words(len(idx), total, noun)}"
             if moved:
                 detail += caveat
         elif reason in (Reason.BELOW_PRECISION, Reason.TINY_UPDATE):

@@ -3,7 +3,12 @@
 A tensor is stalled when it had a non-zero update at some measured step and none at any measured step
 after that, until the end of the run, over at least `MIN_QUIET_STEPS` measured steps and
 `MIN_QUIET_FRACTION` of all measured steps: one quiet step (a routine GradScaler skip, an expert that
-got no token once) is not a finding. Resolution is the measured step: the tensor stopped somewhere
+got no token once) is not a finding. Where the quiet steps prove nothing by themselves (no gradient, a
+zero one: `SILENCE_JUDGED`), the silence must also be evidence (`gradlog.verdict.silence`): a tensor
+updated at c of the m measured steps up to its last update, then at none of the n after, is stalled only
+when one updated at random at a steady rate would show this with chance C(m, c) / C(m + n, c) below 1e-3
+(a branch taken on 10% of steps is quiet for 20 measured steps all the time).
+Resolution is the measured step: the tensor stopped somewhere
 after its last update and no later than the first quiet measured step, and the detail says so.
 The reason comes from what the quiet steps showed (`gradlog.verdict.ledger.Quiet`), most
 fundamental first, like the never-updated diagnosis.
@@ -17,9 +22,14 @@ from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence, Quiet, StepIndex
 from gradlog.verdict.report import Reason, Stalled
 from gradlog.verdict.rounding import unmoved
+from gradlog.verdict.silence import MAX_CHANCE, chance, evidence_words
 
 MIN_QUIET_STEPS = 3
 MIN_QUIET_FRACTION = 0.1
+#: the reasons a quiet stretch alone gives (no gradient, a zero one, a mix): claimed only when a tensor updated
+#: at random at a steady rate would be this quiet with chance below `MAX_CHANCE` (`gradlog.verdict.silence`).
+#: The others are proven at every quiet step (lr 0, requires_grad False, out of the optimizer, NaN, rounding).
+SILENCE_JUDGED = frozenset({Reason.NO_GRAD, Reason.ZERO_GRAD, Reason.UNKNOWN})
 
 
 def _steps(n: int) -> str:
@@ -85,9 +95,16 @@ def stalled(
         if quiet < need:
             continue
         reason, why = _reason(row, ev.quiet, since, has_optimizer, ev.dtype)
+        said = ""
+        if reason in SILENCE_JUDGED and ev.quiet.seen:  # no per-step signal proves it: the silence must say it
+            seen = ev.measured - ev.quiet.seen
+            p = chance(seen, ev.quiet.seen, ev.updated)
+            if p >= MAX_CHANCE:
+                continue  # a tensor updated now and then (a rarely taken branch) is this quiet by chance
+            said = f"; {evidence_words(ev.quiet.seen, seen, ev.updated, ev.updated, p, 'a tensor', 'updated')}"
         detail = (
             f"no update at the {_steps(quiet)} from step {since} to {last} (last update at step "
-            f"{ev.last_update}; it stopped between steps {ev.last_update} and {since}): {why}"
+            f"{ev.last_update}; it stopped between steps {ev.last_update} and {since}): {why}{said}"
         )
         out.append(Stalled(row.name, since, ev.last_update, reason, detail))
     return out
