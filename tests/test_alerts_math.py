@@ -107,5 +107,5 @@ def test_a_jump_is_judged_on_the_next_measured_steps_before_it_is_dropped() -> N
     flat = [1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 1.0]
     stays = [*flat, 20.0, *[19.0, 21.0, 20.0][:SPIKE_CONFIRM], 20.5]
     assert _replay({"w": stays}) == []
-    falls = [*flat, 20.0, 12.0, 5.0, 4.0, 3.5]
+    falls = [*flat, 40.0, 24.0, 10.0, 8.0, 7.0]  # 40x: a lone tensor's jump is news from 30x (LONE_SPIKE_FACTOR)
     assert _replay({"w": falls}) == [(7, "w")]
