@@ -8,6 +8,7 @@ last step each slice's gradient was non-zero), never from gradlog.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from torch import nn
 
 import gradlog
 from gradlog import Reason
+from gradlog.verdict.report import format_ranges
 from gradlog.verdict.stopped_slices import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
 
 transformers = pytest.importorskip("transformers")
@@ -121,7 +123,13 @@ def test_gpt2_units_killed_at_step_k_are_reported_with_their_step(every: int) ->
             assert r.since_step - every < k <= r.since_step and r.reason is Reason.DEAD_UNITS
     fc = next(r for r in report.stopped_slices if r.name == MLP + "c_fc.weight")
     assert "output units 8-23 (16 of 128)" in fc.detail  # Conv1D: its columns are the units
-    assert not report.healthy and "slices that stopped learning (dead_units" in report.verdict
+    # the verdict counts one per cause (a layer's units that stopped at one step, in its 3 tensors), not per record
+    assert not report.healthy
+    counted = r"slices that stopped learning \((?:\d+ causes?: )?([a-z_]+ \d+(?:, [a-z_]+ \d+)*)\)"
+    said = re.search(counted, report.verdict)
+    assert said is not None, report.verdict
+    counts = {k: int(v) for k, v in (kv.split() for kv in said.group(1).split(", "))}
+    assert "dead_units" in counts and sum(counts.values()) == len({(n.split(".mlp.")[0], i, s) for n, _, i, s in want})
     assert "Stopped slices (" in report.table()
 
 
@@ -166,8 +174,15 @@ def test_stopped_slices_table_reads_back_through_tensorboard(tmp_path: Any, caps
     main(["report", str(tmp_path / "tb")])
     text = capsys.readouterr().out
     assert "Stopped slices (" in text
-    for r in report.stopped_slices:  # each record's line: its name and the step it stopped from
-        assert any(line.split()[:1] == [r.name] and str(r.since_step) in line.split() for line in text.splitlines())
+    # one row per cause (a layer's units, in its tensors), then the tensors it touches, each record's name
+    words = " ".join(text.split())
+    for r in report.stopped_slices:  # each record's row: its layer, its units and the step it stopped from
+        layer = r.name.split(".mlp.")[0] + ".mlp.c_fc"
+        assert any(
+            line.split()[:1] == [layer] and str(r.since_step) in line.split() and format_ranges(list(r.indices)) in line
+            for line in text.splitlines()
+        ), (r, text)
+        assert r.name in words
     main(["report", str(tmp_path / "tb"), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["stopped_slices"] == report.to_dict()["stopped_slices"]

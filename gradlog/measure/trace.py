@@ -195,6 +195,26 @@ def user_site(skip: Iterable[str] = ()) -> Site | None:
     return Site(_shown(path), frame.f_lineno, code)
 
 
+#: the distributed wrappers' own code (DDP, FSDP, DTensor's sharding, collectives): its calls are no part of the step
+_WRAPPER_DIRS = (os.path.join(_TORCH_DIR, "distributed", ""), os.path.join(_TORCH_DIR, "nn", "parallel", ""))
+
+
+def _wrapper_call() -> bool:
+    """The torch call was made by a distributed wrapper (an all-gather, a gradient bucket, DTensor's local op),
+    not by the model's code: a frame of the wrapper lies between it and the first frame outside torch and
+    gradlog. Such calls are left out of the traced step's count, so that the count is the code's, the same
+    on one process and on each rank of a sharded or replicated run (test_distributed)."""
+    frame: types.FrameType | None = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(_WRAPPER_DIRS):
+            return True
+        if not path.startswith((_TORCH_DIR, _GRADLOG_DIR)) and not path.startswith("<frozen"):
+            return False
+        frame = frame.f_back
+    return False
+
+
 def _shown(path: str) -> str:
     """A path as the report shows it: relative to the working directory when under it."""
     try:
@@ -289,6 +309,7 @@ class StepTrace:
         self._made: set[int] = set()  # leaves requiring grad created during the step (by a factory call)
         self._foreign_grad: set[int] = set()
         self._result = TraceResult()
+        self._seen = 0  # torch calls seen, the wrappers' included: the cap and the order of cuts
         self._started = 0.0
         self._stepped = False
         self._recording = False
@@ -369,10 +390,12 @@ class StepTrace:
     # --- the mode's callback ----------------------------------------------------------------------------
     def saw(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         """One torch call: note the weights it read, foreign leaves, and whether it cut the graph."""
-        self._result.calls += 1
-        if self._result.calls > MAX_CALLS:  # a step that never ends (an evaluation loop before the next step)
+        self._seen += 1
+        if self._seen > MAX_CALLS:  # a step that never ends (an evaluation loop before the next step)
             self._pause()
             return
+        if not _wrapper_call():
+            self._result.calls += 1
         inputs = [*_tensors(args), *_tensors(kwargs)]
         name = _name(func)
         outs = list(_tensors(out))
@@ -393,7 +416,7 @@ class StepTrace:
                 self._made.add(id(t))  # initialised during the step: a module built in forward
         kind = _kind(name, outs, out)
         if kind is not None:
-            cut = Cut(kind, name, user_site(), self._result.calls)
+            cut = Cut(kind, name, user_site(), self._seen)
             self._cuts.append((cut, [t.grad_fn if t.grad_fn is not None else t for t in graded]))
 
     def _foreign_hook(self, tid: int) -> Callable[[torch.Tensor], None]:
