@@ -54,7 +54,9 @@ def test_demo_needs_only_the_tensorboard_extra(tmp_path: Path) -> None:
     assert "frozen.weight" in out.stdout
     # README says what the console shows in the order it shows it: where the files went first, the verdict last
     last = out.stdout.strip().splitlines()[-1]
-    assert last.startswith("gradlog PROBLEM: ") and "(10 optimizer steps, 2 measured" in last
+    assert last.startswith("gradlog PROBLEM: ") and "(30 optimizer steps, 6 measured" in last
+    # bug 1: the freeze at step 10 (a third of 30) is a stalled finding from step 10, not a note
+    assert "stopped learning (zero_lr 2, frozen 1), the first from step 10 " in last
     console = re.search(r"\*\*The console\.\*\*.*?```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert console is not None
     shown = console.group(1).strip().splitlines()

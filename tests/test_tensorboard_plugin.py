@@ -225,9 +225,15 @@ def test_overview_names_the_planted_findings(server: Server) -> None:
     assert ov["marks"][NAN_TENSOR] in ("nonfinite", "stalled")  # NaN weights from step 9: a stall, if close() says so
     assert ov["marks"]["unused.weight"] == "never_updated"
     assert "inp.weight" not in ov["marks"]
+    # the tab shows one row per cause: the param group cut to lr 0 is one `stall` row naming its two tensors
     stalled = {r[0]: r for r in ov["tables"]["stalled"]["rows"]}
-    assert stalled[STALLED][1] == str(STALL_STEP)
-    assert [r[0] for r in ov["tables"]["never_updated"]["rows"]] == ["unused.weight", "unused.bias"]
+    assert stalled["stall"][1] == str(STALL_STEP) and stalled["stall"][3] == "zero_lr"
+    assert stalled["stall"][4].startswith(f"2 tensors ({STALLED}, stall.bias): ")
+    never = ov["tables"]["never_updated"]["rows"]
+    assert [r[0] for r in never] == ["unused"] and never[0][4].startswith("2 tensors (unused.weight, unused.bias): ")
+    found = {(f["table"], f["label"]): f["tensors"] for f in ov["findings"]}
+    assert found[("stalled", "stall")] == [STALLED, "stall.bias"]
+    assert found[("never_updated", "unused")] == ["unused.weight", "unused.bias"]
     assert ov["run_level"]["gradlog/no_update_tensors"] == [STEPS - 1, 2.0]  # stall.weight and stall.bias
 
 
@@ -452,6 +458,10 @@ return {
 };"""
 
 
+#: the Mixtral-shaped run's expert that no token is routed to (in its second layer)
+MOE_EXPERT = "model.layers.1.block_sparse_moe.experts.3"
+
+
 @pytest.mark.slow
 def test_the_tab_fits_its_pane_at_1500_px_and_titles_every_series_panel(server: Server, tmp_path: Path) -> None:
     """At a 1500 px wide window, the findings tables of the planted run and of a Mixtral-shaped run (long
@@ -466,11 +476,14 @@ def test_the_tab_fits_its_pane_at_1500_px_and_titles_every_series_panel(server: 
         WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#gl-canvas[data-first-paint-ms]"))
         for run, tensor, kind, tables in (
             ("planted", STALLED, "stalled", ["never_updated", "partly_updated", "stalled", "alerts"]),
-            ("moe", "model.layers.1.block_sparse_moe.experts.3.w3.bias", "never_updated", ["never_updated", "alerts"]),
+            # expert 3's w3 (weight and bias) is one finding, listed by (and linked to) its first tensor
+            ("moe", f"{MOE_EXPERT}.w3.weight", "never_updated", ["never_updated", "alerts"]),
         ):
             driver.find_element(By.CSS_SELECTOR, "#gl-run").send_keys(run)
             item = f'#gl-marked li[data-name="{tensor}"][data-kind="{kind}"]'  # this run's findings, not the last's
             WebDriverWait(driver, 30).until(lambda d, item=item: d.find_elements(By.CSS_SELECTOR, item))
+            if run == "moe":
+                assert tensor.replace(".weight", ".bias") in driver.find_element(By.CSS_SELECTOR, item).text
             driver.find_element(By.CSS_SELECTOR, item).click()
             WebDriverWait(driver, 30).until(
                 lambda d, tensor=tensor: (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 #: the bugs `build` plants, in the words README and `gradlog demo --help` use (one place, so they agree)
 PLANTED = (
-    "a layer frozen by mistake inside the optimizer",
+    "a layer frozen by mistake a third of the way in",
     "an unused head",
     "a layer left out of the optimizer",
     "an embedding half of whose ids never occur in a batch",
