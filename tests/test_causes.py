@@ -4,7 +4,8 @@ two (weight, bias). The records stay one per tensor; the console, `gradlog repor
 say each cause once, within a terminal's width.
 
 The expected causes come from the run itself: the test reads `fc1.bias.grad` at every step and groups the
-units by the last step their gradient was non-zero (never from gradlog)."""
+units by the last step their gradient was non-zero (never from gradlog), keeping those whose silence a unit
+active at random would show with chance below 1e-3 (`math.comb`, as gradlog.verdict.silence states the bar)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def dying_run(writer: gradlog.Writer | str, log_dir: Path | None = None) -> tupl
     gl = gradlog.GradLogger(model, opt, writer=writer, every=1, log_dir=None if log_dir is None else str(log_dir))
     gen = torch.Generator().manual_seed(1)
     last = torch.full((32,), -1)
+    hits = torch.zeros(32, dtype=torch.int64)
 
     def loss(step: int) -> torch.Tensor:
         if step in KILLS:
@@ -48,6 +50,7 @@ def dying_run(writer: gradlog.Writer | str, log_dir: Path | None = None) -> tupl
         grad = model.fc1.bias.grad
         assert grad is not None
         last[grad != 0] = step
+        hits[grad != 0] += 1
 
     report = train(opt, gl, STEPS, loss, after_backward=reference)
     need = max(MIN_QUIET_STEPS, math.ceil(MIN_QUIET_FRACTION * STEPS))
@@ -55,7 +58,15 @@ def dying_run(writer: gradlog.Writer | str, log_dir: Path | None = None) -> tupl
     stopped: dict[int, list[int]] = {}
     for v in sorted(set(last.tolist())):
         if 0 <= v < top and top - v >= need:
-            stopped[v + 1] = (last == v).nonzero().flatten().tolist()
+            # the evidence bar (issue 38): c active steps of the v + 1 up to the stop, all falling there among
+            # the top + 1 up to the layer's last active one, would happen by chance C(v+1, c) / C(top+1, c)
+            units = [
+                u
+                for u in (last == v).nonzero().flatten().tolist()
+                if math.comb(v + 1, int(hits[u])) / math.comb(top + 1, int(hits[u])) < 1e-3
+            ]
+            if units:
+                stopped[v + 1] = units
     return report, stopped
 
 
@@ -80,7 +91,9 @@ def test_a_layers_units_are_one_finding_and_the_console_fits_a_terminal(capsys: 
     assert max(len(ln) for ln in lines[:-1]) <= CONSOLE_WIDTH, max(lines[:-1], key=len)
     # the verdict counts causes: the layer out of the optimizer, and one per stop step
     assert report.verdict.endswith(f"measured; {1 + len(stopped)} problems)"), report.verdict
-    assert f"(dead_units {len(stopped)})" in report.verdict
+    # counted per cause, and said so where the causes are not one per tensor (3 tensors: fc1 rows and bias, fc2 columns)
+    counts = f"dead_units {len(stopped)}"
+    assert f"({counts if len(stopped) == 3 else f'{len(stopped)} causes: {counts}'})" in report.verdict
     assert report.to_dict()["severities"]["problem"] == 1 + len(stopped)
 
 

@@ -195,7 +195,7 @@ STALL = Stalled("t.weight", 50, 45, Reason.ZERO_LR, "lr 0")
         (
             {"partly_updated": [PADDING, UNSEEN]},
             True,
-            "1 tensor partly never updated (2 records: padding_idx 1, not_in_batch 1)",
+            "1 tensor partly never updated (2 causes: padding_idx 1, not_in_batch 1)",
         ),
         ({"partly_updated": [UNSEEN, DEAD]}, False, "2 tensors partly never updated (not_in_batch 1, zero_grad 1)"),
         ({"stalled": [STALL]}, False, "1 tensor stopped learning (zero_lr 1), the first from step 50"),
@@ -229,13 +229,15 @@ def test_console_and_markdown_show_all_three_tables_then_the_verdict() -> None:
     blocks = text.split("\n\n")
     assert blocks[0].startswith("Never updated (1 of 5 tensors):\nname ")
     assert blocks[1].startswith("Partly updated (3 records: slices that never changed):\n")
-    assert blocks[1].splitlines()[1].split() == PARTLY_COLUMNS
+    # 100+ columns wide with its detail: the detail column prints under each row (report.CONSOLE_WIDTH)
+    assert blocks[1].splitlines()[1].split() == [c for c in PARTLY_COLUMNS if c != "detail"]
     assert blocks[2].startswith("Stopped learning (1 tensor):\n")
     assert blocks[2].splitlines()[1].split() == STALLED_COLUMNS
     assert blocks[3].splitlines()[-1] == report.verdict and text.splitlines()[-1] == report.verdict
     assert blocks[3].splitlines()[0].startswith("note: partly.not_in_batch in 1 tensor: emb.weight")  # never hidden
-    partly_lines = blocks[1].splitlines()[3:]
-    assert len(partly_lines) == 3  # one line per record
+    partly_lines = blocks[1].splitlines()[3::2]
+    assert len(partly_lines) == 3  # one row per record, its detail on the line under it
+    assert [line.strip() for line in blocks[1].splitlines()[4::2]] == [UNSEEN.detail, scattered.detail, "dead"]
     assert "10-19" in partly_lines[0] and "rows" in partly_lines[0]
     assert "0, 2, 4, 6, ... (+3 more ranges)" in partly_lines[1] and "columns" in partly_lines[1]
     assert "3-4" in partly_lines[2] and "elements" in partly_lines[2]

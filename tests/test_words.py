@@ -85,7 +85,7 @@ def test_a_masked_lm_says_positions_without_claiming_its_labels_are_its_inputs()
     assert by[(words_name, Reason.PADDING_IDX)].indices == (0,)
     # 3 tensors, 4 records (the word embedding has two): the line counts records where they differ
     assert len(report.partly_updated) == 4
-    assert "3 tensors partly never updated (4 records: padding_idx 1, not_in_batch 3)" in report.verdict
+    assert "3 tensors partly never updated (4 causes: padding_idx 1, not_in_batch 3)" in report.verdict
 
 
 def test_t5_relative_position_buckets_are_buckets_not_ids() -> None:

@@ -205,7 +205,7 @@ class Health:
             lines.append("")
             if section is not None:
                 table = _indent(format_table(section.columns, section.rows, WIDTH))
-                lines += [f"{section.heading.split(':')[0]}:", table]
+                lines += [f"{_counted(section.heading)}:", table]
             else:
                 lines.append(f"{TITLES[key]}: none")
         for section in self.sections:
@@ -234,6 +234,14 @@ class Health:
             else:
                 lines.append(f"{title}: none")
         return lines
+
+
+def _counted(heading: str) -> str:
+    """A table's heading with its count and without what the table holds, which the title says here:
+    "Partly updated (1 finding in 3 records: slices that never changed)" -> "Partly updated (1 finding in 3
+    records)"."""
+    head, sep, _ = heading.partition(": ")
+    return f"{head})" if sep and "(" in head and ")" not in head else heading
 
 
 _T = TypeVar("_T")
