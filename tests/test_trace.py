@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import time
 from typing import Any
 
@@ -37,10 +38,29 @@ def _check(model: nn.Module, batch: Any, loss_fn: Any = None, lr: float = 0.1) -
 
 
 def _rows(report: gradlog.Report, reason: Reason) -> dict[str, str]:
-    """name -> the line of the report's text that holds its row, for the rows of `reason`."""
+    """name -> the row of the report's text that names it, for the records of `reason`. The console prints one
+    row per cause (a module's tensors with one reason: `gradlog.verdict.causes`), named by its tensor, or by
+    its module with the tensors it touches listed at the start of its detail ("2 tensors (enc.weight,
+    enc.bias): ..."); a wide table prints the detail under the row, wrapped at spaces. A row is read back
+    with its detail unwrapped (its lines joined by one space), and each tensor must be named by one row."""
     text = report.table()
+    section = next(s for s in text.split("\n\n") if s.startswith("Never updated ("))
+    blocks: list[list[str]] = []  # [the row's name cell, the row and its detail]
+    for line in section.splitlines()[3:]:  # the heading, the column names and the rule
+        if line.startswith(" "):  # the detail under a row, or its wrapped continuation
+            blocks[-1][1] += " " + line.strip()
+        else:
+            blocks.append([re.sub(r" \(= .*\)$", "", re.split(r"\s{2,}", line)[0]), line])  # less its aliases
+    named: dict[str, list[str]] = {}
+    for cell, row in blocks:
+        listed = re.search(r"\s(\d+) tensors \((.*?)\): ", row)
+        tensors = listed.group(2).split(", ") if listed else [cell]
+        assert not listed or len(tensors) == int(listed.group(1)) > 1, row
+        for t in tensors:
+            named.setdefault(t, []).append(row)
     names = [r.name for r in report.never_updated if r.reason == reason]
-    return {n: next(line for line in text.splitlines() if line.startswith(n + " ")) for n in names}
+    assert all(len(named.get(n, [])) == 1 for n in names), (names, text)
+    return {n: named[n][0] for n in names}
 
 
 def _site_here(marker: str) -> str:
@@ -72,10 +92,39 @@ def test_the_cut_is_named_with_its_line_and_fix(cut: str, words: str) -> None:
     report = _check(model, torch.randn(16, 8))
     rows = _rows(report, Reason.NO_GRAD)
     assert set(rows) == {"enc.weight", "enc.bias"}
+    assert len(set(rows.values())) == 1 and rows["enc.weight"].startswith("enc ")  # one cause: enc's row
     site = planted_site(CutEncoder, cut)
     for line in rows.values():
         assert f"{site} (`" in line and words in line, line
     _no_trace_left(model)
+
+
+class TwoCuts(nn.Module):
+    """One layer whose weight and bias are cut off the loss on two lines, by two different means."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = nn.Linear(8, 6), nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.enc.weight.detach()  # planted: weight
+        b = self.enc.bias.data  # planted: bias
+        out: torch.Tensor = self.dec(torch.relu(nn.functional.linear(x, w, b)))
+        return out
+
+
+def test_one_layer_cut_at_two_lines_is_two_findings() -> None:
+    """The weight and the bias of one layer, no gradient for the same reason, yet cut at two lines: two lines
+    to fix, so two findings, each row naming its own line and fix (grouped by module, the bias's line was
+    not printed)."""
+    torch.manual_seed(0)
+    report = _check(TwoCuts(), torch.randn(16, 8))
+    rows = _rows(report, Reason.NO_GRAD)
+    assert set(rows) == {"enc.weight", "enc.bias"} and rows["enc.weight"] != rows["enc.bias"]
+    assert f"{_site_here('weight')} (`w = self.enc.weight.detach()`) by `.detach()`" in rows["enc.weight"]
+    assert f"{_site_here('bias')} (`b = self.enc.bias.data`) by `.data`; fix: use the tensor" in rows["enc.bias"]
+    assert _site_here("bias") not in rows["enc.weight"]
+    assert report.verdict.endswith("(1 optimizer step, 1 measured; 2 problems)"), report.verdict
 
 
 def test_healthy_twins_report_nothing() -> None:

@@ -6,7 +6,9 @@ records and the presentation (the console, `gradlog report`, the TensorBoard tab
 counts, so the per-tensor detection never needs to know about it:
 
 - the tensors of one module that never updated (or stopped learning) for the same reason: a layer left
-  out of the optimizer is one finding, not one for its weight and one for its bias;
+  out of the optimizer is one finding, not one for its weight and one for its bias; where a traced step
+  located the cause (`gradlog.verdict.located`: the cut's file, line and fix), tensors cut at different
+  places are different findings, so that each line to fix is named on the console;
 - the slices of one block with the same indices (and, for stopped slices, the same stop step) and a
   dead-unit reason: the units of a layer that never fired, or stopped firing at step k, show in the
   layer's weight rows, its bias and the next layer's input columns, and are one finding.
@@ -17,6 +19,7 @@ Records are read by their fields only (`name`, `reason`, `suspect`, `dim`, `indi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -24,6 +27,19 @@ from gradlog.runformat.cells import DIM_NAMES, bare_name
 
 #: slice reasons whose records pair across the tensors a layer's units touch (rows, bias, next columns)
 UNIT_REASONS = frozenset({"dead_units", "zero_grad"})
+
+
+#: the traced step's label in a record's detail (`gradlog.measure.trace.TraceResult.label`); what follows it
+#: is the cause that step located for the tensor
+_TRACED = re.compile(r"traced step \((?:optimizer step \d+; )?\d+ torch calls\): ")
+
+
+def located(record: Any) -> str:
+    """The cause a traced step located for a record ("cut at model.py:41 (`h = ...`) by `.detach()`; fix:
+    ..."): its detail after the trace's label; "" where no trace explains it."""
+    detail = str(getattr(record, "detail", ""))
+    found = _TRACED.search(detail)
+    return detail[found.end() :] if found else ""
 
 
 def module_of(name: str) -> str:
@@ -43,7 +59,7 @@ def cause_key(table: str, record: Any) -> tuple[Hashable, ...]:
     stopped_slices, precision, experts) belongs to; records with equal keys are one finding."""
     reason = str(getattr(record, "reason", ""))
     if table == "never_updated":
-        return (table, module_of(record.name), reason, bool(getattr(record, "suspect", False)))
+        return (table, module_of(record.name), reason, bool(getattr(record, "suspect", False)), located(record))
     if table == "stalled":
         return (table, module_of(record.name), reason)
     if table in ("partly_updated", "stopped_slices") and reason in UNIT_REASONS and record.indices:
