@@ -313,6 +313,7 @@ class StepTrace:
         self._started = 0.0
         self._stepped = False
         self._recording = False
+        self._after_backward = False  # backward() began: later calls (a copy of the weights, logging) are no cut
         self.active = False
 
     # --- start and stop -------------------------------------------------------------------------------
@@ -361,6 +362,7 @@ class StepTrace:
     def _accumulated_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
         def hook(_: torch.Tensor) -> None:
             self._result.accumulated.add(pid)
+            self._after_backward = True
 
         return hook
 
@@ -393,6 +395,11 @@ class StepTrace:
         self._seen += 1
         if self._seen > MAX_CALLS:  # a step that never ends (an evaluation loop before the next step)
             self._pause()
+            return
+        if self._after_backward:
+            return  # between backward() and the step: what the loop does there cuts no path from the loss
+        if func is torch.Tensor.backward:
+            self._after_backward = True
             return
         if not _wrapper_call():
             self._result.calls += 1
