@@ -95,6 +95,8 @@ def test_many_units_stopping_at_one_step_are_an_event(killed: tuple[int, ...], k
     assert report.healthy is (kind == "stopped.few_dead")
     if not report.healthy:
         # one event in three tensors (fc1 rows, fc1 bias, fc2 columns): one cause, its step named
-        assert "3 tensors with slices that stopped learning (1 cause: dead_units 1), the first silent at every " in (
-            report.verdict
-        ) and "measured step from step 30 on" in report.verdict
+        assert (
+            "3 tensors with slices that stopped learning (1 cause: dead_units 1), the first silent at every "
+            in (report.verdict)
+            and "measured step from step 30 on" in report.verdict
+        )
