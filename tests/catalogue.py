@@ -12,9 +12,14 @@ their folder is on sys.path); it imports torch and gradlog only, transformers on
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -943,6 +948,26 @@ def hf_args(output_dir: str, **kw: Any) -> Any:
 
 
 # --- helpers around a run --------------------------------------------------------------------------------
+def two_ranks(
+    worker: str, out: Path, suite: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> dict[str, list[Any]]:
+    """Run `tests/<worker> OUT SUITE` on two gloo ranks with torchrun; each rank's records (`*-rank<r>.json`
+    in `out`), grouped by name, rank 0 first. The repository is on the workers' PYTHONPATH."""
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    cmd += ["--master_port", str(free_port()), str(root / "tests" / worker), str(out), suite]
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        cmd, env={**os.environ, "PYTHONPATH": path, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    found: dict[str, list[Any]] = {}
+    for rank in (0, 1):
+        for f in sorted(out.glob(f"*-rank{rank}.json")):
+            found.setdefault(f.name.rsplit("-rank", 1)[0], []).append(json.loads(f.read_text()))
+    return found
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a tensorboard server or a torchrun rendezvous)."""
     with socket.socket() as s:

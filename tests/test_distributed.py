@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import dist_worker as W
 import pytest
 import torch
-from catalogue import free_port
+from catalogue import two_ranks
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed"),
 ]
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def same_report(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -40,28 +35,7 @@ def same_report(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def _launch(out: Path, suite: str) -> dict[str, list[dict[str, Any]]]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(ROOT / "tests" / "dist_worker.py"),
-        str(out),
-        suite,
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    found: dict[str, list[dict[str, Any]]] = {}
-    for rank in (0, 1):
-        for f in sorted(out.glob(f"*-rank{rank}.json")):
-            found.setdefault(f.name.rsplit("-rank", 1)[0], []).append(json.loads(f.read_text()))
-    return found
+    return two_ranks("dist_worker.py", out, suite)
 
 
 @pytest.fixture(scope="module")

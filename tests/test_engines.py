@@ -11,49 +11,22 @@ flat copies of the parameters is refused in-process (no distribution needed).
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from catalogue import free_port
+from catalogue import two_ranks
 from torch import nn
 
 import gradlog
 
-ROOT = Path(__file__).resolve().parent.parent
 needs_dist = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
 
 
 def _launch(out: Path, suite: str, timeout: float, env: dict[str, str] | None = None) -> dict[str, list[Any]]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(ROOT / "tests" / "engines_worker.py"),
-        str(out),
-        suite,
-    ]
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    full = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    found: dict[str, list[Any]] = {}
-    for rank in (0, 1):
-        for f in sorted(out.glob(f"*-rank{rank}.json")):
-            found.setdefault(f.name.rsplit("-rank", 1)[0], []).append(json.loads(f.read_text()))
-    return found
+    return two_ranks("engines_worker.py", out, suite, timeout, {"OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def assert_refused(runs: dict[str, list[Any]], case: str, *patterns: str) -> None:
