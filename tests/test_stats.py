@@ -444,10 +444,18 @@ def test_a_snapshot_over_the_cap_is_made_fresh_each_measured_step(monkeypatch: p
     gl.close()
 
 
+def _bincount_by_hand(x: torch.Tensor, edge: float, scale: float, bins: int) -> torch.Tensor:
+    """[bins + 1] counts of every value's bucket position `(x - edge) * scale`, in x's dtype, truncated:
+    one numpy expression over the whole tensor, then one count (no pieces, no scratch, no lanes)."""
+    v = x.numpy()
+    pos = ((v - v.dtype.type(edge)) * v.dtype.type(scale)).astype(np.int64)
+    return torch.from_numpy(np.bincount(pos, minlength=bins + 1))
+
+
 @pytest.mark.parametrize("bins", [1, 64, 254, 300, 4094, 5000])
 def test_crowded_pieces_are_counted_exactly(monkeypatch: pytest.MonkeyPatch, bins: int) -> None:
     """A piece crowded into one bucket makes the next pieces count on interleaved sets of counters; the
-    counts must stay those of one plain bincount of every position (reference: torch's own path), for
+    counts must stay those of one plain count of every position (reference: numpy by hand), for
     pieces of odd sizes, spread and crowded data in turn, and bucket counts at the int16 limit."""
     _patch(monkeypatch, "_BUCKET_BYTES", 4 * 999)  # pieces of 999 floats: odd, many per tensor
     torch.manual_seed(bins)
@@ -459,7 +467,7 @@ def test_crowded_pieces_are_counted_exactly(monkeypatch: pytest.MonkeyPatch, bin
         edge = -hi if flip else lo
         scale = bins / (hi - lo)
         got = bucketing._bucket_counts(x, edge, scale, bins, flip, {})
-        ref = torch.bincount(bucketing._positions(x.neg() if flip else x, edge, scale, bins).long(), minlength=bins + 1)
+        ref = _bincount_by_hand(x.neg() if flip else x, edge, scale, bins)
         assert torch.equal(got, ref) and int(got.sum()) == x.numel()
 
 
@@ -477,5 +485,19 @@ def test_a_tensor_after_a_crowded_one_is_counted_exactly(monkeypatch: pytest.Mon
             lo, hi = (float(v) for v in torch.aminmax(x))
             scale = bins / (hi - lo)
             got = bucketing._bucket_counts(x, lo, scale, bins, False, {})
-            ref = torch.bincount(bucketing._positions(x, lo, scale, bins).long(), minlength=bins + 1)
+            ref = _bincount_by_hand(x, lo, scale, bins)
             assert torch.equal(got, ref) and int(got.sum()) == x.numel()
+
+
+def test_a_subnormal_range_is_bucketed_in_float64() -> None:
+    """A float32 tensor whose range is subnormal (one 1e-44 among zeros): its scale overflows float32, so its
+    buckets are counted in float64, where they are exact: the zeros in the first bucket, the maximum in the
+    last, as numpy's histogram has them and as the same values in float64 get them. (Counted in float32, every
+    value fell in the first bucket.) A float64 range so narrow that even float64's scale overflows puts every
+    value in the first bucket, as a constant tensor's."""
+    x = torch.zeros(20_000).index_fill_(0, torch.tensor([5]), 1e-44)
+    tiny = torch.tensor([0.0, 5e-324, 1e-323], dtype=torch.float64)
+    out = histogram_partials([x, x.double(), tiny], 8, CPU)
+    ref, _ = np.histogram(x.double().numpy(), bins=8, range=(0.0, float(x.max())))
+    assert out[0, :8].tolist() == out[1, :8].tolist() == ref.tolist() == [19_999, 0, 0, 0, 0, 0, 0, 1]
+    assert out[2, :8].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]

@@ -8,20 +8,15 @@ tensors sharded across ranks. `gradlog.measure.histogram` holds the containers w
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from gradlog.measure.stats import _CACHE_BYTES, _slices, host_reads_free, stat_dtype
-
-try:  # optional: torch runs without numpy, gradlog too (a little slower on the CPU)
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
@@ -36,15 +31,6 @@ def _real(t: torch.Tensor) -> torch.Tensor:
 def _hist_input(x: torch.Tensor) -> torch.Tensor:
     x = _real(x).reshape(-1)
     return x.float() if x.element_size() < 4 else x  # fp16/bf16: bucket and sum in fp32
-
-
-def _positions(z: torch.Tensor, lo: float | torch.Tensor, scale: float | torch.Tensor, bins: int) -> torch.Tensor:
-    """Bucket of each value as a small integer in [0, bins]; `bins` (only the maximum, by rounding) is folded later.
-
-    `z >= lo` always, so no clamp is needed below; a narrow integer type keeps the pass cheap.
-    """
-    pos = torch.sub(z, lo).mul_(scale)
-    return pos.to(torch.uint8 if bins < 255 else torch.int16)
 
 
 def _host_chunks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -157,10 +143,10 @@ def _host_histograms(
     rest = [xs[i] for i, d in enumerate(done) if not d]
     at = [i for i, d in enumerate(done) if not d]
     # numpy views: a numpy row write costs a fraction of torch's
-    rows = (counts.numpy(), moments.numpy()) if np is not None else None
+    rows = (counts.numpy(), moments.numpy())
     scratch = _bucket_scratch()
     # numpy's floating-point error settings are the user's (np.seterr): a subnormal product must not raise here
-    with np.errstate(all="ignore") if np is not None else contextlib.nullcontext():
+    with np.errstate(all="ignore"):
         # a few MB of tensors at a time: their moments in one stack and one read-back, then their buckets
         # while they are still in the last-level cache (all moments first read every tensor from memory twice)
         for run in _slices(rest, _GROUP_BYTES):
@@ -183,7 +169,7 @@ def _host_row(
     scratch: _Scratch,
     sample: int | None = None,
 ) -> None:
-    """Row `i` of `out` (counts, moments; through `rows`, their numpy views, where numpy is there) for the
+    """Row `i` of `out` (counts, moments; written through `rows`, their numpy views) for the
     flat tensor `x`, whose min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`,
     counted from x: its min is -max(x), its sum -sum(x) (rounding is symmetric) and its positions
     `(max(x) - x) * scale`. `sample`: the buckets are counted on that many entries (`sampled`) and scaled to x's
@@ -211,24 +197,21 @@ def _host_row(
         lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
         lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
         x = z
-    if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
-        x = x.double()
     scale = bins / (hi - lo) if hi > lo else 0.0
+    if hi - lo > torch.finfo(x.dtype).max or not _finite_in(scale, x.dtype):
+        x = x.double()  # x - lo would overflow x's dtype, or the scale of a subnormal range would: float64 holds both
+    if not math.isfinite(scale):
+        scale = 0.0  # a float64 range below ~1e-306 (or above its max): every value in the first bucket
     part = sampled(x, sample)
     count = _bucket_counts(x if part is None else part, lo, scale, bins, flip, scratch)
     if part is not None:  # the maximum folded first: the last bucket is the one that holds it
         count[bins - 1] += count[bins]
         count[bins] = 0
         count[:bins] = scale_counts(count[:bins], x.numel(), hi > lo)
-    if rows is not None:  # numpy: a torch op costs ~3 us, per tensor
-        c = count.numpy()
-        c[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
-        rows[0][i] = c[:bins]
-        rows[1][i] = (lo, hi, s, s2, nonfinite)
-    else:
-        count[bins - 1] += count[bins]
-        counts[i] = count[:bins]
-        moments[i] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=moments.dtype)
+    c = count.numpy()  # numpy: a torch op costs ~3 us, per tensor
+    c[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
+    rows[0][i] = c[:bins]
+    rows[1][i] = (lo, hi, s, s2, nonfinite)
 
 
 def _bucket_counts(
@@ -239,23 +222,14 @@ def _bucket_counts(
     flip: bool,
     scratch: _Scratch,
 ) -> torch.Tensor:
-    """[bins + 1] counts of a flat tensor's bucket positions `(x - lo) * scale` in x's dtype (`flip`: of
-    `(-lo - x) * scale`, which are -x's positions when `lo` is -x's minimum), truncated to integers.
+    """[bins + 1] counts of a flat float32/float64 tensor's bucket positions `(x - lo) * scale` in x's dtype
+    (`flip`: of `(-lo - x) * scale`, which are -x's positions when `lo` is -x's minimum), truncated to
+    integers; `scale` is finite in x's dtype (`_host_row` sees to both).
 
-    With numpy, each cache-sized piece goes through one reused scratch buffer: subtract, multiply and the
-    integer conversion are numpy's vectorised loops (torch's float->uint8 conversion alone cost more than
-    all three, and every torch temporary was a fresh allocation), then `torch.bincount` counts the small
-    integers. The arithmetic is the same IEEE operations on the same rounded scalars, so the buckets are
-    those of `_positions`, which remains the path without numpy.
+    Each cache-sized piece goes through one reused scratch buffer: subtract, multiply and the integer
+    conversion are numpy's vectorised loops (torch's float->uint8 conversion alone cost more than all three,
+    and every torch temporary was a fresh allocation), then `torch.bincount` counts the small integers.
     """
-    # a range so narrow (subnormal) that the scale overflows x's dtype: positions are NaN/Inf and their
-    # integer conversion is torch's own business; torch's path keeps its answer
-    if np is None or x.dtype not in (torch.float32, torch.float64) or not _finite_in(scale, x.dtype):
-        pieces = _host_chunks(x.neg() if flip else x)
-        count = torch.bincount(_positions(pieces[0], lo, scale, bins), minlength=bins + 1)
-        for piece in pieces[1:]:
-            count += torch.bincount(_positions(piece, lo, scale, bins), minlength=bins + 1)
-        return count
     small = torch.uint8 if bins < 255 else torch.int16
     a = x.detach().resolve_neg().numpy()
     step = max(1, _BUCKET_BYTES // a.itemsize)
