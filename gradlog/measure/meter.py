@@ -11,13 +11,10 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
-
-try:  # optional, as in stats: the torch path counts without it
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
 
 from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
@@ -55,25 +52,42 @@ def _row_tags(name: str) -> tuple[str, str, str, str, str, str]:
 
 #: elements per block of `_host_frozen`: its three small temporaries stay in the L1/L2 cache
 _FROZEN_BLOCK = 1 << 15
+#: a float's bits as the integer of its width (numpy has no view of bf16 or the 8-bit floats)
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: float dtypes without a negative zero (their sign bit alone is NaN): every bit tells zero from non-zero
+_ONE_ZERO = frozenset(getattr(torch, n) for n in ("float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
 
 
-def _host_frozen(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor | None:
-    """`[count(d == 0 & g != 0), count(g != 0)]` of contiguous 16-bit float CPU tensors, on their int16 bits a
-    cache-sized block at a time (numpy): ~5x faster than torch's bf16 compares over the whole tensor (1.5 vs
-    8 ns an element). `d` is before - after, +0 exactly where the value kept; `g`'s sign bit is masked (-0.0
-    is zero, NaN is not). None where this path does not apply."""
-    if np is None or d.device.type != "cpu" or g.device.type != "cpu" or d.element_size() != 2:
-        return None
-    if g.dtype != d.dtype or not (d.is_contiguous() and g.is_contiguous()) or d.is_neg() or g.is_neg():
-        return None
-    dn, gn = d.view(torch.int16).numpy().reshape(-1), g.view(torch.int16).numpy().reshape(-1)
+def _host_frozen(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """CPU: `[count(d == 0 & g != 0), count(g != 0)]` of a low-precision float `d` (before - after) and a float
+    gradient `g` of its shape (any float dtype), on their integer bits with the sign bit masked (-0.0 is zero,
+    NaN is not), a cache-sized block at a time (numpy): ~4x faster than torch's compares over the whole
+    tensor (measured 12.9 vs 56 ms on 4M bf16 values, 0.1 vs 1.0 ms on 65k; a loaded machine)."""
+    (d_bits, d_mask), (g_bits, g_mask) = _magnitude_bits(d.dtype), _magnitude_bits(g.dtype)
+    dn = d.resolve_neg().contiguous().view(d_bits).numpy().reshape(-1)
+    gn = g.resolve_neg().contiguous().view(g_bits).numpy().reshape(-1)
     kept_total = graded_total = 0
     for at in range(0, dn.size, _FROZEN_BLOCK):
-        graded = (gn[at : at + _FROZEN_BLOCK] & 0x7FFF) != 0
+        graded = (gn[at : at + _FROZEN_BLOCK] & g_mask) != 0
         graded_total += int(np.count_nonzero(graded))
-        graded &= dn[at : at + _FROZEN_BLOCK] == 0
+        graded &= (dn[at : at + _FROZEN_BLOCK] & d_mask) == 0
         kept_total += int(np.count_nonzero(graded))
     return torch.tensor([kept_total, graded_total])
+
+
+@functools.cache
+def _magnitude_bits(dtype: torch.dtype) -> tuple[torch.dtype, Any]:
+    """A float dtype's bits as an integer dtype, and the mask of the bits that are zero exactly where the float
+    is zero (a numpy scalar): all but the sign bit, or every bit for the dtypes without a negative zero."""
+    bits = _BITS[torch.empty((), dtype=dtype).element_size()]
+    info = np.iinfo(torch.empty((), dtype=bits).numpy().dtype)
+    return bits, info.dtype.type(-1 if dtype in _ONE_ZERO else info.max)
+
+
+def _device_frozen(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """`_host_frozen`'s two counts on an accelerator, with torch's compares: no host read."""
+    graded = g != 0
+    return torch.stack([torch.count_nonzero(torch.logical_and(d == 0, graded)), torch.count_nonzero(graded)])
 
 
 @dataclass(frozen=True)
@@ -727,12 +741,8 @@ class Meter:
                 continue  # a sparse gradient: which elements it touched is not compared here (cannot tell)
             judged[i] = True
             at.append(i)
-            host = _host_frozen(d, g)
-            if host is None:
-                graded = g != 0
-                kept_here = torch.count_nonzero(torch.logical_and(d == 0, graded))
-                host = torch.stack([kept_here, torch.count_nonzero(graded)])
-            counts.append(host)
+            on_cpu = d.device.type == "cpu" and g.device.type == "cpu"
+            counts.append(_host_frozen(d, g) if on_cpu else _device_frozen(d, g))
         kept = torch.zeros(len(op.rows), dtype=op.grad.dtype, device=device)
         graded_out = torch.zeros_like(kept)
         if counts:
