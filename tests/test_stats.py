@@ -501,3 +501,29 @@ def test_a_subnormal_range_is_bucketed_in_float64() -> None:
     ref, _ = np.histogram(x.double().numpy(), bins=8, range=(0.0, float(x.max())))
     assert out[0, :8].tolist() == out[1, :8].tolist() == ref.tolist() == [19_999, 0, 0, 0, 0, 0, 0, 1]
     assert out[2, :8].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_the_host_copy_is_unpacked_into_named_fields() -> None:
+    """Each part a step queues comes back in the `HostStep` field of its name (histogram blocks by kind), the
+    CPU's owned float64 parts as they are and the others copied; the vocabulary of parts mypy checks (`Part`)
+    names exactly the fields; and a name that is not a field raises instead of being dropped."""
+    import dataclasses
+    import typing
+
+    fields = {f.name for f in dataclasses.fields(stats.HostStep)} - {"hist"}
+    assert set(typing.get_args(stats.Part)) == fields
+    packer = stats.Packer(CPU)
+    grad, weight, dead = torch.rand(4, 3, dtype=torch.float64), torch.rand(4), torch.rand(4, dtype=torch.float64)
+    block = torch.rand(4, 69, dtype=torch.float64)
+    packer.add("grad", grad, owned=True)
+    packer.add("weight", weight, owned=True)
+    packer.add("dead", dead)
+    packer.add(stats.hist_key("update"), block, owned=True)
+    host = packer.fetch()
+    assert host.grad is grad and host.hist["update"] is block  # owned, float64: no copy on the CPU
+    assert host.weight is not None and host.weight.dtype == torch.float64 and torch.equal(host.weight, weight.double())
+    assert host.dead is not None and host.dead is not dead and torch.equal(host.dead, dead)  # not owned: copied
+    assert host.before is None and host.slices_done is None and list(host.hist) == ["update"]
+    assert not packer and packer.fetch() == stats.HostStep()
+    with pytest.raises(TypeError, match="slices/done"):
+        stats.HostStep.of([("slices/done", torch.zeros(1))])  # type: ignore[list-item]

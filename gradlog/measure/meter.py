@@ -26,9 +26,12 @@ from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
     SUMSQ,
+    HostStep,
     Packer,
+    Part,
     copy_with_sumsq,
     dense_values,
+    hist_key,
     host_reads_free,
     norm_partials,
     stat_dtype,
@@ -151,6 +154,11 @@ def _nbytes(t: torch.Tensor) -> int:
 def _sumsq(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(-1)
     return torch.dot(flat, flat) if flat.numel() else flat.new_zeros(())
+
+
+def _double(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A host part as float64 (None: not queued this step)."""
+    return t.double() if t is not None else None
 
 
 def _every_row(values: torch.Tensor, positions: list[int], n: int) -> torch.Tensor:
@@ -525,7 +533,7 @@ class Meter:
         keep = dist is not None
         seen = self.slice_grads.observe(op.rows, grads, op.zeros, device, keep_rows=keep, dense=dense, step=op.index)
         if seen.done is not None:
-            packer.add("slices/done", seen.done)
+            packer.add("slices_done", seen.done)
         if seen.dead_frac is not None:
             packer.add("dead", seen.dead_frac)
             if dist is not None:  # sharded rows: which are all-zero is known only globally
@@ -553,9 +561,9 @@ class Meter:
             h[:, self.bins : self.bins + 3] *= inv.to(h)
             h[:, self.bins + 3] *= inv.to(h) ** 2
         if op.dist is not None:
-            op.dist.add("hist/grad", h, keep=(self.bins, self.bins + 1))
+            op.dist.add(hist_key("grad"), h, keep=(self.bins, self.bins + 1))
         else:
-            op.packer.add("hist/grad", h, owned=True)
+            op.packer.add(hist_key("grad"), h, owned=True)
 
     def _snapshot(self, op: _Open) -> None:
         """A copy of the weights the optimizer may move, and their sums of squares: a frozen backbone is never
@@ -652,7 +660,7 @@ class Meter:
         self._open = None
         device, packer = op.packer.device, op.packer
         weights = [local_tensor(r.param) for r in op.rows]  # no_grad here: no detach needed
-        sums: dict[str, torch.Tensor] = {"grad": op.grad}
+        sums: dict[Part, torch.Tensor] = {"grad": op.grad}
         weight: torch.Tensor | None = None  # sums of squares after the step, every row
         hists: list[tuple[str, list[torch.Tensor], list[int] | None]] = []  # kind, tensors, their rows
         if op.histograms and "weight" in self.histogram_kinds and weights:
@@ -761,7 +769,7 @@ class Meter:
             return
         if negate:
             torch._foreach_neg_(xs)
-        op.packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device, sample=self.sample), owned=True)
+        op.packer.add(hist_key(kind), histogram_partials(xs, self.bins, device, sample=self.sample), owned=True)
 
     @staticmethod
     def _merge(
@@ -781,7 +789,7 @@ class Meter:
     def _reduce(
         self,
         dist: DistStep,
-        sums: dict[str, torch.Tensor],
+        sums: dict[Part, torch.Tensor],
         hists: list[tuple[str, list[torch.Tensor], list[int] | None]],
         flag: torch.Tensor | None,
         has_grad: list[bool],
@@ -802,9 +810,9 @@ class Meter:
             for kind, xs, rows in hists:
                 h = histogram_bucket(xs, self.bins, ranges[at : at + len(xs)], dist.device)
                 at += len(xs)
-                dist.add(f"hist/{kind}", h, rows=rows, keep=(self.bins, self.bins + 1))
-        for key, t in dist.reduce().items():
-            packer.add(key, t)
+                dist.add(hist_key(kind), h, rows=rows, keep=(self.bins, self.bins + 1))
+        for reduced, t in dist.reduce().items():
+            packer.add(reduced, t)
 
     def abandon(self) -> None:
         """The step raised between the hooks: drop the snapshot."""
@@ -817,25 +825,26 @@ class Meter:
         op, packer = self._done
         self._done = None
         host = packer.fetch()
+        assert host.grad is not None and host.weight is not None  # queued on every measured step (`finish`)
         numel = torch.tensor(op.numel, dtype=torch.float64)
         hists: dict[str, Histograms] = {}
         for kind in HISTOGRAM_KINDS:
             positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))
             # Histogram objects are built when a writer reaches them
-            h = host.get(f"hist/{kind}")
+            h = host.hist.get(kind)
             if h is not None:
                 hists[kind] = Histograms(h, positions)
             elif kind in op.held:
                 hists[kind] = Histograms.of(*op.held[kind], positions)
-        skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
+        skipped = bool(host.skipped.item() != 0) if host.skipped is not None else False
         rated = self._rated(op, host)
-        if "slices/done" in host:
-            self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())
-        if "dead_rows" in host:
-            host["dead"] = dead_fractions(op.rows, host["dead"], host["dead_rows"])
+        if host.slices_done is not None:
+            self.slice_grads.mark_done(op.slice_keys, host.slices_done.tolist())
+        if host.dead_rows is not None and host.dead is not None:
+            host.dead = dead_fractions(op.rows, host.dead, host.dead_rows)
         has_grad = op.has_grad
-        if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
-            has_grad = [v > 0 for v in host["has_grad"].tolist()]
+        if host.has_grad is not None:  # sharded: a tensor has a gradient if any rank has one
+            has_grad = [v > 0 for v in host.has_grad.tolist()]
             if "grad" in hists:
                 hists["grad"] = hists["grad"].only(has_grad)
                 if not hists["grad"]:
@@ -845,34 +854,34 @@ class Meter:
             rows=op.rows,
             has_grad=has_grad,
             numel=numel,
-            grad=host["grad"].double(),
-            weight_sumsq=host["weight"].double(),
-            before_sumsq=host["before"].double() if "before" in host else None,
-            update_sumsq=host["update"].double() if "update" in host else None,
+            grad=host.grad.double(),
+            weight_sumsq=host.weight.double(),
+            before_sumsq=_double(host.before),
+            update_sumsq=_double(host.update),
             lr=op.lr,
             skipped=skipped,
             zeros_counted=op.zeros,
             histograms=hists,
-            skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
-            clip_coef=float(host["clip_coef"].item()) if "clip_coef" in host else None,
-            dead_frac=host["dead"] if "dead" in host else None,
-            frozen=host["frozen"].double() if "frozen" in host else None,
-            frozen_rows=op.frozen_rows if "frozen" in host else None,
-            frozen_of=host["frozen_of"].double() if "frozen_of" in host else None,
+            skipped_total=int(host.skipped_total.item()) if host.skipped_total is not None else None,
+            clip_coef=float(host.clip_coef.item()) if host.clip_coef is not None else None,
+            dead_frac=host.dead,
+            frozen=_double(host.frozen),
+            frozen_rows=op.frozen_rows if host.frozen is not None else None,
+            frozen_of=_double(host.frozen_of),
             rated=rated,
         )
 
     @staticmethod
-    def _rated(op: _Open, host: dict[str, torch.Tensor]) -> list[bool] | None:
+    def _rated(op: _Open, host: HostStep) -> list[bool] | None:
         """The fingerprinted rows (`_pick`) into the host numbers: one that did not change has an update of 0 and
         its weights before the step are its weights after; one that changed has no ratio this step and an update
         of +inf (it moved: the ledger's evidence); one whose weights are NaN now has a NaN update either way.
         Returns `Measurement.rated` (None: every row has its ratio)."""
-        if "changed" not in host or "update" not in host or "before" not in host:
+        if host.changed is None or host.update is None or host.before is None or host.weight is None:
             return None
         rated = [True] * len(op.rows)
-        changed = host["changed"].tolist()
-        update, before, weight = host["update"], host["before"], host["weight"]
+        changed = host.changed.tolist()
+        update, before, weight = host.update, host.before, host.weight
         for i, moved in zip(op.watched, changed):
             w = float(weight[i])
             # NaN weights: NaN, as a copy's difference would have it (the ledger reads NaN as "not moved")
