@@ -13,15 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
+import numpy as np
 import torch
 
 from gradlog.measure.hostmem import MIN_BYTES, host_copy
 from gradlog.measure.params import local_tensor
-
-try:  # optional: torch runs without numpy, gradlog too (a little slower on the CPU)
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
 
 #: Columns of `norm_partials`.
 SUMSQ, NONZERO, NONFINITE = 0, 1, 2
@@ -93,7 +89,7 @@ def _host_nonzero(g: torch.Tensor) -> int:
     """`x != 0` into a small boolean scratch, then a count of the booleans: both passes are
     branch-free, so the cost (~1.3 norm passes) does not depend on how many zeros there are."""
     flat = g.resolve_conj().resolve_neg().reshape(-1)
-    if np is not None and flat.dtype in _NUMPY_DTYPES:
+    if flat.dtype in _NUMPY_DTYPES:
         a = flat.numpy()
         if a.size <= _COUNT_SLICE:
             return int(np.count_nonzero(a != 0))
