@@ -496,11 +496,13 @@ def test_a_subnormal_range_is_bucketed_in_float64() -> None:
     value fell in the first bucket.) A float64 range so narrow that even float64's scale overflows puts every
     value in the first bucket, as a constant tensor's."""
     x = torch.zeros(20_000).index_fill_(0, torch.tensor([5]), 1e-44)
+    small = x[:100].clone()  # small tensors of one size are bucketed as a block: these leave it
     tiny = torch.tensor([0.0, 5e-324, 1e-323], dtype=torch.float64)
-    out = histogram_partials([x, x.double(), tiny], 8, CPU)
+    out = histogram_partials([x, x.double(), small, small.clone(), tiny], 8, CPU)
     ref, _ = np.histogram(x.double().numpy(), bins=8, range=(0.0, float(x.max())))
     assert out[0, :8].tolist() == out[1, :8].tolist() == ref.tolist() == [19_999, 0, 0, 0, 0, 0, 0, 1]
-    assert out[2, :8].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
+    assert out[2, :8].tolist() == out[3, :8].tolist() == [99, 0, 0, 0, 0, 0, 0, 1]
+    assert out[4, :8].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
 
 
 def test_the_host_copy_is_unpacked_into_named_fields() -> None:

@@ -78,7 +78,8 @@ def _batched_histograms(
     torch calls per block instead of eight per tensor, which dominated a model of 5,000 small tensors.
     Writes the rows (`host_histograms` layout) of the tensors whose values are all finite straight into
     `counts` and `moments` and returns which it wrote; the rest are left to `_host_histograms`' one-by-one path (NaN/Inf
-    masking, ranges that overflow). `flips[i]`: the row of `-xs[i]` (the block is a copy, negated in place)."""
+    masking, ranges or scales that overflow). `flips[i]`: the row of `-xs[i]` (the block is a copy, negated in
+    place)."""
     done = [False] * len(xs)
     groups: dict[tuple[int, torch.dtype], list[int]] = {}
     for i, x in enumerate(xs):
@@ -99,7 +100,9 @@ def _batched_histograms(
                     block[torch.tensor(neg)] *= -1
             lo, hi = block.aminmax(dim=1)
             stats = torch.stack([lo, hi, block.sum(1), (block * block).sum(1)], dim=1).double()
-            ok = torch.isfinite(stats).all(1) & (stats[:, 1] - stats[:, 0] <= torch.finfo(dtype).max)
+            span, top = stats[:, 1] - stats[:, 0], torch.finfo(dtype).max
+            # a range that overflows the dtype, or so narrow (subnormal) that its scale does: one by one
+            ok = torch.isfinite(stats).all(1) & (span <= top) & ((span == 0) | (bins / span <= top))
             if not bool(ok.all()):
                 keep = ok.tolist()
                 part = [i for i, k in zip(part, keep) if k]
