@@ -4,6 +4,7 @@ cadence."""
 from __future__ import annotations
 
 import io
+import math
 import os
 import statistics
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import catalogue
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -31,10 +33,47 @@ def test_png_encoder_is_read_back_by_pillow() -> None:
         png.encode_png(3, 2, b"abc")
 
 
+def _arrays(
+    values: list[list[float | None]], states: list[list[str | None]] | None = None
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """`png.heatmap_png`'s arrays from rows of Python values (None: not measured; ragged rows padded) and
+    gradient states ("none", "zero", anything else)."""
+    cols = max(len(r) for r in values)
+    v = np.full((len(values), cols), np.nan)
+    given = np.zeros((len(values), cols), dtype=bool)
+    g = np.zeros((len(values), cols), dtype=np.uint8)
+    for r, row in enumerate(values):
+        for c, x in enumerate(row):
+            v[r, c], given[r, c] = (np.nan, False) if x is None else (x, True)
+        for c, state in enumerate((states or [[]] * len(values))[r][:cols]):
+            g[r, c] = {"none": 1, "zero": 2}.get(state or "", 0)
+    return v, given, g
+
+
+def _colour_by_hand(v: float | None, state: str | None, lo: float, span: float) -> tuple[int, int, int]:
+    """One cell's colour as the overview's legend defines it, a Python float at a time."""
+    if v is None:
+        return png.NO_GRAD if state == "none" else png.MISSING
+    if math.isnan(v) or math.isinf(v):
+        return png.NONFINITE
+    if v <= 0:
+        return png.NO_GRAD if state == "none" else png.ZERO_GRAD if state == "zero" else png.NO_UPDATE
+    return png.scale_colour((math.log10(v) - lo) / span)
+
+
+def _range_by_hand(values: list[list[float | None]]) -> tuple[float, float]:
+    """log10 of the smallest and largest finite positive value, at least one decade wide."""
+    positive = [v for row in values for v in row if v is not None and 0 < v < math.inf]
+    if not positive:
+        return 0.0, 1.0
+    a, b = math.log10(min(positive)), math.log10(max(positive))
+    return (a, b) if b > a else (a - 0.5, a + 0.5)
+
+
 def test_heatmap_cells_marks_and_log_scale() -> None:
     values = [[1e-4, 1e-2, 0.0], [float("nan"), None, 1e-3]]
-    grad = [[None, None, None], [None, "none", None]]
-    with Image.open(io.BytesIO(png.heatmap_png(values, {1: "stalled"}, grad))) as im:
+    grad: list[list[str | None]] = [[None, None, None], [None, "none", None]]
+    with Image.open(io.BytesIO(png.heatmap_png(*_arrays(values, grad), {1: "stalled"}))) as im:
         im = im.convert("RGB")
         cw = (im.width - 8) // 3
         ch = im.height // 2
@@ -45,35 +84,36 @@ def test_heatmap_cells_marks_and_log_scale() -> None:
         assert im.getpixel((2, ch + ch // 2)) == png.MARKS["stalled"] and im.getpixel((2, ch // 2)) == png.MISSING
 
 
-def test_whole_array_heatmap_draws_the_same_pixels_as_the_per_cell_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The numpy path (used when numpy is installed) against the pure-Python loop that calls nothing but
-    `cell_colour`'s arithmetic: every special cell, ragged rows, marks, and values across 9 decades."""
+def test_heatmap_draws_every_cell_as_the_legend_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every cell of the whole-array drawing against its colour worked out by hand, one Python float at a time:
+    every special cell, ragged rows, unknown states, marks (one of an unknown kind, one past the last row), and
+    values across 9 decades, coloured in several row blocks."""
     gen = torch.Generator().manual_seed(0)
     specials: list[float | None] = [None, 0.0, -1.0, float("nan"), float("inf"), float("-inf"), 1e-300, 5e-324]
     values: list[list[float | None]] = []
     states: list[list[str | None]] = []
     for r in range(40):
-        n = int(torch.randint(0, 13, (1,), generator=gen))
+        n = int(torch.randint(1, 13, (1,), generator=gen))
         row: list[float | None] = [float(10 ** (torch.rand(1, generator=gen) * 9 - 8)) for _ in range(n)]
         for c in range(0, n, 3):
             row[c] = specials[(r + c) % len(specials)]
         values.append(row)
         states.append([("none", "zero", None, "other")[(r * c) % 4] for c in range(int(n * 0.7))])
     marks = {0: "stalled", 3: "never_updated", 7: "unknown kind", 99: "stalled"}
-    assert png.np is not None
     monkeypatch.setattr(png, "_ROW_BLOCK", 7)  # rows coloured in several blocks, the last one short
-    fast = png.heatmap_png(values, marks, states)
-    monkeypatch.setattr(png, "np", None)
-    slow = png.heatmap_png(values, marks, states)
-    assert fast == slow
-    with Image.open(io.BytesIO(slow)) as im:  # and the loop is cell_colour's: spot-check one cell
+    lo, hi = _range_by_hand(values)
+    cols = max(len(r) for r in values)
+    with Image.open(io.BytesIO(png.heatmap_png(*_arrays(values, states), marks))) as im:
         im = im.convert("RGB")
-        lo, hi = png.log_range(values)
-        v = values[1][1]
-        if v is not None:
-            want = png.cell_colour(v, lo, hi - lo, states[1][1] if len(states[1]) > 1 else None)
-            cw = (im.width - 8) // max(len(r) for r in values)
-            assert im.getpixel((8 + cw + cw // 2, im.height // 40)) == want
+        cw, ch = (im.width - 8) // cols, im.height // len(values)
+        for r, row in enumerate(values):
+            strip = png.MARKS["stalled"] if r == 0 else png.MARKS["never_updated"] if r == 3 else png.MISSING
+            assert im.getpixel((0, r * ch)) == strip and im.getpixel((7, r * ch)) == png.MISSING
+            for c in range(cols):
+                v = row[c] if c < len(row) else None
+                state = states[r][c] if c < len(states[r]) else None
+                want = _colour_by_hand(v, state, lo, hi - lo)
+                assert im.getpixel((8 + c * cw + cw - 1, r * ch + ch - 1)) == want, (r, c, v, state)
 
 
 def train(steps: int, **kw: object) -> tuple[gradlog.MemoryWriter, gradlog.Report]:
@@ -98,18 +138,13 @@ def test_images_are_rate_limited_and_the_last_comes_at_close() -> None:
 
 def test_drawing_happens_off_the_training_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[str] = []
-    real, real_arrays = png.heatmap_png, png.heatmap_png_arrays
+    real = png.heatmap_png
 
     def spy(*args: object, **kw: object) -> bytes:
         threads.append(threading.current_thread().name)
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    def spy_arrays(*args: object, **kw: object) -> bytes:
-        threads.append(threading.current_thread().name)
-        return real_arrays(*args, **kw)  # type: ignore[arg-type]
-
     monkeypatch.setattr("gradlog.writers.overview.heatmap_png", spy)
-    monkeypatch.setattr("gradlog.writers.overview.heatmap_png_arrays", spy_arrays)
     mem, _ = train(3, histograms=gradlog.HistogramOptions(overview_every=1))
     # during training: the background thread (once: the 20 s limit); at close: the final one, in close()
     assert threads == ["gradlog-overview", threading.current_thread().name]
@@ -151,10 +186,11 @@ def test_run_level_series_count_by_hand() -> None:
     assert got["gradlog/update_ratio_median"] == pytest.approx(statistics.median(ratios), rel=1e-5, abs=1e-12)
 
 
-def test_overview_drawn_from_arrays_equals_the_list_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The overview's numpy path (recorded steps straight into [tensors, steps] arrays) draws the same PNG
-    bytes as the list path and as the pure-Python loop: steps recorded before later tensors existed,
-    unmeasured cells, NaN/Inf, zeros with each gradient state, values across decades, marks."""
+def test_overview_cells_are_the_recorded_steps_transposed() -> None:
+    """The overview turns the per-step records (ratios, gradient states) into one row per tensor and one column
+    per step; every cell must be the colour worked out by hand from the record: steps recorded before later
+    tensors existed (unmeasured), gradient states shorter than their step, NaN/Inf, zeros with each gradient
+    state, values across decades; and the marks by tensor name (one for a tensor that is not there)."""
     import array
 
     from gradlog.writers import overview
@@ -173,16 +209,24 @@ def test_overview_drawn_from_arrays_equals_the_list_path(monkeypatch: pytest.Mon
         ratios.append(array.array("d", vals))
         grads.append(bytes(int(x) for x in torch.randint(0, 3, (m - (j % 2),), generator=gen)))
     marks = {"t0": "stalled", "t5": "never_updated", "absent": "stalled"}
-    fast = overview._draw(names, ratios, grads, marks)
-    monkeypatch.setattr(overview, "np", None)
-    lists = overview._draw(names, ratios, grads, marks)
-    monkeypatch.setattr(png, "np", None)
-    slow = overview._draw(names, ratios, grads, marks)
-    assert fast == lists == slow
-    with Image.open(io.BytesIO(fast)) as im:
+    words = {overview._NO_GRAD: "none", overview._ZERO_GRAD: "zero"}
+    cells: list[list[float | None]] = [
+        [ratios[j][i] if i < len(ratios[j]) and ratios[j][i] != overview._NONE else None for j in range(k)]
+        for i in range(n)
+    ]
+    states = [[words.get(grads[j][i]) if i < len(grads[j]) else None for j in range(k)] for i in range(n)]
+    lo, hi = _range_by_hand(cells)
+    with Image.open(io.BytesIO(overview._draw(names, ratios, grads, marks))) as im:
         ch = min(8, 800 // n)
         grow = -(-12 // ch) if n * ch * -(-12 // ch) <= 800 else 1  # rows made tall enough for a name each
-        assert im.info["gradlog-cells"] == f"{8 + k * min(8, 320 // k)}x{n * ch * grow}"
+        cw = min(8, 320 // k)
+        assert im.info["gradlog-cells"] == f"{8 + k * cw}x{n * ch * grow}"
+        im = im.convert("RGB")
+        for i in range(n):
+            y = i * ch * grow
+            assert im.getpixel((0, y)) == (png.MARKS[marks[names[i]]] if names[i] in marks else png.MISSING)
+            for j in range(k):
+                assert im.getpixel((8 + j * cw, y)) == _colour_by_hand(cells[i][j], states[i][j], lo, hi - lo), (i, j)
 
 
 def test_long_runs_merge_overview_columns_and_each_shows_the_largest_ratio_of_its_steps() -> None:
@@ -256,7 +300,7 @@ def test_merged_overview_cells_keep_blow_ups_and_agree_with_and_without_numpy(mo
     monkeypatch.setattr(overview, "_NUMPY_FROM", 0)  # these few rows through numpy too
     for use_numpy in (True, False):
         if not use_numpy:
-            monkeypatch.setattr(overview, "np", None)
+            monkeypatch.setattr(overview, "_NUMPY_FROM", 1 << 30)  # and through the loop
         values, grads = overview._merge(ra, ga, rb, gb)
         got = list(values)
         want = [w for _, _, w in cases] + [5e-3]  # the row the first column lacks: the second's value

@@ -97,22 +97,36 @@ def test_precision_table_reads_back(tmp_path: Path) -> None:
     assert all(abs(a.mean_frac - b.mean_frac) < 1e-3 for a, b in zip(back.precision, report.precision))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_host_count_equals_the_torch_count_on_signed_zeros_and_nan(dtype: torch.dtype) -> None:
+LOW_FLOATS = [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz]
+
+
+@pytest.mark.parametrize("dtype", LOW_FLOATS)
+def test_host_count_equals_the_count_by_hand_on_signed_zeros_and_nan(dtype: torch.dtype) -> None:
+    """The CPU count on the values' bits against the count by hand (float32 compares): signed zeros in the
+    difference and the gradient, NaN, several blocks and a ragged end; a strided gradient, a negated view, and
+    a gradient of another dtype than the weights; the 8-bit floats (e4m3fnuz has no -0.0: its 0x80 is NaN)."""
     from gradlog.measure.meter import _host_frozen
 
     gen = torch.Generator().manual_seed(0)
     n = 100_003  # several blocks and a ragged end
-    d = torch.randn(n, generator=gen).to(dtype)
+    d = torch.randn(n, generator=gen)
     d[torch.rand(n, generator=gen) < 0.7] = 0.0
-    g = torch.randn(n, generator=gen).to(dtype)
+    d[torch.rand(n, generator=gen) < 0.1] = -0.0  # before -0.0, after +0.0: the value kept
+    g = torch.randn(n, generator=gen)
     g[torch.rand(n, generator=gen) < 0.2] = 0.0
     g[torch.rand(n, generator=gen) < 0.1] = -0.0
     g[:50] = float("nan")
-    want = [int(((d == 0) & (g != 0)).sum()), int((g != 0).sum())]
-    got = _host_frozen(d, g)
-    assert got is not None and got.tolist() == want
-    assert _host_frozen(d[::2], g[::2]) is None  # not contiguous: the caller's torch path
+    d, low = d.to(dtype), g.to(dtype)
+
+    def by_hand(g: torch.Tensor) -> list[int]:
+        graded = g.float() != 0
+        return [int(((d.float() == 0) & graded).sum()), int(graded.sum())]
+
+    assert by_hand(low)[0] > 1000 and by_hand(low)[1] > 1000
+    assert _host_frozen(d, low).tolist() == by_hand(low)
+    wide = torch.stack([g, g], 1)[:, 0]  # a float32 gradient, strided
+    assert not wide.is_contiguous() and _host_frozen(d, wide).tolist() == by_hand(wide)
+    assert _host_frozen(d, g.neg()._neg_view()).tolist() == by_hand(g)
 
 
 class HalfSeenPositions(torch.nn.Module):

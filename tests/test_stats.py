@@ -444,10 +444,18 @@ def test_a_snapshot_over_the_cap_is_made_fresh_each_measured_step(monkeypatch: p
     gl.close()
 
 
+def _bincount_by_hand(x: torch.Tensor, edge: float, scale: float, bins: int) -> torch.Tensor:
+    """[bins + 1] counts of every value's bucket position `(x - edge) * scale`, in x's dtype, truncated:
+    one numpy expression over the whole tensor, then one count (no pieces, no scratch, no lanes)."""
+    v = x.numpy()
+    pos = ((v - v.dtype.type(edge)) * v.dtype.type(scale)).astype(np.int64)
+    return torch.from_numpy(np.bincount(pos, minlength=bins + 1))
+
+
 @pytest.mark.parametrize("bins", [1, 64, 254, 300, 4094, 5000])
 def test_crowded_pieces_are_counted_exactly(monkeypatch: pytest.MonkeyPatch, bins: int) -> None:
     """A piece crowded into one bucket makes the next pieces count on interleaved sets of counters; the
-    counts must stay those of one plain bincount of every position (reference: torch's own path), for
+    counts must stay those of one plain count of every position (reference: numpy by hand), for
     pieces of odd sizes, spread and crowded data in turn, and bucket counts at the int16 limit."""
     _patch(monkeypatch, "_BUCKET_BYTES", 4 * 999)  # pieces of 999 floats: odd, many per tensor
     torch.manual_seed(bins)
@@ -459,7 +467,7 @@ def test_crowded_pieces_are_counted_exactly(monkeypatch: pytest.MonkeyPatch, bin
         edge = -hi if flip else lo
         scale = bins / (hi - lo)
         got = bucketing._bucket_counts(x, edge, scale, bins, flip, {})
-        ref = torch.bincount(bucketing._positions(x.neg() if flip else x, edge, scale, bins).long(), minlength=bins + 1)
+        ref = _bincount_by_hand(x.neg() if flip else x, edge, scale, bins)
         assert torch.equal(got, ref) and int(got.sum()) == x.numel()
 
 
@@ -477,5 +485,47 @@ def test_a_tensor_after_a_crowded_one_is_counted_exactly(monkeypatch: pytest.Mon
             lo, hi = (float(v) for v in torch.aminmax(x))
             scale = bins / (hi - lo)
             got = bucketing._bucket_counts(x, lo, scale, bins, False, {})
-            ref = torch.bincount(bucketing._positions(x, lo, scale, bins).long(), minlength=bins + 1)
+            ref = _bincount_by_hand(x, lo, scale, bins)
             assert torch.equal(got, ref) and int(got.sum()) == x.numel()
+
+
+def test_a_subnormal_range_is_bucketed_in_float64() -> None:
+    """A float32 tensor whose range is subnormal (one 1e-44 among zeros): its scale overflows float32, so its
+    buckets are counted in float64, where they are exact: the zeros in the first bucket, the maximum in the
+    last, as numpy's histogram has them and as the same values in float64 get them. (Counted in float32, every
+    value fell in the first bucket.) A float64 range so narrow that even float64's scale overflows puts every
+    value in the first bucket, as a constant tensor's."""
+    x = torch.zeros(20_000).index_fill_(0, torch.tensor([5]), 1e-44)
+    small = x[:100].clone()  # small tensors of one size are bucketed as a block: these leave it
+    tiny = torch.tensor([0.0, 5e-324, 1e-323], dtype=torch.float64)
+    out = histogram_partials([x, x.double(), small, small.clone(), tiny], 8, CPU)
+    ref, _ = np.histogram(x.double().numpy(), bins=8, range=(0.0, float(x.max())))
+    assert out[0, :8].tolist() == out[1, :8].tolist() == ref.tolist() == [19_999, 0, 0, 0, 0, 0, 0, 1]
+    assert out[2, :8].tolist() == out[3, :8].tolist() == [99, 0, 0, 0, 0, 0, 0, 1]
+    assert out[4, :8].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_the_host_copy_is_unpacked_into_named_fields() -> None:
+    """Each part a step queues comes back in the `HostStep` field of its name (histogram blocks by kind), the
+    CPU's owned float64 parts as they are and the others copied; the vocabulary of parts mypy checks (`Part`)
+    names exactly the fields; and a name that is not a field raises instead of being dropped."""
+    import dataclasses
+    import typing
+
+    fields = {f.name for f in dataclasses.fields(stats.HostStep)} - {"hist"}
+    assert set(typing.get_args(stats.Part)) == fields
+    packer = stats.Packer(CPU)
+    grad, weight, dead = torch.rand(4, 3, dtype=torch.float64), torch.rand(4), torch.rand(4, dtype=torch.float64)
+    block = torch.rand(4, 69, dtype=torch.float64)
+    packer.add("grad", grad, owned=True)
+    packer.add("weight", weight, owned=True)
+    packer.add("dead", dead)
+    packer.add(stats.hist_key("update"), block, owned=True)
+    host = packer.fetch()
+    assert host.grad is grad and host.hist["update"] is block  # owned, float64: no copy on the CPU
+    assert host.weight is not None and host.weight.dtype == torch.float64 and torch.equal(host.weight, weight.double())
+    assert host.dead is not None and host.dead is not dead and torch.equal(host.dead, dead)  # not owned: copied
+    assert host.before is None and host.slices_done is None and list(host.hist) == ["update"]
+    assert not packer and packer.fetch() == stats.HostStep()
+    with pytest.raises(TypeError, match="slices/done"):
+        stats.HostStep.of([("slices/done", torch.zeros(1))])  # type: ignore[list-item]

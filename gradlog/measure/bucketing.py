@@ -8,20 +8,15 @@ tensors sharded across ranks. `gradlog.measure.histogram` holds the containers w
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from gradlog.measure.stats import _CACHE_BYTES, _slices, host_reads_free, stat_dtype
-
-try:  # optional: torch runs without numpy, gradlog too (a little slower on the CPU)
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
@@ -36,15 +31,6 @@ def _real(t: torch.Tensor) -> torch.Tensor:
 def _hist_input(x: torch.Tensor) -> torch.Tensor:
     x = _real(x).reshape(-1)
     return x.float() if x.element_size() < 4 else x  # fp16/bf16: bucket and sum in fp32
-
-
-def _positions(z: torch.Tensor, lo: float | torch.Tensor, scale: float | torch.Tensor, bins: int) -> torch.Tensor:
-    """Bucket of each value as a small integer in [0, bins]; `bins` (only the maximum, by rounding) is folded later.
-
-    `z >= lo` always, so no clamp is needed below; a narrow integer type keeps the pass cheap.
-    """
-    pos = torch.sub(z, lo).mul_(scale)
-    return pos.to(torch.uint8 if bins < 255 else torch.int16)
 
 
 def _host_chunks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -92,7 +78,8 @@ def _batched_histograms(
     torch calls per block instead of eight per tensor, which dominated a model of 5,000 small tensors.
     Writes the rows (`host_histograms` layout) of the tensors whose values are all finite straight into
     `counts` and `moments` and returns which it wrote; the rest are left to `_host_histograms`' one-by-one path (NaN/Inf
-    masking, ranges that overflow). `flips[i]`: the row of `-xs[i]` (the block is a copy, negated in place)."""
+    masking, ranges or scales that overflow). `flips[i]`: the row of `-xs[i]` (the block is a copy, negated in
+    place)."""
     done = [False] * len(xs)
     groups: dict[tuple[int, torch.dtype], list[int]] = {}
     for i, x in enumerate(xs):
@@ -113,7 +100,9 @@ def _batched_histograms(
                     block[torch.tensor(neg)] *= -1
             lo, hi = block.aminmax(dim=1)
             stats = torch.stack([lo, hi, block.sum(1), (block * block).sum(1)], dim=1).double()
-            ok = torch.isfinite(stats).all(1) & (stats[:, 1] - stats[:, 0] <= torch.finfo(dtype).max)
+            span, top = stats[:, 1] - stats[:, 0], torch.finfo(dtype).max
+            # a range that overflows the dtype, or so narrow (subnormal) that its scale does: one by one
+            ok = torch.isfinite(stats).all(1) & (span <= top) & ((span == 0) | (bins / span <= top))
             if not bool(ok.all()):
                 keep = ok.tolist()
                 part = [i for i, k in zip(part, keep) if k]
@@ -157,10 +146,10 @@ def _host_histograms(
     rest = [xs[i] for i, d in enumerate(done) if not d]
     at = [i for i, d in enumerate(done) if not d]
     # numpy views: a numpy row write costs a fraction of torch's
-    rows = (counts.numpy(), moments.numpy()) if np is not None else None
+    rows = (counts.numpy(), moments.numpy())
     scratch = _bucket_scratch()
     # numpy's floating-point error settings are the user's (np.seterr): a subnormal product must not raise here
-    with np.errstate(all="ignore") if np is not None else contextlib.nullcontext():
+    with np.errstate(all="ignore"):
         # a few MB of tensors at a time: their moments in one stack and one read-back, then their buckets
         # while they are still in the last-level cache (all moments first read every tensor from memory twice)
         for run in _slices(rest, _GROUP_BYTES):
@@ -183,7 +172,7 @@ def _host_row(
     scratch: _Scratch,
     sample: int | None = None,
 ) -> None:
-    """Row `i` of `out` (counts, moments; through `rows`, their numpy views, where numpy is there) for the
+    """Row `i` of `out` (counts, moments; written through `rows`, their numpy views) for the
     flat tensor `x`, whose min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`,
     counted from x: its min is -max(x), its sum -sum(x) (rounding is symmetric) and its positions
     `(max(x) - x) * scale`. `sample`: the buckets are counted on that many entries (`sampled`) and scaled to x's
@@ -211,24 +200,21 @@ def _host_row(
         lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
         lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
         x = z
-    if hi - lo > torch.finfo(x.dtype).max:  # x - lo would overflow in x's dtype
-        x = x.double()
     scale = bins / (hi - lo) if hi > lo else 0.0
+    if hi - lo > torch.finfo(x.dtype).max or not _finite_in(scale, x.dtype):
+        x = x.double()  # x - lo would overflow x's dtype, or the scale of a subnormal range would: float64 holds both
+    if not math.isfinite(scale):
+        scale = 0.0  # a float64 range below ~1e-306 (or above its max): every value in the first bucket
     part = sampled(x, sample)
     count = _bucket_counts(x if part is None else part, lo, scale, bins, flip, scratch)
     if part is not None:  # the maximum folded first: the last bucket is the one that holds it
         count[bins - 1] += count[bins]
         count[bins] = 0
         count[:bins] = scale_counts(count[:bins], x.numel(), hi > lo)
-    if rows is not None:  # numpy: a torch op costs ~3 us, per tensor
-        c = count.numpy()
-        c[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
-        rows[0][i] = c[:bins]
-        rows[1][i] = (lo, hi, s, s2, nonfinite)
-    else:
-        count[bins - 1] += count[bins]
-        counts[i] = count[:bins]
-        moments[i] = torch.tensor([lo, hi, s, s2, float(nonfinite)], dtype=moments.dtype)
+    c = count.numpy()  # numpy: a torch op costs ~3 us, per tensor
+    c[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
+    rows[0][i] = c[:bins]
+    rows[1][i] = (lo, hi, s, s2, nonfinite)
 
 
 def _bucket_counts(
@@ -239,23 +225,14 @@ def _bucket_counts(
     flip: bool,
     scratch: _Scratch,
 ) -> torch.Tensor:
-    """[bins + 1] counts of a flat tensor's bucket positions `(x - lo) * scale` in x's dtype (`flip`: of
-    `(-lo - x) * scale`, which are -x's positions when `lo` is -x's minimum), truncated to integers.
+    """[bins + 1] counts of a flat float32/float64 tensor's bucket positions `(x - lo) * scale` in x's dtype
+    (`flip`: of `(-lo - x) * scale`, which are -x's positions when `lo` is -x's minimum), truncated to
+    integers; `scale` is finite in x's dtype (`_host_row` sees to both).
 
-    With numpy, each cache-sized piece goes through one reused scratch buffer: subtract, multiply and the
-    integer conversion are numpy's vectorised loops (torch's float->uint8 conversion alone cost more than
-    all three, and every torch temporary was a fresh allocation), then `torch.bincount` counts the small
-    integers. The arithmetic is the same IEEE operations on the same rounded scalars, so the buckets are
-    those of `_positions`, which remains the path without numpy.
+    Each cache-sized piece goes through one reused scratch buffer: subtract, multiply and the integer
+    conversion are numpy's vectorised loops (torch's float->uint8 conversion alone cost more than all three,
+    and every torch temporary was a fresh allocation), then `torch.bincount` counts the small integers.
     """
-    # a range so narrow (subnormal) that the scale overflows x's dtype: positions are NaN/Inf and their
-    # integer conversion is torch's own business; torch's path keeps its answer
-    if np is None or x.dtype not in (torch.float32, torch.float64) or not _finite_in(scale, x.dtype):
-        pieces = _host_chunks(x.neg() if flip else x)
-        count = torch.bincount(_positions(pieces[0], lo, scale, bins), minlength=bins + 1)
-        for piece in pieces[1:]:
-            count += torch.bincount(_positions(piece, lo, scale, bins), minlength=bins + 1)
-        return count
     small = torch.uint8 if bins < 255 else torch.int16
     a = x.detach().resolve_neg().numpy()
     step = max(1, _BUCKET_BYTES // a.itemsize)

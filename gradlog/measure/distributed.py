@@ -30,6 +30,7 @@ import torch
 
 from gradlog.measure.once import warn
 from gradlog.measure.params import Tracked, local_tensor
+from gradlog.measure.stats import Key, Part
 
 log = logging.getLogger("gradlog")
 
@@ -88,14 +89,14 @@ class DistStep:
     index: int
     owner: torch.Tensor  # [n] 1.0 where this rank's part counts, per row of the step
     device: torch.device
-    parts: list[tuple[str, torch.Tensor, torch.Tensor | None, tuple[int, ...]]] = field(default_factory=list)
+    parts: list[tuple[Key, torch.Tensor, torch.Tensor | None, tuple[int, ...]]] = field(default_factory=list)
 
-    def add(self, key: str, t: torch.Tensor, rows: Sequence[int] | None = None, keep: tuple[int, ...] = ()) -> None:
+    def add(self, key: Key, t: torch.Tensor, rows: Sequence[int] | None = None, keep: tuple[int, ...] = ()) -> None:
         """Queue `t` for the SUM, counted once per tensor (see `_owner`). `rows`: the step rows its first
         dim covers (all if None). `keep`: columns equal on every rank (a global range), not summed."""
         self.parts.append((key, t, self._mask(t, rows), keep))
 
-    def add_flag(self, key: str, t: torch.Tensor) -> None:
+    def add_flag(self, key: Part, t: torch.Tensor) -> None:
         """Queue a per-rank count that every rank contributes (has a gradient, skipped the step)."""
         self.parts.append((key, t, None, ()))
 
@@ -103,7 +104,7 @@ class DistStep:
         owner = self.owner if rows is None else self.owner[torch.tensor(list(rows), dtype=torch.long)]
         return owner.to(t.device, t.dtype).reshape(-1, *([1] * (t.dim() - 1)))
 
-    def reduce(self) -> dict[str, torch.Tensor]:
+    def reduce(self) -> dict[Key, torch.Tensor]:
         """The step's one all_reduce(SUM); returns the global tensors under the same keys."""
         flats = []
         for _, t, mask, _ in self.parts:
@@ -112,7 +113,7 @@ class DistStep:
             return {}
         flat = torch.cat(flats)
         self.reducer.all_reduce(flat, "sum", self.index)
-        out: dict[str, torch.Tensor] = {}
+        out: dict[Key, torch.Tensor] = {}
         at = 0
         for key, t, _, keep in self.parts:
             n = t.numel()

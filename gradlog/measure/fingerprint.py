@@ -25,16 +25,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gradlog.measure.hostmem import host_copy
 from gradlog.measure.params import local_tensor
 from gradlog.measure.stats import _compiling
-
-try:  # optional, as in stats: without numpy the torch `!=` does the 1-D comparison
-    import numpy as np
-except ImportError:  # pragma: no cover - torch runs without numpy
-    np = None  # type: ignore[assignment]
 
 _SLAB_BYTES = 1 << 20  # rows read at a time (a view, no copy): L2-sized, so the second read of a slab hits it
 _MULT, _ADD = 2654435761, 40503  # Knuth's multiplicative hash of a position
@@ -357,7 +353,7 @@ def changes_since(first: Fingerprint, t: torch.Tensor) -> Changes | None:
         return Changes(_differ(first.rows, rows), _differ(first.cols.t(), cols, dim=0))
     bits, _ = _bits(t)
     kept = first.elems if first.elems.device == bits.device else first.elems.to(bits.device)
-    if bits.device.type == "cpu" and np is not None and bits.numel() and not _compiling():
+    if bits.device.type == "cpu" and bits.numel() and not _compiling():
         if kept.shape[1] == 1:
             return Changes(elems=_elems_changed(bits, kept.view(-1)))
         return Changes(elems=_elems_changed(_one_lane(bits.view(kept.shape)), _one_lane(kept)))

@@ -11,13 +11,10 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
-
-try:  # optional, as in stats: the torch path counts without it
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
 
 from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
@@ -29,9 +26,12 @@ from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
     SUMSQ,
+    HostStep,
     Packer,
+    Part,
     copy_with_sumsq,
     dense_values,
+    hist_key,
     host_reads_free,
     norm_partials,
     stat_dtype,
@@ -55,25 +55,42 @@ def _row_tags(name: str) -> tuple[str, str, str, str, str, str]:
 
 #: elements per block of `_host_frozen`: its three small temporaries stay in the L1/L2 cache
 _FROZEN_BLOCK = 1 << 15
+#: a float's bits as the integer of its width (numpy has no view of bf16 or the 8-bit floats)
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: float dtypes without a negative zero (their sign bit alone is NaN): every bit tells zero from non-zero
+_ONE_ZERO = frozenset(getattr(torch, n) for n in ("float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
 
 
-def _host_frozen(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor | None:
-    """`[count(d == 0 & g != 0), count(g != 0)]` of contiguous 16-bit float CPU tensors, on their int16 bits a
-    cache-sized block at a time (numpy): ~5x faster than torch's bf16 compares over the whole tensor (1.5 vs
-    8 ns an element). `d` is before - after, +0 exactly where the value kept; `g`'s sign bit is masked (-0.0
-    is zero, NaN is not). None where this path does not apply."""
-    if np is None or d.device.type != "cpu" or g.device.type != "cpu" or d.element_size() != 2:
-        return None
-    if g.dtype != d.dtype or not (d.is_contiguous() and g.is_contiguous()) or d.is_neg() or g.is_neg():
-        return None
-    dn, gn = d.view(torch.int16).numpy().reshape(-1), g.view(torch.int16).numpy().reshape(-1)
+def _host_frozen(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """CPU: `[count(d == 0 & g != 0), count(g != 0)]` of a low-precision float `d` (before - after) and a float
+    gradient `g` of its shape (any float dtype), on their integer bits with the sign bit masked (-0.0 is zero,
+    NaN is not), a cache-sized block at a time (numpy): ~4x faster than torch's compares over the whole
+    tensor (measured 12.9 vs 56 ms on 4M bf16 values, 0.1 vs 1.0 ms on 65k; a loaded machine)."""
+    (d_bits, d_mask), (g_bits, g_mask) = _magnitude_bits(d.dtype), _magnitude_bits(g.dtype)
+    dn = d.resolve_neg().contiguous().view(d_bits).numpy().reshape(-1)
+    gn = g.resolve_neg().contiguous().view(g_bits).numpy().reshape(-1)
     kept_total = graded_total = 0
     for at in range(0, dn.size, _FROZEN_BLOCK):
-        graded = (gn[at : at + _FROZEN_BLOCK] & 0x7FFF) != 0
+        graded = (gn[at : at + _FROZEN_BLOCK] & g_mask) != 0
         graded_total += int(np.count_nonzero(graded))
-        graded &= dn[at : at + _FROZEN_BLOCK] == 0
+        graded &= (dn[at : at + _FROZEN_BLOCK] & d_mask) == 0
         kept_total += int(np.count_nonzero(graded))
     return torch.tensor([kept_total, graded_total])
+
+
+@functools.cache
+def _magnitude_bits(dtype: torch.dtype) -> tuple[torch.dtype, Any]:
+    """A float dtype's bits as an integer dtype, and the mask of the bits that are zero exactly where the float
+    is zero (a numpy scalar): all but the sign bit, or every bit for the dtypes without a negative zero."""
+    bits = _BITS[torch.empty((), dtype=dtype).element_size()]
+    info = np.iinfo(torch.empty((), dtype=bits).numpy().dtype)
+    return bits, info.dtype.type(-1 if dtype in _ONE_ZERO else info.max)
+
+
+def _device_frozen(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """`_host_frozen`'s two counts on an accelerator, with torch's compares: no host read."""
+    graded = g != 0
+    return torch.stack([torch.count_nonzero(torch.logical_and(d == 0, graded)), torch.count_nonzero(graded)])
 
 
 @dataclass(frozen=True)
@@ -137,6 +154,11 @@ def _nbytes(t: torch.Tensor) -> int:
 def _sumsq(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(-1)
     return torch.dot(flat, flat) if flat.numel() else flat.new_zeros(())
+
+
+def _double(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A host part as float64 (None: not queued this step)."""
+    return t.double() if t is not None else None
 
 
 def _every_row(values: torch.Tensor, positions: list[int], n: int) -> torch.Tensor:
@@ -511,7 +533,7 @@ class Meter:
         keep = dist is not None
         seen = self.slice_grads.observe(op.rows, grads, op.zeros, device, keep_rows=keep, dense=dense, step=op.index)
         if seen.done is not None:
-            packer.add("slices/done", seen.done)
+            packer.add("slices_done", seen.done)
         if seen.dead_frac is not None:
             packer.add("dead", seen.dead_frac)
             if dist is not None:  # sharded rows: which are all-zero is known only globally
@@ -539,9 +561,9 @@ class Meter:
             h[:, self.bins : self.bins + 3] *= inv.to(h)
             h[:, self.bins + 3] *= inv.to(h) ** 2
         if op.dist is not None:
-            op.dist.add("hist/grad", h, keep=(self.bins, self.bins + 1))
+            op.dist.add(hist_key("grad"), h, keep=(self.bins, self.bins + 1))
         else:
-            op.packer.add("hist/grad", h, owned=True)
+            op.packer.add(hist_key("grad"), h, owned=True)
 
     def _snapshot(self, op: _Open) -> None:
         """A copy of the weights the optimizer may move, and their sums of squares: a frozen backbone is never
@@ -638,7 +660,7 @@ class Meter:
         self._open = None
         device, packer = op.packer.device, op.packer
         weights = [local_tensor(r.param) for r in op.rows]  # no_grad here: no detach needed
-        sums: dict[str, torch.Tensor] = {"grad": op.grad}
+        sums: dict[Part, torch.Tensor] = {"grad": op.grad}
         weight: torch.Tensor | None = None  # sums of squares after the step, every row
         hists: list[tuple[str, list[torch.Tensor], list[int] | None]] = []  # kind, tensors, their rows
         if op.histograms and "weight" in self.histogram_kinds and weights:
@@ -727,12 +749,8 @@ class Meter:
                 continue  # a sparse gradient: which elements it touched is not compared here (cannot tell)
             judged[i] = True
             at.append(i)
-            host = _host_frozen(d, g)
-            if host is None:
-                graded = g != 0
-                kept_here = torch.count_nonzero(torch.logical_and(d == 0, graded))
-                host = torch.stack([kept_here, torch.count_nonzero(graded)])
-            counts.append(host)
+            on_cpu = d.device.type == "cpu" and g.device.type == "cpu"
+            counts.append(_host_frozen(d, g) if on_cpu else _device_frozen(d, g))
         kept = torch.zeros(len(op.rows), dtype=op.grad.dtype, device=device)
         graded_out = torch.zeros_like(kept)
         if counts:
@@ -751,7 +769,7 @@ class Meter:
             return
         if negate:
             torch._foreach_neg_(xs)
-        op.packer.add(f"hist/{kind}", histogram_partials(xs, self.bins, device, sample=self.sample), owned=True)
+        op.packer.add(hist_key(kind), histogram_partials(xs, self.bins, device, sample=self.sample), owned=True)
 
     @staticmethod
     def _merge(
@@ -771,7 +789,7 @@ class Meter:
     def _reduce(
         self,
         dist: DistStep,
-        sums: dict[str, torch.Tensor],
+        sums: dict[Part, torch.Tensor],
         hists: list[tuple[str, list[torch.Tensor], list[int] | None]],
         flag: torch.Tensor | None,
         has_grad: list[bool],
@@ -792,9 +810,9 @@ class Meter:
             for kind, xs, rows in hists:
                 h = histogram_bucket(xs, self.bins, ranges[at : at + len(xs)], dist.device)
                 at += len(xs)
-                dist.add(f"hist/{kind}", h, rows=rows, keep=(self.bins, self.bins + 1))
-        for key, t in dist.reduce().items():
-            packer.add(key, t)
+                dist.add(hist_key(kind), h, rows=rows, keep=(self.bins, self.bins + 1))
+        for reduced, t in dist.reduce().items():
+            packer.add(reduced, t)
 
     def abandon(self) -> None:
         """The step raised between the hooks: drop the snapshot."""
@@ -807,25 +825,26 @@ class Meter:
         op, packer = self._done
         self._done = None
         host = packer.fetch()
+        assert host.grad is not None and host.weight is not None  # queued on every measured step (`finish`)
         numel = torch.tensor(op.numel, dtype=torch.float64)
         hists: dict[str, Histograms] = {}
         for kind in HISTOGRAM_KINDS:
             positions = {"grad": op.grad_pos, "update": op.moving}.get(kind, list(range(len(op.rows))))
             # Histogram objects are built when a writer reaches them
-            h = host.get(f"hist/{kind}")
+            h = host.hist.get(kind)
             if h is not None:
                 hists[kind] = Histograms(h, positions)
             elif kind in op.held:
                 hists[kind] = Histograms.of(*op.held[kind], positions)
-        skipped = bool(host["skipped"].item() != 0) if "skipped" in host else False
+        skipped = bool(host.skipped.item() != 0) if host.skipped is not None else False
         rated = self._rated(op, host)
-        if "slices/done" in host:
-            self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())
-        if "dead_rows" in host:
-            host["dead"] = dead_fractions(op.rows, host["dead"], host["dead_rows"])
+        if host.slices_done is not None:
+            self.slice_grads.mark_done(op.slice_keys, host.slices_done.tolist())
+        if host.dead_rows is not None and host.dead is not None:
+            host.dead = dead_fractions(op.rows, host.dead, host.dead_rows)
         has_grad = op.has_grad
-        if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
-            has_grad = [v > 0 for v in host["has_grad"].tolist()]
+        if host.has_grad is not None:  # sharded: a tensor has a gradient if any rank has one
+            has_grad = [v > 0 for v in host.has_grad.tolist()]
             if "grad" in hists:
                 hists["grad"] = hists["grad"].only(has_grad)
                 if not hists["grad"]:
@@ -835,34 +854,34 @@ class Meter:
             rows=op.rows,
             has_grad=has_grad,
             numel=numel,
-            grad=host["grad"].double(),
-            weight_sumsq=host["weight"].double(),
-            before_sumsq=host["before"].double() if "before" in host else None,
-            update_sumsq=host["update"].double() if "update" in host else None,
+            grad=host.grad.double(),
+            weight_sumsq=host.weight.double(),
+            before_sumsq=_double(host.before),
+            update_sumsq=_double(host.update),
             lr=op.lr,
             skipped=skipped,
             zeros_counted=op.zeros,
             histograms=hists,
-            skipped_total=int(host["skipped_total"].item()) if "skipped_total" in host else None,
-            clip_coef=float(host["clip_coef"].item()) if "clip_coef" in host else None,
-            dead_frac=host["dead"] if "dead" in host else None,
-            frozen=host["frozen"].double() if "frozen" in host else None,
-            frozen_rows=op.frozen_rows if "frozen" in host else None,
-            frozen_of=host["frozen_of"].double() if "frozen_of" in host else None,
+            skipped_total=int(host.skipped_total.item()) if host.skipped_total is not None else None,
+            clip_coef=float(host.clip_coef.item()) if host.clip_coef is not None else None,
+            dead_frac=host.dead,
+            frozen=_double(host.frozen),
+            frozen_rows=op.frozen_rows if host.frozen is not None else None,
+            frozen_of=_double(host.frozen_of),
             rated=rated,
         )
 
     @staticmethod
-    def _rated(op: _Open, host: dict[str, torch.Tensor]) -> list[bool] | None:
+    def _rated(op: _Open, host: HostStep) -> list[bool] | None:
         """The fingerprinted rows (`_pick`) into the host numbers: one that did not change has an update of 0 and
         its weights before the step are its weights after; one that changed has no ratio this step and an update
         of +inf (it moved: the ledger's evidence); one whose weights are NaN now has a NaN update either way.
         Returns `Measurement.rated` (None: every row has its ratio)."""
-        if "changed" not in host or "update" not in host or "before" not in host:
+        if host.changed is None or host.update is None or host.before is None or host.weight is None:
             return None
         rated = [True] * len(op.rows)
-        changed = host["changed"].tolist()
-        update, before, weight = host["update"], host["before"], host["weight"]
+        changed = host.changed.tolist()
+        update, before, weight = host.update, host.before, host.weight
         for i, moved in zip(op.watched, changed):
             w = float(weight[i])
             # NaN weights: NaN, as a copy's difference would have it (the ledger reads NaN as "not moved")

@@ -21,15 +21,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from gradlog.measure.params import Tracked, local_tensor
 from gradlog.measure.stats import _compiling
-
-try:  # optional, as in stats: without numpy the torch path below does it all
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
 
 
 def slice_nonzero(g: torch.Tensor, rows_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -354,7 +350,7 @@ class SliceGrads:
         `step` (the optimizer step): also keep each slice's last step with a non-zero gradient (`last_rows`),
         which needs this step's slices of every tensor, complete or not (on the CPU most are proven non-zero
         everywhere by their zero count or the probe, which costs a few reads)."""
-        host = np is not None and not _compiling()  # numpy on the CPU (looked up once, not per tensor)
+        host = not _compiling()  # numpy on the CPU, except while torch.compile traces (looked up once)
         s = _Gathered(dead, step if self.track_last else None, keep_rows, device, host)
         probed = self._probed(s, rows, grads, dense) if host else set()
         for i, (row, g) in enumerate(zip(rows, grads)):

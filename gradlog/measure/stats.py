@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Union
 
+import numpy as np
 import torch
 
 from gradlog.measure.hostmem import MIN_BYTES, host_copy
 from gradlog.measure.params import local_tensor
-
-try:  # optional: torch runs without numpy, gradlog too (a little slower on the CPU)
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
 
 #: Columns of `norm_partials`.
 SUMSQ, NONZERO, NONFINITE = 0, 1, 2
@@ -91,7 +89,7 @@ def _host_nonzero(g: torch.Tensor) -> int:
     """`x != 0` into a small boolean scratch, then a count of the booleans: both passes are
     branch-free, so the cost (~1.3 norm passes) does not depend on how many zeros there are."""
     flat = g.resolve_conj().resolve_neg().reshape(-1)
-    if np is not None and flat.dtype in _NUMPY_DTYPES:
+    if flat.dtype in _NUMPY_DTYPES:
         a = flat.numpy()
         if a.size <= _COUNT_SLICE:
             return int(np.count_nonzero(a != 0))
@@ -351,41 +349,105 @@ def norm_partials(
     return out
 
 
+#: The named parts of a measured step's host copy (each a field of `HostStep`). A Literal, so that mypy refuses
+#: a misspelt part where one is queued (`Packer.add`, `distributed.DistStep.add`).
+Part = Literal[
+    "grad",  # [n, 3] gradient partials (`norm_partials`' columns)
+    "weight",  # [n] weights' sums of squares after the step
+    "before",  # [n] ... before it (snapshot steps)
+    "update",  # [n] updates' sums of squares
+    "changed",  # [fingerprinted rows] 1 where the row changed
+    "frozen",  # [n] elements with a gradient that kept their value
+    "frozen_of",  # [n] elements with a gradient
+    "skipped",  # [1] non-zero when the optimizer skipped the step
+    "skipped_total",  # [1] the optimizer's own count of skipped steps
+    "clip_coef",  # [1] the smallest gradient-clipping factor
+    "slices_done",  # [tensors observed] 1 where every slice has now been seen non-zero
+    "dead",  # [n] share of all-zero slices
+    "dead_rows",  # sharded: per-rank all-zero rows, summed
+    "has_grad",  # sharded: per-rank "has a gradient", summed
+]
+#: A histogram kind's partials block (`hist_key`).
+HistKey = tuple[Literal["hist"], str]
+#: Where a tensor goes in the step's host copy: a named part, or a histogram kind's block.
+Key = Union[Part, HistKey]
+
+
+def hist_key(kind: str) -> HistKey:
+    """The key of a histogram kind's partials block ("grad", "update", "weight")."""
+    return ("hist", kind)
+
+
+@dataclass
+class HostStep:
+    """One measured step's host copy, unpacked (`Packer.fetch`): each field the part of that name, None where
+    the step did not queue it; `hist`, the histogram partials blocks by kind. Read by attribute, so a
+    misspelt part is a type error (mypy), not a field silently missing."""
+
+    grad: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    before: torch.Tensor | None = None
+    update: torch.Tensor | None = None
+    changed: torch.Tensor | None = None
+    frozen: torch.Tensor | None = None
+    frozen_of: torch.Tensor | None = None
+    skipped: torch.Tensor | None = None
+    skipped_total: torch.Tensor | None = None
+    clip_coef: torch.Tensor | None = None
+    slices_done: torch.Tensor | None = None
+    dead: torch.Tensor | None = None
+    dead_rows: torch.Tensor | None = None
+    has_grad: torch.Tensor | None = None
+    hist: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, parts: Sequence[tuple[Key, torch.Tensor]]) -> HostStep:
+        """From (key, host tensor) pairs; a name that is not a field raises (TypeError), never dropped."""
+        named: dict[str, torch.Tensor] = {}
+        hist: dict[str, torch.Tensor] = {}
+        for key, t in parts:
+            if isinstance(key, tuple):
+                hist[key[1]] = t
+            else:
+                named[key] = t
+        return cls(**named, hist=hist)
+
+
 class Packer:
     """Collects device tensors for one measured step and brings them to the host in ONE copy."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._parts: list[tuple[str, torch.Tensor, bool]] = []
+        self._parts: list[tuple[Key, torch.Tensor, bool]] = []
 
-    def add(self, key: str, t: torch.Tensor, owned: bool = False) -> None:
+    def add(self, key: Key, t: torch.Tensor, owned: bool = False) -> None:
         """`owned`: nobody else holds or changes `t` (a fresh result), so on the CPU it is handed out as it is."""
         self._parts.append((key, t, owned))
 
     def __bool__(self) -> bool:
         return bool(self._parts)
 
-    def fetch(self) -> dict[str, torch.Tensor]:
+    def fetch(self) -> HostStep:
         """The single device-to-host transfer of the step."""
-        if not self._parts:
-            return {}
+        parts, self._parts = self._parts, []
+        if not parts:
+            return HostStep()
         dt = stat_dtype(self.device)
         if self.device.type == "cpu":
             # Already on the host: no concatenated copy, so a step of 15,000 histograms (8 MB of partials)
             # is never held twice. Parts another object may change later are copied.
-            out = {
-                key: t if owned and t.dtype == dt and not t.requires_grad else t.detach().to(dt, copy=not owned)
-                for key, t, owned in self._parts
-            }
-            self._parts = []
-            return out
-        flat = torch.cat([t.detach().reshape(-1).to(self.device, dt) for _, t, _ in self._parts])
+            return HostStep.of(
+                [
+                    (key, t if owned and t.dtype == dt and not t.requires_grad else t.detach().to(dt, copy=not owned))
+                    for key, t, owned in parts
+                ]
+            )
+        flat = torch.cat([t.detach().reshape(-1).to(self.device, dt) for _, t, _ in parts])
         host = flat.cpu()
-        out = {}
+        out: list[tuple[Key, torch.Tensor]] = []
         at = 0
-        for key, t, _ in self._parts:
+        for key, t, _ in parts:
             n = t.numel()
-            out[key] = host[at : at + n].reshape(t.shape)
+            out.append((key, host[at : at + n].reshape(t.shape)))
             at += n
-        self._parts = []
-        return out
+        return HostStep.of(out)

@@ -19,15 +19,12 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from gradlog.measure.meter import Measurement
 from gradlog.runformat.names import OVERVIEW
 from gradlog.writers.overview_labels import label
-from gradlog.writers.png import PILLOW_HINT, decades, has_pillow, heatmap_png, heatmap_png_arrays, log_range
-
-try:  # optional: without numpy the rows are Python lists
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
+from gradlog.writers.png import PILLOW_HINT, has_pillow, heatmap_png, log_range
 
 log = logging.getLogger("gradlog")
 
@@ -206,7 +203,7 @@ def _merge(ra: array.array[float], ga: bytes, rb: array.array[float], gb: bytes)
     wholly after it. Gradient state: kept where both agree, else "ok" if either had a gradient; a mix of
     "none" and "zero" reads "zero". A row one column lacks (published later) takes the other's."""
     n = max(len(ra), len(rb))
-    if np is not None and n >= _NUMPY_FROM:
+    if n >= _NUMPY_FROM:
         a = np.full(n, _NONE)
         b = np.full(n, _NONE)
         a[: len(ra)] = np.frombuffer(ra, dtype=np.float64)
@@ -250,32 +247,10 @@ def _draw(
     steps: Sequence[int] = (),
 ) -> bytes:
     """Transpose the per-step arrays into rows (tensors) x columns (steps), draw them, and label the image
-    (`steps`: each column's last step)."""
+    (`steps`: each column's last step). The recorded steps become [tensors, steps] arrays directly (no Python
+    float per cell: a 5,000-tensor x 42-step overview's lists were ~7 MB at a measured step's peak)."""
     n = len(names)
     row_marks = {r: marks[name] for r, name in enumerate(names) if name in marks}
-    if np is not None:
-        cells, lo, hi = _draw_arrays(n, ratios, grads, row_marks)
-        return label(cells, names, steps, lo, hi)
-    values: list[list[float | None]] = [[] for _ in range(n)]
-    states: list[list[str | None]] = [[] for _ in range(n)]
-    k = min(len(ratios), len(grads))
-    if k:
-        # steps are recorded as columns (a step may predate later rows: padded); one transpose, not a
-        # Python step per cell
-        cols = [list(sv[:n]) + [_NONE] * (n - len(sv)) for sv in ratios[:k]]
-        words = {_NO_GRAD: "none", _ZERO_GRAD: "zero"}
-        flags = [bytes(sg[:n]) + bytes([_OK]) * (n - len(sg)) for sg in grads[:k]]
-        for r, (row_values, row_grad) in enumerate(zip(zip(*cols), zip(*flags))):
-            values[r] = [None if v == _NONE else v for v in row_values]
-            states[r] = [words.get(g) for g in row_grad]
-    return label(heatmap_png(values, row_marks, states), names, steps, *log_range(values))
-
-
-def _draw_arrays(
-    n: int, ratios: list[array.array[float]], grads: list[bytes], row_marks: dict[int, str]
-) -> tuple[bytes, float, float]:
-    """`_draw` with numpy: the recorded steps become [tensors, steps] arrays directly (no Python float per
-    cell: a 5,000-tensor x 42-step overview's lists were ~7 MB at a measured step's peak)."""
     k = min(len(ratios), len(grads))
     values = np.full((n, k), _NONE, dtype=np.float64)
     flags = np.full((n, k), _OK, dtype=np.uint8)
@@ -286,10 +261,8 @@ def _draw_arrays(
         flags[: sg.size, j] = sg
     states = np.where(flags == _NO_GRAD, 1, np.where(flags == _ZERO_GRAD, 2, 0)).astype(np.uint8)
     measured = values != _NONE
-    with np.errstate(invalid="ignore"):
-        positive = values[measured & (values > 0) & (values < math.inf)]
-    lo, hi = decades(float(positive.min()), float(positive.max())) if positive.size else (0.0, 1.0)
-    return heatmap_png_arrays(values, measured, states, row_marks), lo, hi
+    cells = heatmap_png(values, measured, states, row_marks)
+    return label(cells, names, steps, *log_range(values, measured))
 
 
 __all__ = ["MAX_COLUMNS", "MIN_INTERVAL_S", "TAG", "Overview"]

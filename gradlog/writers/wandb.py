@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
 
 from gradlog.measure.distributed import is_rank_zero
 from gradlog.measure.histogram import Histogram, Histograms
@@ -93,17 +93,14 @@ def block_payloads(hists: Histograms) -> list[Payload | None]:
     with one `tolist()` per array: the same counts and edges as row by row, without building 1,200
     `Histogram` objects and their edges in Python for each step of a 400-tensor model.
 
-    numpy does the arithmetic where it is installed: torch's float64 `round` and boolean indexing took
-    ~5 ms each on a [100, 64] block (torch 2.13 CPU), most of the W&B thread's time per step."""
+    numpy does the arithmetic: torch's float64 `round` and boolean indexing took ~5 ms each on a [100, 64]
+    block (torch 2.13 CPU), most of the W&B thread's time per step."""
     n, bins = len(hists), hists.bins
     if n == 0 or bins <= 0:
         return [None] * n
-    np = _numpy()
-    if np is None:
-        return _block_payloads_torch(hists)
     counts = np.clip(hists.counts.numpy().astype(np.float64), 0.0, None)  # what Histogram.from_partials reads
     m = hists.moments.numpy()
-    edges = _edges(np, m[:, 0], m[:, 1], bins)
+    edges = _edges(m[:, 0], m[:, 1], bins)
     with np.errstate(invalid="ignore", over="ignore"):
         total = counts.sum(1)
         ok = np.isfinite(total) & (np.rint(total) > 0) & np.isfinite(edges).all(1)
@@ -116,7 +113,7 @@ def block_payloads(hists: Histograms) -> list[Payload | None]:
     return out
 
 
-def _edges(np: Any, lo: Any, hi: Any, bins: int) -> Any:
+def _edges(lo: Any, hi: Any, bins: int) -> Any:
     """[n, bins + 1] float64 edges of rows with these min and max: `Histogram.edges`' arithmetic, per value."""
     with np.errstate(invalid="ignore", over="ignore"):
         hi = np.where(hi > lo, hi, lo + np.maximum(np.abs(lo), 1.0) * 1e-6)  # a constant tensor's tiny bucket
@@ -142,8 +139,7 @@ def short_edges(edges: Any) -> Any:
     `repr` is the decimal itself. A row whose rounding would not keep its edges finite and strictly
     increasing within the resolution (widths beyond 10**±22, magnitudes beyond 2**53 resolutions) is kept
     as it is."""
-    np = _numpy()
-    if np is None or edges.size == 0:
+    if edges.size == 0:
         return edges
     bins = edges.shape[1] - 1
     width = (edges[:, -1] - edges[:, 0]) / bins
@@ -169,38 +165,6 @@ def short_edges(edges: Any) -> Any:
             idx = np.flatnonzero(rows)[good]
             out[idx] = q[good]
     return out
-
-
-def _block_payloads_torch(hists: Histograms) -> list[Payload | None]:
-    """`block_payloads` without numpy: the same counts and full-precision edges, with torch's ops (slower)."""
-    m = hists.moments
-    n, bins = len(hists), hists.bins
-    counts = hists.counts.double().clamp(min=0.0)  # what Histogram.from_partials reads
-    total = counts.sum(1)
-    lo, hi = m[:, 0], m[:, 1]
-    hi = torch.where(hi > lo, hi, lo + lo.abs().clamp(min=1.0) * 1e-6)  # Histogram.edges' constant-tensor bucket
-    step = (hi - lo) / bins
-    edges = torch.cat([lo[:, None] + torch.arange(bins, dtype=m.dtype)[None, :] * step[:, None], hi[:, None]], 1)
-    ok = torch.isfinite(total) & (total.round() > 0) & torch.isfinite(edges).all(1)
-    at = ok.nonzero().flatten().tolist()
-    out: list[Payload | None] = [None] * n
-    for i, c, e in zip(at, counts[ok].round().to(torch.int64).tolist(), edges[ok].tolist()):
-        out[i] = (tuple(c), tuple(e))
-    return out
-
-
-_NUMPY: list[Any] = []
-
-
-def _numpy() -> Any:
-    """numpy, or None where it is not installed (wandb does not require it)."""
-    if not _NUMPY:
-        try:
-            import numpy
-        except ImportError:
-            numpy = None  # type: ignore[assignment]
-        _NUMPY.append(numpy)
-    return _NUMPY[0]
 
 
 def histogram_bytes(tag: str, hist: Histogram | Prepared) -> int:
@@ -232,9 +196,7 @@ def histogram_payload(hist: Histogram) -> Payload | None:
     edges = list(hist.edges)
     if not all(map(math.isfinite, edges)):
         return None
-    np = _numpy()
-    if np is not None:
-        edges = short_edges(np.array([edges], dtype=np.float64))[0].tolist()
+    edges = short_edges(np.array([edges], dtype=np.float64))[0].tolist()
     return tuple(map(round, counts)), tuple(edges)  # whole numbers: W&B's integer bins
 
 
