@@ -1,0 +1,139 @@
+"""Runs under `torchrun --nproc_per_node 2` (gloo, CPU) for tests/test_zero.py.
+
+Usage: python -m torch.distributed.run --nproc_per_node 2 tests/zero_worker.py OUT_DIR SUITE
+SUITE "zero": DeepSpeed ZeRO-1 and ZeRO-2 on its CPU accelerator (DS_ACCELERATOR=cpu) train
+`catalogue.ZeroPlanted` (a frozen layer, a dead layer, a layer left out of the optimizer, two param
+groups, gradient clipping) with gradlog attached through the engine, and a plain-PyTorch replica trains
+the same model on the same global batch; each records to OUT_DIR/<case>-rank<r>.json what gradlog wrote
+and reported, the engine's global gradient norms and step counts, and the final weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from catalogue import ZeroPlanted
+from torch import nn
+
+import gradlog
+
+STEPS, EVERY, CLIP = 12, 2, 0.1
+
+
+def config(stage: int, clip: float = CLIP) -> dict[str, Any]:
+    return {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": stage},
+        "gradient_clipping": clip,
+    }
+
+
+def save(out: Path, case: str, payload: dict[str, Any]) -> None:
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    (out / f"{case}-rank{rank}.json").write_text(json.dumps(payload))
+
+
+def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, **extra: Any) -> dict[str, Any]:
+    weights = {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
+    return {"scalars": mem.scalars, "report": report.to_dict(), "verdict": report.verdict, "weights": weights, **extra}
+
+
+def engine_run(out: Path, stage: int) -> None:
+    import deepspeed
+
+    model = ZeroPlanted()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=config(stage))
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(engine, writer=mem, every=EVERY, print_report=False)
+    rank = torch.distributed.get_rank()
+    norms = []
+    for step in range(STEPS):
+        x, y = ZeroPlanted.batch(step)
+        mine = slice(4 * rank, 4 * rank + 4)
+        engine.backward(nn.functional.mse_loss(engine(x[mine]), y[mine]))
+        engine.step()
+        gl.log(step)
+        norms.append(float(engine.get_global_grad_norm()))
+    report = gl.close()
+    save(
+        out,
+        f"zero{stage}",
+        result(mem, report, engine.module, norms=norms, steps=gl.optimizer_steps, engine_steps=engine.global_steps),
+    )
+
+
+def replica(out: Path) -> None:
+    """The same model, optimizer groups, clipping and global batch in plain PyTorch, in one process."""
+    model = ZeroPlanted()
+    groups = model.groups()
+    opt = torch.optim.AdamW(groups)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=EVERY, print_report=False)
+    trained = [p for g in groups for p in g["params"]]
+    norms = []
+    for step in range(STEPS):
+        x, y = ZeroPlanted.batch(step)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        norms.append(float(gradlog.clip_grad_norm_(trained, CLIP)))
+        # DeepSpeed never averages the gradient of a tensor its optimizer does not hold (each rank keeps its
+        # own), and gradlog measures none there: the replica's left-out layer has none either
+        model.extra.zero_grad(set_to_none=True)
+        opt.step()
+        gl.log(step)
+    report = gl.close()
+    save(out, "replica", result(mem, report, model, norms=norms, steps=gl.optimizer_steps))
+
+
+def cost(out: Path, stage: int = 2, steps: int = 40) -> None:
+    """Seconds per engine step, un-monitored and with gradlog measuring every step (every=1)."""
+    import deepspeed
+
+    rank = torch.distributed.get_rank()
+    times: dict[str, float] = {}
+    for mode in ("off", "every1", "off2", "every1b"):
+        model = ZeroPlanted()
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=config(stage))
+        gl = gradlog.GradLogger(engine, writer="memory", every=1, print_report=False) if "every" in mode else None
+        x, y = ZeroPlanted.batch(0)
+        mine = slice(4 * rank, 4 * rank + 4)
+        for i in range(steps + 5):
+            if i == 5:
+                torch.distributed.barrier()
+                start = time.perf_counter()
+            engine.backward(nn.functional.mse_loss(engine(x[mine]), y[mine]))
+            engine.step()
+            if gl is not None:
+                gl.log(i)
+        times[mode] = (time.perf_counter() - start) / steps
+        if gl is not None:
+            gl.close()
+    save(out, "cost", times)
+
+
+def zero_suite(out: Path) -> None:
+    import deepspeed
+    import deepspeed.ops
+
+    # on CPU DeepSpeed JIT-builds a shared-memory all-reduce (minutes of C++ compile); gloo does without it
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    for stage in (1, 2):
+        engine_run(out, stage)
+    replica(out)
+    if os.environ.get("ZERO_COST"):
+        cost(out)
+
+
+if __name__ == "__main__":
+    out_dir, suite = Path(sys.argv[1]), sys.argv[2]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    {"zero": zero_suite}[suite](out_dir)
