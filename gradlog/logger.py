@@ -243,8 +243,11 @@ class GradLogger:
         return self.pipeline.clip_due()
 
     def note_clip(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: float) -> None:
-        """Gradients of `params` were clipped with total norm `total` (before clipping) to `max_norm`."""
-        self.pipeline.note_clip(params, total, max_norm)
+        """Gradients of `params` were clipped with total norm `total` (before clipping) to `max_norm`. Not under
+        DeepSpeed ZeRO: it clips inside its step, after gradlog read the gradients (accelerate's clip_grad_norm_
+        there only returns the engine's last norm)."""
+        if self._zero is None:
+            self.pipeline.note_clip(params, total, max_norm)
 
     # --- public API --------------------------------------------------------------------------
     def log(self, step: int | None = None) -> None:

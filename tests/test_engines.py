@@ -137,9 +137,16 @@ def test_deepspeed_pipeline_parallelism_is_refused(deepspeed_run: Any) -> None:
 def test_hf_trainer_with_a_deepspeed_config_trains_and_its_check_is_refused_before_the_first_step(
     deepspeed_run: Any, check_first: bool
 ) -> None:
+    """Before, the callback's grad_norm_total was 0.089 for the Trainer's 0.901, 20 steps were counted for 10,
+    and check_first=True crashed the first real step ("has already been reduced")."""
     if check_first:  # refused before training starts, never a crash inside it
         assert_refused(deepspeed_run, "hf-zero2-checkTrue", r"gradlog\.check \(check_first=True\) on a DeepSpeed ZeRO")
         assert [p["global_step"] for p in deepspeed_run["hf-zero2-checkTrue-steps"]] == [0, 0]
-    else:  # ZeRO-2 through the callback: attached and trained
+    else:  # ZeRO-2 through the callback: measured, one step per Trainer step (GPT-2 has two param groups)
         assert [p["type"] for p in deepspeed_run["hf-zero2-checkFalse"]] == [None, None]
-        assert [p["global_step"] for p in deepspeed_run["hf-zero2-checkFalse-steps"]] == [2, 2]
+        steps = deepspeed_run["hf-zero2-checkFalse-steps"]
+        assert [(p["global_step"], p["gradlog_steps"]) for p in steps] == [(2, 2), (2, 2)]
+        # rank 0 writes: its total gradient norm is the Trainer's grad_norm (the engine's, before clipping)
+        ours, theirs = [v for _, v in steps[0]["grad_norm_total"]], steps[0]["trainer_grad_norm"]
+        assert len(ours) == len(theirs) == 2
+        assert all(abs(a - b) <= 1e-6 * b for a, b in zip(ours, theirs)), (ours, theirs)
