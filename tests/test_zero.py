@@ -43,9 +43,12 @@ def _close(a: float, b: float, rel: float = 2e-6) -> bool:
     return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= rel * max(abs(b), 1e-12)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero_measures_every_tensor_as_the_single_process_replica(runs: Any, stage: int) -> None:
-    ds, ref = runs[f"zero{stage}"][0], runs["replica"][0]
+CASES = ["zero1", "zero2", "zero2-accumulate2"]  # the last: 2 micro-batches per rank and engine step
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zero_measures_every_tensor_as_the_single_process_replica(runs: Any, case: str) -> None:
+    ds, ref = runs[case][0], runs["replica"][0]
     # the weights themselves agree: the replica is the same training
     for name, values in ref["weights"].items():
         assert max(abs(a - b) for a, b in zip(ds["weights"][name], values)) < 1e-6, name
@@ -62,9 +65,9 @@ def test_zero_measures_every_tensor_as_the_single_process_replica(runs: Any, sta
     assert all(v == 0 for _, v in _series(ds, "weights/grad_norm/dead.weight"))
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero_total_norm_is_the_engines_before_clipping(runs: Any, stage: int) -> None:
-    ds, ref = runs[f"zero{stage}"][0], runs["replica"][0]
+@pytest.mark.parametrize("case", CASES)
+def test_zero_total_norm_is_the_engines_before_clipping(runs: Any, case: str) -> None:
+    ds, ref = runs[case][0], runs["replica"][0]
     total = _series(ds, "gradlog/grad_norm_total")
     assert [s for s, _ in total] == list(range(0, STEPS, EVERY))
     for step, value in total:
@@ -73,10 +76,10 @@ def test_zero_total_norm_is_the_engines_before_clipping(runs: Any, stage: int) -
     assert max(v for _, v in total) > 0.1 * 5  # far above the clip threshold: clipping took place
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero_counts_one_step_per_engine_step_and_judges_as_the_replica(runs: Any, stage: int) -> None:
+@pytest.mark.parametrize("case", CASES)
+def test_zero_counts_one_step_per_engine_step_and_judges_as_the_replica(runs: Any, case: str) -> None:
     ref = runs["replica"][0]
-    for ds in runs[f"zero{stage}"]:  # both ranks reach the same verdict
+    for ds in runs[case]:  # both ranks reach the same verdict
         assert ds["steps"] == ds["engine_steps"] == ref["steps"] == STEPS  # two param groups, one step
         assert ds["verdict"] == ref["verdict"]
         assert ds["verdict"].startswith("gradlog PROBLEM: 6 of 10 tensors never updated")
@@ -91,3 +94,23 @@ def test_zero_counts_one_step_per_engine_step_and_judges_as_the_replica(runs: An
             "extra.bias": "not_in_optimizer",
         }
         assert ds["report"] == ref["report"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zero_histograms_are_the_replicas(runs: Any, case: str) -> None:
+    """Gradient histograms under ZeRO are of the gradients before clipping (ZeRO clips inside its step); the
+    replica's, after `gradlog.clip_grad_norm_`, of the clipped ones: the same counts, the range and sum scaled
+    by the step's clip coefficient. Weight and update histograms are the replica's."""
+    ds, ref = runs[case][0], runs["replica"][0]
+    coef = dict(_series(ref, "gradlog/clip_coef"))
+    assert ref["histograms"] and set(ds["histograms"]) == set(ref["histograms"])
+    assert any(t.startswith("weights/grad/") for t in ref["histograms"])
+    for tag, theirs in ref["histograms"].items():
+        mine = ds["histograms"][tag]
+        assert [h[0] for h in mine] == [h[0] for h in theirs], tag
+        for (step, counts, lo, hi, total, n, nonfinite), other in zip(mine, theirs):
+            assert (counts, n, nonfinite) == (other[1], other[5], other[6]), (tag, step)
+            scale = coef[step] if tag.startswith("weights/grad/") else 1.0
+            width = max(abs(lo), abs(hi), 1e-30)
+            for a, b in ((lo, other[2]), (hi, other[3]), (total, other[4])):
+                assert abs(a * scale - b) <= 1e-5 * width * max(1, n), (tag, step, a * scale, b)

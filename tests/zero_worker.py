@@ -1,10 +1,10 @@
 """Runs under `torchrun --nproc_per_node 2` (gloo, CPU) for tests/test_zero.py.
 
 Usage: python -m torch.distributed.run --nproc_per_node 2 tests/zero_worker.py OUT_DIR SUITE
-SUITE "zero": DeepSpeed ZeRO-1 and ZeRO-2 on its CPU accelerator (DS_ACCELERATOR=cpu) train
-`catalogue.ZeroPlanted` (a frozen layer, a dead layer, a layer left out of the optimizer, two param
-groups, gradient clipping) with gradlog attached through the engine, and a plain-PyTorch replica trains
-the same model on the same global batch; each records to OUT_DIR/<case>-rank<r>.json what gradlog wrote
+SUITE "zero": DeepSpeed ZeRO-1 and ZeRO-2 (and ZeRO-2 accumulating 2 micro-batches) on its CPU accelerator
+(DS_ACCELERATOR=cpu) train `catalogue.ZeroPlanted` (a frozen layer, a dead layer, a layer left out of the
+optimizer, two param groups, gradient clipping) with gradlog attached through the engine, and a plain-PyTorch
+replica trains the same model on the same global batch; each records to OUT_DIR/<case>-rank<r>.json what gradlog wrote
 and reported, the engine's global gradient norms and step counts, and the final weights.
 """
 
@@ -43,31 +43,45 @@ def save(out: Path, case: str, payload: dict[str, Any]) -> None:
 
 def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, **extra: Any) -> dict[str, Any]:
     weights = {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
-    return {"scalars": mem.scalars, "report": report.to_dict(), "verdict": report.verdict, "weights": weights, **extra}
+    hists = {
+        tag: [(s, list(h.counts), h.min, h.max, h.sum, h.count, h.nonfinite) for s, h in vals]
+        for tag, vals in mem.histograms.items()
+    }
+    return {
+        "scalars": mem.scalars,
+        "histograms": hists,
+        "report": report.to_dict(),
+        "verdict": report.verdict,
+        "weights": weights,
+        **extra,
+    }
 
 
-def engine_run(out: Path, stage: int) -> None:
+def engine_run(out: Path, stage: int, accumulate: int = 1) -> None:
+    """`accumulate` > 1: each rank's share of the global batch in that many micro-batches (one engine.step()
+    each; DeepSpeed steps its optimizer at the last)."""
     import deepspeed
 
     model = ZeroPlanted()
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=config(stage))
+    size = 4 // accumulate
+    cfg = {**config(stage), "train_micro_batch_size_per_gpu": size, "gradient_accumulation_steps": accumulate}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(engine, writer=mem, every=EVERY, print_report=False)
     rank = torch.distributed.get_rank()
     norms = []
     for step in range(STEPS):
         x, y = ZeroPlanted.batch(step)
-        mine = slice(4 * rank, 4 * rank + 4)
-        engine.backward(nn.functional.mse_loss(engine(x[mine]), y[mine]))
-        engine.step()
+        for micro in range(accumulate):
+            mine = slice(4 * rank + size * micro, 4 * rank + size * (micro + 1))
+            engine.backward(nn.functional.mse_loss(engine(x[mine]), y[mine]))
+            engine.step()
         gl.log(step)
         norms.append(float(engine.get_global_grad_norm()))
     report = gl.close()
-    save(
-        out,
-        f"zero{stage}",
-        result(mem, report, engine.module, norms=norms, steps=gl.optimizer_steps, engine_steps=engine.global_steps),
-    )
+    case = f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else "")
+    extra = {"norms": norms, "steps": gl.optimizer_steps, "engine_steps": engine.global_steps}
+    save(out, case, result(mem, report, engine.module, **extra))
 
 
 def replica(out: Path) -> None:
@@ -150,6 +164,7 @@ def zero_suite(out: Path) -> None:
         return
     for stage in (1, 2):
         engine_run(out, stage)
+    engine_run(out, 2, accumulate=2)
     replica(out)
 
 
