@@ -84,6 +84,36 @@ def engine_run(out: Path, stage: int, accumulate: int = 1) -> None:
     save(out, case, result(mem, report, engine.module, **extra))
 
 
+def bf16_run(out: Path, stage: int) -> None:
+    """bf16 weights: gradlog's numbers against the fp32 masters and gradients DeepSpeed assembles itself
+    (`deepspeed.utils.safe_get_full_fp32_param` / `safe_get_full_grad`, one collective per tensor), every step."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+    model = ZeroPlanted()
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.groups(), config={**config(stage), "bf16": {"enabled": True}}
+    )
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False)
+    rank = torch.distributed.get_rank()
+    trained = {n: p for n, p in engine.module.named_parameters() if n.startswith(("inp.", "out."))}
+    truth: dict[str, list[tuple[float, float]]] = {n: [] for n in trained}
+    for step in range(4):
+        x, y = ZeroPlanted.batch(step)
+        mine = slice(4 * rank, 4 * rank + 4)
+        engine.backward(nn.functional.mse_loss(engine(x[mine].bfloat16()).float(), y[mine]))
+        grads = {n: float(safe_get_full_grad(p).float().norm()) for n, p in trained.items()}
+        before = {n: safe_get_full_fp32_param(p).clone() for n, p in trained.items()}
+        engine.step()
+        gl.log(step)
+        for n, p in trained.items():
+            after = safe_get_full_fp32_param(p)
+            truth[n].append((grads[n], float((after - before[n]).norm() / before[n].norm())))
+    gl.close()
+    save(out, f"zero{stage}-bf16", {"scalars": mem.scalars, "truth": truth, "dtype": str(trained["inp.weight"].dtype)})
+
+
 def replica(out: Path) -> None:
     """The same model, optimizer groups, clipping and global batch in plain PyTorch, in one process."""
     model = ZeroPlanted()
@@ -165,6 +195,7 @@ def zero_suite(out: Path) -> None:
     for stage in (1, 2):
         engine_run(out, stage)
     engine_run(out, 2, accumulate=2)
+    bf16_run(out, 2)
     replica(out)
 
 

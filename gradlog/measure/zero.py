@@ -48,7 +48,12 @@ class ZeroView(torch.optim.Optimizer):
         self.due: Callable[[], bool] = lambda: False
         #: all_reduce(SUM) over the data-parallel group, in place (set by the logger; defaults to torch's)
         self.all_reduce: Callable[[torch.Tensor, Any], None] = _all_reduce
-        self._saved: list[tuple[nn.Parameter, torch.Tensor | None]] = []
+        #: a measured step's stand-ins, put back by `_restore`: each tensor's own gradient and `.data`
+        self._grads: list[tuple[nn.Parameter, torch.Tensor | None]] = []
+        self._data: list[tuple[nn.Parameter, torch.Tensor]] = []
+        self._measuring = False
+        #: bf16/fp16 weights: their fp32 masters differ, and gradlog measures those (update ratios, weights)
+        self._bit16 = any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"])
         #: the model's trainable tensors the ZeRO optimizer does not hold: DeepSpeed never reduces their
         #: gradients (each rank's own, accumulating), so a measured step sees none (reason not_in_optimizer)
         self._outside = list(outside or [])
@@ -75,18 +80,23 @@ class ZeroView(torch.optim.Optimizer):
         if zero is None:
             return None
         self._refresh(zero)
-        if self.due():
-            self._saved = self._whole_grads(zero)
+        self._measuring = self.due()
         try:
+            if self._measuring:
+                self._whole(zero)
             return self.step() if closure is None else self.step(closure)
         finally:
+            self._measuring = False
             self._restore()
 
     def step(self, closure: Any = None) -> Any:
         """The ZeRO step itself, between gradlog's step pre- and post-hook."""
         zero = self._zero()
-        self._restore()  # the ZeRO step runs with the gradients it had (None under ZeRO-2)
-        return self._step(zero) if closure is None else self._step(zero, closure)
+        self._restore()  # the ZeRO step runs with the weights and gradients it had (None under ZeRO-2)
+        out = self._step(zero) if closure is None else self._step(zero, closure)
+        if self._measuring and self._bit16:  # the post-hook reads the fp32 masters after the step
+            self._show_masters(zero, self._gather(zero, grads=False))
+        return out
 
     def release(self) -> None:
         """Give the ZeRO optimizer its own step back (close())."""
@@ -95,36 +105,72 @@ class ZeroView(torch.optim.Optimizer):
         if zero is not None and vars(zero).get("step") is self._patch:  # not a later logger's view
             del zero.step
 
-    # --- the gradients made whole --------------------------------------------------------------------
-    def _whole_grads(self, zero: Any) -> list[tuple[nn.Parameter, torch.Tensor | None]]:
-        """Every trained tensor's averaged gradient, whole, set as its `.grad`; returns what each had."""
-        params = [p for g in self.param_groups for p in g["params"]]
+    # --- the tensors made whole ----------------------------------------------------------------------
+    def _params(self) -> list[nn.Parameter]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _gather(self, zero: Any, grads: bool) -> torch.Tensor:
+        """One flat fp32 buffer, whole on every rank after ONE all_reduce(SUM): every trained tensor's
+        averaged gradient (`grads`), then, for bit16 weights, its fp32 master."""
+        params = self._params()
         sizes = [p.numel() for p in params]
+        total = sum(sizes)
+        parts = (2 if self._bit16 else 1) if grads else 1
         device = params[0].device if params else torch.device("cpu")
-        flat = torch.zeros(sum(sizes), dtype=torch.float32, device=device)
+        flat = torch.zeros(parts * total, dtype=torch.float32, device=device)
         at = 0
         for p, n in zip(params, sizes):
-            fragment = _grad_fragment(p, n)
+            mapping = getattr(p, "_hp_mapping", None)
+            fragment = _grad_fragment(p, n) if grads else None
             if fragment is not None:
                 start, values = fragment
                 flat[at + start : at + start + values.numel()] = values
+            if mapping is not None and (self._bit16 or not grads):
+                start, numel = int(mapping.lp_fragment_address.start), int(mapping.lp_fragment_address.numel)
+                base = at + (total if grads else 0)
+                flat[base + start : base + start + numel] = mapping.hp_fragment.detach().reshape(-1).float()
             at += n
         self.all_reduce(flat, zero.dp_process_group)
+        return flat
+
+    def _whole(self, zero: Any) -> None:
+        """Every trained tensor's averaged gradient, whole, as its `.grad` (bit16 weights: shown as their
+        fp32 masters, and the gradient in fp32); the tensors outside the optimizer show none."""
+        flat = self._gather(zero, grads=True)
+        params = self._params()
+        total = sum(p.numel() for p in params)
         scale = float(getattr(zero, "loss_scale", 1.0) or 1.0)
         if scale != 1.0:  # fp16's dynamic loss scale: the gradients as the engine's norm reports them
-            flat /= scale
-        saved = [(p, p.grad) for p in [*params, *self._outside]]
-        for p in self._outside:
+            flat[:total] /= scale
+        self._grads = [(p, p.grad) for p in [*params, *self._outside]]
+        for p in [*params, *self._outside]:
             p.grad = None
+        if self._bit16:
+            self._show_masters(zero, flat[total:])
         at = 0
-        for p, n in zip(params, sizes):
+        for p in params:
+            n = p.numel()
             p.grad = flat[at : at + n].view(p.shape).to(p.dtype)
             at += n
-        return saved
+
+    def _show_masters(self, zero: Any, masters: torch.Tensor) -> None:
+        """The bit16 weights' `.data` are their fp32 masters until `_restore` (the ZeRO step never sees it)."""
+        at = 0
+        for p in self._params():
+            n = p.numel()
+            if len(self._data) < len(self._params()):
+                self._data.append((p, p.data))
+            p.data = masters[at : at + n].view(p.shape)
+            at += n
 
     def _restore(self) -> None:
-        saved, self._saved = self._saved, []
-        for p, g in saved:
+        grads, self._grads = self._grads, []
+        data, self._data = self._data, []
+        for p, _ in grads:
+            p.grad = None
+        for p, d in data:
+            p.data = d
+        for p, g in grads:
             p.grad = g
 
     def _refresh(self, zero: Any) -> None:
