@@ -89,6 +89,17 @@ def test_a_wrapper_over_the_models_own_parameters_is_still_measured() -> None:
     assert gl.close().verdict.startswith("gradlog OK")
 
 
+def test_a_deepspeed_release_without_what_gradlog_reads_is_refused() -> None:
+    # the ZeRO-1/2 optimizer of a DeepSpeed release that renamed its internals (gradlog knows DeepSpeed's classes
+    # by module and name only): refused before anything is hooked, not failing inside training
+    zero_cls = type("DeepSpeedZeroOptimizer", (), {"__module__": "deepspeed.runtime.zero.stage_1_and_2"})
+    model = nn.Linear(4, 2)
+    zero = zero_cls()
+    zero.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(NotImplementedError, match=r"DeepSpeedZeroOptimizer: the ZeRO optimizer has no bit16_groups"):
+        gradlog.GradLogger(model, zero, writer="memory", print_report=False)
+
+
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 

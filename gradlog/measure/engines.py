@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradlog.measure.zero import ZeroView, zero_stage
+from gradlog.measure.zero import ZeroView, missing, zero_stage
 
 #: DeepSpeed's model wrappers: the optimizer steps inside `engine.step()`, over flat partitions
 _DS_ENGINES = ("DeepSpeedEngine", "PipelineEngine", "DeepSpeedHybridEngine")
@@ -213,6 +213,13 @@ def attach(model: nn.Module, optimizer: Any = None) -> tuple[nn.Module, Any, Zer
         refuse_unsupported(model, optimizer)
         return model, optimizer, None
     module, zero = found
+    lacks = missing(zero)
+    if lacks is not None:
+        raise _refuse(
+            f"this DeepSpeed version's {type(zero).__name__}",
+            f"{lacks}, which gradlog reads to rebuild each tensor's gradient from the ranks' partitions",
+            "Use a DeepSpeed release gradlog is tested with (0.19), or train with FSDP2",
+        )
     _check_model(module)
     _check_params(module, allowed=("_hp_mapping",))
     trained = {id(p) for group in zero.bit16_groups for p in group}

@@ -208,6 +208,30 @@ def _all_reduce(t: torch.Tensor, group: Any) -> None:
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM, group=group)
 
 
+#: what gradlog reads off DeepSpeed's objects: (object, attribute) per kind, checked before anything is hooked
+_NEEDS = {
+    "the ZeRO optimizer": ("bit16_groups", "dp_process_group", "optimizer"),
+    "a trained parameter's _hp_mapping": ("lp_fragment_address", "hp_fragment", "get_lp_grad_fragment"),
+}
+
+
+def missing(zero: Any) -> str | None:
+    """What this DeepSpeed version's ZeRO-1/2 optimizer lacks of what gradlog reads (None: nothing), so that
+    a DeepSpeed release that renamed its internals is refused before training instead of failing in it."""
+    lacks = [a for a in _NEEDS["the ZeRO optimizer"] if not hasattr(zero, a)]
+    if lacks:
+        return f"the ZeRO optimizer has no {', '.join(lacks)}"
+    for group in zero.bit16_groups:
+        for p in group:
+            mapping = getattr(p, "_hp_mapping", None)
+            if mapping is None:
+                continue  # held on other ranks only
+            lacks = [a for a in _NEEDS["a trained parameter's _hp_mapping"] if not hasattr(mapping, a)]
+            if lacks or not hasattr(p, "_index_in_param_group"):
+                return f"a trained parameter's _hp_mapping has no {', '.join(lacks or ['_index_in_param_group'])}"
+    return None
+
+
 def zero_stage(optimizer: Any) -> int | None:
     """1 or 2 for a DeepSpeed ZeRO-1/2 optimizer (`DeepSpeedZeroOptimizer`), else None."""
     for cls in type(optimizer).__mro__:
