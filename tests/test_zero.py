@@ -81,6 +81,8 @@ def test_zero_counts_one_step_per_engine_step_and_judges_as_the_replica(runs: An
     ref = runs["replica"][0]
     for ds in runs[case]:  # both ranks reach the same verdict
         assert ds["steps"] == ds["engine_steps"] == ref["steps"] == STEPS  # two param groups, one step
+        assert ds["released"]  # close() put the ZeRO optimizer's own step back: a later step trains, uncounted
+        assert ds["after_close"] == {"gradlog": STEPS, "engine": 1}
         assert ds["verdict"] == ref["verdict"]
         assert ds["verdict"].startswith("gradlog PROBLEM: 6 of 10 tensors never updated")
         reasons = {r["name"]: r["reason"] for r in ds["report"]["never_updated"]}

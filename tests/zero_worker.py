@@ -79,9 +79,14 @@ def engine_run(out: Path, stage: int, accumulate: int = 1) -> None:
         gl.log(step)
         norms.append(float(engine.get_global_grad_norm()))
     report = gl.close()
-    case = f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else "")
-    extra = {"norms": norms, "steps": gl.optimizer_steps, "engine_steps": engine.global_steps}
-    save(out, case, result(mem, report, engine.module, **extra))
+    released = "step" not in vars(engine.optimizer)  # close() gave the ZeRO optimizer its own step back
+    extra = {"norms": norms, "steps": gl.optimizer_steps, "engine_steps": engine.global_steps, "released": released}
+    payload = result(mem, report, engine.module, **extra)  # the weights before the step below
+    for _ in range(accumulate):  # training goes on without gradlog
+        engine.backward(nn.functional.mse_loss(engine(x[:size]), y[:size]))
+        engine.step()
+    payload["after_close"] = {"gradlog": gl.optimizer_steps, "engine": engine.global_steps - extra["engine_steps"]}
+    save(out, f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else ""), payload)
 
 
 def bf16_run(out: Path, stage: int) -> None:
