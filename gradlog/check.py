@@ -33,7 +33,7 @@ from torch import nn
 
 from gradlog import lifecycle
 from gradlog.logger import GradLogger
-from gradlog.measure.engines import refuse_unsupported
+from gradlog.measure.engines import refuse_check
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter
 from gradlog.measure.trace import StepTrace, TraceResult
@@ -255,7 +255,7 @@ def check(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"gradlog.check: model must be a torch.nn.Module, got {type(model).__name__}")
-    refuse_unsupported(model, optimizer)  # before any step: its restore would fail on partitioned tensors
+    refuse_check(model, optimizer)  # before any step: its restore would fail on partitioned tensors
     opt = steppable(optimizer)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"gradlog.check: steps must be an integer >= 1 (optimizer steps to try), got {steps!r}")

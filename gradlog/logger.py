@@ -16,7 +16,7 @@ import gradlog.lifecycle as lifecycle
 from gradlog.lifecycle import clip_grad_norm_, close, log
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import is_rank_zero
-from gradlog.measure.engines import refuse_unsupported
+from gradlog.measure.engines import attach
 from gradlog.measure.meter import Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
@@ -127,7 +127,8 @@ class GradLogger:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
-        refuse_unsupported(model, optimizer)  # DeepSpeed ZeRO, FSDP1, pipelines: refused, never measured wrong
+        # DeepSpeed ZeRO-1/2: the engine's module and a view of its optimizer; ZeRO-3, FSDP1, pipelines: refused
+        model, optimizer, zero = attach(model, optimizer)
         if optimizer is not None:
             optimizer = steppable(optimizer)  # a wrapper's (accelerate, Lightning) inner optimizer
         every = check_every(every)
@@ -145,6 +146,9 @@ class GradLogger:
         self.pipeline = Pipeline(
             model, optimizer, every, self.options, scaler, selection, self.failures, self.rank_zero
         )
+        self._zero = zero
+        if zero is not None:
+            zero.connect(self.pipeline.measures_next, self.pipeline.meter.reducer)
         #: this run's segment, and the earlier segments it continues (gradlog/resume.py); None off rank 0
         self.segments: Continuation | None
         writers, self.segments = open_run(out, log_dir, wstrict, options, self.pipeline, f"{os.getpid()}-{id(self)}")
@@ -162,6 +166,8 @@ class GradLogger:
         self._registration = lifecycle.register(self, model)
         #: one step traced for the report's causes: the cut's line, tensors outside the model (issue 39)
         self._once = OnceTrace(model, optimizer)
+        if zero is not None:
+            self._once.disable()
 
     # --- what the pipeline holds, for reading (tests, integrations, the curious) -------------------
     @property
@@ -237,8 +243,11 @@ class GradLogger:
         return self.pipeline.clip_due()
 
     def note_clip(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: float) -> None:
-        """Gradients of `params` were clipped with total norm `total` (before clipping) to `max_norm`."""
-        self.pipeline.note_clip(params, total, max_norm)
+        """Gradients of `params` were clipped with total norm `total` (before clipping) to `max_norm`. Not under
+        DeepSpeed ZeRO: it clips inside its step, after gradlog read the gradients (accelerate's clip_grad_norm_
+        there only returns the engine's last norm)."""
+        if self._zero is None:
+            self.pipeline.note_clip(params, total, max_norm)
 
     # --- public API --------------------------------------------------------------------------
     def log(self, step: int | None = None) -> None:
@@ -318,6 +327,8 @@ class GradLogger:
         local = self._registration.gone  # the model was garbage-collected: the other ranks are not there
         self._registration.detach()
         self.pipeline.detach()
+        if self._zero is not None:
+            self._zero.release()
         # report() itself when collective: a subclass or a wrapper of report() then decides the final answer
         diagnose = (lambda: self._diagnose(collective=False, reuse=False)) if local else self.report
         report = self._report = self._traced(self.pipeline.final_report(diagnose, self.policy, self.strict))

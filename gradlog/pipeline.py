@@ -430,6 +430,10 @@ class Pipeline:
             return self.calls % self.every == 0
         return self.optimizer_steps % self.every == 0
 
+    def measures_next(self) -> bool:
+        """Whether the followed optimizer's next step is measured."""
+        return self.with_optimizer and not self.inert and self.clip_due()
+
     def note_clip(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: float) -> None:
         """Gradients of `params` were clipped with total norm `total` (before clipping) to `max_norm`: the
         next measurement reports their norms before clipping and the clip coefficient. Cheap: no device work."""

@@ -1165,3 +1165,38 @@ class MadeInForward(nn.Module):
         h = nn.Linear(8, 8)(x * self.scale)  # planted: made
         out: torch.Tensor = self.head(h)
         return out
+
+
+# --- issue 43: DeepSpeed ZeRO-1/2 measured against a plain-PyTorch replica --------------------------------
+class ZeroPlanted(nn.Module):
+    """`inp` (8->16), ReLU, `frozen` (16->16, requires_grad False: reason frozen), `dead` (16->16, added
+    times 0.0: its gradient is exactly zero every step, reason zero_grad), `out` (16->4), then `extra` (4->4),
+    which `groups()` leaves out of the optimizer (not_in_optimizer). `groups()`: two AdamW param groups of
+    their own lr (the dead layer's without weight decay, so that nothing but its gradient could move it).
+    `batch(step)`: the global batch of a step (8 rows), the same on every rank and in the replica."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, 16)
+        self.frozen = nn.Linear(16, 16).requires_grad_(False)
+        self.dead = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 4)
+        self.extra = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.frozen(torch.relu(self.inp(x)))
+        h = h + 0.0 * self.dead(h)
+        out: torch.Tensor = self.extra(self.out(h))
+        return out
+
+    def groups(self) -> list[dict[str, Any]]:
+        return [
+            {"params": [*self.inp.parameters(), *self.dead.parameters()], "lr": 1e-2, "weight_decay": 0.0},
+            {"params": list(self.out.parameters()), "lr": 5e-3, "weight_decay": 0.1},
+        ]
+
+    @staticmethod
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(1000 + step)
+        return torch.randn(8, 8, generator=gen), torch.randn(8, 4, generator=gen)

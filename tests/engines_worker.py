@@ -124,6 +124,8 @@ def hf_trainer(out: Path) -> None:
         max_steps=2,
         report_to=[],
         use_cpu=True,
+        logging_steps=1,
+        max_grad_norm=0.5,
         deepspeed={
             **_ds_config(2),
             "train_batch_size": "auto",
@@ -133,11 +135,17 @@ def hf_trainer(out: Path) -> None:
     )
     for check_first in (False, True):
         AcceleratorState._reset_state()  # one Trainer per DeepSpeed config: accelerate keeps its plugin in a singleton
-        cb = GradlogCallback(check_first=check_first, writer="memory", print_report=False)
+        mem = gradlog.MemoryWriter()
+        cb = GradlogCallback(check_first=check_first, writer=mem, every=1, print_report=False)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[cb])
         _record(out, f"hf-zero2-check{check_first}", trainer.train)
         rank = torch.distributed.get_rank()
-        steps = {"global_step": trainer.state.global_step}
+        steps = {
+            "global_step": trainer.state.global_step,
+            "gradlog_steps": cb.run.logger.optimizer_steps if cb.run.logger is not None else None,
+            "grad_norm_total": mem.scalars.get("gradlog/grad_norm_total", []),
+            "trainer_grad_norm": [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h],
+        }
         (out / f"hf-zero2-check{check_first}-steps-rank{rank}.json").write_text(json.dumps(steps))
 
 

@@ -4,8 +4,9 @@ Two real gloo ranks (torchrun, see tests/engines_worker.py): FSDP1 reached throu
 without `use_orig_params`), a parameter left as a shape-(0,) stand-in by an unknown partitioning engine,
 and DeepSpeed ZeRO-1, -2 and -3 on its CPU accelerator (the engine, its optimizer, the inner torch
 optimizer, gradlog.check, the Hugging Face Trainer with a DeepSpeed config). Before these refusals
-gradlog measured rank 0's flat slices and reported them as the model's (issue 43). A wrapper holding
-flat copies of the parameters is refused in-process (no distribution needed).
+gradlog measured rank 0's flat slices and reported them as the model's (issue 43). ZeRO-1/2 handed over
+as the engine or with its optimizer are measured (tests/test_zero.py checks the numbers); the rest stays
+refused. A wrapper holding flat copies of the parameters is refused in-process (no distribution needed).
 """
 
 from __future__ import annotations
@@ -88,6 +89,17 @@ def test_a_wrapper_over_the_models_own_parameters_is_still_measured() -> None:
     assert gl.close().verdict.startswith("gradlog OK")
 
 
+def test_a_deepspeed_release_without_what_gradlog_reads_is_refused() -> None:
+    # the ZeRO-1/2 optimizer of a DeepSpeed release that renamed its internals (gradlog knows DeepSpeed's classes
+    # by module and name only): refused before anything is hooked, not failing inside training
+    zero_cls = type("DeepSpeedZeroOptimizer", (), {"__module__": "deepspeed.runtime.zero.stage_1_and_2"})
+    model = nn.Linear(4, 2)
+    zero = zero_cls()
+    zero.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(NotImplementedError, match=r"DeepSpeedZeroOptimizer: the ZeRO optimizer has no bit16_groups"):
+        gradlog.GradLogger(model, zero, writer="memory", print_report=False)
+
+
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
@@ -101,14 +113,21 @@ def deepspeed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[An
 @needs_dist
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
 @pytest.mark.timeout(1200)
-def test_deepspeed_zero_is_refused_however_it_is_handed_over(deepspeed_run: Any, stage: int) -> None:
+def test_deepspeed_zero_is_measured_or_refused_however_it_is_handed_over(deepspeed_run: Any, stage: int) -> None:
     runs = deepspeed_run
-    opt = "DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer"
-    assert_refused(runs, f"zero{stage}-engine", "a DeepSpeed DeepSpeedEngine passed as the model", "flat partitions")
-    assert_refused(runs, f"zero{stage}-engine-module", f"a DeepSpeed {opt} optimizer", "fully_shard")
+    if stage == 3:
+        opt = "DeepSpeedZeroOptimizer_Stage3"
+        engine = "a DeepSpeed ZeRO-3 DeepSpeedEngine passed as the model"
+        assert_refused(runs, "zero3-engine", engine, "flat partitions")
+        assert_refused(runs, "zero3-engine-module", f"a DeepSpeed {opt} optimizer", "fully_shard")
+        assert_refused(runs, "zero3-check", f"a DeepSpeed {opt} optimizer")
+    else:  # measured (tests/test_zero.py compares the numbers with a plain-PyTorch replica)
+        assert [p["type"] for p in runs[f"zero{stage}-engine"] + runs[f"zero{stage}-engine-module"]] == [None] * 4
+        assert_refused(runs, f"zero{stage}-check", r"gradlog\.check \(check_first=True\) on a DeepSpeed ZeRO engine")
     mark = "ds_id" if stage == 3 else "_hp_mapping"
-    assert_refused(runs, f"zero{stage}-inner", f"DeepSpeed-managed parameters .* DeepSpeed's '{mark}'")
-    assert_refused(runs, f"zero{stage}-check", f"a DeepSpeed {opt} optimizer")
+    # the inner torch optimizer steps flat partitions: refused, naming what to pass instead
+    inner = f"DeepSpeed-managed parameters .* DeepSpeed's '{mark}'"
+    assert_refused(runs, f"zero{stage}-inner", inner, r"GradLogger\(engine\)")
     # the refusals touched nothing: the engine still trains
     assert [p["steps"] for p in runs[f"zero{stage}-trained"]] == [1, 1]
 
@@ -126,8 +145,19 @@ def test_deepspeed_pipeline_parallelism_is_refused(deepspeed_run: Any) -> None:
 @needs_dist
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
 @pytest.mark.timeout(1200)
-def test_hf_trainer_with_a_deepspeed_config_is_refused_before_the_first_step(
+def test_hf_trainer_with_a_deepspeed_config_trains_and_its_check_is_refused_before_the_first_step(
     deepspeed_run: Any, check_first: bool
 ) -> None:
-    assert_refused(deepspeed_run, f"hf-zero2-check{check_first}", "a DeepSpeed DeepSpeedZeroOptimizer optimizer")
-    assert [p["global_step"] for p in deepspeed_run[f"hf-zero2-check{check_first}-steps"]] == [0, 0]
+    """Before, the callback's grad_norm_total was 0.089 for the Trainer's 0.901, 20 steps were counted for 10,
+    and check_first=True crashed the first real step ("has already been reduced")."""
+    if check_first:  # refused before training starts, never a crash inside it
+        assert_refused(deepspeed_run, "hf-zero2-checkTrue", r"gradlog\.check \(check_first=True\) on a DeepSpeed ZeRO")
+        assert [p["global_step"] for p in deepspeed_run["hf-zero2-checkTrue-steps"]] == [0, 0]
+    else:  # ZeRO-2 through the callback: measured, one step per Trainer step (GPT-2 has two param groups)
+        assert [p["type"] for p in deepspeed_run["hf-zero2-checkFalse"]] == [None, None]
+        steps = deepspeed_run["hf-zero2-checkFalse-steps"]
+        assert [(p["global_step"], p["gradlog_steps"]) for p in steps] == [(2, 2), (2, 2)]
+        # rank 0 writes: its total gradient norm is the Trainer's grad_norm (the engine's, before clipping)
+        ours, theirs = [v for _, v in steps[0]["grad_norm_total"]], steps[0]["trainer_grad_norm"]
+        assert len(ours) == len(theirs) == 2
+        assert all(abs(a - b) <= 1e-6 * b for a, b in zip(ours, theirs)), (ours, theirs)

@@ -25,6 +25,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -159,21 +160,23 @@ class Reducer:
         return DistStep(self, index, owner, device)
 
     # --- collectives ---------------------------------------------------------------------------
-    def all_reduce(self, t: torch.Tensor, op: str, index: int) -> None:
-        """In place; raises DistributedMismatchError instead of hanging when a gloo peer never joins."""
+    def all_reduce(self, t: torch.Tensor, op: str, index: int, group: Any = None) -> None:
+        """In place, over `group`; raises DistributedMismatchError instead of hanging when a gloo peer never
+        joins. `group` None: every rank, for the model's shards (`used`); a group: an engine's gradients made
+        whole (DeepSpeed ZeRO-1/2's data-parallel group, gradlog.measure.zero), after which nothing is local."""
         dist = torch.distributed
-        self.used = True
+        self.used = self.used or group is None
         rop = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
         backend = dist.get_backend()
         if backend == "nccl" and t.device.type == "cpu":  # CPU-offloaded parameters under NCCL
             on_gpu = t.cuda()
-            dist.all_reduce(on_gpu, op=rop)
+            dist.all_reduce(on_gpu, op=rop, group=group)
             t.copy_(on_gpu)
             return
         if backend != "gloo":  # NCCL and friends: their own watchdog times out
-            dist.all_reduce(t, op=rop)
+            dist.all_reduce(t, op=rop, group=group)
             return
-        work = dist.all_reduce(t, op=rop, async_op=True)
+        work = dist.all_reduce(t, op=rop, group=group, async_op=True)
         try:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradlog.measure.zero import ZeroView, missing, zero_stage
+
 #: DeepSpeed's model wrappers: the optimizer steps inside `engine.step()`, over flat partitions
 _DS_ENGINES = ("DeepSpeedEngine", "PipelineEngine", "DeepSpeedHybridEngine")
 #: DeepSpeed's optimizers that keep fp32 masters and gradients as flat per-rank partitions
@@ -33,8 +35,9 @@ _DS_WHAT = (
     "slice as the model's: wrong gradient norms, and frozen or dead layers reported as fine"
 )
 _DS_FIX = (
-    "Train with PyTorch FSDP2 (`from torch.distributed.fsdp import fully_shard`) or DDP, which gradlog measures "
-    "globally"
+    "gradlog measures ZeRO-1 and ZeRO-2 through the engine: `GradLogger(engine)` or `GradLogger(engine.module, "
+    "engine.optimizer)`; for ZeRO-3 train with PyTorch FSDP2 (`from torch.distributed.fsdp import fully_shard`) "
+    "or DDP, which gradlog measures globally"
 )
 _FSDP1_WHAT = (
     "FSDP1 flattens parameters into per-rank slices, so every number would be "
@@ -77,8 +80,9 @@ def _check_model(model: nn.Module) -> None:
         ds = _deepspeed_class(m, _DS_ENGINES)
         if ds is not None:
             pipeline = "Pipeline" in ds
+            stage3 = _deepspeed_class(getattr(m, "optimizer", None), ("DeepSpeedZeroOptimizer_Stage3",))
             raise _refuse(
-                f"a DeepSpeed {ds} passed as the model",
+                f"a DeepSpeed {'ZeRO-3 ' if stage3 else ''}{ds} passed as the model",
                 "pipeline parallelism puts different layers on different ranks, so no rank sees the whole model"
                 if pipeline
                 else _DS_WHAT,
@@ -88,12 +92,13 @@ def _check_model(model: nn.Module) -> None:
             raise _refuse("FSDP1 (FullyShardedDataParallel)", _FSDP1_WHAT, _FSDP1_FIX)
 
 
-def _check_params(model: nn.Module) -> None:
-    """Parameters marked by DeepSpeed or FSDP1 (the wrapper was unwrapped, e.g. `engine.module`, `fsdp.module`)."""
+def _check_params(model: nn.Module, allowed: tuple[str, ...] = ()) -> None:
+    """Parameters marked by DeepSpeed or FSDP1 (the wrapper was unwrapped, e.g. `engine.module`, `fsdp.module`);
+    `allowed`: DeepSpeed marks of an engine gradlog measures (ZeRO-1/2's `_hp_mapping`)."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     many = distributed and torch.distributed.get_world_size() > 1
     for name, p in model.named_parameters():
-        marks = [a for a in _DS_PARAM_MARKS if hasattr(p, a)]
+        marks = [a for a in _DS_PARAM_MARKS if hasattr(p, a) and a not in allowed]
         if marks:
             raise _refuse(
                 f"DeepSpeed-managed parameters (the model's {name!r} carries DeepSpeed's {marks[0]!r}; "
@@ -165,3 +170,71 @@ def refuse_unsupported(model: nn.Module, optimizer: Any = None) -> None:
     if optimizer is not None:
         _check_optimizer(model, optimizer)
     _check_params(model)
+
+
+def _zero12(model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any] | None:
+    """(the module trained, the ZeRO-1/2 optimizer) when gradlog is handed a DeepSpeed ZeRO-1/2 engine
+    (`GradLogger(engine)`, with or without `engine.optimizer`) or a module with its ZeRO-1/2 optimizer
+    (`GradLogger(engine.module, engine.optimizer)`); None for anything else."""
+    if type(model).__name__ == "DeepSpeedEngine" and _deepspeed_class(model, _DS_ENGINES):
+        zero = getattr(model, "optimizer", None)
+        if zero_stage(zero) is None or (optimizer is not None and all(o is not zero for o in _chain(optimizer))):
+            return None
+        module = model.module
+        return (module, zero) if isinstance(module, nn.Module) else None
+    zero = next((o for o in _chain(optimizer) if zero_stage(o) is not None), None) if optimizer is not None else None
+    return (model, zero) if zero is not None else None
+
+
+def refuse_check(model: nn.Module, optimizer: Any) -> None:
+    """`refuse_unsupported` for `gradlog.check`, which also refuses DeepSpeed ZeRO-1/2: its dry step would
+    have to restore ZeRO's flat fp32 partitions and optimizer state, and DeepSpeed's gradient reduction
+    hooks would already have reduced the check's gradients (training's first step would then fail)."""
+    if _zero12(model, optimizer) is not None:
+        raise _refuse(
+            "gradlog.check (check_first=True) on a DeepSpeed ZeRO engine",
+            "its dry step would run through ZeRO's gradient partitions and optimizer state, which it cannot "
+            "restore exactly",
+            "Run gradlog.check on the plain model and a torch optimizer before deepspeed.initialize, or leave "
+            "check_first off: GradLogger(engine) measures ZeRO-1/2 training itself",
+        )
+    refuse_unsupported(model, optimizer)
+
+
+def attach(model: nn.Module, optimizer: Any = None) -> tuple[nn.Module, Any, ZeroView | None]:
+    """What GradLogger measures: (model, optimizer, the ZeRO view or None).
+
+    DeepSpeed ZeRO-1/2 (see `gradlog.measure.zero`): the engine's module and a `ZeroView` of its
+    optimizer, which gradlog hooks in place of the optimizer. Everything `refuse_unsupported` refuses
+    stays refused; otherwise the model and optimizer come back as given.
+    """
+    found = _zero12(model, optimizer)
+    if found is None:
+        refuse_unsupported(model, optimizer)
+        return model, optimizer, None
+    module, zero = found
+    lacks = missing(zero)
+    if lacks is not None:
+        raise _refuse(
+            f"this DeepSpeed version's {type(zero).__name__}",
+            f"{lacks}, which gradlog reads to rebuild each tensor's gradient from the ranks' partitions",
+            "Use a DeepSpeed release gradlog is tested with (0.19), or train with FSDP2",
+        )
+    _check_model(module)
+    _check_params(module, allowed=("_hp_mapping",))
+    trained = {id(p) for group in zero.bit16_groups for p in group}
+    if trained and not any(id(p) in trained for p in module.parameters()):
+        raise ValueError(
+            f"gradlog: the DeepSpeed {type(zero).__name__} trains none of the parameters of the "
+            f"{type(module).__name__} given; pass the engine (`GradLogger(engine)`) or its own module"
+        )
+    groups = {id(g) for g in getattr(zero, "real_dp_process_group", [])}
+    if len(groups) > 1:
+        raise _refuse(
+            "DeepSpeed ZeRO with param groups on different data-parallel groups (MoE expert parallelism)",
+            "each group's gradients are partitioned over its own ranks",
+            "Measure a model without expert parallelism, or train it with FSDP2",
+        )
+    outside = [p for p in module.parameters() if p.requires_grad and id(p) not in trained]
+    view = ZeroView(zero, outside)
+    return module, view, view

@@ -498,6 +498,14 @@ class OnceTrace:
         if unregistered(model, known):
             self.arm()
 
+    def disable(self) -> None:
+        """No traced step in this run: DeepSpeed ZeRO moves every gradient into its partitions between
+        backward() and step(), which a trace would read as gradients cleared in between."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self.state = "done"
+
     def arm(self) -> None:
         model = self._model()
         if self.state != "waiting" or model is None:

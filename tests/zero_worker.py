@@ -1,0 +1,210 @@
+"""Runs under `torchrun --nproc_per_node 2` (gloo, CPU) for tests/test_zero.py.
+
+Usage: python -m torch.distributed.run --nproc_per_node 2 tests/zero_worker.py OUT_DIR SUITE
+SUITE "zero": DeepSpeed ZeRO-1 and ZeRO-2 (and ZeRO-2 accumulating 2 micro-batches) on its CPU accelerator
+(DS_ACCELERATOR=cpu) train `catalogue.ZeroPlanted` (a frozen layer, a dead layer, a layer left out of the
+optimizer, two param groups, gradient clipping) with gradlog attached through the engine, and a plain-PyTorch
+replica trains the same model on the same global batch; each records to OUT_DIR/<case>-rank<r>.json what gradlog wrote
+and reported, the engine's global gradient norms and step counts, and the final weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from catalogue import ZeroPlanted
+from torch import nn
+
+import gradlog
+
+STEPS, EVERY, CLIP = 12, 2, 0.1
+
+
+def config(stage: int, clip: float = CLIP) -> dict[str, Any]:
+    return {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": stage},
+        "gradient_clipping": clip,
+    }
+
+
+def save(out: Path, case: str, payload: dict[str, Any]) -> None:
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    (out / f"{case}-rank{rank}.json").write_text(json.dumps(payload))
+
+
+def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, **extra: Any) -> dict[str, Any]:
+    weights = {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
+    hists = {
+        tag: [(s, list(h.counts), h.min, h.max, h.sum, h.count, h.nonfinite) for s, h in vals]
+        for tag, vals in mem.histograms.items()
+    }
+    return {
+        "scalars": mem.scalars,
+        "histograms": hists,
+        "report": report.to_dict(),
+        "verdict": report.verdict,
+        "weights": weights,
+        **extra,
+    }
+
+
+def engine_run(out: Path, stage: int, accumulate: int = 1) -> None:
+    """`accumulate` > 1: each rank's share of the global batch in that many micro-batches (one engine.step()
+    each; DeepSpeed steps its optimizer at the last)."""
+    import deepspeed
+
+    model = ZeroPlanted()
+    size = 4 // accumulate
+    cfg = {**config(stage), "train_micro_batch_size_per_gpu": size, "gradient_accumulation_steps": accumulate}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(engine, writer=mem, every=EVERY, print_report=False)
+    rank = torch.distributed.get_rank()
+    norms = []
+    for step in range(STEPS):
+        x, y = ZeroPlanted.batch(step)
+        for micro in range(accumulate):
+            mine = slice(4 * rank + size * micro, 4 * rank + size * (micro + 1))
+            engine.backward(nn.functional.mse_loss(engine(x[mine]), y[mine]))
+            engine.step()
+        gl.log(step)
+        norms.append(float(engine.get_global_grad_norm()))
+    report = gl.close()
+    released = "step" not in vars(engine.optimizer)  # close() gave the ZeRO optimizer its own step back
+    extra = {"norms": norms, "steps": gl.optimizer_steps, "engine_steps": engine.global_steps, "released": released}
+    payload = result(mem, report, engine.module, **extra)  # the weights before the step below
+    for _ in range(accumulate):  # training goes on without gradlog
+        engine.backward(nn.functional.mse_loss(engine(x[:size]), y[:size]))
+        engine.step()
+    payload["after_close"] = {"gradlog": gl.optimizer_steps, "engine": engine.global_steps - extra["engine_steps"]}
+    save(out, f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else ""), payload)
+
+
+def bf16_run(out: Path, stage: int) -> None:
+    """bf16 weights: gradlog's numbers against the fp32 masters and gradients DeepSpeed assembles itself
+    (`deepspeed.utils.safe_get_full_fp32_param` / `safe_get_full_grad`, one collective per tensor), every step."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+    model = ZeroPlanted()
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.groups(), config={**config(stage), "bf16": {"enabled": True}}
+    )
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False)
+    rank = torch.distributed.get_rank()
+    trained = {n: p for n, p in engine.module.named_parameters() if n.startswith(("inp.", "out."))}
+    truth: dict[str, list[tuple[float, float]]] = {n: [] for n in trained}
+    for step in range(4):
+        x, y = ZeroPlanted.batch(step)
+        mine = slice(4 * rank, 4 * rank + 4)
+        engine.backward(nn.functional.mse_loss(engine(x[mine].bfloat16()).float(), y[mine]))
+        grads = {n: float(safe_get_full_grad(p).float().norm()) for n, p in trained.items()}
+        before = {n: safe_get_full_fp32_param(p).clone() for n, p in trained.items()}
+        engine.step()
+        gl.log(step)
+        for n, p in trained.items():
+            after = safe_get_full_fp32_param(p)
+            truth[n].append((grads[n], float((after - before[n]).norm() / before[n].norm())))
+    gl.close()
+    save(out, f"zero{stage}-bf16", {"scalars": mem.scalars, "truth": truth, "dtype": str(trained["inp.weight"].dtype)})
+
+
+def replica(out: Path) -> None:
+    """The same model, optimizer groups, clipping and global batch in plain PyTorch, in one process."""
+    model = ZeroPlanted()
+    groups = model.groups()
+    opt = torch.optim.AdamW(groups)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=EVERY, print_report=False)
+    trained = [p for g in groups for p in g["params"]]
+    norms = []
+    for step in range(STEPS):
+        x, y = ZeroPlanted.batch(step)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        norms.append(float(gradlog.clip_grad_norm_(trained, CLIP)))
+        # DeepSpeed never averages the gradient of a tensor its optimizer does not hold (each rank keeps its
+        # own), and gradlog measures none there: the replica's left-out layer has none either
+        model.extra.zero_grad(set_to_none=True)
+        opt.step()
+        gl.log(step)
+    report = gl.close()
+    save(out, "replica", result(mem, report, model, norms=norms, steps=gl.optimizer_steps))
+
+
+def cost(out: Path, stage: int = 2, steps: int = 20, width: int = 512) -> None:
+    """Seconds per step of a 4-layer MLP (width 512: 1.05M parameters) under ZeRO-`stage`, un-monitored and
+    with gradlog measuring every step (every=1), alternated twice; then the same model in plain PyTorch on
+    this rank alone (AdamW), for gradlog's own measured-step cost without ZeRO. Rank 0's wall clock."""
+    import deepspeed
+
+    rank = torch.distributed.get_rank()
+    times: dict[str, float] = {}
+    x = torch.randn(4, width, generator=torch.Generator().manual_seed(rank))
+    for mode in ("off", "every1", "off2", "every1b", "plain-off", "plain-every1"):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())])
+        if mode.startswith("plain"):
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            engine: Any = None
+        else:
+            engine, opt, _, _ = deepspeed.initialize(
+                model=model, model_parameters=model.parameters(), config=config(stage)
+            )
+        watched = engine if engine is not None else model
+        on = "every" in mode
+        gl = (
+            gradlog.GradLogger(watched, opt if engine is None else None, writer="memory", every=1, print_report=False)
+            if on
+            else None
+        )
+        for i in range(steps + 3):
+            if i == 3:
+                torch.distributed.barrier()
+                start = time.perf_counter()
+            if engine is not None:
+                engine.backward(engine(x).pow(2).mean())
+                engine.step()
+            else:
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+            if gl is not None:
+                gl.log(i)
+        times[mode] = (time.perf_counter() - start) / steps
+        if gl is not None:
+            gl.close()
+    save(out, "cost", times)
+
+
+def zero_suite(out: Path) -> None:
+    import deepspeed
+    import deepspeed.ops
+
+    # on CPU DeepSpeed JIT-builds a shared-memory all-reduce (minutes of C++ compile); gloo does without it
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    if os.environ.get("ZERO_COST"):  # the measured-step cost alone (a timing: not part of the tests)
+        cost(out)
+        return
+    for stage in (1, 2):
+        engine_run(out, stage)
+    engine_run(out, 2, accumulate=2)
+    bf16_run(out, 2)
+    replica(out)
+
+
+if __name__ == "__main__":
+    out_dir, suite = Path(sys.argv[1]), sys.argv[2]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    {"zero": zero_suite}[suite](out_dir)
