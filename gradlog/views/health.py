@@ -19,7 +19,6 @@ from gradlog.runformat import names, tags
 from gradlog.runformat.cells import bare_name, table_cells
 from gradlog.runformat.files import shown
 from gradlog.runformat.rundata import RunData
-from gradlog.runformat.tables import closed_report, read_alerts, series_first_nonfinite, series_names, series_steps
 from gradlog.runformat.wandb_offline import WandbFileError, find_run_files, read_finished_run
 from gradlog.verdict.alerts import (
     DEFAULT_SPIKE_FACTOR,
@@ -42,6 +41,7 @@ from gradlog.verdict.report import (
     format_table,
     grouped_rows,
 )
+from gradlog.verdict.tables import closed_report, read_alerts, series_first_nonfinite, series_names, series_steps
 
 __all__ = ["DEFAULT_SPIKE_FACTOR", "Finding", "Health", "analyze", "replay"]
 

@@ -221,7 +221,7 @@ def closed(tables: Mapping[str, Table] | None, summary: Mapping[str, str]) -> An
     if tables is None or "never_updated" not in tables or not summary:
         return None
     from gradlog.runformat.rundata import RunData
-    from gradlog.runformat.tables import closed_report, read_alerts  # imports torch: only for a run that closed
+    from gradlog.verdict.tables import closed_report, read_alerts  # imports torch: only for a run that closed
 
     run = RunData("<tensorboard>", "tensorboard", tables={fmt.RUN + k: v for k, v in tables.items()})
     run.tables[fmt.SUMMARY] = (list(fmt.SUMMARY_COLUMNS), [[k, v] for k, v in summary.items()])
