@@ -18,9 +18,9 @@ from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.meter import Measurement
 from gradlog.measure.once import WarnOnce
 from gradlog.runformat import names, tags
-from gradlog.runformat.tables import SPARSE_TABLES, final_counts, report_tables, summary_rows
 from gradlog.verdict.report import Report
 from gradlog.verdict.series import run_level
+from gradlog.verdict.tables import SPARSE_TABLES, final_counts, report_tables, summary_rows
 from gradlog.writers import Writer
 from gradlog.writers.guard import GuardedWriters
 from gradlog.writers.overview import TAG as OVERVIEW_TAG
@@ -155,7 +155,7 @@ class Publisher:
             summary += segment[0]
         out.log_table(names.SUMMARY, names.SUMMARY_COLUMNS, summary)
         for name, (columns, rows) in report_tables(report).items():
-            if name in SPARSE_TABLES:  # written once non-empty, then always (`runformat.tables.SPARSE_TABLES`)
+            if name in SPARSE_TABLES:  # written once non-empty, then always (`verdict.tables.SPARSE_TABLES`)
                 key = (name, provisional_step is None)
                 if not rows and key not in self._sparse_tables:
                     continue

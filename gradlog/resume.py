@@ -25,13 +25,13 @@ from gradlog.measure.params import Tracked
 from gradlog.runformat import names
 from gradlog.runformat.cells import parse_shape, shape_cell, table_cells
 from gradlog.runformat.rundata import BadRun, RunData
-from gradlog.runformat.tables import closed_report
 from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
 from gradlog.runformat.wandb_run import read_segments, runs_in
 from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Reason, Report, Stalled, StoppedSlice
 from gradlog.verdict.slices import SliceFacts
 from gradlog.verdict.stopped_slices import cut
+from gradlog.verdict.tables import closed_report
 from gradlog.writers import make_writers, route_options, writer_names
 from gradlog.writers.tensorboard import TensorBoardWriter
 

@@ -21,7 +21,8 @@ from torch import nn
 
 import gradlog
 from gradlog.cli.entry import main
-from gradlog.verdict.report import CONSOLE_WIDTH, format_ranges
+from gradlog.verdict.records import format_ranges
+from gradlog.verdict.report import CONSOLE_WIDTH
 from gradlog.verdict.stopped_slices import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
 
 STEPS = 40

@@ -13,19 +13,16 @@ import gradlog
 
 PACKAGE = Path(gradlog.__file__).parent
 
-#: The run format (`gradlog/runformat/`) is two stages: its vocabulary and framing (names, cells, tags,
-#: markdown, event records, safe file reads: importing nothing else of gradlog) is the bottom stage every
-#: other imports; its codecs between a `Report` and the tables ("codecs") sit above `verdict`, whose records
-#: they build, and below everything that reads or writes a run.
-CODECS = {"gradlog.runformat.tables"}
-_BASE = {"runformat", "codecs", "verdict", "measure"}
+#: The run format (`gradlog/runformat/`: names, cells, tags, markdown, event records, safe file reads, a run
+#: read back) imports nothing else of gradlog: the bottom stage every other imports. The codecs between a
+#: `Report` and its tables live beside the records, in `verdict` (`gradlog/verdict/tables.py`).
+_BASE = {"runformat", "verdict", "measure"}
 #: stage -> the stages its modules may import (itself included). "api" is the package's top level.
 ALLOWED: dict[str, set[str]] = {
     "runformat": {"runformat"},
     "measure": {"measure", "runformat"},
     "writers": {"writers", "measure", "runformat"},
     "verdict": {"verdict", "measure", "runformat"},
-    "codecs": _BASE,
     "api": {"api", "writers", *_BASE},
     "readers": {"readers", *_BASE},
     "compare": {"compare", "readers", *_BASE},
@@ -37,14 +34,12 @@ ALLOWED: dict[str, set[str]] = {
 #: run format, not the readers).
 EXCEPTIONS: dict[tuple[str, str], str] = {}
 #: what runs inside the user's training loop: it must never pull in what runs after the run.
-TRAINING_LOOP = {"api", "measure", "verdict", "writers", "runformat", "codecs"}
+TRAINING_LOOP = {"api", "measure", "verdict", "writers", "runformat"}
 
 
 def _stage_of_module(dotted: str) -> str:
     parts = dotted.split(".")
     assert parts[0] == "gradlog", dotted
-    if dotted in CODECS:
-        return "codecs"
     if len(parts) > 1 and parts[1] in ALLOWED and parts[1] != "api":
         return parts[1]
     return "api"
@@ -54,8 +49,6 @@ def _stage_of_file(path: Path) -> str:
     rel = path.relative_to(PACKAGE).parts
     if rel[-1] == "__main__.py":
         return "cli"  # `python -m gradlog` is the command line
-    if ".".join(("gradlog", *rel)).removesuffix(".py") in CODECS:
-        return "codecs"
     return rel[0] if len(rel) > 1 else "api"
 
 
@@ -90,7 +83,7 @@ def _violations() -> list[str]:
 
 def test_every_module_belongs_to_a_known_stage() -> None:
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")}
-    assert folders == set(ALLOWED) - {"api", "codecs"}
+    assert folders == set(ALLOWED) - {"api"}
 
 
 def test_no_module_imports_a_higher_stage() -> None:
@@ -118,5 +111,4 @@ def test_every_stage_may_take_the_run_format_and_resume_reads_through_it() -> No
     assert all("runformat" in allowed for allowed in ALLOWED.values())
     resume = {m for _, m in _imports(PACKAGE / "resume.py")}
     assert not {_stage_of_module(m) for m in resume} & {"readers", "views", "cli", "compare", "integrations"}
-    assert _stage_of_module("gradlog.runformat.tables") == "codecs"
-    assert _stage_of_file(PACKAGE / "runformat" / "names.py") == "runformat"
+    assert ALLOWED["runformat"] == {"runformat"}

@@ -20,7 +20,7 @@ import gradlog
 from gradlog import Reason
 from gradlog.measure import fingerprint as fp
 from gradlog.measure.slice_grads import slice_nonzero
-from gradlog.verdict.report import format_ranges as ranges
+from gradlog.verdict.records import format_ranges as ranges
 
 Batch = Callable[[torch.Generator], torch.Tensor]
 

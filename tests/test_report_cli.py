@@ -123,7 +123,7 @@ def hand_first_out_of_band(
 
 def assert_matches_close(out: dict[str, Any], report: gradlog.Report, mem: gradlog.MemoryWriter) -> None:
     """The report read from disk says what close() said, and what the in-memory series say."""
-    assert [[str(r[c]) for c in COLUMNS] for r in out["never_updated"]] == report.rows()
+    assert [[str(r[c]) for c in COLUMNS] for r in out["never_updated"]] == [r.row() for r in report.never_updated]
     assert all(isinstance(r["numel"], int) for r in out["never_updated"])
     assert {r["name"]: r["reason"] for r in out["never_updated"]} == PLANTED
     assert report.first_nonfinite is not None

@@ -23,8 +23,8 @@ from gradlog.readers.wandb_offline import find_run_files
 from gradlog.resume import Segment
 from gradlog.runformat import names
 from gradlog.runformat.cells import bare_name, name_cell, parse_shape, shape_cell, split_name_cell
-from gradlog.runformat.tables import closed_report, read_alerts, report_tables, summary_rows
 from gradlog.verdict.report import Reason, Report
+from gradlog.verdict.tables import closed_report, read_alerts, report_tables, summary_rows
 from gradlog.writers.wandb import WandbWriter
 
 wandb = pytest.importorskip("wandb")

@@ -18,7 +18,7 @@ from torch import nn
 
 import gradlog
 from gradlog import Reason
-from gradlog.verdict.report import format_ranges
+from gradlog.verdict.records import format_ranges
 from gradlog.verdict.stopped_slices import MIN_QUIET_FRACTION, MIN_QUIET_STEPS
 
 transformers = pytest.importorskip("transformers")

@@ -27,6 +27,7 @@ import gradlog
 from gradlog.cli.entry import main
 from gradlog.readers.run import load, parse_markdown_table
 from gradlog.verdict.judge import judge
+from gradlog.verdict.records import format_ranges, parse_ranges
 from gradlog.verdict.report import (
     PARTLY_COLUMNS,
     RANGES_SHOWN,
@@ -37,8 +38,6 @@ from gradlog.verdict.report import (
     Reason,
     Report,
     Stalled,
-    format_ranges,
-    parse_ranges,
 )
 from gradlog.views.health import analyze
 

@@ -308,12 +308,12 @@ class DiffResult:
         out += [f"  {i}: {label}" for i, label in enumerate(self.checkpoints)]
         r = self.report
         if r.never_updated:
-            out += ["", "Never changed:", format_table(COLUMNS, r.rows())]
+            out += ["", "Never changed:", format_table(COLUMNS, [x.row() for x in r.never_updated])]
         if r.partly_updated:
             rows = partly_rows(r.partly_updated)
             out += ["", "Rows/columns/elements that never changed:", format_table(PARTLY_COLUMNS, rows)]
         if r.stalled:
-            rows = [[s.name, str(s.since_step), str(s.last_update_step), s.reason.value, s.detail] for s in r.stalled]
+            rows = [s.row() for s in r.stalled]
             out += ["", "Changed, then stopped (steps are checkpoint intervals):", format_table(STALLED_COLUMNS, rows)]
         if self.nonfinite:
             rows = [

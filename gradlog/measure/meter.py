@@ -38,20 +38,7 @@ from gradlog.measure.stats import (
     subtract_with_sumsq,
 )
 from gradlog.runformat import names
-from gradlog.runformat.tags import HISTOGRAM_KINDS, prefix
-
-#: Per-tensor tag prefixes (`weights/<metric>/`, see `gradlog.runformat.tags`), built once.
-WEIGHT_NORM, GRAD_NORM, GRAD_ZERO_FRAC = prefix("weight_norm"), prefix("grad_norm"), prefix("grad_zero_frac")
-GRAD_NONFINITE, UPDATE_RATIO, DEAD_FRAC = prefix("grad_nonfinite"), prefix("update_ratio"), prefix("dead_frac")
-#: the share of a tensor's elements whose gradient was non-zero (lr > 0) yet whose value did not change
-FROZEN_FRAC = prefix("frozen_frac")
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _row_tags(name: str) -> tuple[str, str, str, str, str, str]:
-    """One tensor's scalar tags, built once: a 5,000-tensor step made 25,000 new strings (2 MB) each time."""
-    return tuple(p + name for p in (WEIGHT_NORM, GRAD_NORM, GRAD_ZERO_FRAC, GRAD_NONFINITE, UPDATE_RATIO, DEAD_FRAC))  # type: ignore[return-value]
-
+from gradlog.runformat.tags import HISTOGRAM_KINDS, row_tags, tag
 
 #: elements per block of `_host_frozen`: its three small temporaries stay in the L1/L2 cache
 _FROZEN_BLOCK = 1 << 15
@@ -295,17 +282,16 @@ class Measurement:
         return None if ratio is None else torch.tensor(ratio, dtype=torch.float64)
 
     def scalars(self) -> dict[str, float]:
-        """Every scalar tag of this step, for the writers (names: `gradlog.runformat.tags`)."""
+        """Every per-tensor scalar of this step, the total gradient norm and the clip coefficient, for the writers
+        (names: `gradlog.runformat.tags`); the run-level counts are `gradlog.verdict.series.run_level`'s."""
         out: dict[str, float] = {}
         host = self.lists
         gnorm, nf, sumsq, ratios, wnorm = host.grad_norm, host.nonfinite, host.sumsq, host.ratio, host.weight_norm
         zf = self.zero_frac.tolist() if self.zeros_counted else None
         dead = self.dead_frac.tolist() if self.dead_frac is not None else None
         total = 0.0
-        n_nonfinite = 0
-        n_nograd = 0
         for i, row in enumerate(self.rows):
-            t_weight, t_grad, t_zero, t_nonfinite, t_ratio, t_dead = _row_tags(row.name)
+            t_weight, t_grad, t_zero, t_nonfinite, t_ratio, t_dead = row_tags(row.name)
             out[t_weight] = wnorm[i]
             if self.has_grad[i]:
                 out[t_grad] = gnorm[i]
@@ -313,19 +299,14 @@ class Measurement:
                     out[t_zero] = zf[i]
                 out[t_nonfinite] = nf[i]
                 total += sumsq[i]
-                n_nonfinite += nf[i] > 0
-            elif row.param.requires_grad:
-                n_nograd += 1
             if ratios is not None and row.group is not None and host.has_ratio(i):
                 out[t_ratio] = ratios[i]
             if dead is not None and self.has_grad[i] and not math.isnan(dead[i]):
                 out[t_dead] = dead[i]
         for i, frac in enumerate((self.frozen_frac or ()) if not self.skipped else ()):
             if frac:  # written while non-zero: a healthy fp32 run writes none of these series
-                out[FROZEN_FRAC + self.rows[i].name] = frac
+                out[tag("frozen_frac", self.rows[i].name)] = frac
         out[names.GRAD_NORM_TOTAL] = math.sqrt(total) if math.isfinite(total) else total
-        out[names.NONFINITE_TENSORS] = float(n_nonfinite)
-        out[names.NO_GRAD_TENSORS] = float(n_nograd)
         if self.clip_coef is not None:
             out[names.CLIP_COEF] = self.clip_coef
         return out

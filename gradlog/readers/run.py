@@ -27,9 +27,9 @@ from gradlog.runformat.files import (
 )
 from gradlog.runformat.markdown import parse_markdown_table
 from gradlog.runformat.rundata import GRADLOG_PREFIXES, BadRun, RunData, model_order, settle_provisional
-from gradlog.runformat.tables import closed_report
 from gradlog.runformat.tb_run import is_event_file, read_event_files, run_key
 from gradlog.runformat.wandb_run import groups, read_run_files
+from gradlog.verdict.tables import closed_report
 
 #: What readers of a run import from here: the run format's own types and codecs, and `load`.
 __all__ = [

@@ -4,10 +4,10 @@
 `cells` (the name cell, shapes, slice dims, summary values), `markdown` (the tables TensorBoard shows, and
 their inverse), `tfevents` (TFRecord framing, written and read), `files` (safe reads of an untrusted run
 folder), `points` and `rundata` (a run read back) and `tb_run` (a TensorBoard run's event files read back)
-import nothing of gradlog above this package: every stage, the training loop's included, takes its names
-from here. `tables` holds the codecs between a `Report` and its tables (the summary rows, each findings
-table, written and read back); it sits above `gradlog.verdict`, whose records it builds. A resumed run
-(gradlog/resume.py) reads its earlier segment through `tb_run` and `tables`, never through the readers.
+import nothing of gradlog outside this package: every stage, the training loop's included, takes its names
+from here. The codecs between a `Report` and its tables sit beside the records they build, in
+`gradlog.verdict.tables`; a resumed run reads its earlier segment through `tb_run` and those codecs, never
+through the readers.
 
-This `__init__` imports nothing: importing `gradlog.runformat.names` must not pull in the codecs.
+This `__init__` imports nothing: importing `gradlog.runformat.names` pulls in nothing else.
 """

@@ -69,16 +69,7 @@ TEXT_SUFFIXES = (TABLE_SUFFIX, "/text_summary")
 
 # --- columns ---------------------------------------------------------------------------------------
 SUMMARY_COLUMNS = ["key", "value"]
-#: The never-updated table as the console shows it ...
-COLUMNS = ["name", "shape", "numel", "reason", "detail"]
-#: ... and as written: `suspect` travels with it, so `gradlog report` judges the run as close() did.
-TABLE_COLUMNS = [*COLUMNS, "suspect"]
-PARTLY_COLUMNS = ["name", "dim", "never", "total", "indices", "reason", "detail"]
-STALLED_COLUMNS = ["name", "since_step", "last_update_step", "reason", "detail"]
-STOPPED_COLUMNS = ["name", "dim", "stopped", "total", "indices", "since_step", "last_grad_step", "reason", "detail"]
-EXPERT_COLUMNS = ["layer", "state", "experts", "idle", "total", "since_step", "reason", "detail"]
-PRECISION_COLUMNS = ["name", "dtype", "mean_frac", "max_frac", "steps", "detail"]
-ALERT_COLUMNS = ["step", "kind", "name", "detail"]
+#: The findings tables' columns are their records' (`gradlog.verdict.records`: one codec for every kind).
 #: The user's policy rules, in order.
 POLICY_COLUMNS = ["kind", "pattern", "severity"]
 #: The per-tensor counters a segment passes on to the next (`gradlog.verdict.ledger.Evidence`'s, summed over

@@ -19,6 +19,7 @@ Runs written before (`grad_norm/<name>`, `grad/<name>`, ...) still read back: `o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from gradlog.runformat.names import RUN, TENSORS
@@ -45,6 +46,18 @@ def prefix(metric: str) -> str:
 def tag(metric: str, name: str) -> str:
     """The tag of one tensor's `metric` series: `weights/update_ratio/fc.weight`."""
     return f"{TENSORS}{metric}/{name}"
+
+
+#: The metrics of `row_tags`: what the meter writes for each tensor at a measured step (`frozen_frac` only
+#: where it is non-zero, through `tag`).
+ROW_METRICS = ("weight_norm", "grad_norm", "grad_zero_frac", "grad_nonfinite", "update_ratio", "dead_frac")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def row_tags(name: str) -> tuple[str, str, str, str, str, str]:
+    """One tensor's scalar tags (`ROW_METRICS`), built once: a 5,000-tensor step made 25,000 new strings (2 MB)
+    each time."""
+    return tuple(prefix(m) + name for m in ROW_METRICS)  # type: ignore[return-value]
 
 
 #: `weights/<metric>/` for every scalar metric, as accepted by `str.startswith`.
@@ -76,12 +89,14 @@ def old_to_new(tags: Iterable[str]) -> dict[str, str]:
 __all__ = [
     "HISTOGRAM_KINDS",
     "OLD_SCALAR_PREFIXES",
+    "ROW_METRICS",
     "RUN",
     "SCALAR_METRICS",
     "SCALAR_PREFIXES",
     "TENSORS",
     "old_to_new",
     "prefix",
+    "row_tags",
     "split",
     "tag",
 ]

@@ -75,8 +75,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gradlog.measure.meter import Measurement
-from gradlog.runformat.names import ALERT_COLUMNS
-from gradlog.verdict.report import WARNING_KINDS, Alert
+from gradlog.verdict.report import ALERT_COLUMNS, WARNING_KINDS, Alert
 from gradlog.verdict.silence import MAX_CHANCE, chance
 
 log = logging.getLogger("gradlog")

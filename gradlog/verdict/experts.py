@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from gradlog.measure.owners import Owner, Owners
 from gradlog.measure.params import Tracked, is_materialized
+from gradlog.verdict.records import format_ranges
 from gradlog.verdict.report import (
     IdleExperts,
     NeverUpdated,
@@ -32,7 +33,6 @@ from gradlog.verdict.report import (
     Reason,
     Stalled,
     StoppedSlice,
-    format_ranges,
 )
 
 

@@ -227,10 +227,10 @@ def slice_kinds(report: Report) -> tuple[list[str], list[str]]:
 
     def kind(table: str, r: Any) -> str:
         if str(r.reason) not in DEAD_REASONS or not r.total:
-            return f"{table}.{r.reason}"
+            return str(r.policy_kind())
         small = lost[(r.name, r.dim)] <= SMALL_SHARE * r.total
         event = table == "stopped" and len(r.indices) >= EVENT_SLICES
-        return f"{table}.few_dead" if small and not event else f"{table}.{r.reason}"
+        return f"{table}.few_dead" if small and not event else str(r.policy_kind())
 
     return [kind("partly", p) for p in report.partly_updated], [kind("stopped", s) for s in report.stopped_slices]
 
@@ -254,18 +254,18 @@ def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> li
     for r in report.never_updated:
         if nothing_measured(report) and str(r.reason) == "unknown":
             continue  # no step measured: no evidence either way, which the verdict says instead (issue 41)
-        add(never_kind(r.reason, r.suspect), r.name, r.aliases, cause=cause_key("never_updated", r))
+        add(r.policy_kind(), r.name, r.aliases, cause=cause_key("never_updated", r))
     partly_kinds, stopped_kinds = slice_kinds(report)
     for p, kind in zip(report.partly_updated, partly_kinds):
         add(kind, p.name, cause=cause_key("partly_updated", p))
     for s in report.stalled:
-        add(f"stalled.{s.reason}", s.name, cause=cause_key("stalled", s))
+        add(s.policy_kind(), s.name, cause=cause_key("stalled", s))
     for sl, kind in zip(report.stopped_slices, stopped_kinds):
         add(kind, sl.name, cause=cause_key("stopped_slices", sl))
     for q in report.precision:
-        add("precision.rounded_away", q.name)
+        add(q.policy_kind(), q.name)
     for p in getattr(report, "in_batch", ()):  # gradlog.check: judged by the same policy as a run's slices
-        add(f"partly.{p.reason}", p.name, in_batch=True)
+        add(p.policy_kind(), p.name, in_batch=True)
     if report.skipped_steps:
         add("run.skipped_steps", None)
     named = {r.name for r in report.never_updated} | {s.name for s in report.stalled}

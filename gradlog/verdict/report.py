@@ -8,20 +8,9 @@ import re
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-import torch
-
-from gradlog.runformat.cells import DIM_NAMES, bare_name, name_cell, shape_cell
-from gradlog.runformat.names import (
-    COLUMNS,
-    EXPERT_COLUMNS,
-    PARTLY_COLUMNS,
-    PRECISION_COLUMNS,
-    STALLED_COLUMNS,
-    STOPPED_COLUMNS,
-    TABLE_COLUMNS,
-)
+from gradlog.runformat.cells import DIM_NAMES, bare_name
 from gradlog.verdict import causes
 from gradlog.verdict.judge import (
     ALERT_FINDINGS,
@@ -33,6 +22,23 @@ from gradlog.verdict.judge import (
     slice_kinds,
 )
 from gradlog.verdict.policy import IGNORE, SEVERITIES, WARNING, Policy
+from gradlog.verdict.records import (
+    ALIASES,
+    COUNT,
+    DIM,
+    FLAG,
+    INT,
+    NAME_WITH_ALIASES,
+    SHAPE,
+    SHARE,
+    TEXT,
+    Record,
+    cell,
+    ranges,
+    simple,
+)
+
+R = TypeVar("R", bound=Record)
 
 
 class Reason(str, enum.Enum):
@@ -61,6 +67,18 @@ class Reason(str, enum.Enum):
         return self.value
 
 
+def _reason(text: str) -> Reason:
+    try:
+        return Reason(text)
+    except ValueError:
+        return Reason.UNKNOWN  # a reason this version does not know: still listed, judged a problem
+
+
+#: a reason's cell: its value; read back leniently
+REASON = simple(lambda r: r.value, _reason, plain=lambda r: r.value)
+#: index ranges a console line shows before it says how many more there are
+RANGES_SHOWN = 4
+
 #: Reasons that usually mean the user meant it (fine-tuning with a frozen backbone, padding rows).
 INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX, Reason.PRUNED})
 
@@ -68,78 +86,62 @@ INTENTIONAL = frozenset({Reason.FROZEN, Reason.PADDING_IDX, Reason.PRUNED})
 #: gradient is the problem `first_nonfinite`, a missing gradient ends in the never-updated table.
 WARNING_KINDS = frozenset({"grad_norm_spike", "update_ratio_high", "update_ratio_low"})
 RATIO_KINDS = frozenset({"update_ratio_high", "update_ratio_low"})
-#: The tables' columns are the run format's (`gradlog.runformat.names`); the console shows the same.
-__all__ = [
-    "COLUMNS",
-    "DIM_NAMES",
-    "EXPERT_COLUMNS",
-    "PARTLY_COLUMNS",
-    "PRECISION_COLUMNS",
-    "STALLED_COLUMNS",
-    "STOPPED_COLUMNS",
-    "TABLE_COLUMNS",
-]
 
 
 @dataclass(frozen=True)
-class NeverUpdated:
+class NeverUpdated(Record):
     """One tensor that never learned, with the evidence in `detail`."""
 
-    name: str
-    shape: tuple[int, ...]
-    numel: int
-    reason: Reason
-    detail: str
-    aliases: tuple[str, ...] = ()
+    KIND = "never_updated"
+    TITLE = "Never updated"
+    NOUN = "tensor"
+    SPARSE = False
+
+    name: str = cell(NAME_WITH_ALIASES)
+    shape: tuple[int, ...] = cell(SHAPE)  # "not materialised": a lazy module, never run
+    numel: int = cell(COUNT)
+    reason: Reason = cell(REASON)
+    detail: str = cell(TEXT)
+    #: the other names the tensor is tied to: in the name cell (`w (= a, b)`), and after the name in JSON
+    aliases: tuple[str, ...] = cell(ALIASES, default=())
     #: a normally intentional reason that looks like a mistake here (frozen, yet in an optimizer
-    #: param group, or frozen after the logger started): a finding, not an intention
-    suspect: bool = False
+    #: param group, or frozen after the logger started): a finding, not an intention. Written, not printed:
+    #: it travels with the table, so `gradlog report` judges the run as close() did.
+    suspect: bool = cell(FLAG, shown=False, default=False)
 
     @property
     def intentional(self) -> bool:
         return self.reason in INTENTIONAL and not self.suspect
 
-    def row(self) -> list[str]:
-        shape = shape_cell(self.shape, self.numel)  # "not materialised": a lazy module, never run
-        return [name_cell(self.name, self.aliases), shape, str(self.numel), self.reason.value, self.detail]
+    def policy_kind(self) -> str:
+        return never_kind(self.reason, self.suspect)
 
-    def table_row(self) -> list[str]:
-        """The row of the written table (`TABLE_COLUMNS`)."""
-        return [*self.row(), str(self.suspect)]
-
-    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None); `kind`: the
-        judge's (`judge.slice_kinds`: dead units of a small share are `partly.few_dead`)."""
-        return {
-            "name": self.name,
-            "aliases": list(self.aliases),
-            "shape": list(self.shape),
-            "numel": self.numel,
-            "reason": self.reason.value,
-            "detail": self.detail,
-            "suspect": self.suspect,
-            "intentional": self.intentional,
-            "severity": (policy or Policy()).severity(
-                never_kind(self.reason, self.suspect), (self.name, *self.aliases)
-            ),
-        }
+    def policy_names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
 
 
 @dataclass(frozen=True)
-class PartlyUpdated:
+class PartlyUpdated(Record):
     """Slices of a tensor that never changed while the rest of it did: dead units, unseen embedding rows.
 
     `dim` is 0 (rows: output units, filters, tokens), 1 (columns: input features or channels) or
     None (elements of a 1-D tensor); `indices` are global, sorted, and `never == len(indices)`.
     """
 
-    name: str
-    dim: int | None
-    never: int
-    total: int
-    indices: tuple[int, ...]
-    reason: Reason
-    detail: str
+    KIND = "partly_updated"
+    TITLE = "Partly updated"
+    SPARSE = False
+    ABOUT = "slices that never changed"
+    #: the markdown's ungrouped table cuts index ranges as the console does
+    UNGROUPED_LIMIT = RANGES_SHOWN
+
+    name: str = cell(TEXT)
+    dim: int | None = cell(DIM)
+    never: int = cell(INT)
+    total: int = cell(INT)
+    indices: tuple[int, ...] = cell(ranges("total", cap=10_000_000))
+    reason: Reason = cell(REASON)
+    detail: str = cell(TEXT)
 
     @property
     def intentional(self) -> bool:
@@ -150,179 +152,122 @@ class PartlyUpdated:
         """What kind of slice `indices` counts: rows (dim 0), columns (dim 1) or elements (1-D)."""
         return DIM_NAMES.get(self.dim, f"dim {self.dim}")
 
-    def row(self, limit: int | None = None) -> list[str]:
-        """`PARTLY_COLUMNS` cells; `limit` cuts the index ranges for the console (the written table keeps all)."""
-        return [
-            self.name,
-            self.slices,
-            str(self.never),
-            str(self.total),
-            format_ranges(self.indices, limit),
-            self.reason.value,
-            self.detail,
-        ]
-
-    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None); `kind`: the
-        judge's (`judge.slice_kinds`: dead units of a small share are `partly.few_dead`)."""
-        return {
-            "name": self.name,
-            "dim": self.dim,
-            "never": self.never,
-            "total": self.total,
-            "indices": list(self.indices),
-            "reason": self.reason.value,
-            "detail": self.detail,
-            "intentional": self.intentional,
-            "severity": (policy or Policy()).severity(kind or f"partly.{self.reason}", self.name),
-        }
+    def policy_kind(self) -> str:
+        return f"partly.{self.reason}"
 
 
 @dataclass(frozen=True)
-class Stalled:
+class Stalled(Record):
     """A tensor that learned, then stopped: no update at any measured step from `since_step` to the end."""
 
-    name: str
-    since_step: int  # first optimizer step of the final quiet stretch
-    last_update_step: int  # last measured step with a non-zero update
-    reason: Reason
-    detail: str
+    KIND = "stalled"
+    TITLE = "Stopped learning"
+    NOUN = "tensor"
+    SPARSE = False
 
-    def row(self) -> list[str]:
-        return [self.name, str(self.since_step), str(self.last_update_step), self.reason.value, self.detail]
+    name: str = cell(TEXT)
+    since_step: int = cell(INT)  # first optimizer step of the final quiet stretch
+    last_update_step: int = cell(INT)  # last measured step with a non-zero update
+    reason: Reason = cell(REASON)
+    detail: str = cell(TEXT)
 
-    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None); `kind`: the
-        judge's (`judge.slice_kinds`: dead units of a small share are `partly.few_dead`)."""
-        return {
-            "name": self.name,
-            "since_step": self.since_step,
-            "last_update_step": self.last_update_step,
-            "reason": self.reason.value,
-            "detail": self.detail,
-            "severity": (policy or Policy()).severity(f"stalled.{self.reason}", self.name),
-        }
+    def policy_kind(self) -> str:
+        return f"stalled.{self.reason}"
 
 
 @dataclass(frozen=True)
-class StoppedSlice:
+class StoppedSlice(Record):
     """Slices of a tensor that had a non-zero gradient at some measured step and none from `since_step` on
     (to the end of the run), while the rest of the tensor kept getting one: units that died mid-run, experts
     no longer routed. `dim` as in `PartlyUpdated`; `last_grad_step` is the last measured step with a non-zero
     gradient in any of them (they stopped between it and `since_step`), -1 where it was not observed: slices
     of a resumed run that had a gradient before the resume and none since (`since_step` is the resume step)."""
 
-    name: str
-    dim: int | None
-    stopped: int
-    total: int
-    indices: tuple[int, ...]
-    since_step: int
-    last_grad_step: int
-    reason: Reason
-    detail: str
+    KIND = "stopped_slices"
+    TITLE = "Stopped slices"
+    ABOUT = "had a gradient, then none to the end"
+
+    name: str = cell(TEXT)
+    dim: int | None = cell(DIM)
+    stopped: int = cell(INT)
+    total: int = cell(INT)
+    indices: tuple[int, ...] = cell(ranges("total", cap=10_000_000))
+    since_step: int = cell(INT)
+    last_grad_step: int = cell(INT)
+    reason: Reason = cell(REASON)
+    detail: str = cell(TEXT)
 
     @property
     def slices(self) -> str:
         return DIM_NAMES.get(self.dim, f"dim {self.dim}")
 
-    def row(self, limit: int | None = None) -> list[str]:
-        """`STOPPED_COLUMNS` cells; `limit` cuts the index ranges for the console."""
-        return [
-            self.name,
-            self.slices,
-            str(self.stopped),
-            str(self.total),
-            format_ranges(self.indices, limit),
-            str(self.since_step),
-            str(self.last_grad_step),
-            self.reason.value,
-            self.detail,
-        ]
-
-    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None); `kind`: the
-        judge's (`judge.slice_kinds`: dead units of a small share are `stopped.few_dead`)."""
-        return {
-            **dataclasses.asdict(self),
-            "indices": list(self.indices),
-            "reason": self.reason.value,
-            "severity": (policy or Policy()).severity(kind or f"stopped.{self.reason}", self.name),
-        }
+    def policy_kind(self) -> str:
+        return f"stopped.{self.reason}"
 
 
 @dataclass(frozen=True)
-class IdleExperts:
+class IdleExperts(Record):
     """Experts of one MoE layer (`layer`: the module holding them) that got no gradient: `state` "never" (at
     no measured step) or "stopped" (from `since_step` on). Derived from the never-updated, partly-updated,
     stalled and stopped-slice records of the layer's expert tensors (`gradlog.verdict.experts`): the same
-    finding said per expert, not per row."""
+    finding said per expert, not per row. No severity of its own: the verdict counts the records it is built
+    from."""
 
-    layer: str
-    state: str
-    experts: tuple[int, ...]
-    total: int
-    since_step: int  # -1 for "never"
-    reason: Reason
-    detail: str
+    KIND = "experts"
+    TITLE = "Experts"
+    KEY = "layer"
 
-    def row(self) -> list[str]:
-        return [
-            self.layer,
-            self.state,
-            format_ranges(self.experts),
-            str(len(self.experts)),
-            str(self.total),
-            str(self.since_step),
-            self.reason.value,
-            self.detail,
-        ]
+    layer: str = cell(TEXT)
+    state: str = cell(TEXT)
+    #: the idle experts' indices, and their count in the `idle` column after them
+    experts: tuple[int, ...] = cell(ranges("total", cap=1_000_000, cut=False, count="idle"))
+    total: int = cell(INT)
+    since_step: int = cell(INT)  # -1 for "never"
+    reason: Reason = cell(REASON)
+    detail: str = cell(TEXT)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types (no severity of its own: the verdict counts the records it is built from)."""
-        return {**dataclasses.asdict(self), "experts": list(self.experts), "reason": self.reason.value}
+    def policy_names(self) -> str:
+        return self.layer
 
 
 @dataclass(frozen=True)
-class PrecisionLoss:
+class PrecisionLoss(Record):
     """A low-precision tensor whose updates round away in part: on measured steps, `mean_frac` (and at most
     `max_frac`) of its elements had a non-zero gradient and lr > 0, yet kept their value."""
 
-    name: str
-    dtype: str
-    mean_frac: float
-    max_frac: float
-    steps: int  # measured steps it was judged on
-    detail: str
+    KIND = "precision"
+    TITLE = "Updates rounded away"
+    NOUN = "tensor"
 
-    def row(self) -> list[str]:
-        return [self.name, self.dtype, f"{self.mean_frac:.3f}", f"{self.max_frac:.3f}", str(self.steps), self.detail]
+    name: str = cell(TEXT)
+    dtype: str = cell(TEXT)
+    mean_frac: float = cell(SHARE)
+    max_frac: float = cell(SHARE)
+    steps: int = cell(INT)  # measured steps it was judged on
+    detail: str = cell(TEXT)
 
-    def to_dict(self, policy: Policy | None = None) -> dict[str, Any]:
-        """Plain JSON types, with the record's severity under `policy` (the defaults when None)."""
-        return {
-            **dataclasses.asdict(self),
-            "severity": (policy or Policy()).severity("precision.rounded_away", self.name),
-        }
+    def policy_kind(self) -> str:
+        return "precision.rounded_away"
 
 
 @dataclass(frozen=True)
-class Alert:
+class Alert(Record):
     """A warning raised during training: `step` is the optimizer step it was measured at.
 
     `value` is the number that crossed the line (an update ratio, a gradient norm, a NaN count) and
-    `reference` what it was judged against (the band's edge, the tensor's running median), when any.
+    `reference` what it was judged against (the band's edge, the tensor's running median), when any: not in
+    the table (an alert read back has neither).
     """
 
-    step: int
-    kind: str
-    name: str
-    detail: str
+    KIND = "alerts"
+    TITLE = "Alerts"
+
+    step: int = cell(INT)
+    kind: str = cell(TEXT)
+    name: str = cell(TEXT)
+    detail: str = cell(TEXT)
     value: float | None = None
     reference: float | None = None
-
-    def row(self) -> list[str]:
-        return [str(self.step), self.kind, self.name, self.detail]
 
 
 @dataclass(frozen=True)
@@ -334,15 +279,19 @@ class NonFinite:
     count: int
 
 
+#: Every kind of finding the `Report` holds, in the order its tables are written and read (`Report.<KIND>`)
+FINDINGS: tuple[type[Record], ...] = (NeverUpdated, PartlyUpdated, Stalled, StoppedSlice, IdleExperts, PrecisionLoss)
 #: what each table a person reads is called, by the `Report` field its rows come from
-TITLES = {
-    "never_updated": "Never updated",
-    "partly_updated": "Partly updated",
-    "stalled": "Stopped learning",
-    "stopped_slices": "Stopped slices",
-    "experts": "Experts",
-    "precision": "Updates rounded away",
-}
+TITLES = {r.KIND: r.TITLE for r in FINDINGS}
+#: The tables' columns, from the records (the console shows the never-updated table without `suspect`).
+COLUMNS = NeverUpdated.columns()
+TABLE_COLUMNS = NeverUpdated.columns(written=True)
+PARTLY_COLUMNS = PartlyUpdated.columns()
+STALLED_COLUMNS = Stalled.columns()
+STOPPED_COLUMNS = StoppedSlice.columns()
+EXPERT_COLUMNS = IdleExperts.columns()
+PRECISION_COLUMNS = PrecisionLoss.columns()
+ALERT_COLUMNS = Alert.columns()
 
 
 @dataclass(frozen=True)
@@ -446,18 +395,10 @@ class Report:
         """One line a user can act on."""
         return judge(self).text
 
-    def rows(self) -> list[list[str]]:
-        return [r.row() for r in self.never_updated]
-
-    def table_rows(self) -> list[list[str]]:
-        """The never-updated table as written (`TABLE_COLUMNS`)."""
-        return [r.table_row() for r in self.never_updated]
-
-    def partly_rows(self, limit: int | None = None) -> list[list[str]]:
-        return [r.row(limit) for r in self.partly_updated]
-
-    def stalled_rows(self) -> list[list[str]]:
-        return [r.row() for r in self.stalled]
+    def records(self, kind: type[R]) -> list[R]:
+        """The records of one kind of finding (`Report.<kind.KIND>`)."""
+        found: list[R] = getattr(self, kind.KIND)
+        return found
 
     def sections(self, console: bool = False, grouped: bool = False) -> list[Section]:
         """The non-empty tables a person reads, never-updated first.
@@ -467,50 +408,33 @@ class Report:
         naming the tensors once; the records themselves (and the written tables) stay one per tensor. On the
         console, intentionally frozen tensors also fold into one line per module subtree and index ranges
         are cut; the count in a heading is of records, or of findings when grouped."""
-        out = []
         grouped = grouped or console
-
-        def add(key: str, count: str, columns: list[str], rows: list[list[str]]) -> None:
-            out.append(Section(key, f"{TITLES[key]} ({count})", list(columns), rows))  # a copy: columns are shared
-
-        def count(key: str, records: list[Any], noun: str) -> str:
-            n, k = len(records), len(causes.group(key, records))
-            if not grouped or k == n:
-                return f"{n} {noun}{'s' * (n != 1)}"
-            return f"{k} finding{'s' * (k != 1)} in {n} {noun}s"
-
         limit = RANGES_SHOWN if console else None
-        if self.never_updated:
-            n = len(self.never_updated)
-            if console:
+        out = []
+        for kind in FINDINGS:
+            records = self.records(kind)
+            if not records:
+                continue
+            if console and kind is NeverUpdated:
                 rows = console_rows(self.never_updated)
+            elif grouped:
+                rows = grouped_rows(kind.KIND, records, lambda r: r.row(limit))
             else:
-                rows = grouped_rows("never_updated", self.never_updated, NeverUpdated.row) if grouped else self.rows()
-            add("never_updated", f"{n} of {self.tracked_tensors} tensors", COLUMNS, rows)
-        if self.partly_updated:
-            heading = count("partly_updated", self.partly_updated, "record") + ": slices that never changed"
-            if grouped:
-                rows = grouped_rows("partly_updated", self.partly_updated, lambda r: r.row(limit))
-            else:
-                rows = self.partly_rows(RANGES_SHOWN)
-            add("partly_updated", heading, PARTLY_COLUMNS, rows)
-        if self.stalled:
-            rows = grouped_rows("stalled", self.stalled, Stalled.row) if grouped else self.stalled_rows()
-            add("stalled", count("stalled", self.stalled, "tensor"), STALLED_COLUMNS, rows)
-        if self.stopped_slices:
-            heading = count("stopped_slices", self.stopped_slices, "record") + ": had a gradient, then none to the end"
-            if grouped:
-                rows = grouped_rows("stopped_slices", self.stopped_slices, lambda r: r.row(limit))
-            else:
-                rows = [r.row() for r in self.stopped_slices]
-            add("stopped_slices", heading, STOPPED_COLUMNS, rows)
-        if self.experts:
-            n = len(self.experts)
-            add("experts", f"{n} record{'s' * (n != 1)}", EXPERT_COLUMNS, [r.row() for r in self.experts])
-        if self.precision:
-            n = len(self.precision)
-            add("precision", f"{n} tensor{'s' * (n != 1)}", PRECISION_COLUMNS, [r.row() for r in self.precision])
+                rows = [r.row(kind.UNGROUPED_LIMIT) for r in records]
+            heading = f"{kind.TITLE} ({self._counted(kind, records, grouped)})"
+            out.append(Section(kind.KIND, heading, kind.columns(), rows))
         return out
+
+    def _counted(self, kind: type[Record], records: Sequence[Record], grouped: bool) -> str:
+        """What a table's heading counts: "3 of 10 tensors" never updated; "2 tensors", or "1 finding in 3
+        records" when grouped, with what the table holds after it."""
+        n = len(records)
+        if kind is NeverUpdated:
+            return f"{n} of {self.tracked_tensors} tensors"
+        k = len(causes.group(kind.KIND, records)) if grouped else n
+        noun = kind.NOUN
+        text = f"{n} {noun}{'s' * (n != 1)}" if k == n else f"{k} finding{'s' * (k != 1)} in {n} {noun}s"
+        return f"{text}: {kind.ABOUT}" if kind.ABOUT else text
 
     def findings(self) -> list[dict[str, Any]]:
         """One finding per cause (`gradlog.verdict.causes`) of the record tables, in table order: the table, what
@@ -519,24 +443,19 @@ class Report:
         and the full detail of its first record. What the tab lists; `to_dict()["findings"]`."""
         policy = self.policy or Policy()
         out: list[dict[str, Any]] = []
-        tables: list[tuple[str, list[Any]]] = [
-            ("never_updated", self.never_updated),
-            ("partly_updated", self.partly_updated),
-            ("stalled", self.stalled),
-            ("stopped_slices", self.stopped_slices),
-            ("precision", self.precision),
-        ]
-        for key, records in tables:
-            for group in causes.group(key, records):
+        for kind in FINDINGS:
+            for group in causes.group(kind.KIND, self.records(kind)):
                 first = group[0]
-                kinds = [_kind(key, r) for r in group]
-                severities = [policy.severity(k, (r.name, *getattr(r, "aliases", ()))) for k, r in zip(kinds, group)]
+                kinds = [r.policy_kind() for r in group]
+                if kinds[0] is None:  # no severity of its own (the experts: said of the records they are built from)
+                    break
+                severities = [policy.severity(str(k), r.policy_names()) for k, r in zip(kinds, group)]
                 out.append(
                     {
-                        "table": key,
-                        "label": causes.label(key, group),
+                        "table": kind.KIND,
+                        "label": causes.label(kind.KIND, group),
                         "tensors": list(dict.fromkeys(bare_name(r.name) for r in group)),
-                        "touched": causes.touched(key, group),
+                        "touched": causes.touched(kind.KIND, group),
                         "kind": kinds[0],
                         "reason": str(getattr(first, "reason", "rounded_away")),
                         "severity": min(severities, key=SEVERITIES.index),
@@ -584,6 +503,7 @@ class Report:
         v = judge(self)
         policy = self.policy or Policy()
         partly_kinds, stopped_kinds = slice_kinds(self)
+        judged = {PartlyUpdated.KIND: partly_kinds, StoppedSlice.KIND: stopped_kinds}
         return {
             "healthy": v.healthy,
             "status": v.status,
@@ -595,30 +515,22 @@ class Report:
             "skipped_steps": self.skipped_steps,
             "tracked_tensors": self.tracked_tensors,
             "error": self.error,
-            "never_updated": [r.to_dict(policy) for r in self.never_updated],
-            "partly_updated": [r.to_dict(policy, k) for r, k in zip(self.partly_updated, partly_kinds)],
-            "stalled": [r.to_dict(policy) for r in self.stalled],
-            "stopped_slices": [r.to_dict(policy, k) for r, k in zip(self.stopped_slices, stopped_kinds)],
-            "experts": [r.to_dict() for r in self.experts],
-            "precision": [r.to_dict(policy) for r in self.precision],
+            **{kind.KIND: self._dicts(kind, policy, judged.get(kind.KIND)) for kind in FINDINGS},
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
             "hint": self.hint,
-            "alerts": [dataclasses.asdict(a) for a in self.alerts],
+            "alerts": [a.to_dict() for a in self.alerts],
             "findings": self.findings(),
         }
 
     def __str__(self) -> str:
         return self.table()
 
-
-def _kind(table: str, record: Any) -> str:
-    """The policy kind of a record of `table` (what `gradlog.verdict.judge.findings` weighs it as)."""
-    if table == "never_updated":
-        return never_kind(record.reason, record.suspect)
-    if table == "precision":
-        return "precision.rounded_away"
-    prefix = {"partly_updated": "partly", "stalled": "stalled", "stopped_slices": "stopped"}[table]
-    return f"{prefix}.{record.reason}"
+    def _dicts(self, kind: type[Record], policy: Policy, kinds: list[str] | None) -> list[dict[str, Any]]:
+        """`to_dict` of every record of `kind`, with the judge's kind of each where it has one."""
+        records = self.records(kind)
+        if kinds is None:
+            return [r.to_dict(policy) for r in records]
+        return [r.to_dict(policy, k) for r, k in zip(records, kinds)]
 
 
 def _count(reasons: Iterable[Reason]) -> dict[str, int]:
@@ -626,46 +538,6 @@ def _count(reasons: Iterable[Reason]) -> dict[str, int]:
     for reason in reasons:
         out[reason.value] = out.get(reason.value, 0) + 1
     return out
-
-
-#: index ranges a console line shows before it says how many more there are
-RANGES_SHOWN = 4
-
-
-def format_ranges(indices: Iterable[int], limit: int | None = None) -> str:
-    """Sorted indices as compressed ranges, "0-7, 12, 50-99"; with `limit`, only the first `limit` ranges
-    and "... (+N more ranges)". `parse_ranges` reads the uncut form back."""
-    ordered = torch.tensor(sorted(set(indices)), dtype=torch.int64)
-    # run boundaries in one pass of tensor ops (an embedding can have 800k partly-updated rows)
-    breaks = ((ordered[1:] - ordered[:-1]) != 1).nonzero().flatten() + 1 if ordered.numel() else ordered
-    starts = torch.cat([ordered.new_zeros(1), breaks]) if ordered.numel() else ordered
-    ends = torch.cat([breaks - 1, ordered.new_tensor([ordered.numel() - 1])]) if ordered.numel() else ordered
-    runs = list(zip(ordered[starts].tolist(), ordered[ends].tolist()))
-    shown = runs if limit is None else runs[:limit]
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
-    if len(shown) < len(runs):
-        n = len(runs) - len(shown)
-        text += f", ... (+{n} more range{'s' * (n != 1)})"
-    return text
-
-
-def parse_ranges(text: str, limit: int | None = None) -> tuple[int, ...]:
-    """The inverse of `format_ranges` (uncut): "0-7, 12" -> (0, 1, ..., 7, 12). Raises ValueError on anything else,
-    and on more than `limit` indices (a table read from disk is untrusted: "0-99999999999" must not fill memory)."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        a = int(lo)
-        b = int(hi) if sep else a
-        if b < a:
-            raise ValueError(f"bad index range {part!r}")
-        if limit is not None and len(out) + (b - a + 1) > limit:
-            raise ValueError(f"index range {part[:40]!r} holds more than {limit} indices")
-        out.extend(range(a, b + 1))
-    return tuple(out)
 
 
 def markdown_table(columns: list[str], rows: list[list[str]]) -> str:

@@ -13,26 +13,14 @@ import statistics
 from gradlog.measure.meter import Measurement
 from gradlog.runformat import names
 
-#: The run-level tags, in the order a user reads them; TensorBoard shows them as the `gradlog/` group.
-RUN_LEVEL = (
-    names.NO_UPDATE_TENSORS,
-    names.NO_GRAD_TENSORS,
-    names.ZERO_GRAD_TENSORS,
-    names.NONFINITE_TENSORS,
-    names.UPDATE_RATIO_MIN,
-    names.UPDATE_RATIO_MEDIAN,
-    names.UPDATE_RATIO_MAX,
-)
-
 
 def run_level(m: Measurement) -> dict[str, float]:
     """Counts of tensors with no update / no gradient / an all-zero gradient / NaN-Inf gradient entries, and
     the min, median and max update ratio over the tensors that had a gradient and sit in the optimizer.
 
-    `no_grad_tensors` and `nonfinite_tensors` are also in `Measurement.scalars()`; they are repeated here
-    with the same definition so this function alone describes the group. A tensor without a gradient is
-    not counted in `no_update_tensors` (it is in `no_grad_tensors`); NaN ratios stay out of the spread
-    (they are in `nonfinite_tensors`).
+    The names are the run format's (`gradlog.runformat.names`); `Measurement.scalars()` writes the per-tensor
+    series and none of these. A tensor without a gradient is not counted in `no_update_tensors` (it is in
+    `no_grad_tensors`); NaN ratios stay out of the spread (they are in `nonfinite_tensors`).
     """
     host = m.lists
     nonzero, nonfinite, ratios, numel = host.nonzero, host.nonfinite, host.ratio, host.numel
@@ -65,4 +53,4 @@ def run_level(m: Measurement) -> dict[str, float]:
     return out
 
 
-__all__ = ["RUN_LEVEL", "run_level"]
+__all__ = ["run_level"]

@@ -32,7 +32,8 @@ from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
 from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import Evidence
-from gradlog.verdict.report import PartlyUpdated, Reason, format_ranges
+from gradlog.verdict.records import format_ranges
+from gradlog.verdict.report import PartlyUpdated, Reason
 from gradlog.verdict.rounding import unmoved
 
 

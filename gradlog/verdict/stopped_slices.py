@@ -47,7 +47,8 @@ from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
 from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.ledger import StepIndex
-from gradlog.verdict.report import Reason, StoppedSlice, format_ranges
+from gradlog.verdict.records import format_ranges
+from gradlog.verdict.report import Reason, StoppedSlice
 from gradlog.verdict.silence import MAX_CHANCE, chance_silent, evidence_words
 from gradlog.verdict.slices import share_words, slice_kind, words_key
 

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 import torch
 
-from gradlog.verdict.report import PartlyUpdated, format_ranges
+from gradlog.verdict.records import format_ranges
+from gradlog.verdict.report import PartlyUpdated
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -19,7 +19,6 @@ from gradlog.runformat import names, tags
 from gradlog.runformat.cells import bare_name, table_cells
 from gradlog.runformat.files import shown
 from gradlog.runformat.rundata import RunData
-from gradlog.runformat.tables import closed_report, read_alerts, series_first_nonfinite, series_names, series_steps
 from gradlog.runformat.wandb_offline import WandbFileError, find_run_files, read_finished_run
 from gradlog.verdict.alerts import (
     DEFAULT_SPIKE_FACTOR,
@@ -35,13 +34,21 @@ from gradlog.verdict.policy import Policy
 from gradlog.verdict.report import (
     COLUMNS,
     CONSOLE_WIDTH,
+    FINDINGS,
     TITLES,
     Alert,
+    IdleExperts,
     NeverUpdated,
+    PartlyUpdated,
+    PrecisionLoss,
+    Report,
     Section,
+    Stalled,
+    StoppedSlice,
     format_table,
     grouped_rows,
 )
+from gradlog.verdict.tables import closed_report, read_alerts, series_first_nonfinite, series_names, series_steps
 
 __all__ = ["DEFAULT_SPIKE_FACTOR", "Finding", "Health", "analyze", "replay"]
 
@@ -79,16 +86,16 @@ class Health:
     spike_factor: float
     measured_steps: int
     tensors: int
+    #: the never-updated table's cells as the run wrote them (a damaged or unknown cell reads as written)
     never_updated: list[NeverUpdatedRow] = field(default_factory=list)
     never_updated_known: bool = False  # False when the run never wrote its table (it did not close)
-    #: the other two close-time tables, as `Report.to_dict()` writes them (numbers, lists of indices)
-    partly_updated: list[dict[str, Any]] = field(default_factory=list)
-    stalled: list[dict[str, Any]] = field(default_factory=list)
-    #: the slice-level tables in time (stopped slices, experts, updates rounded away), as `Report.to_dict()`
-    #: writes them
-    stopped_slices: list[dict[str, Any]] = field(default_factory=list)
-    experts: list[dict[str, Any]] = field(default_factory=list)
-    precision: list[dict[str, Any]] = field(default_factory=list)
+    #: the other close-time records, read back from their tables (`to_dict()`: as `Report.to_dict()` writes them)
+    partly_updated: list[PartlyUpdated] = field(default_factory=list)
+    stalled: list[Stalled] = field(default_factory=list)
+    #: the slice-level records in time: stopped slices, experts, updates rounded away
+    stopped_slices: list[StoppedSlice] = field(default_factory=list)
+    experts: list[IdleExperts] = field(default_factory=list)
+    precision: list[PrecisionLoss] = field(default_factory=list)
     #: the close-time tables as the console prints them, from the rebuilt Report (`Report.sections`)
     sections: list[Section] = field(default_factory=list)
     #: the never-updated table as printed: one row per cause (a layer's tensors left out of the optimizer in
@@ -109,6 +116,8 @@ class Health:
     notes: list[str] = field(default_factory=list)
     #: The run never closed: the tables are the last provisional ones, as of this step.
     provisional_step: int | None = None
+    #: the `Report` rebuilt from the tables (None: the run never wrote them): the records above are its own
+    report: Report | None = field(default=None, repr=False)
 
     @property
     def problems(self) -> bool:
@@ -150,8 +159,12 @@ class Health:
         return f"gradlog {head}: " + "; ".join(parts + self._warning_part() + skipped) + steps
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        del out["sections"], out["never_rows"]  # the console's form of the tables above
+        out = asdict(dataclasses.replace(self, report=None))
+        del out["sections"], out["never_rows"], out["report"]  # the console's form of the tables above
+        judged = self.report.to_dict() if self.report is not None else {}
+        for kind in FINDINGS:  # each record with its severity under the run's policy, as close() judged it
+            if kind is not NeverUpdated:
+                out[kind.KIND] = judged.get(kind.KIND, [])
         out["summary"] = {k: _typed(v) for k, v in self.summary.items()}
         out["never_updated"] = [{**asdict(r), "numel": _typed(r.numel)} for r in self.never_updated]
         out["healthy"] = self.healthy
@@ -162,7 +175,7 @@ class Health:
 
     def text(self) -> str:
         """The console report: the close-time tables, the warnings, notes and skipped parts, the verdict."""
-        self = escaped(self)  # every name, cell and message came from a file: printed with escapes
+        self = escaped(dataclasses.replace(self, report=None))  # every name, cell and message came from a file
         lines = [
             f"gradlog report: {self.path} ({self.backend}, {self.tensors} tensors, {self.measured_steps} measured)"
         ]
@@ -387,7 +400,6 @@ def analyze(
         report.alerts = alerts  # the judge then counts exactly the warnings listed here
         alerts = report.warning_alerts()
     warns = [Finding(a.name, a.kind, a.step, a.detail) for a in alerts if a.kind in WARNING_KINDS]
-    as_dict = report.to_dict() if report is not None else {}
     return Health(
         path=run.path,
         backend=run.backend,
@@ -397,12 +409,12 @@ def analyze(
         tensors=len(tensors | never_names),
         never_updated=never,
         never_updated_known=known,
-        partly_updated=as_dict.get("partly_updated", []),
-        stalled=as_dict.get("stalled", []),
-        stopped_slices=as_dict.get("stopped_slices", []),
-        experts=as_dict.get("experts", []),
-        precision=as_dict.get("precision", []),
-        findings=as_dict.get("findings", []),
+        partly_updated=[] if report is None else report.partly_updated,
+        stalled=[] if report is None else report.stalled,
+        stopped_slices=[] if report is None else report.stopped_slices,
+        experts=[] if report is None else report.experts,
+        precision=[] if report is None else report.precision,
+        findings=[] if report is None else report.findings(),
         sections=[] if report is None else report.sections(console=True),
         never_rows=[] if report is None else grouped_rows("never_updated", report.never_updated, NeverUpdated.row),
         closed=judge(report) if report is not None else None,
@@ -414,6 +426,7 @@ def analyze(
         warnings_from="series" if recorded is None else "close",
         notes=list(run.notes),
         provisional_step=run.provisional_step,
+        report=report,
     )
 
 

@@ -221,7 +221,7 @@ def closed(tables: Mapping[str, Table] | None, summary: Mapping[str, str]) -> An
     if tables is None or "never_updated" not in tables or not summary:
         return None
     from gradlog.runformat.rundata import RunData
-    from gradlog.runformat.tables import closed_report, read_alerts  # imports torch: only for a run that closed
+    from gradlog.verdict.tables import closed_report, read_alerts  # imports torch: only for a run that closed
 
     run = RunData("<tensorboard>", "tensorboard", tables={fmt.RUN + k: v for k, v in tables.items()})
     run.tables[fmt.SUMMARY] = (list(fmt.SUMMARY_COLUMNS), [[k, v] for k, v in summary.items()])
@@ -241,7 +241,6 @@ def grouped_tables(report: Any) -> dict[str, Table]:
     """The record tables of a closed run with one row per cause (`Report.sections(grouped=True)`: a layer's
     units that died at one step in one row, its detail naming the tensors it touches), every cell in full;
     the never-updated table with its `suspect` column in words."""
-    from gradlog.runformat.names import TABLE_COLUMNS
     from gradlog.verdict.causes import group
     from gradlog.verdict.report import NeverUpdated, grouped_rows
 
@@ -250,8 +249,18 @@ def grouped_tables(report: Any) -> dict[str, Table]:
         rows = grouped_rows("never_updated", report.never_updated, NeverUpdated.row)
         groups = group("never_updated", report.never_updated)  # one suspect per cause: it is part of the key
         words = [SUSPECT_WORDS[str(g[0].suspect)] for g in groups]
-        out["never_updated"] = (list(TABLE_COLUMNS), [[*r, w] for r, w in zip(rows, words)])
+        out["never_updated"] = (NeverUpdated.columns(written=True), [[*r, w] for r, w in zip(rows, words)])
     return out
+
+
+def table_titles() -> dict[str, str]:
+    """The tables the tab lists under the findings, in order, by key, with their titles: the records' own
+    (`gradlog.verdict.report.FINDINGS`), then the alerts."""
+    from gradlog.verdict.records import Record
+    from gradlog.verdict.report import FINDINGS, Alert
+
+    kinds: list[type[Record]] = [*FINDINGS, Alert]
+    return {kind.KIND: kind.TITLE for kind in kinds}
 
 
 def verdict(

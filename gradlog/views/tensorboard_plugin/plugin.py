@@ -194,6 +194,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             "final": final,
             "summary": summary,
             "tables": {k: {"columns": c, "rows": r} for k, (c, r) in shown.items()},
+            "titles": data.table_titles(),
             "findings": [] if report is None else report.findings(),
             "marks": data.marks(tables, summary, live),
             "names": names,

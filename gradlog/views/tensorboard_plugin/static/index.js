@@ -277,15 +277,11 @@ class Tab {
     }
     this.findings.replaceChildren(h("h3", {}, count ? `Findings (${count})` : "Findings: none"), list);
     this.labels = Object.fromEntries(findings.map((f) => [f.label, f.tensors[0]]));
-    const titles = {
-      never_updated: "Never updated", partly_updated: "Partly updated", stalled: "Stopped learning",
-      stopped_slices: "Stopped slices", experts: "Experts", precision: "Updates rounded away", alerts: "Alerts",
-    };
     const parts = [];
-    for (const key of ["never_updated", "partly_updated", "stalled", "stopped_slices", "experts", "precision", "alerts"]) {
+    for (const [key, title] of Object.entries(ov.titles)) { // the server's order and titles: the records' own
       const t = ov.tables[key];
       if (!t || !t.rows.length) continue; // an empty table says nothing the verdict does not
-      parts.push(h("h3", {}, `${titles[key]} (${t.rows.length})`), this.table(key, t));
+      parts.push(h("h3", {}, `${title} (${t.rows.length})`), this.table(key, t));
     }
     if (!ov.final) parts.push(h("p", { class: "muted" }, "Tables are written at close() (provisional ones during training)."));
     this.tables.replaceChildren(...parts);

@@ -1,53 +1,47 @@
 """The codecs between a `Report` and the tables a run writes: each table written from the report, and
 the report rebuilt from them (`closed_report`), so what close() returned and what `gradlog report`,
-the gradlog tab and a resumed run read back are one thing.
+the gradlog tab and a resumed run read back are one thing. Each findings table is its records' own
+(`gradlog.verdict.records`: columns, rows and reading back derived from the record's fields).
 
 A table read from disk is untrusted: a row that cannot be read is skipped and named in `run.skipped`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TypeVar
 
 from gradlog.runformat import names, tags
-from gradlog.runformat.cells import DIM_NAMES, parse_shape, split_name_cell, table_cells
+from gradlog.runformat.cells import table_cells
 from gradlog.runformat.rundata import RunData, Table
 from gradlog.verdict.policy import Policy, Rule
-from gradlog.verdict.report import (
-    Alert,
-    IdleExperts,
-    NeverUpdated,
-    NonFinite,
-    PartlyUpdated,
-    PrecisionLoss,
-    Reason,
-    Report,
-    Stalled,
-    StoppedSlice,
-    parse_ranges,
-)
+from gradlog.verdict.records import Record, lenient_int
+from gradlog.verdict.report import FINDINGS, Alert, NeverUpdated, NonFinite, Report
+
 
 # --- writing -----------------------------------------------------------------------------------------
+def table_name(kind: type[Record]) -> str:
+    """The name a kind of finding's table is written under: `gradlog/<KIND>`."""
+    return names.RUN + kind.KIND
+
+
 #: Tables written once there is something to say (most runs: never), then always: an emptied provisional
-#: table must replace the rows written before it.
-SPARSE_TABLES = (names.STOPPED_SLICES, names.EXPERTS, names.PRECISION)
+#: table must replace the rows written before it (`Record.SPARSE`).
+SPARSE_TABLES = tuple(table_name(kind) for kind in FINDINGS if kind.SPARSE)
+
+
+def written(kind: type[Record], records: Sequence[Record]) -> Table:
+    """The table of `records` as a run writes it: every cell in full."""
+    return kind.columns(written=True), [r.row(written=True) for r in records]
 
 
 def report_tables(report: Report) -> dict[str, Table]:
     """Every findings table of `report`, in the order they are written: the three tables, the sparse
     ones (`SPARSE_TABLES`), the alerts when any fired, the policy when it has rules (`gradlog report`
     then judges the run as close() did). The summary is `summary_rows`."""
-    out: dict[str, Table] = {
-        names.NEVER_UPDATED: (names.TABLE_COLUMNS, report.table_rows()),
-        names.PARTLY_UPDATED: (names.PARTLY_COLUMNS, report.partly_rows()),
-        names.STALLED: (names.STALLED_COLUMNS, report.stalled_rows()),
-        names.STOPPED_SLICES: (names.STOPPED_COLUMNS, [r.row() for r in report.stopped_slices]),
-        names.EXPERTS: (names.EXPERT_COLUMNS, [r.row() for r in report.experts]),
-        names.PRECISION: (names.PRECISION_COLUMNS, [r.row() for r in report.precision]),
-    }
+    out = {table_name(kind): written(kind, report.records(kind)) for kind in FINDINGS}
     if report.alerts:
-        out[names.ALERTS] = (names.ALERT_COLUMNS, [a.row() for a in report.alerts])
+        out[names.ALERTS] = written(Alert, report.alerts)
     if report.policy is not None and report.policy.rules:
         out[names.POLICY] = (names.POLICY_COLUMNS, report.policy.rows())
     return out
@@ -104,94 +98,38 @@ def summary_rows(report: Report, provisional_step: int | None, rank_local: bool)
 #: Tags whose tensors count as tracked when the summary lacks the count.
 _NAMED_BY = (tags.prefix("weight_norm"), tags.prefix("grad_norm"), tags.prefix("update_ratio"))
 _EMPTY: Table = ([], [])
-R = TypeVar("R")
+R = TypeVar("R", bound=Record)
 
 
-def _rows(run: RunData, name: str, columns: list[str], key: str, make: Callable[[dict[str, str]], R]) -> list[R]:
-    """`make(cells)` of every row of the table `name` (none without it); a row `make` cannot read (KeyError,
-    ValueError) is skipped and named, by its `key` cell, in `run.skipped`."""
+def read(run: RunData, kind: type[R]) -> list[R]:
+    """The records of `kind`'s table (none without it); a row that cannot be read (a KeyError or ValueError
+    from its cells) is skipped and named, by its `KEY` cell, in `run.skipped`."""
+    name = table_name(kind)
     out: list[R] = []
-    for c in table_cells(run.tables.get(name, _EMPTY), columns):
+    for c in table_cells(run.tables.get(name, _EMPTY), kind.columns(written=True)):
         try:
-            out.append(make(c))
+            out.append(kind.from_cells(c))
         except (KeyError, ValueError) as exc:
-            run.skipped.append(f"table {name}: row {c[key]!r} cannot be read ({exc})")
+            run.skipped.append(f"table {name}: row {c[kind.KEY]!r} cannot be read ({exc})")
     return out
 
 
-def _reason(text: str) -> Reason:
-    try:
-        return Reason(text)
-    except ValueError:
-        return Reason.UNKNOWN  # a reason this version does not know: still listed, judged a problem
-
-
-def _int(text: str, default: int = 0) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        return default
-
-
-_DIMS = {v: k for k, v in DIM_NAMES.items()}
-
-
-def _never(c: dict[str, str]) -> NeverUpdated:
-    name, aliases = split_name_cell(c["name"])
-    shape = parse_shape(c["shape"])
-    if shape is None:  # a damaged dimension reads as 0, the row is kept
-        shape = tuple(_int(d) for d in c["shape"].split("x"))
-    return NeverUpdated(
-        name=name,
-        shape=shape,
-        numel=_int(c["numel"]),
-        reason=_reason(c["reason"]),
-        detail=c["detail"],
-        aliases=aliases,
-        suspect=c["suspect"] == "True",
-    )
-
-
-def _partly(c: dict[str, str]) -> PartlyUpdated:
-    indices = parse_ranges(c["indices"], limit=min(int(c["total"]), 10_000_000))  # total is from the file too
-    dim = _DIMS[c["dim"]]
-    return PartlyUpdated(c["name"], dim, int(c["never"]), int(c["total"]), indices, _reason(c["reason"]), c["detail"])
-
-
-def _stalled(c: dict[str, str]) -> Stalled:
-    since, last = int(c["since_step"]), int(c["last_update_step"])
-    return Stalled(c["name"], since, last, _reason(c["reason"]), c["detail"])
-
-
-def _stopped(c: dict[str, str]) -> StoppedSlice:
-    total = int(c["total"])
-    indices = parse_ranges(c["indices"], limit=min(total, 10_000_000))
-    dim, stopped = _DIMS[c["dim"]], int(c["stopped"])
-    since, last = int(c["since_step"]), int(c["last_grad_step"])
-    return StoppedSlice(c["name"], dim, stopped, total, indices, since, last, _reason(c["reason"]), c["detail"])
-
-
-def _experts(c: dict[str, str]) -> IdleExperts:
-    total = int(c["total"])
-    idx = parse_ranges(c["experts"], limit=min(total, 1_000_000))
-    return IdleExperts(c["layer"], c["state"], idx, total, int(c["since_step"]), _reason(c["reason"]), c["detail"])
-
-
-def _precision(c: dict[str, str]) -> PrecisionLoss:
-    mean, top, steps = float(c["mean_frac"]), float(c["max_frac"]), int(c["steps"])
-    return PrecisionLoss(c["name"], c["dtype"], mean, top, steps, c["detail"])
-
-
 def read_alerts(table: Table) -> list[Alert]:
-    """The `gradlog/alerts` table's alerts (step, kind, name, detail); a damaged row is left out."""
+    """The `gradlog/alerts` table's alerts (step, kind, name, detail); a damaged row (a cell missing or
+    unreadable) is left out."""
     cols, rows = table
     index = {c: i for i, c in enumerate(cols)}
+    wanted = Alert.columns(written=True)
+    if not set(wanted) <= set(index):
+        return []
     out = []
-    for r in rows:
-        try:
-            out.append(Alert(int(r[index["step"]]), r[index["kind"]], r[index["name"]], r[index["detail"]]))
-        except (KeyError, IndexError, ValueError):
+    for r, c in zip(rows, table_cells(table, wanted)):
+        if any(index[w] >= len(r) for w in wanted):
             continue  # a damaged row: the others still count
+        try:
+            out.append(Alert.from_cells(c))
+        except (KeyError, ValueError):
+            continue
     return out
 
 
@@ -247,9 +185,9 @@ def _first_nonfinite(summary: dict[str, str]) -> NonFinite | None:
     if "first_nonfinite_step" not in summary or "first_nonfinite_tensor" not in summary:
         return None
     return NonFinite(
-        step=_int(summary["first_nonfinite_step"], -1),
+        step=lenient_int(summary["first_nonfinite_step"], -1),
         name=summary["first_nonfinite_tensor"],
-        count=_int(summary.get("first_nonfinite_count", "0")),
+        count=lenient_int(summary.get("first_nonfinite_count", "0")),
     )
 
 
@@ -272,26 +210,17 @@ def closed_report(run: RunData) -> Report | None:
     A row that cannot be read is skipped and named in `run.skipped`."""
     if names.NEVER_UPDATED not in run.tables:
         return None
-    never = [_never(c) for c in table_cells(run.tables[names.NEVER_UPDATED], names.TABLE_COLUMNS)]
-    partly = _rows(run, names.PARTLY_UPDATED, names.PARTLY_COLUMNS, "name", _partly)
-    stalled = _rows(run, names.STALLED, names.STALLED_COLUMNS, "name", _stalled)
-    stopped = _rows(run, names.STOPPED_SLICES, names.STOPPED_COLUMNS, "name", _stopped)
-    experts = _rows(run, names.EXPERTS, names.EXPERT_COLUMNS, "layer", _experts)
-    precision = _rows(run, names.PRECISION, names.PRECISION_COLUMNS, "name", _precision)
-    tracked = _int(run.summary().get("tracked_tensors", ""), -1)
+    found = {kind.KIND: read(run, kind) for kind in FINDINGS}
+    never = [r for r in found[NeverUpdated.KIND] if isinstance(r, NeverUpdated)]
+    tracked = lenient_int(run.summary().get("tracked_tensors", ""), -1)
     summary, first = _judged_on(run)
     return Report(
-        never_updated=never,
-        partly_updated=partly,
-        stalled=stalled,
+        **found,  # type: ignore[arg-type]
         policy=recorded_policy(run),
-        stopped_slices=stopped,
-        experts=experts,
-        precision=precision,
         first_nonfinite=first,
-        optimizer_steps=_int(summary.get("optimizer_steps", "0")),
-        measured_steps=_int(summary.get("measured_steps", "0")),
-        skipped_steps=_int(summary.get("skipped_steps", "0")),
+        optimizer_steps=lenient_int(summary.get("optimizer_steps", "0")),
+        measured_steps=lenient_int(summary.get("measured_steps", "0")),
+        skipped_steps=lenient_int(summary.get("skipped_steps", "0")),
         tracked_tensors=tracked if tracked >= 0 else len(series_names(run) | {r.name for r in never}),
         error=summary.get("error") or None,
         hint=summary.get("hint") or None,

@@ -1,0 +1,272 @@
+"""A finding is one typed record, and one codec derives its table, its row, its JSON and its reading back.
+
+Each kind of finding is a frozen dataclass deriving `Record` (`gradlog.verdict.report`): it declares its kind
+(`KIND`: the `Report` field that holds its records, and its table's name, `gradlog/<KIND>`), its title (the
+heading a person reads) and its fields, each with its cell (`cell(...)`: how the value reads in a table and
+in JSON, and how it is read back). From those alone, with nothing written per kind:
+
+- `columns()`: the table's columns, its fields' cells in field order (the written table's also hold the
+  cells marked `shown=False`);
+- `row()`: a record's cells (`limit` cuts long index lists for the console);
+- `to_dict()`: plain JSON types, the fields in order, then whether the record is intentional (where the kind
+  says) and its severity under a policy;
+- `from_cells()`: the record read back from a row of its table, by column name (`gradlog report`, the tab,
+  a resumed run). A damaged cell raises ValueError or KeyError (the row is skipped and named); a cell a
+  reader can make sense of anyway (a count, a reason this version does not know) reads leniently.
+
+So a change to a field changes the close() tables, the TensorBoard and W&B tables, `gradlog report`, the
+resume merge and the tab at once, and the type checker sees every one of them. A field without a cell is
+not in the table and reads back as its default (an alert's value and reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import torch
+
+from gradlog.runformat.cells import DIM_NAMES, name_cell, parse_shape, shape_cell, split_name_cell
+from gradlog.verdict.policy import Policy
+
+#: the key of a field's `Cell` in its `dataclasses.field` metadata
+CELL = "gradlog.cell"
+
+_Cells = Mapping[str, str]
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Cell:
+    """How one field reads in a table and in JSON.
+
+    `write(value, record, limit)`: its cells, one per column (`extra` adds columns after the field's own; a
+    field folded into another's cell, `own=False`, has none); `read(name, cells)`: its value back from the
+    row's cells by column name; `plain(value)`: its JSON form. `shown=False`: in the written table only, not
+    in the tables a person reads."""
+
+    write: Callable[[Any, Any, int | None], list[str]]
+    read: Callable[[str, _Cells], Any]
+    plain: Callable[[Any], Any] = _same
+    own: bool = True
+    #: the field whose cell this one is folded into (`own=False`); in JSON it follows that field
+    into: str | None = None
+    extra: tuple[str, ...] = ()
+    shown: bool = True
+
+    def columns(self, name: str) -> list[str]:
+        return [*([name] if self.own else []), *self.extra]
+
+
+def simple(text: Callable[[Any], str], parse: Callable[[str], Any], plain: Callable[[Any], Any] = _same) -> Cell:
+    """A cell of its own that is the field's value as text (`text`) and back (`parse`)."""
+    return Cell(write=lambda v, _r, _limit: [text(v)], read=lambda name, c: parse(c[name]), plain=plain)
+
+
+def cell(format_: Cell, shown: bool = True, **kwargs: Any) -> Any:
+    """A dataclass field whose table cell is `format_` (`shown=False`: in the written table only)."""
+    if not shown:
+        format_ = dataclasses.replace(format_, shown=False)
+    return field(metadata={CELL: format_}, **kwargs)
+
+
+def lenient_int(text: str, default: int = 0) -> int:
+    """A count from a cell: a damaged one reads as `default` (the row is still worth reading)."""
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
+_DIMS = {v: k for k, v in DIM_NAMES.items()}
+
+TEXT = simple(str, str)
+INT = simple(str, int)
+#: a count the row is read without: damaged, it reads 0
+COUNT = simple(str, lenient_int)
+#: a share printed to three decimals (what the table keeps of it)
+SHARE = simple(lambda v: f"{v:.3f}", float)
+FLAG = simple(str, lambda t: t == "True")
+#: a slice dimension: "rows", "columns", "elements" (`DIM_NAMES`)
+DIM = simple(lambda d: DIM_NAMES.get(d, f"dim {d}"), lambda t: _DIMS[t])
+#: a tensor's shape, read with its element count (`shape_cell`: "not materialised" has no elements); a damaged
+#: dimension reads as 0 and the row is kept
+SHAPE = Cell(
+    write=lambda v, r, _limit: [shape_cell(v, r.numel)],
+    read=lambda name, c: _shape(c[name]),
+    plain=list,
+)
+#: a tensor's name with its tied aliases in one cell (`name_cell`), and the aliases read back from it
+NAME_WITH_ALIASES = Cell(
+    write=lambda v, r, _limit: [name_cell(v, r.aliases)], read=lambda name, c: split_name_cell(c[name])[0]
+)
+ALIASES = Cell(
+    write=lambda v, _r, _limit: [],
+    read=lambda _name, c: split_name_cell(c["name"])[1],
+    plain=list,
+    own=False,
+    into="name",
+)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    shape = parse_shape(text)
+    return shape if shape is not None else tuple(lenient_int(d) for d in text.split("x"))
+
+
+def ranges(total: str, cap: int, cut: bool = True, count: str | None = None) -> Cell:
+    """Sorted indices as compressed ranges ("0-7, 12"): cut to `limit` ranges on the console where `cut`;
+    read back at most min(the `total` cell, `cap`) of them (a table from disk is untrusted); `count`: a column
+    after it with how many there are."""
+
+    def write(v: Sequence[int], _r: Any, limit: int | None) -> list[str]:
+        return [format_ranges(v, limit if cut else None), *([str(len(v))] if count else [])]
+
+    def read(name: str, c: _Cells) -> tuple[int, ...]:
+        return parse_ranges(c[name], limit=min(int(c[total]), cap))
+
+    return Cell(write=write, read=read, plain=list, extra=(count,) if count else ())
+
+
+def format_ranges(indices: Iterable[int], limit: int | None = None) -> str:
+    """Sorted indices as compressed ranges, "0-7, 12, 50-99"; with `limit`, only the first `limit` ranges
+    and "... (+N more ranges)". `parse_ranges` reads the uncut form back."""
+    ordered = torch.tensor(sorted(set(indices)), dtype=torch.int64)
+    # run boundaries in one pass of tensor ops (an embedding can have 800k partly-updated rows)
+    breaks = ((ordered[1:] - ordered[:-1]) != 1).nonzero().flatten() + 1 if ordered.numel() else ordered
+    starts = torch.cat([ordered.new_zeros(1), breaks]) if ordered.numel() else ordered
+    ends = torch.cat([breaks - 1, ordered.new_tensor([ordered.numel() - 1])]) if ordered.numel() else ordered
+    runs = list(zip(ordered[starts].tolist(), ordered[ends].tolist()))
+    shown = runs if limit is None else runs[:limit]
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
+    if len(shown) < len(runs):
+        n = len(runs) - len(shown)
+        text += f", ... (+{n} more range{'s' * (n != 1)})"
+    return text
+
+
+def parse_ranges(text: str, limit: int | None = None) -> tuple[int, ...]:
+    """The inverse of `format_ranges` (uncut): "0-7, 12" -> (0, 1, ..., 7, 12). Raises ValueError on anything else,
+    and on more than `limit` indices (a table read from disk is untrusted: "0-99999999999" must not fill memory)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        a = int(lo)
+        b = int(hi) if sep else a
+        if b < a:
+            raise ValueError(f"bad index range {part!r}")
+        if limit is not None and len(out) + (b - a + 1) > limit:
+            raise ValueError(f"index range {part[:40]!r} holds more than {limit} indices")
+        out.extend(range(a, b + 1))
+    return tuple(out)
+
+
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """A finding of one kind: a frozen dataclass whose fields carry their cells (`cell(...)`)."""
+
+    #: the `Report` field holding these records, and the table's name after `gradlog/`
+    KIND: ClassVar[str]
+    #: the table's title as a person reads it
+    TITLE: ClassVar[str]
+    #: what a heading counts ("2 tensors", "3 records"), and what it says the table holds after the count
+    NOUN: ClassVar[str] = "record"
+    ABOUT: ClassVar[str] = ""
+    #: the column that names a row that cannot be read back
+    KEY: ClassVar[str] = "name"
+    #: the table is written once there is something to say (most runs: never), then always; False: always
+    SPARSE: ClassVar[bool] = True
+
+    #: index ranges the markdown's ungrouped table shows (None: all)
+    UNGROUPED_LIMIT: ClassVar[int | None] = None
+
+    @classmethod
+    def columns(cls, written: bool = False) -> list[str]:
+        """The columns of the table a person reads; `written`: of the table a run writes (with the cells
+        marked `shown=False`)."""
+        return [c for name, f in _cells(cls) if written or f.shown for c in f.columns(name)]
+
+    def row(self, limit: int | None = None, written: bool = False) -> list[str]:
+        """The record's cells, in `columns(written)`' order; `limit` cuts index ranges (the console's)."""
+        cells = [f.write(getattr(self, name), self, limit) for name, f in _cells(type(self)) if written or f.shown]
+        return [text for texts in cells for text in texts]
+
+    @classmethod
+    def from_cells(cls: type[R], cells: _Cells) -> R:
+        """The record a row of its table holds (`cells`: column -> text, "" where missing)."""
+        return cls(**{name: f.read(name, cells) for name, f in _cells(cls)})
+
+    @property
+    def intentional(self) -> bool | None:
+        """Whether the user meant it (frozen by design, a padding row); None: not a question this kind asks."""
+        return None
+
+    def policy_kind(self) -> str | None:
+        """The finding's kind under a `Policy` (`gradlog.verdict.policy.KINDS`); None: no severity of its own."""
+        return None
+
+    def policy_names(self) -> str | tuple[str, ...]:
+        """What a policy's name pattern is matched against: the tensor's name (and its aliases)."""
+        return str(getattr(self, "name", ""))
+
+    def to_dict(self, policy: Policy | None = None, kind: str | None = None) -> dict[str, Any]:
+        """Plain JSON types, the fields in order, with the record's severity under `policy` (the defaults when
+        None); `kind`: the judge's where it weighs the record otherwise (`judge.slice_kinds`: dead units of a
+        small share are `partly.few_dead`)."""
+        out = {name: _plain(f, getattr(self, name)) for name, f in _json_order(type(self))}
+        if self.intentional is not None:
+            out["intentional"] = self.intentional
+        own = self.policy_kind()
+        if own is not None:
+            out["severity"] = (policy or Policy()).severity(kind or own, self.policy_names())
+        return out
+
+
+def _plain(f: dataclasses.Field[Any], value: Any) -> Any:
+    format_: Cell | None = f.metadata.get(CELL)
+    return value if format_ is None else format_.plain(value)
+
+
+_JSON_ORDER: dict[type[Record], tuple[tuple[str, dataclasses.Field[Any]], ...]] = {}
+_CELLS: dict[type[Record], tuple[tuple[str, Cell], ...]] = {}
+
+
+def _json_order(cls: type[Record]) -> tuple[tuple[str, dataclasses.Field[Any]], ...]:
+    """The fields in order, each folded one right after the field whose cell holds it (aliases after the name)."""
+    if cls in _JSON_ORDER:
+        return _JSON_ORDER[cls]
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    folded = {f.name: _into(f) for f in fields}
+    out: list[tuple[str, dataclasses.Field[Any]]] = []
+    for f in fields:
+        if folded[f.name] is None:
+            out.append((f.name, f))
+            out += [(g.name, g) for g in fields if folded[g.name] == f.name]
+    _JSON_ORDER[cls] = tuple(out)
+    return _JSON_ORDER[cls]
+
+
+def _into(f: dataclasses.Field[Any]) -> str | None:
+    format_: Cell | None = f.metadata.get(CELL)
+    return None if format_ is None else format_.into
+
+
+def _cells(cls: type[Record]) -> tuple[tuple[str, Cell], ...]:
+    """(field name, cell) of every field of `cls` with a cell, in field order (worked out once per kind)."""
+    if cls not in _CELLS:
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        _CELLS[cls] = tuple((f.name, f.metadata[CELL]) for f in fields if CELL in f.metadata)
+    return _CELLS[cls]
+
+
+__all__ = ["CELL", "Cell", "Record", "cell", "format_ranges", "parse_ranges", "ranges", "simple"]
