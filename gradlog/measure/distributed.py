@@ -1,4 +1,5 @@
-"""Global statistics for sharded parameters (FSDP2 `fully_shard`, tensor parallel DTensors).
+"""Global statistics for sharded parameters (FSDP2 `fully_shard`, tensor parallel DTensors, and FSDP1 with
+`use_orig_params=True`, whose 1-D slices `gradlog.measure.flat_shards` describes).
 
 Each rank holds a shard of every DTensor parameter and gradient. A norm, a count or a histogram of
 a shard is not the tensor's: the per-rank partials must be combined. One measured step costs:
@@ -15,7 +16,8 @@ and at ``close()``, which every rank reaches at the same point of its program. D
 this (its gradients are already averaged at the optimizer step) and gets no collective at all.
 
 A replicated copy must count once: a rank contributes a tensor's sums only when it is the first
-rank along every mesh dimension the tensor is replicated on (plain tensors: rank 0).
+rank along every mesh dimension the tensor is replicated on (plain tensors: rank 0). An FSDP1 slice is
+every rank's own (each element lives on one rank).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gradlog.measure.flat_shards import is_flat_shard
 from gradlog.measure.once import warn
 from gradlog.measure.params import Tracked, local_tensor
 
@@ -52,6 +55,11 @@ def is_dtensor(t: object) -> bool:
     return hasattr(t, "placements") and hasattr(t, "device_mesh") and hasattr(t, "to_local")
 
 
+def is_sharded(t: torch.Tensor) -> bool:
+    """Each rank holds only part of `t`: a DTensor, or an FSDP1 slice (`gradlog.measure.flat_shards`)."""
+    return is_dtensor(t) or is_flat_shard(t)
+
+
 def _dist_ready() -> bool:
     dist = torch.distributed
     return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
@@ -64,8 +72,8 @@ def is_rank_zero() -> bool:
 
 def _owner(t: torch.Tensor, rank: int) -> bool:
     """Whether this rank's local part of `t` is counted in a SUM over all ranks."""
-    if not is_dtensor(t):
-        return rank == 0  # a plain tensor is the same on every rank (DDP-style replication)
+    if not is_dtensor(t):  # a plain tensor is the same on every rank (DDP-style replication); an FSDP1 slice is not
+        return is_flat_shard(t) or rank == 0
     coord = t.device_mesh.get_coordinate()  # type: ignore[attr-defined]
     if coord is None:  # this rank is outside the tensor's mesh and holds nothing of it
         return False
@@ -144,7 +152,7 @@ class Reducer:
     # --- when --------------------------------------------------------------------------------
     def active(self, rows: Sequence[Tracked]) -> bool:
         """Sharded parameters and an initialised process group with more than one rank."""
-        return _dist_ready() and any(is_dtensor(r.param) for r in rows)
+        return _dist_ready() and any(is_sharded(r.param) for r in rows)
 
     def open(self, index: int, rows: Sequence[Tracked], device: torch.device, tracked: int | None = None) -> DistStep:
         """`tracked`: every watched tensor, frozen ones too (not measured, but compared at close)."""

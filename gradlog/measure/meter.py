@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover
 from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.fingerprint import Fingerprint, changes_all, take_all
+from gradlog.measure.flat_shards import global_numel
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
@@ -462,7 +463,8 @@ class Meter:
         self._open = op
 
     def _measured_rows(self) -> tuple[list[Tracked], list[float]]:
-        """The rows a measured step reads, and their numel (global: a DTensor's whole tensor's, as Tracked.numel).
+        """The rows a measured step reads, and their numel (global: a DTensor's or FSDP1 slice's whole tensor's, as
+        Tracked.numel).
         Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured step
         they are not read at all (no norms, no histograms), however many a fine-tuning run holds."""
         live = self.table.live
@@ -471,7 +473,7 @@ class Meter:
             for r, p in zip(live, map(Tracked.held, live))
             if p is not None and p.requires_grad and is_materialized(p)
         ]
-        return [r for r, _ in picked], [float(p.numel()) for _, p in picked]
+        return [r for r, _ in picked], [float(global_numel(p)) for _, p in picked]
 
     @staticmethod
     def _grad_partials(
@@ -509,6 +511,8 @@ class Meter:
                 g is not None and g.layout == torch.strided and counts[i] == g.numel() for i, g in enumerate(grads)
             ]
         keep = dist is not None
+        if dist is not None:  # FSDP1 slices cut rows anywhere: no per-slice evidence (per tensor only)
+            grads = [None if r.flat else g for r, g in zip(op.rows, grads)]
         seen = self.slice_grads.observe(op.rows, grads, op.zeros, device, keep_rows=keep, dense=dense, step=op.index)
         if seen.done is not None:
             packer.add("slices/done", seen.done)

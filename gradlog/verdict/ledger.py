@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.distributed import is_dtensor
+from gradlog.measure.distributed import is_sharded
 from gradlog.measure.fingerprint import Changes, Fingerprint, changes_all, compare, take, take_all
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
@@ -307,7 +307,7 @@ class Ledger:
             sb = self.set_back[index]
             sb.pending = False
             row = by_index.get(index)
-            if row is None or not is_materialized(row.param) or is_dtensor(row.param):
+            if row is None or not is_materialized(row.param) or is_sharded(row.param):
                 del self.set_back[index]
                 continue
             fp = take(row.param)
@@ -343,7 +343,8 @@ class Ledger:
             if provisional and ev.updated and not p.requires_grad:
                 continue  # `out` is set below from `updated`
             if provisional and not ev.updated and ev.first_version >= 0 and _version(p) == ev.first_version:
-                kept[r.index] = _unchanged(first)
+                if not r.flat:  # an FSDP1 slice's rows are not the tensor's: per tensor only
+                    kept[r.index] = _unchanged(first)
                 out[r.index] = False
                 continue
             todo.append((r, first, p))
@@ -375,7 +376,8 @@ class Ledger:
                 got.append(host[at : at + t.numel()])
                 at += t.numel()
             spans += span
-            self.slice_changes[r.index] = Changes(*got)
+            if not r.flat:  # an FSDP1 slice's rows are not the tensor's: per tensor only
+                self.slice_changes[r.index] = Changes(*got)
         # changed slices before each start and end, in a few ops for all tensors (not a few per tensor)
         below = torch.cat([torch.zeros(1, dtype=torch.int64), host.to(torch.int64).cumsum(0)])
         counts = below[spans].tolist() if spans else []
@@ -384,7 +386,7 @@ class Ledger:
         self.back_to_start = set()
         for r in rows:
             if self._ev(r).updated:
-                if out.get(r.index) is False and r.index in self.slice_changes and not is_dtensor(r.param):
+                if out.get(r.index) is False and r.index in self.slice_changes and not is_sharded(r.param):
                     self.back_to_start.add(r.index)  # updated, yet every slice is as it was: set back outside
                 out[r.index] = True
         return out

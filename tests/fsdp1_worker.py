@@ -1,0 +1,151 @@
+"""Runs under `torchrun --nproc_per_node 2` (gloo, CPU) for tests/test_fsdp1.py.
+
+Usage: python -m torch.distributed.run --nproc_per_node 2 tests/fsdp1_worker.py OUT_DIR [SUITE, ignored]
+Trains `catalogue.FrozenDeadLeftOut` under FSDP1 with use_orig_params=True (FULL_SHARD, SHARD_GRAD_OP and
+NO_SHARD), and in the same process a plain-PyTorch replica (same seed, the whole global batch, gradlog on
+one process: no collective, no shard), and saves to OUT_DIR/<case>-rank<r>.json what gradlog wrote and
+reported for each, plus the replica's own gradient norms, computed by hand. Also records the errors gradlog
+raises for FSDP1 without use_orig_params, FSDP1 reached through `.module`, and HYBRID_SHARD.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from catalogue import FrozenDeadLeftOut
+from torch import nn
+
+import gradlog
+
+STEPS = 6
+GLOBAL_BATCH = 8
+
+
+def data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(GLOBAL_BATCH, 8, generator=g), torch.randn(GLOBAL_BATCH, 4, generator=g)
+
+
+def train(model: nn.Module, rank: int, world: int, calls: list[tuple[str, int]] | None = None) -> dict[str, Any]:
+    """STEPS AdamW steps on this rank's share of the global batch; what gradlog wrote and reported, and the
+    total gradient norm by hand (plain tensors only: the replica)."""
+    opt = FrozenDeadLeftOut.optimizer_without_left(model)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(
+        model, opt, writer=mem, every=1, print_report=False, histograms=gradlog.HistogramOptions(every=2, bins=16)
+    )
+    if calls is not None:  # every collective gradlog makes, with its measured step
+        reducer = gl.meter.reducer
+        assert reducer is not None
+        real = reducer.all_reduce
+
+        def counted(t: torch.Tensor, op: str, index: int) -> None:
+            calls.append((op, index))
+            real(t, op, index)
+
+        reducer.all_reduce = counted  # type: ignore[method-assign]
+    per = GLOBAL_BATCH // world
+    by_hand: list[float] = []
+    for step in range(STEPS):
+        x, y = data(step)
+        x, y = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
+        nn.functional.mse_loss(model(x), y).backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        by_hand.append(math.sqrt(sum(float(g.double().square().sum()) for g in grads)))
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    hists = {
+        tag: [(s, list(h.counts), h.min, h.max, h.sum, h.sum_squares, h.count) for s, h in vals]
+        for tag, vals in mem.histograms.items()
+    }
+    return {
+        "scalars": mem.scalars,
+        "histograms": hists,
+        "report": report.to_dict(),
+        "verdict": report.verdict,
+        "tables": report.table(),
+        "by_hand": by_hand,
+    }
+
+
+def _save(out: Path, case: str, rank: int, payload: dict[str, Any]) -> None:
+    (out / f"{case}-rank{rank}.json").write_text(json.dumps(payload))
+
+
+def _error(make: Callable[[], object]) -> dict[str, Any]:
+    try:
+        make()
+    except Exception as exc:  # recorded for the test: type and message
+        return {"type": type(exc).__name__, "error": str(exc)}
+    return {"type": None, "error": None}
+
+
+def fsdp1(strategy: str, orig: bool = True) -> nn.Module:
+    """The catalogue model under FSDP1: `inp` and `head` wrapped on their own, the rest in the root."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+
+    torch.manual_seed(0)
+    model = FrozenDeadLeftOut()
+    if not orig:  # FSDP1 flattens only tensors that agree on requires_grad without use_orig_params
+        model.frozen.requires_grad_(True)
+    kw: dict[str, Any] = {
+        "use_orig_params": orig,
+        "device_id": torch.device("cpu"),
+        "sharding_strategy": ShardingStrategy[strategy],
+    }
+    if strategy == "HYBRID_SHARD":  # replicated over 1 group, sharded over 2 ranks: a mesh says which
+        from torch.distributed.device_mesh import init_device_mesh
+
+        kw["device_mesh"] = init_device_mesh("cpu", (1, 2), mesh_dim_names=("replicate", "shard"))
+    model.inp = FSDP(model.inp, **kw)  # type: ignore[assignment]
+    model.head = FSDP(model.head, **kw)  # type: ignore[assignment]
+    return FSDP(model, **kw)
+
+
+def local_shapes(model: nn.Module) -> dict[str, list[int]]:
+    return {n: list(p.shape) for n, p in model.named_parameters()}
+
+
+def main(out: Path) -> None:
+    torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+    torch.manual_seed(0)
+    _save(out, "replica", rank, train(FrozenDeadLeftOut(), 0, 1))
+
+    for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
+        model = fsdp1(strategy)
+        shapes = local_shapes(model)
+        calls: list[tuple[str, int]] = []
+        payload = train(model, rank, world, calls)
+        _save(out, f"fsdp1-{strategy}", rank, {**payload, "local_shapes": shapes, "collectives": calls})
+
+    def logger(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], object]:
+        return lambda: gradlog.GradLogger(model, opt, writer="memory", print_report=False)
+
+    for orig in (True, False):
+        model = fsdp1("FULL_SHARD", orig)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        _save(out, f"module-orig{orig}", rank, _error(logger(model.module, opt)))
+        if not orig:
+            _save(out, "flat", rank, _error(logger(model, opt)))
+            batch = data(0)[0][:4]
+            _save(out, "flat-check", rank, _error(lambda: gradlog.check(model, opt, batch, print_report=False)))  # noqa: B023
+    model = fsdp1("HYBRID_SHARD")
+    _save(out, "hybrid", rank, _error(logger(model, torch.optim.SGD(model.parameters(), lr=0.1))))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main(Path(sys.argv[1]))

@@ -1,0 +1,126 @@
+"""FSDP1 with `use_orig_params=True` is measured globally; FSDP1 without it, or reached through `.module`, is refused.
+
+Two real gloo ranks (torchrun, see tests/fsdp1_worker.py) train `catalogue.FrozenDeadLeftOut` (a frozen layer, a
+dead layer whose gradient is exactly zero, a layer left out of the optimizer) under FSDP1 FULL_SHARD,
+SHARD_GRAD_OP and NO_SHARD; the same worker trains a plain-PyTorch replica on the whole global batch with
+gradlog on one process. Rank 0's numbers (per-tensor gradient norms, update ratios, weight norms, zero
+fractions, the total gradient norm, histograms) and the verdict's tables must equal the replica's. Before
+issue 43 gradlog refused FSDP1 outright, and `fsdp.module` with use_orig_params=True was measured shard-locally
+(a total norm of 0.094 for a true 0.742).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from catalogue import two_ranks
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed"),
+]
+
+SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    out: Path = tmp_path_factory.mktemp("fsdp1")
+    return two_ranks("fsdp1_worker.py", out, "all", timeout=300, env={"OMP_NUM_THREADS": "1"})
+
+
+def _close(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= 1e-5 * max(abs(a), abs(b)) + 1e-7
+
+
+def _differences(got: dict[str, Any], want: dict[str, Any], skip: str = "") -> list[Any]:
+    bad: list[Any] = []
+    for tag, series in want["scalars"].items():
+        if skip and tag.startswith(skip):
+            continue
+        mine = got["scalars"].get(tag)
+        if mine is None or [s for s, _ in mine] != [s for s, _ in series]:
+            bad.append((tag, "missing or other steps"))
+            continue
+        bad += [(tag, s, a, b) for (s, a), (_, b) in zip(mine, series) if not _close(a, b)]
+    return bad
+
+
+@pytest.mark.parametrize("strategy", [*SHARDED, "NO_SHARD"])
+def test_fsdp1_use_orig_params_equals_the_replica(runs: Any, strategy: str) -> None:
+    (replica, _), (rank0, rank1) = runs["replica"], runs[f"fsdp1-{strategy}"]
+    if strategy in SHARDED:  # really sharded: 1-D slices, rank 0 holding none of head.bias
+        shapes = rank0["local_shapes"]
+        assert shapes["_fsdp_wrapped_module.head._fsdp_wrapped_module.bias"] == [0]
+        assert all(len(s) == 1 for s in shapes.values())
+        assert rank1["local_shapes"]["_fsdp_wrapped_module.head._fsdp_wrapped_module.bias"] == [4]
+    total = replica["scalars"]["gradlog/grad_norm_total"]
+    # the replica's own total gradient norm, by hand: gradlog's single-process number is the truth
+    assert all(_close(v, h) for (_, v), h in zip(total, replica["by_hand"])) and total[0][1] > 0
+    # names as the user wrote them, every number global: per-slice dead_frac is not measured on FSDP1 slices
+    skip = "weights/dead_frac/" if strategy in SHARDED else ""
+    assert not _differences(rank0, replica, skip)
+    assert {t for t in rank0["scalars"] if not t.startswith("weights/dead_frac/")} == {
+        t for t in replica["scalars"] if not t.startswith("weights/dead_frac/")
+    }
+    assert "weights/update_ratio/inp.weight" in rank0["scalars"] and "weights/grad_norm/head.bias" in rank0["scalars"]
+    assert sorted(rank0["histograms"]) == sorted(replica["histograms"])
+    for tag, series in replica["histograms"].items():
+        for (s1, c1, lo1, hi1, _, sq1, n1), (s2, c2, lo2, hi2, _, sq2, n2) in zip(rank0["histograms"][tag], series):
+            assert (s1, n1) == (s2, n2) and all(_close(a, b) for a, b in [(lo1, lo2), (hi1, hi2), (sq1, sq2)]), tag
+            assert sum(abs(a - b) for a, b in zip(c1, c2)) <= 2, tag  # a value on a bucket edge may move one over
+    # the verdict and its tables, on both ranks
+    for rank in (rank0, rank1):
+        assert rank["verdict"] == replica["verdict"]
+        assert rank["tables"] == replica["tables"]
+        assert rank["report"] == replica["report"]
+    reasons = {r["name"]: r["reason"] for r in replica["report"]["never_updated"]}
+    assert reasons == {
+        "frozen.weight": "frozen",
+        "frozen.bias": "frozen",
+        "dead.weight": "zero_grad",
+        "dead.bias": "zero_grad",
+        "left.weight": "not_in_optimizer",
+        "left.bias": "not_in_optimizer",
+    }
+
+
+def test_fsdp1_collectives_per_measured_step(runs: Any) -> None:
+    """FSDP2's pattern: one MAX (step check + gradient ranges) and one SUM per measured step, one more MAX of the
+    weight/update ranges on histogram steps; NO_SHARD (replicated, as DDP) makes none."""
+    for strategy in SHARDED:
+        calls = [tuple(c) for c in runs[f"fsdp1-{strategy}"][0]["collectives"]]
+        per_step = {s: [op for op, i in calls if i == s] for s in range(6)}
+        assert per_step == {s: ["max", "max", "sum"] if s % 2 == 0 else ["max", "sum"] for s in range(6)}
+    assert runs["fsdp1-NO_SHARD"][0]["collectives"] == []
+
+
+def _refused(runs: Any, case: str, *patterns: str) -> None:
+    assert len(runs[case]) == 2
+    for payload in runs[case]:
+        assert payload["type"] == "NotImplementedError", payload
+        for pattern in patterns:
+            assert re.search(pattern, payload["error"]), (pattern, payload["error"])
+
+
+def test_fsdp1_without_use_orig_params_is_refused(runs: Any) -> None:
+    _refused(runs, "flat", r"FSDP1 \(FullyShardedDataParallel\) without use_orig_params=True", "fully_shard")
+    _refused(runs, "flat-check", "without use_orig_params=True", "fully_shard")
+    _refused(runs, "module-origFalse", "without use_orig_params=True")
+
+
+def test_fsdp1_reached_through_dot_module_is_refused(runs: Any) -> None:
+    _refused(
+        runs, "module-origTrue", "FSDP1-managed parameters", r"fsdp\.module", "use_orig_params=True", "fully_shard"
+    )
+
+
+def test_fsdp1_hybrid_shard_is_refused(runs: Any) -> None:
+    _refused(runs, "hybrid", "sharding_strategy HYBRID_SHARD", "once per replica", "fully_shard")
