@@ -12,7 +12,8 @@ rank, so sums of squares, counts and histogram buckets add up over ranks exactly
 parameter's own are this rank's slice.
 
 Rows, columns and elements (per-slice evidence) are not mapped back: a rank's slice cuts rows at
-arbitrary points. Those tensors are measured per tensor only (`is_flat_shard`).
+arbitrary points. Those tensors are measured per tensor only (`is_flat_shard`), which `register` says
+once per process (rank 0): no partly-updated or stopped-slice finding, no dead_frac for them.
 
 Duck-typed on FSDP's private attributes (checked against torch 2.4-2.13): a torch that renames them is
 refused by `gradlog.measure.engines`, never measured wrongly.
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from gradlog.measure.once import warn
 
 #: FSDP1's sharding strategies whose ranks each hold a disjoint slice of every flat parameter
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP")
@@ -51,6 +54,13 @@ class FlatShard:
 
 #: id(parameter) -> (weak reference to it, its layout); see `flat_shard`
 _SHARDS: dict[int, tuple[Any, FlatShard]] = {}
+_NOTED: list[bool] = []  # the per-tensor-only note was given (once per process)
+
+NOTE = (
+    "gradlog: FSDP1 (use_orig_params=True) gives each rank a 1-D slice of {n} tensors; their per-tensor numbers and "
+    "the never-updated / stalled tables are global, but rows, columns and elements are not measured for them (no "
+    "partly-updated or stopped-slice findings, no dead_frac): shard with FSDP2 (`fully_shard`) for those"
+)
 
 
 def is_fsdp1(m: object) -> bool:
@@ -103,6 +113,11 @@ def register(model: nn.Module) -> set[int]:
             _SHARDS[id(p)] = (weakref.ref(p), FlatShard(tuple(int(d) for d in shape), start, numel))
     for pid in [k for k, (ref, _) in _SHARDS.items() if ref() is None]:  # freed since: their ids may be reused
         del _SHARDS[pid]
+    if _SHARDS and not _NOTED:
+        _NOTED.append(True)
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            warn(NOTE.format(n=len(_SHARDS)), stacklevel=4)
     return managed
 
 
