@@ -136,8 +136,26 @@ def main(out: Path, suite: str) -> None:
         _save(out, f"fsdp1-{strategy}", rank, {**payload, "local_shapes": shapes, "collectives": calls, "notes": notes})
 
     if suite == "main":
+        checked(out, rank, world)
         refusals(out, rank)
     torch.distributed.destroy_process_group()
+
+
+def checked(out: Path, rank: int, world: int) -> None:
+    """`gradlog.check` on FSDP1 (its share of one batch) and on the replica (the whole batch): the verdicts, and
+    whether the check left every weight as it found it."""
+    verdicts: dict[str, Any] = {}
+    for name, model, lo, n in (
+        ("replica", FrozenDeadLeftOut(), 0, GLOBAL_BATCH),
+        ("fsdp1", fsdp1("FULL_SHARD"), rank * GLOBAL_BATCH // world, GLOBAL_BATCH // world),
+    ):
+        torch.manual_seed(0)
+        opt = FrozenDeadLeftOut.optimizer_without_left(model)
+        before = [p.detach().clone() for p in model.parameters()]
+        result = gradlog.check(model, opt, data(0)[0][lo : lo + n], print_report=False)
+        kept = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+        verdicts[name] = {"verdict": result.verdict, "kept": kept}
+    _save(out, "check", rank, verdicts)
 
 
 def refusals(out: Path, rank: int) -> None:

@@ -132,6 +132,13 @@ def test_fsdp1_says_once_that_slices_are_not_measured(runs: Any) -> None:
     assert "slice of 10 tensors" in first0["notes"][0] and "no partly-updated" in first0["notes"][0]
 
 
+def test_gradlog_check_on_fsdp1_equals_the_replica(runs: Any) -> None:
+    """`gradlog.check` (one step, then the weights and optimizer put back) on FSDP1: the replica's verdict."""
+    for rank in runs["check"]:
+        assert rank["fsdp1"] == rank["replica"] and rank["fsdp1"]["kept"]
+        assert "zero_grad 2, not_in_optimizer 2" in rank["fsdp1"]["verdict"]
+
+
 def _refused(runs: Any, case: str, *patterns: str) -> None:
     assert len(runs[case]) == 2
     for payload in runs[case]:
