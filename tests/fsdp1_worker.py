@@ -117,6 +117,28 @@ def local_shapes(model: nn.Module) -> dict[str, list[int]]:
     return {n: list(p.shape) for n, p in model.named_parameters()}
 
 
+def planted(out: Path, rank: int, world: int) -> None:
+    """tests/dist_worker.py's `Net` (dead units, units stopped mid-run, a frozen, an unused, a zero-lr layer, a
+    stalled head) under FSDP1 FULL_SHARD, `blocks` and `inp` wrapped on their own (the planted units of `inp` lie
+    on both ranks), and its replica on one process."""
+    import dist_worker as W
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    torch.manual_seed(0)
+    mem, report, n = W.train(W.Net())
+    _save(out, "net-replica", rank, W.dump(mem, report, n))
+    torch.manual_seed(0)
+    net = W.Net()
+    kw: dict[str, Any] = {"use_orig_params": True, "device_id": torch.device("cpu")}
+    for i, b in enumerate(net.blocks):
+        net.blocks[i] = FSDP(b, **kw)
+    net.inp = FSDP(net.inp, **kw)  # type: ignore[assignment]  # rows 0-8 on rank 0, 9-15 on rank 1
+    model = FSDP(net, **kw)
+    shapes = local_shapes(model)
+    mem, report, n = W.train(model, rank, world)
+    _save(out, "net-fsdp1", rank, {**W.dump(mem, report, n), "local_shapes": shapes})
+
+
 def main(out: Path, suite: str) -> None:
     """SUITE "main": the replica, FULL_SHARD and the refusals; "more": the replica, SHARD_GRAD_OP and NO_SHARD."""
     torch.distributed.init_process_group("gloo")
@@ -132,10 +154,11 @@ def main(out: Path, suite: str) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             payload = train(model, rank, world, calls)
-        notes = [str(w.message) for w in caught if "FSDP1" in str(w.message)]
-        _save(out, f"fsdp1-{strategy}", rank, {**payload, "local_shapes": shapes, "collectives": calls, "notes": notes})
+        said = [str(w.message) for w in caught if str(w.message).startswith("gradlog")]
+        _save(out, f"fsdp1-{strategy}", rank, {**payload, "local_shapes": shapes, "collectives": calls, "said": said})
 
     if suite == "main":
+        planted(out, rank, world)
         checked(out, rank, world)
         refusals(out, rank)
     torch.distributed.destroy_process_group()

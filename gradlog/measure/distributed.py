@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.flat_shards import is_flat_shard
+from gradlog.measure.flat_shards import flat_shard, is_flat_shard
 from gradlog.measure.once import warn
 from gradlog.measure.params import Tracked, local_tensor
 
@@ -303,7 +303,11 @@ class Reducer:
 
 
 def _local_span(t: torch.Tensor, axis: int) -> tuple[int, int]:
-    """(global size along `axis`, this rank's offset along it) of a DTensor; a plain tensor is whole."""
+    """(global size along `axis`, this rank's offset along it) of a DTensor or an FSDP1 slice's rows (`FlatShard.rows`);
+    a plain tensor is whole."""
+    shard = flat_shard(t)
+    if shard is not None:
+        return shard.span(axis)
     size = int(t.shape[axis])
     if not is_dtensor(t):
         return size, 0
@@ -318,7 +322,7 @@ def global_rows(rows: Sequence[Tracked], local: Mapping[int, torch.Tensor], devi
     a SUM over ranks: > 0 where any rank's part of the row is non-zero). Plain tensors take no room."""
     parts = []
     for i, row in enumerate(rows):
-        if not is_dtensor(row.param) or row.param.dim() == 0:
+        if not is_sharded(row.param) or not row.shape:
             continue
         size, offset = _local_span(row.param, 0)
         v = torch.zeros(size, dtype=torch.float64, device=device)
@@ -329,15 +333,19 @@ def global_rows(rows: Sequence[Tracked], local: Mapping[int, torch.Tensor], devi
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=device)
 
 
-def dead_fractions(rows: Sequence[Tracked], dead: torch.Tensor, summed: torch.Tensor) -> torch.Tensor:
-    """Host side: the sharded tensors' dead_frac recomputed from the globally summed row flags."""
+def dead_fractions(
+    rows: Sequence[Tracked], dead: torch.Tensor, summed: torch.Tensor, has_grad: Sequence[bool] | None = None
+) -> torch.Tensor:
+    """Host side: the sharded tensors' dead_frac recomputed from the globally summed row flags, also where this
+    rank holds none of the tensor but another rank had its gradient (`has_grad`, global: FSDP1 often leaves rank 0
+    an empty slice)."""
     out = dead.clone()
     at = 0
     for i, row in enumerate(rows):
-        if not is_dtensor(row.param) or row.param.dim() == 0:
+        if not is_sharded(row.param) or not row.shape:
             continue
-        n = int(row.param.shape[0])
-        if not out[i].isnan():
+        n = int(row.shape[0])
+        if not out[i].isnan() or (has_grad is not None and has_grad[i]):
             out[i] = float((summed[at : at + n] == 0).sum()) / max(1, n)
         at += n
     return out

@@ -11,12 +11,13 @@ rank, so sums of squares, counts and histogram buckets add up over ranks exactly
 (`gradlog.measure.distributed`); only the global shape and numel must come from here, since the
 parameter's own are this rank's slice.
 
-Rows, columns and elements (per-slice evidence) are not mapped back: a rank's slice cuts rows at
-arbitrary points. Those tensors are measured per tensor only (`is_flat_shard`), which `register` says
-once per process (rank 0): no partly-updated or stopped-slice finding, no dead_frac for them.
+Per-slice evidence (rows, columns, elements: dead_frac, partly updated, stopped slices) is taken on
+`FlatShard.rows`: the whole rows a rank's slice touches, zero-padded where the slice starts or ends inside
+a row, placed at their global rows and combined over ranks with a MAX as FSDP2's shards are
+(`gradlog.measure.distributed.global_slices`, `global_rows`).
 
-Duck-typed on FSDP's private attributes (checked against torch 2.4-2.13): a torch that renames them is
-refused by `gradlog.measure.engines`, never measured wrongly.
+Duck-typed on FSDP's private attributes (`_handle.flat_param._params`, `_shard_param_infos`, `_shapes`;
+tested on torch 2.13): a torch without them is refused by `gradlog.measure.engines`, never measured wrongly.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from gradlog.measure.once import warn
 
 #: FSDP1's sharding strategies whose ranks each hold a disjoint slice of every flat parameter
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP")
@@ -51,16 +50,47 @@ class FlatShard:
     def global_numel(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def _width(self) -> int:
+        """Elements per row (dim 0) of the original; 1 for a 1-D one, whose slices are its elements."""
+        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+
+    @property
+    def first_row(self) -> int:
+        """The first row (element of a 1-D original) this rank holds any of."""
+        return self.start // self._width if self._width else 0
+
+    @property
+    def view_shape(self) -> tuple[int, ...]:
+        """The shape of `rows`: the rows this rank holds any of, whole."""
+        w = self._width
+        lead = self.start - self.first_row * w
+        n = -(-(lead + self.numel) // w) if self.numel and w else 0
+        return (n, *self.shape[1:]) if self.shape else ()
+
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's 1-D part `t` (values, gradient or optimizer state) as the whole rows it touches, zero
+        where a row's elements live on another rank (a zero is no evidence of anything: each per-slice vector
+        is combined over ranks with a MAX, so the rank holding those elements answers for them). A view
+        when the slice starts and ends at row boundaries, else a zero-padded copy of its size."""
+        shape = self.view_shape
+        if len(self.shape) <= 1 or t.dim() != 1:
+            return t
+        t = t.detach()
+        lead = self.start - self.first_row * self._width
+        if lead == 0 and t.numel() == math.prod(shape):
+            return t.view(shape)
+        out = t.new_zeros(math.prod(shape))
+        out[lead : lead + t.numel()] = t
+        return out.view(shape)
+
+    def span(self, axis: int) -> tuple[int, int]:
+        """(the original's size along `axis`, where `rows`'s first index along it lies)."""
+        return int(self.shape[axis]), self.first_row if axis == 0 else 0
+
 
 #: id(parameter) -> (weak reference to it, its layout); see `flat_shard`
 _SHARDS: dict[int, tuple[Any, FlatShard]] = {}
-_NOTED: list[bool] = []  # the per-tensor-only note was given (once per process)
-
-NOTE = (
-    "gradlog: FSDP1 (use_orig_params=True) gives each rank a 1-D slice of {n} tensors; their per-tensor numbers and "
-    "the never-updated / stalled tables are global, but rows, columns and elements are not measured for them (no "
-    "partly-updated or stopped-slice findings, no dead_frac): shard with FSDP2 (`fully_shard`) for those"
-)
 
 
 def is_fsdp1(m: object) -> bool:
@@ -113,11 +143,6 @@ def register(model: nn.Module) -> set[int]:
             _SHARDS[id(p)] = (weakref.ref(p), FlatShard(tuple(int(d) for d in shape), start, numel))
     for pid in [k for k, (ref, _) in _SHARDS.items() if ref() is None]:  # freed since: their ids may be reused
         del _SHARDS[pid]
-    if _SHARDS and not _NOTED:
-        _NOTED.append(True)
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
-            warn(NOTE.format(n=len(_SHARDS)), stacklevel=4)
     return managed
 
 
@@ -127,6 +152,13 @@ def flat_shard(p: torch.Tensor) -> FlatShard | None:
     if got is None or got[0]() is not p:
         return None
     return got[1]
+
+
+def slice_view(t: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
+    """`t` (the value, gradient or optimizer state of parameter `of`) laid out as whole slices of the tensor:
+    an FSDP1 slice's rows (`FlatShard.rows`), anything else as it is."""
+    s = flat_shard(of) if _SHARDS else None
+    return t if s is None else s.rows(t)
 
 
 def is_flat_shard(p: torch.Tensor) -> bool:

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover
 from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.fingerprint import Fingerprint, changes_all, take_all
-from gradlog.measure.flat_shards import global_numel
+from gradlog.measure.flat_shards import global_numel, slice_view
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
@@ -511,8 +511,8 @@ class Meter:
                 g is not None and g.layout == torch.strided and counts[i] == g.numel() for i, g in enumerate(grads)
             ]
         keep = dist is not None
-        if dist is not None:  # FSDP1 slices cut rows anywhere: no per-slice evidence (per tensor only)
-            grads = [None if r.flat else g for r, g in zip(op.rows, grads)]
+        if dist is not None:  # FSDP1 slices: as the whole rows they touch (`FlatShard.rows`)
+            grads = [slice_view(g, r.param) if r.flat and g is not None else g for r, g in zip(op.rows, grads)]
         seen = self.slice_grads.observe(op.rows, grads, op.zeros, device, keep_rows=keep, dense=dense, step=op.index)
         if seen.done is not None:
             packer.add("slices/done", seen.done)
@@ -825,11 +825,11 @@ class Meter:
         rated = self._rated(op, host)
         if "slices/done" in host:
             self.slice_grads.mark_done(op.slice_keys, host["slices/done"].tolist())
-        if "dead_rows" in host:
-            host["dead"] = dead_fractions(op.rows, host["dead"], host["dead_rows"])
         has_grad = op.has_grad
         if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
             has_grad = [v > 0 for v in host["has_grad"].tolist()]
+        if "dead_rows" in host:
+            host["dead"] = dead_fractions(op.rows, host["dead"], host["dead_rows"], has_grad)
             if "grad" in hists:
                 hists["grad"] = hists["grad"].only(has_grad)
                 if not hists["grad"]:

@@ -22,6 +22,7 @@ import torch
 
 from gradlog.measure.distributed import is_sharded
 from gradlog.measure.fingerprint import Changes, Fingerprint, changes_all, compare, take, take_all
+from gradlog.measure.flat_shards import slice_view
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.verdict.report import NonFinite
@@ -170,7 +171,7 @@ class Ledger:
                 else:
                     waiting.append(r)
         self._fp_generation, self._unmaterialized = generation, waiting
-        for (ev, p), fp in zip(new, take_all([p for _, p in new])):  # many small tensors at once
+        for (ev, p), fp in zip(new, take_all([slice_view(p, p) for _, p in new])):  # many small tensors at once
             ev.first_version = _version(p)
             ev.first_fp = fp
             ev.trainable_at_start = bool(p.requires_grad)
@@ -343,12 +344,12 @@ class Ledger:
             if provisional and ev.updated and not p.requires_grad:
                 continue  # `out` is set below from `updated`
             if provisional and not ev.updated and ev.first_version >= 0 and _version(p) == ev.first_version:
-                if not r.flat:  # an FSDP1 slice's rows are not the tensor's: per tensor only
-                    kept[r.index] = _unchanged(first)
+                kept[r.index] = _unchanged(first)
                 out[r.index] = False
                 continue
             todo.append((r, first, p))
-        for (r, _, _), ch in zip(todo, changes_all([f for _, f, _ in todo], [p for _, _, p in todo])):
+        now = [slice_view(p, p) for _, _, p in todo]  # an FSDP1 slice as its whole rows, as first fingerprinted
+        for (r, _, _), ch in zip(todo, changes_all([f for _, f, _ in todo], now)):
             if ch is None:  # resized in place (resize_, a new vocabulary): it changed
                 out[r.index] = True
                 continue
@@ -376,8 +377,7 @@ class Ledger:
                 got.append(host[at : at + t.numel()])
                 at += t.numel()
             spans += span
-            if not r.flat:  # an FSDP1 slice's rows are not the tensor's: per tensor only
-                self.slice_changes[r.index] = Changes(*got)
+            self.slice_changes[r.index] = Changes(*got)
         # changed slices before each start and end, in a few ops for all tensors (not a few per tensor)
         below = torch.cat([torch.zeros(1, dtype=torch.int64), host.to(torch.int64).cumsum(0)])
         counts = below[spans].tolist() if spans else []
