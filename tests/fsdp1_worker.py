@@ -178,6 +178,20 @@ def checked(out: Path, rank: int, world: int) -> None:
         result = gradlog.check(model, opt, data(0)[0][lo : lo + n], print_report=False)
         kept = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
         verdicts[name] = {"verdict": result.verdict, "kept": kept}
+    import dist_worker as W
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    for name, make in (
+        ("net-replica", W.Net),
+        ("net-fsdp1", lambda: FSDP(W.Net(), use_orig_params=True, device_id=torch.device("cpu"))),
+    ):
+        torch.manual_seed(0)
+        model = make()
+        x, y = W.data(0)
+        lo, n = (0, len(x)) if name == "net-replica" else (rank * len(x) // world, len(x) // world)
+        loss = lambda m, b: nn.functional.mse_loss(m(b[0]), b[1])  # noqa: E731
+        result = gradlog.check(model, W.make_optimizer(model), (x[lo : lo + n], y[lo : lo + n]), loss_fn=loss)
+        verdicts[name] = {"in_batch": result.to_dict()["in_batch"]}
     _save(out, "check", rank, verdicts)
 
 

@@ -193,6 +193,9 @@ def test_gradlog_check_on_fsdp1_equals_the_replica(runs: Any) -> None:
     for rank in runs["check"]:
         assert rank["fsdp1"] == rank["replica"] and rank["fsdp1"]["kept"]
         assert "zero_grad 2, not_in_optimizer 2" in rank["fsdp1"]["verdict"]
+        # the in-batch slice table (dead units of one batch) is left out for FSDP1's slices, as for FSDP2's
+        # shards, never read off a rank's 1-D slice as if its elements were the tensor's
+        assert rank["net-replica"]["in_batch"] and rank["net-fsdp1"]["in_batch"] == []
 
 
 def _refused(runs: Any, case: str, *patterns: str) -> None:
