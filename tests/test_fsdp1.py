@@ -172,6 +172,10 @@ def test_fsdp1_slices_equal_the_replica(runs: Any) -> None:
     (replica, _), (rank0, rank1) = runs["net-replica"], runs["net-fsdp1"]
     inp = "_fsdp_wrapped_module.inp._fsdp_wrapped_module.weight"  # dead units 1 | 9, 10; stopped 4 | 12
     assert (rank0["local_shapes"][inp], rank1["local_shapes"][inp]) == ([72], [56])
+    fc = "_fsdp_wrapped_module.blocks.0._fsdp_wrapped_module.fc.weight"  # 16x16, cut inside row 7, with dead rows
+    assert rank0["local_shapes"][fc][0] % 16 and any(
+        v > 0 for _, v in replica["scalars"]["weights/dead_frac/blocks.0.fc.weight"]
+    )
     assert replica["partly"] and replica["stopped"]  # not a vacuous comparison
     for rank in (rank0, rank1):
         assert rank["partly"] == replica["partly"]
