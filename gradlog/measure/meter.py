@@ -828,12 +828,12 @@ class Meter:
         has_grad = op.has_grad
         if "has_grad" in host:  # sharded: a tensor has a gradient if any rank has one
             has_grad = [v > 0 for v in host["has_grad"].tolist()]
-        if "dead_rows" in host:
-            host["dead"] = dead_fractions(op.rows, host["dead"], host["dead_rows"], has_grad)
             if "grad" in hists:
                 hists["grad"] = hists["grad"].only(has_grad)
                 if not hists["grad"]:
                     del hists["grad"]
+        if "dead_rows" in host:  # after has_grad: a rank holding none of a tensor still gets its global dead_frac
+            host["dead"] = dead_fractions(op.rows, host["dead"], host["dead_rows"], has_grad)
         return Measurement(
             index=op.index,
             rows=op.rows,
