@@ -34,6 +34,7 @@ from torch import nn
 from gradlog import lifecycle
 from gradlog.logger import GradLogger
 from gradlog.measure.engines import refuse_check
+from gradlog.measure.flat_shards import is_flat_shard  # an FSDP1 slice, as a DTensor shard: no in-batch slices
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter
 from gradlog.measure.trace import StepTrace, TraceResult
@@ -453,7 +454,7 @@ def _record_slices(params: list[torch.Tensor], seen: dict[int, dict[int | None, 
     with torch.no_grad():
         for p in params:
             g = p.grad
-            if g is None or not _plain(p) or not slice_dims(tuple(p.shape)) or p.numel() == 0:
+            if g is None or not _plain(p) or is_flat_shard(p) or not slice_dims(tuple(p.shape)) or p.numel() == 0:
                 continue
             if g.is_sparse:
                 g = g.to_dense()

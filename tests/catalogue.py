@@ -1200,3 +1200,33 @@ class ZeroPlanted(nn.Module):
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(1000 + step)
         return torch.randn(8, 8, generator=gen), torch.randn(8, 4, generator=gen)
+
+
+class FrozenDeadLeftOut(nn.Module):
+    """`inp` (8->16), `frozen` (16->16, requires_grad False: reason `frozen`), `dead` (16->16, its output times 0:
+    a gradient exactly zero at every step, reason `zero_grad`), `left` (16->16, left out of the optimizer by
+    `optimizer_without_left`: reason `not_in_optimizer`) and `head` (16->4), tanh between them (no dead unit by
+    chance: no per-slice finding). Exactly those six tensors never learn; the other four do. Under FSDP1 on two
+    ranks with `inp` and `head` wrapped on their own, every flat parameter is cut inside a tensor and rank 0
+    holds none of `head.bias` (tests/fsdp1_worker.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.frozen = nn.Linear(16, 16)
+        self.frozen.requires_grad_(False)
+        self.dead = nn.Linear(16, 16)
+        self.left = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.frozen(torch.tanh(self.inp(x)))
+        h = h + 0.0 * self.dead(h)
+        out: torch.Tensor = self.head(torch.tanh(self.left(h)))
+        return out
+
+    @staticmethod
+    def optimizer_without_left(model: nn.Module, lr: float = 1e-2) -> torch.optim.Optimizer:
+        """AdamW over the trainable tensors but `left.*` (names as the model, or a wrapper of it, gives them)."""
+        params = [p for n, p in model.named_parameters() if p.requires_grad and ".left." not in f".{n}."]
+        return torch.optim.AdamW(params, lr=lr)

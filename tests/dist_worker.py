@@ -289,12 +289,14 @@ def main_suite(out: str, rank: int, world: int) -> None:
     payload["placements"] = {n: str(p.placements) for n, p in tp.named_parameters() if hasattr(p, "placements")}
     _save(out, "tp", rank, payload)
 
-    # FSDP1 must be refused with a clear error, never measured shard-locally
+    # FSDP1 without use_orig_params must be refused with a clear error, never measured shard-locally
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     torch.manual_seed(0)
     try:
-        fsdp1 = FSDP(Net(), use_orig_params=True, device_id=torch.device("cpu"))
+        net = Net()
+        net.frozen.requires_grad_(True)  # without use_orig_params FSDP1 flattens only tensors that agree on it
+        fsdp1 = FSDP(net, use_orig_params=False, device_id=torch.device("cpu"))
         gradlog.GradLogger(fsdp1, torch.optim.SGD(fsdp1.parameters(), lr=0.1), writer="memory", print_report=False)
         _save(out, "fsdp1", rank, {"error": None})
     except NotImplementedError as exc:

@@ -168,6 +168,7 @@ def test_fsdp1_is_refused_clearly(main_run: Any) -> None:
     _, runs = main_run
     for payload in runs["fsdp1"]:
         assert payload["error"] is not None and "fully_shard" in payload["error"]
+        assert "use_orig_params=True" in payload["error"]
 
 
 def test_close_after_destroy_process_group_warns_that_the_report_is_local(main_run: Any) -> None:

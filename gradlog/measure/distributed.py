@@ -1,4 +1,5 @@
-"""Global statistics for sharded parameters (FSDP2 `fully_shard`, tensor parallel DTensors).
+"""Global statistics for sharded parameters (FSDP2 `fully_shard`, tensor parallel DTensors, and FSDP1 with
+`use_orig_params=True`, whose 1-D slices `gradlog.measure.flat_shards` describes).
 
 Each rank holds a shard of every DTensor parameter and gradient. A norm, a count or a histogram of
 a shard is not the tensor's: the per-rank partials must be combined. One measured step costs:
@@ -15,7 +16,8 @@ and at ``close()``, which every rank reaches at the same point of its program. D
 this (its gradients are already averaged at the optimizer step) and gets no collective at all.
 
 A replicated copy must count once: a rank contributes a tensor's sums only when it is the first
-rank along every mesh dimension the tensor is replicated on (plain tensors: rank 0).
+rank along every mesh dimension the tensor is replicated on (plain tensors: rank 0). An FSDP1 slice is
+every rank's own (each element lives on one rank).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 
+from gradlog.measure.flat_shards import flat_shard, is_flat_shard
 from gradlog.measure.once import warn
 from gradlog.measure.params import Tracked, local_tensor
 from gradlog.measure.stats import Key, Part
@@ -54,6 +57,11 @@ def is_dtensor(t: object) -> bool:
     return hasattr(t, "placements") and hasattr(t, "device_mesh") and hasattr(t, "to_local")
 
 
+def is_sharded(t: torch.Tensor) -> bool:
+    """Each rank holds only part of `t`: a DTensor, or an FSDP1 slice (`gradlog.measure.flat_shards`)."""
+    return is_dtensor(t) or is_flat_shard(t)
+
+
 def _dist_ready() -> bool:
     dist = torch.distributed
     return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
@@ -66,8 +74,8 @@ def is_rank_zero() -> bool:
 
 def _owner(t: torch.Tensor, rank: int) -> bool:
     """Whether this rank's local part of `t` is counted in a SUM over all ranks."""
-    if not is_dtensor(t):
-        return rank == 0  # a plain tensor is the same on every rank (DDP-style replication)
+    if not is_dtensor(t):  # a plain tensor is the same on every rank (DDP-style replication); an FSDP1 slice is not
+        return is_flat_shard(t) or rank == 0
     coord = t.device_mesh.get_coordinate()  # type: ignore[attr-defined]
     if coord is None:  # this rank is outside the tensor's mesh and holds nothing of it
         return False
@@ -146,7 +154,7 @@ class Reducer:
     # --- when --------------------------------------------------------------------------------
     def active(self, rows: Sequence[Tracked]) -> bool:
         """Sharded parameters and an initialised process group with more than one rank."""
-        return _dist_ready() and any(is_dtensor(r.param) for r in rows)
+        return _dist_ready() and any(is_sharded(r.param) for r in rows)
 
     def open(self, index: int, rows: Sequence[Tracked], device: torch.device, tracked: int | None = None) -> DistStep:
         """`tracked`: every watched tensor, frozen ones too (not measured, but compared at close)."""
@@ -299,7 +307,11 @@ class Reducer:
 
 
 def _local_span(t: torch.Tensor, axis: int) -> tuple[int, int]:
-    """(global size along `axis`, this rank's offset along it) of a DTensor; a plain tensor is whole."""
+    """(global size along `axis`, this rank's offset along it) of a DTensor or an FSDP1 slice's rows (`FlatShard.rows`);
+    a plain tensor is whole."""
+    shard = flat_shard(t)
+    if shard is not None:
+        return shard.span(axis)
     size = int(t.shape[axis])
     if not is_dtensor(t):
         return size, 0
@@ -314,7 +326,7 @@ def global_rows(rows: Sequence[Tracked], local: Mapping[int, torch.Tensor], devi
     a SUM over ranks: > 0 where any rank's part of the row is non-zero). Plain tensors take no room."""
     parts = []
     for i, row in enumerate(rows):
-        if not is_dtensor(row.param) or row.param.dim() == 0:
+        if not is_sharded(row.param) or not row.shape:
             continue
         size, offset = _local_span(row.param, 0)
         v = torch.zeros(size, dtype=torch.float64, device=device)
@@ -325,15 +337,19 @@ def global_rows(rows: Sequence[Tracked], local: Mapping[int, torch.Tensor], devi
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=device)
 
 
-def dead_fractions(rows: Sequence[Tracked], dead: torch.Tensor, summed: torch.Tensor) -> torch.Tensor:
-    """Host side: the sharded tensors' dead_frac recomputed from the globally summed row flags."""
+def dead_fractions(
+    rows: Sequence[Tracked], dead: torch.Tensor, summed: torch.Tensor, has_grad: Sequence[bool] | None = None
+) -> torch.Tensor:
+    """Host side: the sharded tensors' dead_frac recomputed from the globally summed row flags, also where this
+    rank holds none of the tensor but another rank had its gradient (`has_grad`, global: FSDP1 often leaves rank 0
+    an empty slice)."""
     out = dead.clone()
     at = 0
     for i, row in enumerate(rows):
-        if not is_dtensor(row.param) or row.param.dim() == 0:
+        if not is_sharded(row.param) or not row.shape:
             continue
-        n = int(row.param.shape[0])
-        if not out[i].isnan():
+        n = int(row.shape[0])
+        if not out[i].isnan() or (has_grad is not None and has_grad[i]):
             out[i] = float((summed[at : at + n] == 0).sum()) / max(1, n)
         at += n
     return out

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradlog.measure.flat_shards import REPLICATED, SHARDED, handle_params, is_flat_shard, is_fsdp1, register, strategy
 from gradlog.measure.zero import ZeroView, missing, zero_stage
 
 #: DeepSpeed's model wrappers: the optimizer steps inside `engine.step()`, over flat partitions
@@ -44,8 +45,22 @@ _FSDP1_WHAT = (
     "shard-local: wrong norms, and tensors held on other ranks reported as never updated"
 )
 _FSDP1_FIX = (
-    "Shard with FSDP2 instead: `from torch.distributed.fsdp import fully_shard; fully_shard(layer); "
-    "fully_shard(model)`, which gradlog measures globally"
+    "Pass the FullyShardedDataParallel wrapper itself, built with use_orig_params=True (gradlog then measures "
+    "your original parameters globally), or shard with FSDP2: `from torch.distributed.fsdp import fully_shard; "
+    "fully_shard(layer); fully_shard(model)`"
+)
+_FSDP1_FLAT = (
+    "without use_orig_params=True its parameters are flat per-rank slices of many tensors (FlatParameter) that "
+    "gradlog cannot map back to yours, so every number would be shard-local: wrong norms, and tensors held on "
+    "other ranks reported as never updated"
+)
+_FSDP1_HYBRID = (
+    "each shard is replicated across groups of ranks that gradlog does not know, so it would count each "
+    "element once per replica: wrong norms"
+)
+_FSDP1_HYBRID_FIX = (
+    "Use sharding_strategy FULL_SHARD, SHARD_GRAD_OP or NO_SHARD over the whole world (with use_orig_params=True), "
+    "or shard with FSDP2 (`fully_shard`)"
 )
 
 
@@ -61,13 +76,6 @@ def _deepspeed_class(obj: object, names: tuple[str, ...]) -> str | None:
         if module.startswith("deepspeed") and name in names:
             return type(obj).__name__
     return None
-
-
-def _is_fsdp1(m: object) -> bool:
-    return any(
-        name == "FullyShardedDataParallel" and module.startswith("torch.distributed.fsdp")
-        for module, name in _mro_names(m)
-    )
 
 
 def _refuse(engine: str, what: str, fix: str) -> NotImplementedError:
@@ -88,13 +96,44 @@ def _check_model(model: nn.Module) -> None:
                 else _DS_WHAT,
                 "Pipeline parallelism is not supported. " + _DS_FIX if pipeline else _DS_FIX,
             )
-        if _is_fsdp1(m):
-            raise _refuse("FSDP1 (FullyShardedDataParallel)", _FSDP1_WHAT, _FSDP1_FIX)
+        if is_fsdp1(m):
+            _check_fsdp1(m)
+
+
+def _check_fsdp1(m: nn.Module) -> None:
+    """FSDP1 is measured with use_orig_params=True over the whole world (`gradlog.measure.flat_shards`)."""
+    if not getattr(m, "_use_orig_params", False):
+        raise _refuse("FSDP1 (FullyShardedDataParallel) without use_orig_params=True", _FSDP1_FLAT, _FSDP1_FIX)
+    kind = strategy(m)
+    if kind not in SHARDED + REPLICATED:
+        raise _refuse(
+            f"FSDP1 (FullyShardedDataParallel) with sharding_strategy {kind}", _FSDP1_HYBRID, _FSDP1_HYBRID_FIX
+        )
+    group = getattr(m, "process_group", None)
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    size = group.size() if group is not None else world
+    if size != world:
+        raise _refuse(
+            f"FSDP1 (FullyShardedDataParallel) sharded over {size} of the {world} ranks",
+            "the other ranks hold copies or other shards that gradlog does not know how to count",
+            _FSDP1_HYBRID_FIX,
+        )
+    try:
+        for _ in handle_params(m):
+            pass
+    except AttributeError as exc:  # a torch whose FSDP1 keeps its layout elsewhere: never guessed
+        raise _refuse(
+            "this torch's FSDP1 (FullyShardedDataParallel)",
+            f"its flat parameter does not keep the layout gradlog reads ({exc})",
+            "Shard with FSDP2 (`fully_shard`)",
+        ) from exc
 
 
 def _check_params(model: nn.Module, allowed: tuple[str, ...] = ()) -> None:
-    """Parameters marked by DeepSpeed or FSDP1 (the wrapper was unwrapped, e.g. `engine.module`, `fsdp.module`);
-    `allowed`: DeepSpeed marks of an engine gradlog measures (ZeRO-1/2's `_hp_mapping`)."""
+    """Parameters marked by DeepSpeed or FSDP1 (the wrapper was unwrapped, e.g. `engine.module`, `fsdp.module`;
+    FSDP1's own with use_orig_params=True in `model` are measured); `allowed`: DeepSpeed marks of an engine
+    gradlog measures (ZeRO-1/2's `_hp_mapping`)."""
+    managed = register(model)
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     many = distributed and torch.distributed.get_world_size() > 1
     for name, p in model.named_parameters():
@@ -106,14 +145,14 @@ def _check_params(model: nn.Module, allowed: tuple[str, ...] = ()) -> None:
                 _DS_WHAT,
                 _DS_FIX,
             )
-        if getattr(p, _FSDP1_MARK, False):
+        if getattr(p, _FSDP1_MARK, False) and id(p) not in managed:
             raise _refuse(
                 f"FSDP1-managed parameters (the model's {name!r} carries FSDP1's {_FSDP1_MARK!r}: a module "
                 "taken from inside FullyShardedDataParallel, such as `fsdp.module`)",
                 _FSDP1_WHAT,
                 _FSDP1_FIX,
             )
-        if many and tuple(p.shape) == (0,) and not hasattr(p, "placements"):
+        if many and tuple(p.shape) == (0,) and not hasattr(p, "placements") and not is_flat_shard(p):
             raise _refuse(
                 f"parameters partitioned across ranks by an engine gradlog does not know (the model's {name!r} "
                 f"is shape (0,) on rank {torch.distributed.get_rank()} of {torch.distributed.get_world_size()})",
@@ -163,8 +202,9 @@ def refuse_unsupported(model: nn.Module, optimizer: Any = None) -> None:
 
     Checked before anything is hooked: a DeepSpeed engine (ZeRO or pipeline), a DeepSpeed ZeRO optimizer
     at any depth of the wrapper chain, parameters marked by DeepSpeed or FSDP1 (their wrapper was unwrapped
-    or only the inner optimizer was passed), FSDP1 modules, and parameters of shape (0,) partitioned on
-    other ranks.
+    or only the inner optimizer was passed), FSDP1 modules without use_orig_params=True or with a hybrid
+    strategy, and parameters of shape (0,) partitioned on other ranks. FSDP1 with use_orig_params=True
+    passes: its layout is registered here (`gradlog.measure.flat_shards`).
     """
     _check_model(model)
     if optimizer is not None:

@@ -19,6 +19,7 @@ import torch
 from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.fingerprint import Fingerprint, changes_all, take_all
+from gradlog.measure.flat_shards import global_numel, slice_view
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
@@ -465,7 +466,8 @@ class Meter:
         self._open = op
 
     def _measured_rows(self) -> tuple[list[Tracked], list[float]]:
-        """The rows a measured step reads, and their numel (global: a DTensor's whole tensor's, as Tracked.numel).
+        """The rows a measured step reads, and their numel (global: a DTensor's or FSDP1 slice's whole tensor's, as
+        Tracked.numel).
         Frozen tensors (requires_grad False now) are fingerprinted at start and close only: on a measured step
         they are not read at all (no norms, no histograms), however many a fine-tuning run holds."""
         live = self.table.live
@@ -474,7 +476,7 @@ class Meter:
             for r, p in zip(live, map(Tracked.held, live))
             if p is not None and p.requires_grad and is_materialized(p)
         ]
-        return [r for r, _ in picked], [float(p.numel()) for _, p in picked]
+        return [r for r, _ in picked], [float(global_numel(p)) for _, p in picked]
 
     @staticmethod
     def _grad_partials(
@@ -512,6 +514,8 @@ class Meter:
                 g is not None and g.layout == torch.strided and counts[i] == g.numel() for i, g in enumerate(grads)
             ]
         keep = dist is not None
+        if dist is not None:  # FSDP1 slices: as the whole rows they touch (`FlatShard.rows`)
+            grads = [slice_view(g, r.param) if r.flat and g is not None else g for r, g in zip(op.rows, grads)]
         seen = self.slice_grads.observe(op.rows, grads, op.zeros, device, keep_rows=keep, dense=dense, step=op.index)
         if seen.done is not None:
             packer.add("slices_done", seen.done)
@@ -821,8 +825,6 @@ class Meter:
         rated = self._rated(op, host)
         if host.slices_done is not None:
             self.slice_grads.mark_done(op.slice_keys, host.slices_done.tolist())
-        if host.dead_rows is not None and host.dead is not None:
-            host.dead = dead_fractions(op.rows, host.dead, host.dead_rows)
         has_grad = op.has_grad
         if host.has_grad is not None:  # sharded: a tensor has a gradient if any rank has one
             has_grad = [v > 0 for v in host.has_grad.tolist()]
@@ -830,6 +832,8 @@ class Meter:
                 hists["grad"] = hists["grad"].only(has_grad)
                 if not hists["grad"]:
                     del hists["grad"]
+        if host.dead_rows is not None and host.dead is not None:  # after has_grad: a rank holding none of a tensor
+            host.dead = dead_fractions(op.rows, host.dead, host.dead_rows, has_grad)  # still gets its dead_frac
         return Measurement(
             index=op.index,
             rows=op.rows,

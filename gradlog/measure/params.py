@@ -12,6 +12,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from gradlog.measure.flat_shards import flat_shard, register
 from gradlog.measure.owners import Owners, describe
 
 _WRAPPER_PARTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
@@ -70,11 +71,16 @@ class Tracked:
     extra: dict[str, object] = field(default_factory=dict)
     _shape: tuple[int, ...] = ()
     _dtype: torch.dtype = torch.float32
+    #: this rank holds a 1-D slice of the tensor (FSDP1, `gradlog.measure.flat_shards`): `_shape` is the whole one's
+    flat: bool = False
 
     @classmethod
     def of(cls, index: int, p: torch.Tensor, name: str, **kw: object) -> Tracked:
         row = cls(index, _ref(p), name, _dtype=p.dtype, **kw)  # type: ignore[arg-type]
-        if is_materialized(p):
+        shard = flat_shard(p)
+        if shard is not None:
+            row._shape, row.flat = shard.shape, True
+        elif is_materialized(p):
             row._shape = tuple(p.shape)
         return row
 
@@ -98,7 +104,7 @@ class Tracked:
         p = self._param()
         if isinstance(p, nn.parameter.UninitializedParameter):  # lazy, never materialised: no shape yet
             return ()
-        if p is not None:
+        if p is not None and not self.flat:
             self._shape = tuple(p.shape)  # remembered for after it is freed
         return self._shape
 
@@ -187,6 +193,7 @@ class ParamTable:
         self._layout = layout if layout is not None else []
         self._live = None
         self.generation += 1
+        register(model)  # FSDP1's slices (use_orig_params=True): their whole shapes, before rows are made
         named = list(model.named_parameters(remove_duplicate=False))  # aliases of tied weights too
         names: dict[int, list[str]] = {}
         params: dict[int, torch.Tensor] = {}

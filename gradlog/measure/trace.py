@@ -600,6 +600,10 @@ def _reach(node: Any, bit: dict[int, int], memo: dict[Any, int]) -> int:
     return memo.get(node, 0)
 
 
+#: set by FSDP1 on every tensor it flattens or views (torch/distributed/fsdp/_common_utils.py, FSDP_FLATTENED)
+_FSDP1_MARK = "_fsdp_flattened"
+
+
 def unregistered(model: nn.Module, known: set[int]) -> list[tuple[str, str, torch.Tensor]]:
     """Tensors requiring grad that the model's attributes hold outside its parameters: modules or tensors in
     a Python list, tuple or dict, or a plain tensor attribute. Each as (path, what holds it, tensor), e.g.
@@ -614,6 +618,8 @@ def unregistered(model: nn.Module, known: set[int]) -> list[tuple[str, str, torc
             if key in internal:
                 continue
             for path, t, container in _held(prefix + key, value):
+                if getattr(t, _FSDP1_MARK, False):  # FSDP1's flat parameter: the model's own parameters, flattened
+                    continue
                 if id(t) not in known and id(t) not in seen and t.requires_grad and t.is_leaf:
                     seen.add(id(t))
                     out.append((path, container, t))

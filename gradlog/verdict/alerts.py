@@ -409,8 +409,8 @@ class Alerts:
                     grad_norm=norms[i] if m.has_grad[i] else None,
                     ratio=ratios[i] if has_ratio and ratios is not None else None,
                     zero_start=before[i] == 0 if has_ratio and before is not None else None,
-                    vector=row.param.dim() <= 1,
-                    rms_update=_rms(ratios[i], before[i], row.param.numel())
+                    vector=len(row.shape) <= 1,  # the whole tensor's (an FSDP1 slice is 1-D)
+                    rms_update=_rms(ratios[i], before[i], row.numel)
                     if has_ratio and ratios is not None and before is not None
                     else None,
                 )

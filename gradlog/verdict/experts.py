@@ -79,9 +79,9 @@ def expert_layout(owners: Owners, rows: Sequence[Tracked]) -> dict[str, ExpertTe
             layer, k = per
             seen[layer] = max(seen.get(layer, 0), k + 1)
             out[row.name] = ExpertTensor(layer, 0, k)
-        elif is_fused_experts(owners.get(row.index), row.name, p.dim()):
+        elif is_fused_experts(owners.get(row.index), row.name, len(row.shape)):  # the whole tensor's shape
             layer = row.name.rsplit(".", 1)[0] if "." in row.name else row.name
-            out[row.name] = ExpertTensor(layer, int(p.shape[0]), None)
+            out[row.name] = ExpertTensor(layer, int(row.shape[0]), None)
     for name, t in out.items():
         if t.expert is not None:
             count = containers.get(t.layer, seen[t.layer])

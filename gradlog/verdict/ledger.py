@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.distributed import is_dtensor
+from gradlog.measure.distributed import is_sharded
 from gradlog.measure.fingerprint import Changes, Fingerprint, changes_all, compare, take, take_all
+from gradlog.measure.flat_shards import slice_view
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.verdict.report import NonFinite
@@ -170,7 +171,7 @@ class Ledger:
                 else:
                     waiting.append(r)
         self._fp_generation, self._unmaterialized = generation, waiting
-        for (ev, p), fp in zip(new, take_all([p for _, p in new])):  # many small tensors at once
+        for (ev, p), fp in zip(new, take_all([slice_view(p, p) for _, p in new])):  # many small tensors at once
             ev.first_version = _version(p)
             ev.first_fp = fp
             ev.trainable_at_start = bool(p.requires_grad)
@@ -307,7 +308,7 @@ class Ledger:
             sb = self.set_back[index]
             sb.pending = False
             row = by_index.get(index)
-            if row is None or not is_materialized(row.param) or is_dtensor(row.param):
+            if row is None or not is_materialized(row.param) or is_sharded(row.param):
                 del self.set_back[index]
                 continue
             fp = take(row.param)
@@ -347,7 +348,8 @@ class Ledger:
                 out[r.index] = False
                 continue
             todo.append((r, first, p))
-        for (r, _, _), ch in zip(todo, changes_all([f for _, f, _ in todo], [p for _, _, p in todo])):
+        now = [slice_view(p, p) for _, _, p in todo]  # an FSDP1 slice as its whole rows, as first fingerprinted
+        for (r, _, _), ch in zip(todo, changes_all([f for _, f, _ in todo], now)):
             if ch is None:  # resized in place (resize_, a new vocabulary): it changed
                 out[r.index] = True
                 continue
@@ -384,7 +386,7 @@ class Ledger:
         self.back_to_start = set()
         for r in rows:
             if self._ev(r).updated:
-                if out.get(r.index) is False and r.index in self.slice_changes and not is_dtensor(r.param):
+                if out.get(r.index) is False and r.index in self.slice_changes and not is_sharded(r.param):
                     self.back_to_start.add(r.index)  # updated, yet every slice is as it was: set back outside
                 out[r.index] = True
         return out

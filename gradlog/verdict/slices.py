@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradlog.measure.distributed import Reducer, is_dtensor
+from gradlog.measure.distributed import Reducer, is_sharded
 from gradlog.measure.fingerprint import Changes
+from gradlog.measure.flat_shards import slice_view
 from gradlog.measure.owners import Owner, Owners
 from gradlog.measure.params import Tracked
 from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
@@ -131,7 +132,7 @@ def _state_nonzero(param: torch.Tensor, optimizer: torch.optim.Optimizer | None)
     for key in _STATE_KEYS:
         st = state.get(key)
         if isinstance(st, torch.Tensor) and tuple(st.shape) == tuple(param.shape) and st.layout == torch.strided:
-            rows, cols = slice_nonzero(st)
+            rows, cols = slice_nonzero(slice_view(st, param))  # an FSDP1 slice: its whole rows
             return [rows] if cols is None else [rows, cols]
     return None
 
@@ -141,7 +142,7 @@ def _state_matters(row: Tracked, grads: SliceGrads, optimizer: torch.optim.Optim
     (weight decay on, some slice with no non-zero gradient yet) and for their caveat. A 5,000-tensor model
     otherwise paid a per-slice pass over every tensor's state at close for nothing. Sharded tensors always
     take part: their evidence is combined over ranks, which must all send the same items."""
-    if is_dtensor(row.param):
+    if is_sharded(row.param):
         return True
     if not row.param.requires_grad or (optimizer is not None and row.group is None):
         return False  # partly_updated skips these tensors
@@ -164,7 +165,7 @@ def slice_facts(
             if t is not None:
                 keys.append((row.index, dim))
                 parts.append(t)
-        if row.index in changes and row.param.dim() > 0 and _state_matters(row, grads, optimizer):
+        if row.index in changes and row.shape and _state_matters(row, grads, optimizer):
             for dim, t in enumerate(_state_nonzero(row.param, optimizer) or []):
                 keys.append((row.index, 10 + dim))  # 10, 11: the state's rows and columns
                 parts.append(t)
@@ -183,7 +184,7 @@ def slice_facts(
     out: dict[int, SliceFacts] = {}
     for row in rows:
         ch = changes.get(row.index)
-        if ch is None or row.param.dim() == 0:
+        if ch is None or not row.shape:
             continue
         if ch.elems is not None:
             changed: dict[int | None, torch.Tensor] = {None: ch.elems}
@@ -208,10 +209,10 @@ def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer:
     combined over ranks (a slice changed, or had a gradient, if it did on any rank)."""
     items: list[tuple[Tracked, int | None, torch.Tensor | None]] = []
     for row in rows:
-        if not is_dtensor(row.param) or row.param.dim() == 0:
+        if not is_sharded(row.param) or not row.shape:
             continue
         f = facts.get(row.index)
-        dims: tuple[int | None, ...] = (0, 1) if row.param.dim() >= 2 else (None,)
+        dims: tuple[int | None, ...] = (0, 1) if len(row.shape) >= 2 else (None,)
         for dim in dims:
             items.append((row, dim, f.changed.get(dim) if f is not None else None))
             items.append((row, dim, f.nonzero.get(dim) if f is not None else None))
@@ -220,9 +221,9 @@ def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer:
     at = 0
     out = dict(facts)
     for row in rows:
-        if not is_dtensor(row.param) or row.param.dim() == 0:
+        if not is_sharded(row.param) or not row.shape:
             continue
-        dims = (0, 1) if row.param.dim() >= 2 else (None,)
+        dims = (0, 1) if len(row.shape) >= 2 else (None,)
         changed: dict[int | None, torch.Tensor] = {}
         nonzero: dict[int | None, torch.Tensor | None] = {}
         state: dict[int | None, torch.Tensor | None] = {}
@@ -245,7 +246,7 @@ def slice_kind(owner: Owner | None, row: Tracked) -> str:
     `partly_updated` and `gradlog.verdict.stopped_slices` name slices by."""
     if owner is not None and owner.family:
         return f"{owner.family}.{owner.attr}"
-    return "experts" if is_fused_experts(owner, row.name, row.param.dim()) else ""
+    return "experts" if is_fused_experts(owner, row.name, len(row.shape)) else ""
 
 
 def words_key(kind: str, dim: int | None) -> tuple[str, int | None]:
@@ -287,7 +288,7 @@ def partly_updated(
     candidates: list[tuple[Tracked, SliceFacts]] = []
     for row in rows:
         f = facts.get(row.index)
-        if f is None or row.name in whole or not row.param.requires_grad or row.param.dim() == 0:
+        if f is None or row.name in whole or not row.param.requires_grad or not row.shape:
             continue
         if optimizer is not None and row.group is None:
             continue

@@ -41,7 +41,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from gradlog.measure.distributed import Reducer, is_dtensor
+from gradlog.measure.distributed import Reducer, is_sharded
+from gradlog.measure.flat_shards import flat_shard
 from gradlog.measure.owners import Owners
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
@@ -134,7 +135,7 @@ STEP, ORD, HITS = 0, 1, 2
 
 
 def _dims(row: Tracked) -> tuple[int | None, ...]:
-    return (0, 1) if row.param.dim() >= 2 else (None,)
+    return (0, 1) if len(row.shape) >= 2 else (None,)  # the whole tensor's (an FSDP1 slice is 1-D)
 
 
 def _fill(vec: torch.Tensor | None, n: int, value: int, floor: int, device: torch.device) -> torch.Tensor:
@@ -153,15 +154,17 @@ def last_steps(rows: Sequence[Tracked], grads: SliceGrads) -> Lasts:
     combine their vectors."""
     out: Lasts = {}
     for row in rows:
-        if not row.param.requires_grad or not is_materialized(row.param) or row.param.dim() == 0:
+        if not row.param.requires_grad or not is_materialized(row.param) or not row.shape:
             continue
         key = row.index
         r, c = grads.last_rows.get(key), grads.last_cols.get(key)
         at = grads.all_at.get(key, -1)
-        sharded = is_dtensor(row.param)
+        sharded = is_sharded(row.param)
         if r is None and not (sharded and at >= 0):
             continue
+        shard = flat_shard(row.param)  # an FSDP1 slice's evidence is of its whole rows (`FlatShard.rows`)
         local = local_tensor(row.param)
+        shape = shard.view_shape if shard is not None else local.shape
         seen, hits = grads.all_seen.get(key, 0), grads.all_hits.get(key, 0)
         found: dict[int | None, torch.Tensor] = {}
         vectors = (
@@ -169,7 +172,7 @@ def last_steps(rows: Sequence[Tracked], grads: SliceGrads) -> Lasts:
             (c, grads.ord_cols.get(key), grads.hits_cols.get(key)),
         )
         for dim, (last, order, count) in zip(_dims(row), vectors):
-            n, dev = local.shape[dim or 0], local.device
+            n, dev = shape[dim or 0], local.device
             found[dim] = torch.stack(
                 [_fill(last, n, 0, at, dev), _fill(order, n, 0, seen, dev), _fill(count, n, -1, hits, dev)]
             )
@@ -183,7 +186,7 @@ def global_last_steps(rows: Sequence[Tracked], lasts: Lasts, reducer: Reducer) -
     the evidence for a stop never grows by combining). One all_reduce(MAX); every rank passes the same items."""
     items: list[tuple[Tracked, int | None, torch.Tensor | None]] = []
     for row in rows:
-        if not is_dtensor(row.param) or not row.param.requires_grad or row.param.dim() == 0:
+        if not is_sharded(row.param) or not row.param.requires_grad or not row.shape:
             continue
         mine = lasts.get(row.index, {})
         for dim in _dims(row):
