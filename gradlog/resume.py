@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Union
@@ -32,8 +31,7 @@ from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Reason, Report, Stalled, StoppedSlice
 from gradlog.verdict.slices import SliceFacts
 from gradlog.verdict.stopped_slices import cut
-from gradlog.writers import make_writers, route_options, writer_names
-from gradlog.writers.tensorboard import TensorBoardWriter
+from gradlog.writers import Writer, make_writers, route_options, writer_names
 
 if TYPE_CHECKING:
     from gradlog.options import Output
@@ -452,12 +450,12 @@ class Continuation:
 
 def open_run(
     out: Output, log_dir: str | None, strict: bool, options: dict[str, Any], pipeline: Pipeline, new_id: str
-) -> tuple[list[Any], Continuation | None]:
+) -> tuple[list[Writer], Continuation | None]:
     """The writers (rank 0's; none elsewhere) and the run they write: a new one, or with `out.resume` the
     earlier run they continue. A W&B run to continue is found before `wandb.init`, which then gets its id;
     the step count goes on from the earlier run's (on every rank under FSDP2/DTensor, see `share`)."""
     tracked, optimizer = pipeline.table.live, pipeline.optimizer
-    writers: list[Any] = []
+    writers: list[Writer] = []
     run = None
     if pipeline.rank_zero:  # the writers, and the options they get, are rank 0's alone
         names = writer_names(out.writer)
@@ -503,15 +501,9 @@ def wandb_earlier(
     return found
 
 
-def _wandb_writer(writers: list[Any]) -> Any:
-    """The W&B writer among `writers` (its module is loaded only where one was made), or None."""
-    module = sys.modules.get("gradlog.writers.wandb")
-    return next((w for w in writers if module is not None and isinstance(w, module.WandbWriter)), None)
-
-
 def start(
     resume: Resume,
-    writers: list[Any],
+    writers: list[Writer],
     tracked: list[Tracked],
     optimizer: torch.optim.Optimizer | None,
     new_id: str,
@@ -519,13 +511,14 @@ def start(
 ) -> Continuation:
     """This run's id (its TensorBoard file mark, else its W&B run id, else `new_id`), and with `resume` the
     earlier run it continues: its id, its step count, its evidence (merged at close). The TensorBoard
-    writer's folder holds the run where there is one; else the W&B run `wandb` found (`wandb_earlier`). A
+    writer's folder holds the run where there is one; else the W&B run `wandb` found (`wandb_earlier`). The
+    writers are told apart by what they declare (`Writer.resume_dir`, `Writer.run_id`), not by class. A
     run that cannot be continued (none there, another model's) is said once and a new run starts beside it;
     nothing is overwritten."""
-    tb = next((w for w in writers if isinstance(w, TensorBoardWriter)), None)
-    wb = _wandb_writer(writers)
-    wb_id = str(getattr(wb.run, "id", "") or "") if wb is not None else ""
-    fresh = Continuation(Segment(tb.run if tb is not None else wb_id or new_id))
+    tb = next((w for w in writers if w.resume_dir is not None), None)  # continues from its files
+    wb = next((w for w in writers if w.resume_dir is None and w.run_id is not None), None)  # by its run's id
+    wb_id = (wb.run_id if wb is not None else None) or ""
+    fresh = Continuation(Segment((tb.run_id if tb is not None else None) or wb_id or new_id))
     if resume is False:
         return fresh
     said = f"resume={resume!r}"
@@ -541,8 +534,9 @@ def start(
             )
             return fresh
         return _continued(wandb, optimizer) if wandb is not None else fresh
-    found = find_earlier(tb.log_dir) if os.path.isdir(tb.log_dir) else f"{tb.log_dir!r} does not exist"
-    why = _not_continued(found, resume, tracked, optimizer, tb.log_dir)
+    folder = tb.resume_dir or ""
+    found = find_earlier(folder) if os.path.isdir(folder) else f"{folder!r} does not exist"
+    why = _not_continued(found, resume, tracked, optimizer, folder)
     if why is not None or isinstance(found, str):
         if why:
             warn(why)
@@ -550,7 +544,7 @@ def start(
     tb.continue_run(found.run_id)
     if wb is not None and wandb is None:  # the two writers disagree: say so rather than split the run silently
         warn(
-            f"gradlog: {said}: the TensorBoard run in {tb.log_dir!r} continues, but no W&B run of it was found "
+            f"gradlog: {said}: the TensorBoard run in {folder!r} continues, but no W&B run of it was found "
             f"to continue (none, or another, in the W&B dir); W&B logs into a new run {wb_id!r}"
         )
     return _continued(found, optimizer)

@@ -473,12 +473,12 @@ def test_log_step_must_be_a_whole_number_and_whole_numbers_of_any_kind_land_at_t
     assert xs[-len(good) :] == [40, 41, 42, -3, 44] and all(type(x) is int for x in xs)
 
 
-@pytest.mark.parametrize(("flag", "inline"), [({}, False), ({"inline": True}, True), ({"threaded": True}, True)])
+@pytest.mark.parametrize(("flag", "inline"), [({}, False), ({"inline": True}, True)])
 def test_writers_asking_to_be_called_inline_are_called_on_the_training_thread(
     flag: dict[str, bool], inline: bool
 ) -> None:
-    """`Writer.inline = True` (or `threaded = True`, its old name) is called on the training thread; any
-    other writer from its own background thread."""
+    """`Writer.inline = True` is called on the training thread; any other writer from its own background
+    thread."""
     threads: set[str] = set()
 
     class Where(gradlog.MemoryWriter):
