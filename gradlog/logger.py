@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import warnings
 import weakref
@@ -29,9 +28,9 @@ from gradlog.options import (
     alert_options,
     check_budget,
     check_every,
-    check_moved,
     histogram_options,
     output,
+    spelled,
     whole_step,
     writer_options,
 )
@@ -104,10 +103,7 @@ class GradLogger:
     collectives run there (a gloo rank waiting over ``Output.sync_timeout`` seconds raises).
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> GradLogger:
-        check_moved(kwargs, _KEYWORDS if cls is GradLogger else ())  # moved or misspelt: say so, not Python
-        return super().__new__(cls)
-
+    @spelled
     def __init__(
         self,
         model: nn.Module,
@@ -379,12 +375,6 @@ class GradLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# `__new__` takes anything (to name moved keywords): help() and IDEs show the real parameters.
-_INIT = inspect.signature(GradLogger.__init__)
-_KEYWORDS = [name for name in _INIT.parameters if name != "self"]
-setattr(GradLogger, "__signature__", _INIT.replace(parameters=list(_INIT.parameters.values())[1:]))  # noqa: B010
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> GradLogger:

@@ -72,8 +72,7 @@ class Segment:
     @staticmethod
     def rows(tracked: list[Tracked], evidence: dict[int, Evidence], earlier: Earlier | None) -> list[list[str]]:
         """One row per tracked tensor; a tensor not updated in this segment keeps its earlier last update.
-        Its counters are the whole run's; unknown ("") where an earlier segment's are (an older gradlog's
-        run), so that a later segment never takes a part of the run for the whole."""
+        Its counters are the whole run's, so that a later segment never takes a part of the run for the whole."""
         out = []
         for r in tracked:
             ev = evidence.get(r.index, Evidence())
@@ -81,8 +80,7 @@ class Segment:
             if last < 0 and earlier is not None:
                 last = earlier.last_update.get(r.name, -1)
             whole = earlier.whole(r.name, ev) if earlier is not None else ev
-            counts = _count_cells(whole) if whole is not None else [""] * len(names.SEGMENT_COUNTS)
-            out.append([r.name, shape_cell(r.shape), str(last), *counts])
+            out.append([r.name, shape_cell(r.shape), str(last), *_count_cells(whole)])
         return out
 
 
@@ -92,16 +90,15 @@ def _count_cells(ev: Evidence) -> list[str]:
     return [repr(v) if isinstance(v, float) else str(v) for v in values]
 
 
-def _counts(cells: dict[str, str]) -> Evidence | None:
-    """The counters of one `gradlog/segment` row, or None where the run did not write them (an older
-    gradlog) or a cell is not a number."""
+def _counts(cells: dict[str, str]) -> Evidence:
+    """The counters of one `gradlog/segment` row; ValueError naming the cell that is not a number."""
     values: dict[str, Any] = {}
-    try:
-        for c in names.SEGMENT_COUNTS:
-            text = cells[c]
+    for c in names.SEGMENT_COUNTS:
+        text = cells[c]
+        try:
             values[c] = float(text) if c in ("frozen_sum", "frozen_max") else int(text)
-    except ValueError:
-        return None
+        except ValueError:
+            raise ValueError(f"its {c!r} cell of {cells['name']!r} is {text!r}, not a number") from None
     return Evidence(**values)
 
 
@@ -123,16 +120,14 @@ class Earlier:
     segments: int
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     last_update: dict[str, int] = field(default_factory=dict)
-    #: per tensor, the evidence counters of every earlier segment together (absent: not written)
+    #: per tensor, the evidence counters of every earlier segment together
     counts: dict[str, Evidence] = field(default_factory=dict)
 
-    def whole(self, name: str, ev: Evidence) -> Evidence | None:
-        """The whole run's counters of tensor `name`, this segment's being `ev`: `ev` for a tensor the
-        earlier segments did not track, None where they did but wrote no counters."""
-        if name not in self.shapes:
-            return ev
+    def whole(self, name: str, ev: Evidence) -> Evidence:
+        """The whole run's counters of tensor `name`, this segment's being `ev` (`ev` itself for a tensor
+        the earlier segments did not track)."""
         before = self.counts.get(name)
-        return summed(ev, before) if before is not None else None
+        return summed(ev, before) if before is not None else ev
 
     @property
     def end_step(self) -> int:
@@ -333,22 +328,22 @@ def _read_earlier(read: Callable[[], RunData], log_dir: str, run_id: str) -> Ear
     report = closed_report(run)
     table = run.tables.get(names.SEGMENT)
     if report is None or table is None:
-        return (
-            f"the run in {log_dir!r} wrote no gradlog/segment table (it was written by an older gradlog, or "
-            "killed before its first table)"
-        )
+        return f"the run in {log_dir!r} wrote no gradlog/segment table (it was killed before its first table)"
     summary = run.summary()
     if run.provisional_step is not None and not summary.get("optimizer_steps", "").isdigit():
         report.optimizer_steps = run.provisional_step + 1
     segments = int(summary["segment"]) if summary.get("segment", "").isdigit() else 1
-    shapes, last, counts = _segment_table(*table)
+    try:
+        shapes, last, counts = _segment_table(*table)
+    except ValueError as exc:
+        return f"the run in {log_dir!r} has an unreadable gradlog/segment table ({exc})"
     return Earlier(log_dir, run_id, report, segments, shapes, last, counts)
 
 
 def _segment_table(
     columns: list[str], rows: list[list[str]]
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, Evidence]]:
-    """`gradlog/segment`'s shapes, last measured updates and counters (where written), by tensor name."""
+    """`gradlog/segment`'s shapes, last measured updates and counters, by tensor name."""
     shapes: dict[str, tuple[int, ...]] = {}
     last: dict[str, int] = {}
     counts: dict[str, Evidence] = {}
@@ -359,9 +354,7 @@ def _segment_table(
         shapes[cells["name"]] = shape
         step = cells["last_update_step"] or "-1"
         last[cells["name"]] = int(step) if step.lstrip("-").isdigit() else -1
-        found = _counts(cells)
-        if found is not None:
-            counts[cells["name"]] = found
+        counts[cells["name"]] = _counts(cells)
     return shapes, last, counts
 
 
@@ -386,9 +379,8 @@ class Continuation:
         out = dict(evidence)
         for r in tracked:
             ev = evidence.get(r.index)
-            whole = self.earlier.whole(r.name, ev) if ev is not None else None
-            if whole is not None:
-                out[r.index] = whole
+            if ev is not None:
+                out[r.index] = self.earlier.whole(r.name, ev)
         return out
 
     def never_evidence(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> dict[int, Evidence]:

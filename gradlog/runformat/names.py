@@ -82,8 +82,7 @@ ALERT_COLUMNS = ["step", "kind", "name", "detail"]
 #: The user's policy rules, in order.
 POLICY_COLUMNS = ["kind", "pattern", "severity"]
 #: The per-tensor counters a segment passes on to the next (`gradlog.verdict.ledger.Evidence`'s, summed over
-#: every segment so far), so that a resumed run's records count the whole run; a run from an older gradlog
-#: lacks them (read back as unknown).
+#: every segment so far), so that a resumed run's records count the whole run.
 SEGMENT_COUNTS = (
     "measured",
     "grad_none",

@@ -24,7 +24,6 @@ from gradlog.runformat.rundata import (
     BadRun,
     RunData,
     Table,
-    current_names,
     model_order,
     settle_provisional,
     wanted_table,
@@ -124,7 +123,7 @@ def read_run_files(run_files: list[str], root: str, limits: Limits) -> RunData:
         if table_files or names.summary_key(names.VERDICT) in offline.summary:
             answer = (os.path.dirname(run_file), table_files, offline.summary)
         order = _tensor_order(offline.config) or order
-    scalars = current_names({tag: b.build() for tag, b in points.items()})
+    scalars = {tag: b.build() for tag, b in points.items()}
     run.scalars = model_order(scalars, order)
     if answer is not None:
         _answer(run, *answer, root, limits)

@@ -16,7 +16,8 @@ in every table (``not_in_batch``), ``TABLE.*`` or ``*``, and PATTERN an fnmatch 
 the ones the run recorded) override earlier ones. docs/verdict.md lists every kind and why its default is
 what it is.
 
-Only the standard library here: `import gradlog` stays light, and the readers can rebuild a policy from a table.
+Only the standard library and the run format here: `import gradlog` stays light, and the readers can rebuild a
+policy from a table.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ IGNORE = "ignore"
 #: most severe first
 SEVERITIES = (PROBLEM, WARNING, NOTE, IGNORE)
 
-#: the reasons of `gradlog.verdict.report.Reason`, spelled out here so this module imports nothing of gradlog's
+#: the reasons of `gradlog.verdict.report.Reason`, spelled out here so this module imports only the run format
 _REASONS = (
     "frozen",
     "not_in_optimizer",
