@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import gradlog
-import gradlog.lifecycle
-import gradlog.pipeline
+import gradlog.run.diagnosing
+import gradlog.run.lifecycle
 from gradlog import Reason
 from gradlog.measure.params import clean_name
 from gradlog.verdict.report import PARTLY_COLUMNS
@@ -326,7 +326,7 @@ def test_a_failing_diagnosis_warns_and_close_still_cleans_up(monkeypatch: pytest
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("planted")
 
-    monkeypatch.setattr(gradlog.pipeline, "diagnose", broken)
+    monkeypatch.setattr(gradlog.run.diagnosing, "diagnose", broken)
     with pytest.warns(RuntimeWarning, match="diagnosis failed at close.*KeyError"):
         report = gl.close()
     assert report.error is not None and "planted" in report.error
@@ -346,7 +346,7 @@ def test_a_failing_diagnosis_raises_in_strict_mode(monkeypatch: pytest.MonkeyPat
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("planted")
 
-    monkeypatch.setattr(gradlog.pipeline, "diagnose", broken)
+    monkeypatch.setattr(gradlog.run.diagnosing, "diagnose", broken)
     with pytest.raises(KeyError, match="planted"):
         gl.close()
 
@@ -551,7 +551,7 @@ def test_misspelt_keyword_names_the_right_one(make, message):
     model = nn.Linear(2, 2)
     with pytest.raises(TypeError, match=message):
         make(model)
-    assert not gradlog.lifecycle.ACTIVE
+    assert not gradlog.run.lifecycle.ACTIVE
 
 
 def test_never_calling_log_is_said_once_at_close():

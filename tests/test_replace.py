@@ -35,7 +35,7 @@ def test_second_logger_on_same_model_and_optimizer_replaces_the_first() -> None:
     assert f"{__file__}:" in str(replaced[0].message)
     assert replaced[0].filename == __file__  # and points at the user's line, not at gradlog
     assert first.closed and not second.closed
-    assert gradlog.lifecycle.ACTIVE == [second]
+    assert gradlog.run.lifecycle.ACTIVE == [second]
     # exactly one set of step hooks on the optimizer: the second logger's
     assert len(opt._optimizer_step_pre_hooks) == before[0] + 1
     assert len(opt._optimizer_step_post_hooks) == before[1] + 1

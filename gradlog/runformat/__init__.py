@@ -7,7 +7,7 @@ folder), `points` and `rundata` (a run read back) and `tb_run` (a TensorBoard ru
 import nothing of gradlog above this package: every stage, the training loop's included, takes its names
 from here. `tables` holds the codecs between a `Report` and its tables (the summary rows, each findings
 table, written and read back); it sits above `gradlog.verdict`, whose records it builds. A resumed run
-(gradlog/resume.py) reads its earlier segment through `tb_run` and `tables`, never through the readers.
+(gradlog/run/resume.py) reads its earlier segment through `tb_run` and `tables`, never through the readers.
 
 This `__init__` imports nothing: importing `gradlog.runformat.names` must not pull in the codecs.
 """

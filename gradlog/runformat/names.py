@@ -39,7 +39,7 @@ EXPERTS = "gradlog/experts"
 PRECISION = "gradlog/precision"
 ALERTS = ALERT_COUNT
 POLICY = "gradlog/policy"
-#: A resumed run's per-tensor record (gradlog/resume.py).
+#: A resumed run's per-tensor record (gradlog/run/resume.py).
 SEGMENT = "gradlog/segment"
 #: Every table gradlog writes, in the order the report writes them.
 TABLES = (NEVER_UPDATED, PARTLY_UPDATED, STALLED, STOPPED_SLICES, EXPERTS, PRECISION, SUMMARY, ALERTS, POLICY, SEGMENT)

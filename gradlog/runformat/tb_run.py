@@ -2,7 +2,7 @@
 
 Every file is opened through `runformat.files` (a regular file inside the run folder, within the size
 caps) and read with gradlog's own record reader (`runformat.tfevents`: damage is skipped and named).
-`gradlog.readers.run` reads a run a user names with it; a resumed run (gradlog/resume.py) reads its
+`gradlog.readers.run` reads a run a user names with it; a resumed run (gradlog/run/resume.py) reads its
 earlier segment with `read_folder`, so the training path never imports the readers.
 """
 

@@ -4,7 +4,7 @@ A resumed run (`wandb.init(id=..., resume="allow")`, as gradlog's `Output(resume
 `offline-run-<time>-<id>` folder per segment, all with the same run id: `groups` puts them together and
 `read_run_files` reads them as one run. Every file goes through `runformat.files` (a regular file inside
 the run folder, within the size caps); a bad row or value is skipped and named, never fatal.
-`gradlog.readers.run` reads a run a user names with it; a resumed run (gradlog/resume.py) reads its
+`gradlog.readers.run` reads a run a user names with it; a resumed run (gradlog/run/resume.py) reads its
 earlier W&B segments with `runs_in`, so the training path never imports the readers.
 """
 

@@ -11,8 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import gradlog.lifecycle as lifecycle
-from gradlog.lifecycle import clip_grad_norm_, close, log
+import gradlog.run.lifecycle as lifecycle
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import is_rank_zero
 from gradlog.measure.engines import refuse_unsupported
@@ -20,7 +19,9 @@ from gradlog.measure.meter import Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
 from gradlog.measure.trace import OnceTrace, starved
-from gradlog.options import (
+from gradlog.run.lifecycle import clip_grad_norm_, close, log
+from gradlog.run.measuring import IDLE_LOG_CALLS, Pipeline
+from gradlog.run.options import (
     AlertOptions,
     HistogramOptions,
     Options,
@@ -34,9 +35,8 @@ from gradlog.options import (
     whole_step,
     writer_options,
 )
-from gradlog.pipeline import IDLE_LOG_CALLS, Pipeline
-from gradlog.publishing import Failures, Publisher
-from gradlog.resume import Continuation, open_run
+from gradlog.run.publishing import Failures, Publisher
+from gradlog.run.resume import Continuation, open_run
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.located import locate, not_registered, traced_hint
@@ -141,7 +141,7 @@ class GradLogger:
         self.pipeline = Pipeline(
             model, optimizer, every, self.options, scaler, selection, self.failures, self.rank_zero
         )
-        #: this run's segment, and the earlier segments it continues (gradlog/resume.py); None off rank 0
+        #: this run's segment, and the earlier segments it continues (gradlog/run/resume.py); None off rank 0
         self.segments: Continuation | None
         writers, self.segments = open_run(out, log_dir, wstrict, options, self.pipeline, f"{os.getpid()}-{id(self)}")
         self.writers = GuardedWriters(writers, strict=out.strict, timeout=out.timeout)
@@ -358,7 +358,7 @@ class GradLogger:
         """Where this run's files went, and the commands that read them (None for memory-only writers)."""
         return self.publisher.where()
 
-    # --- the end of a run that does not reach close(): signals, forks (gradlog.lifecycle) ----------
+    # --- the end of a run that does not reach close(): signals, forks (gradlog.run.lifecycle) ----------
     def on_sigterm(self, ending: bool) -> None:
         """SIGTERM: close (`ending`), or write the provisional tables (see `lifecycle.end_on_sigterm`)."""
         lifecycle.end_on_sigterm(self, ending)

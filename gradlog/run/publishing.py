@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gradlog.lifecycle import describe, warn
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.meter import Measurement
 from gradlog.measure.once import WarnOnce
+from gradlog.run.lifecycle import describe, warn
 from gradlog.runformat import names, tags
 from gradlog.runformat.tables import SPARSE_TABLES, final_counts, report_tables, summary_rows
 from gradlog.verdict.report import Report
@@ -149,7 +149,7 @@ class Publisher:
             self.writers.log_scalars(final_counts(report), step)
         summary = summary_rows(report, provisional_step, rank_local)
         segment = self._segment()
-        if segment is not None:  # what a resumed run reads back (gradlog/resume.py)
+        if segment is not None:  # what a resumed run reads back (gradlog/run/resume.py)
             summary += segment[0]
         out.log_table(names.SUMMARY, names.SUMMARY_COLUMNS, summary)
         for name, (columns, rows) in report_tables(report).items():

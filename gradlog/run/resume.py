@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
-from gradlog.lifecycle import warn
 from gradlog.measure.params import Tracked
+from gradlog.run.lifecycle import warn
 from gradlog.runformat import names
 from gradlog.runformat.cells import parse_shape, shape_cell, table_cells
 from gradlog.runformat.rundata import BadRun, RunData
@@ -34,8 +34,8 @@ from gradlog.verdict.stopped_slices import cut
 from gradlog.writers import Writer, make_writers, route_options, writer_names
 
 if TYPE_CHECKING:
-    from gradlog.options import Output
-    from gradlog.pipeline import Pipeline
+    from gradlog.run.measuring import Pipeline
+    from gradlog.run.options import Output
 
 logger = logging.getLogger("gradlog")
 
