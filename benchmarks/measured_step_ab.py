@@ -44,7 +44,7 @@ def load(root: str) -> Modules:
     sys.path.insert(0, root)
     try:
         import gradlog
-        import gradlog.logger
+        import gradlog.run.logger
         import gradlog.writers
     finally:
         sys.path.remove(root)

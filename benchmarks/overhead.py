@@ -468,7 +468,7 @@ class Lightning(Monitor):
 class Gradlog(Monitor):
     def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, tmp: str, **kwargs: Any) -> None:
         import gradlog
-        from gradlog.logger import DEFAULT_EVERY
+        from gradlog.run.logger import DEFAULT_EVERY
         from gradlog.writers import REGISTRY
 
         writer = kwargs.get("writer", inspect.signature(gradlog.GradLogger).parameters["writer"].default)

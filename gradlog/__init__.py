@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gradlog.check import CheckReport, check
-from gradlog.logger import GradLogger, clip_grad_norm_, close, log, watch
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.histogram import Histogram, Histograms
-from gradlog.options import AlertOptions, HistogramOptions, Output
+from gradlog.run.check import CheckReport, check
+from gradlog.run.logger import GradLogger, clip_grad_norm_, close, log, watch
+from gradlog.run.options import AlertOptions, HistogramOptions, Output
 from gradlog.verdict.policy import Policy
 from gradlog.verdict.report import (
     IdleExperts,

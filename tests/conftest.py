@@ -23,7 +23,7 @@ def _close_loggers():
     yield
     import gradlog
 
-    for gl in list(gradlog.lifecycle.ACTIVE):
+    for gl in list(gradlog.run.lifecycle.ACTIVE):
         gl.print_report = False
         try:
             gl.close()

@@ -351,7 +351,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["layout"] = str(exc)
     gl.pipeline.handles[0].remove()
     gl.pipeline.handles[1].remove()
-    gradlog.lifecycle.ACTIVE.remove(gl)
+    gradlog.run.lifecycle.ACTIVE.remove(gl)
 
     # 2. rank 1 drops its first measurement (a failure before its collective): the next exchange pairs
     # rank 0's step 0 with rank 1's step 1, and both ranks raise
@@ -381,7 +381,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["index"] = str(exc)
     for h in gl.pipeline.handles:
         h.remove()
-    gradlog.lifecycle.ACTIVE.remove(gl)
+    gradlog.run.lifecycle.ACTIVE.remove(gl)
 
     # 4. without an optimizer, rank 1 skips the log() call for step 0: its log(1) meets rank 0's log(0) in the
     # collective, and the step passed to log() travels in it, so both ranks raise at once (issue 15)
@@ -396,7 +396,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
             gl.log(s)
     except gradlog.DistributedMismatchError as exc:
         results["skipped_log"] = str(exc)
-    gradlog.lifecycle.ACTIVE.remove(gl)
+    gradlog.run.lifecycle.ACTIVE.remove(gl)
 
     # 3. only rank 0 measures (log() without an optimizer, called on rank 0 alone): it times out with
     # a clear error instead of hanging; rank 1 never enters a gradlog collective
@@ -411,7 +411,7 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
             gl.log(0)
         except gradlog.DistributedMismatchError as exc:
             results["timeout"] = str(exc)
-    gradlog.lifecycle.ACTIVE.remove(gl)
+    gradlog.run.lifecycle.ACTIVE.remove(gl)
 
     _save(out, "mismatch", rank, {"results": results})
 

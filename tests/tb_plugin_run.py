@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
 
 import torch
 from catalogue import StallPlanted, loop
@@ -79,34 +78,6 @@ def write_run(log_dir: str, close: bool = True) -> tuple[gradlog.GradLogger, dic
         )
     gl.close()
     return gl, expected
-
-
-def write_old_style(
-    scalars: Mapping[str, Sequence[tuple[int, float]]],
-    tables: Mapping[str, tuple[Sequence[str], Sequence[Sequence[str]]]],
-    log_dir: str,
-) -> None:
-    """A run as gradlog wrote it before every per-tensor series moved under `weights/`: the per-tensor
-    scalars as `update_ratio/<name>`, ... written by torch's own SummaryWriter (no packed rows, no
-    tensor-order record, as from older gradlog or another writer); the run-level scalars and the tables,
-    whose names did not change, through gradlog's TensorBoard writer."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    per_tensor = SummaryWriter(log_dir)
-    run_level: dict[int, dict[str, float]] = {}
-    for tag, points in scalars.items():
-        for step, value in points:
-            if tag.startswith("weights/"):
-                per_tensor.add_scalar(tag[len("weights/") :], value, step)
-            else:
-                run_level.setdefault(step, {})[tag] = value
-    per_tensor.close()
-    writer = gradlog.TensorBoardWriter(log_dir)
-    for step in sorted(run_level):
-        writer.log_scalars(run_level[step], step)
-    for name, (columns, rows) in tables.items():
-        writer.log_table(name, columns, rows)
-    writer.close()
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ def test_failure_inside_the_step_restores_and_raises():
     with pytest.raises(RuntimeError, match="boom in the second step"):
         gradlog.check(model, opt, torch.randn(5, 4), loss_fn=bad_loss, steps=2, print_report=False)
     _assert_same(before, _state(model, opt), "state")
-    assert not opt._optimizer_step_pre_hooks and not gradlog.lifecycle.ACTIVE  # the check's logger is gone
+    assert not opt._optimizer_step_pre_hooks and not gradlog.run.lifecycle.ACTIVE  # the check's logger is gone
 
 
 def test_hugging_face_model_output_loss():

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import gradlog
-import gradlog.lifecycle
-import gradlog.pipeline
+import gradlog.run.diagnosing
+import gradlog.run.lifecycle
 from gradlog import Reason
 from gradlog.measure.params import clean_name
 from gradlog.verdict.report import PARTLY_COLUMNS
@@ -326,7 +326,7 @@ def test_a_failing_diagnosis_warns_and_close_still_cleans_up(monkeypatch: pytest
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("planted")
 
-    monkeypatch.setattr(gradlog.pipeline, "diagnose", broken)
+    monkeypatch.setattr(gradlog.run.diagnosing, "diagnose", broken)
     with pytest.warns(RuntimeWarning, match="diagnosis failed at close.*KeyError"):
         report = gl.close()
     assert report.error is not None and "planted" in report.error
@@ -346,7 +346,7 @@ def test_a_failing_diagnosis_raises_in_strict_mode(monkeypatch: pytest.MonkeyPat
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("planted")
 
-    monkeypatch.setattr(gradlog.pipeline, "diagnose", broken)
+    monkeypatch.setattr(gradlog.run.diagnosing, "diagnose", broken)
     with pytest.raises(KeyError, match="planted"):
         gl.close()
 
@@ -473,12 +473,12 @@ def test_log_step_must_be_a_whole_number_and_whole_numbers_of_any_kind_land_at_t
     assert xs[-len(good) :] == [40, 41, 42, -3, 44] and all(type(x) is int for x in xs)
 
 
-@pytest.mark.parametrize(("flag", "inline"), [({}, False), ({"inline": True}, True), ({"threaded": True}, True)])
+@pytest.mark.parametrize(("flag", "inline"), [({}, False), ({"inline": True}, True)])
 def test_writers_asking_to_be_called_inline_are_called_on_the_training_thread(
     flag: dict[str, bool], inline: bool
 ) -> None:
-    """`Writer.inline = True` (or `threaded = True`, its old name) is called on the training thread; any
-    other writer from its own background thread."""
+    """`Writer.inline = True` is called on the training thread; any other writer from its own background
+    thread."""
     threads: set[str] = set()
 
     class Where(gradlog.MemoryWriter):
@@ -498,7 +498,7 @@ def test_writers_asking_to_be_called_inline_are_called_on_the_training_thread(
     assert (threads == {threading.main_thread().name}) is inline, threads
 
 
-def test_the_constructor_takes_thirteen_parameters_and_names_where_old_keywords_went() -> None:
+def test_the_constructor_takes_thirteen_parameters_and_names_a_misspelt_one() -> None:
     params = list(inspect.signature(gradlog.GradLogger).parameters)
     assert params == [
         "model",
@@ -517,10 +517,6 @@ def test_the_constructor_takes_thirteen_parameters_and_names_where_old_keywords_
     ]
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(TypeError, match=r"bins= is now histograms=gradlog\.HistogramOptions\(bins=\.\.\.\)"):
-        gradlog.GradLogger(model, opt, writer="memory", bins=16)
-    with pytest.raises(TypeError, match=r"writer_timeout= is now writer=gradlog\.Output\(\.\.\., timeout=\.\.\.\)"):
-        gradlog.GradLogger(model, opt, writer="memory", writer_timeout=1.0)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         gradlog.GradLogger(model, opt, writer="memory", bogus=1)
     with pytest.raises(ValueError, match=r"histograms must be True, False or a gradlog\.HistogramOptions"):
@@ -555,7 +551,7 @@ def test_misspelt_keyword_names_the_right_one(make, message):
     model = nn.Linear(2, 2)
     with pytest.raises(TypeError, match=message):
         make(model)
-    assert not gradlog.lifecycle.ACTIVE
+    assert not gradlog.run.lifecycle.ACTIVE
 
 
 def test_never_calling_log_is_said_once_at_close():

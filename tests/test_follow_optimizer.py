@@ -120,7 +120,7 @@ def test_log_without_any_watched_step_warns_once() -> None:
     gl.log()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(3 * gradlog.logger.IDLE_LOG_CALLS):
+        for _ in range(3 * gradlog.run.logger.IDLE_LOG_CALLS):
             with torch.no_grad():  # a hand-written update: no optimizer step
                 for p in model.parameters():
                     p -= 0.1
@@ -135,7 +135,7 @@ def test_gradient_accumulation_does_not_warn() -> None:
     model = nn.Linear(3, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
-    accumulate = gradlog.logger.IDLE_LOG_CALLS // 2
+    accumulate = gradlog.run.logger.IDLE_LOG_CALLS // 2
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         for _ in range(4):

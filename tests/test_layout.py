@@ -17,24 +17,27 @@ PACKAGE = Path(gradlog.__file__).parent
 #: read back) imports nothing else of gradlog: the bottom stage every other imports. The codecs between a
 #: `Report` and its tables live beside the records, in `verdict` (`gradlog/verdict/tables.py`).
 _BASE = {"runformat", "verdict", "measure"}
-#: stage -> the stages its modules may import (itself included). "api" is the package's top level.
+#: stage -> the stages its modules may import (itself included). "api" is the package's top level (its
+#: `__init__.py`: the public names), "run" the logger and its parts (`gradlog/run/`), which wire the stages
+#: below them into a training run.
 ALLOWED: dict[str, set[str]] = {
     "runformat": {"runformat"},
     "measure": {"measure", "runformat"},
     "writers": {"writers", "measure", "runformat"},
     "verdict": {"verdict", "measure", "runformat"},
-    "api": {"api", "writers", *_BASE},
+    "run": {"run", "writers", *_BASE},
+    "api": {"api", "run", "writers", *_BASE},
     "readers": {"readers", *_BASE},
     "compare": {"compare", "readers", *_BASE},
     "views": {"views", "compare", "readers", *_BASE},
-    "integrations": {"integrations", "api", "writers", *_BASE},
-    "cli": {"cli", "views", "compare", "readers", "api", "writers", *_BASE},
+    "integrations": {"integrations", "api", "run", "writers", *_BASE},
+    "cli": {"cli", "views", "compare", "readers", "api", "run", "writers", *_BASE},
 }
 #: (file, module) -> why: upward imports allowed (none: a resumed run reads its earlier segment through the
 #: run format, not the readers).
 EXCEPTIONS: dict[tuple[str, str], str] = {}
 #: what runs inside the user's training loop: it must never pull in what runs after the run.
-TRAINING_LOOP = {"api", "measure", "verdict", "writers", "runformat"}
+TRAINING_LOOP = {"api", "run", "measure", "verdict", "writers", "runformat"}
 
 
 def _stage_of_module(dotted: str) -> str:
@@ -107,8 +110,21 @@ def test_the_check_itself_catches_an_upward_import(tmp_path: Path) -> None:
 
 def test_every_stage_may_take_the_run_format_and_resume_reads_through_it() -> None:
     """Every stage takes its names from the run format: its bottom stage must stay at the bottom, and the
-    resumed run's reading (resume.py) goes through it rather than through the readers."""
+    resumed run's reading (run/resume.py) goes through it rather than through the readers."""
     assert all("runformat" in allowed for allowed in ALLOWED.values())
-    resume = {m for _, m in _imports(PACKAGE / "resume.py")}
+    resume = {m for _, m in _imports(PACKAGE / "run" / "resume.py")}
     assert not {_stage_of_module(m) for m in resume} & {"readers", "views", "cli", "compare", "integrations"}
     assert ALLOWED["runformat"] == {"runformat"}
+
+
+def test_the_top_level_holds_only_the_entry_points() -> None:
+    """The logger and its parts live in `gradlog/run/`; the top keeps the package's entry points only."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
+
+
+def test_measuring_never_reaches_back_into_the_logger() -> None:
+    """Within the run, data flows one way: the measured-step path and the diagnosis import neither the
+    logger nor the resume that drive them."""
+    drivers = {"gradlog.run.logger", "gradlog.run.resume", "gradlog.run.check"}
+    for name in ("measuring.py", "diagnosing.py"):
+        assert not {m for _, m in _imports(PACKAGE / "run" / name)} & drivers, name

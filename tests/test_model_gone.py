@@ -46,7 +46,7 @@ def ended(gl: gradlog.GradLogger, model: weakref.ref[nn.Module], gone: bool) -> 
     if gone:
         gc.collect()
         assert model() is None, "something of gradlog's keeps the model alive"
-        assert gl.closed and gl not in gradlog.lifecycle.ACTIVE
+        assert gl.closed and gl not in gradlog.run.lifecycle.ACTIVE
     return gl.close()
 
 

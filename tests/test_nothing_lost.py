@@ -294,7 +294,7 @@ def test_sigterm_handler_only_when_asked_and_restored_at_close() -> None:
     signal.signal(signal.SIGTERM, mine)
     try:
         gl = gradlog.GradLogger(model, opt, writer="memory", print_report=False)
-        assert signal.getsignal(signal.SIGTERM) is gradlog.lifecycle.on_sigterm
+        assert signal.getsignal(signal.SIGTERM) is gradlog.run.lifecycle.on_sigterm
         gl.close()
         assert signal.getsignal(signal.SIGTERM) is mine  # put back: nothing left to close
     finally:
@@ -411,7 +411,7 @@ def test_a_logger_whose_model_is_gone_closes_itself() -> None:
     weight = weakref.ref(model[0].weight)
     del model, opt
     gc.collect()
-    assert weight() is None and gl not in gradlog.lifecycle.ACTIVE
+    assert weight() is None and gl not in gradlog.run.lifecycle.ACTIVE
     assert mem.closed and "gradlog/summary" in mem.tables
 
 

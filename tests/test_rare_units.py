@@ -13,7 +13,7 @@ import torch
 from catalogue import RareBranch, RareUnits, train
 
 import gradlog
-from gradlog.logger import DEFAULT_EVERY
+from gradlog.run.logger import DEFAULT_EVERY
 
 STEPS = 150
 KILL_AT, KILLED = 60, 13  # a unit that fires on every step, killed by a bad update

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,7 +37,7 @@ def test_second_logger_on_same_model_and_optimizer_replaces_the_first() -> None:
     assert f"{__file__}:" in str(replaced[0].message)
     assert replaced[0].filename == __file__  # and points at the user's line, not at gradlog
     assert first.closed and not second.closed
-    assert gradlog.lifecycle.ACTIVE == [second]
+    assert gradlog.run.lifecycle.ACTIVE == [second]
     # exactly one set of step hooks on the optimizer: the second logger's
     assert len(opt._optimizer_step_pre_hooks) == before[0] + 1
     assert len(opt._optimizer_step_post_hooks) == before[1] + 1
@@ -58,3 +60,15 @@ def test_loggers_on_other_models_or_optimizers_stay_open() -> None:
     assert not a.closed and not b.closed
     a.close()
     b.close()
+
+
+def test_where_a_logger_was_made_skips_every_frame_of_gradlog() -> None:
+    """`made_at` (and the replace warning) name the first frame outside the whole package: a logger an
+    integration makes (gradlog/integrations/, not gradlog/run/) is named at the user's line."""
+    from gradlog.run.lifecycle import caller
+
+    package = os.path.dirname(os.path.abspath(gradlog.__file__))
+    inside: dict[str, Any] = {}
+    code = compile("def made():\n    return caller()\n", os.path.join(package, "integrations", "_run.py"), "exec")
+    exec(code, {"caller": caller}, inside)
+    assert inside["made"]().startswith(f"{__file__}:")

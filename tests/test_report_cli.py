@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 from catalogue import DeadUnits, ResidualPlanted, random_mse, train
-from tb_plugin_run import write_old_style
 from torch import nn
 
 import gradlog
@@ -175,41 +174,6 @@ def test_tensorboard_readback_equals_the_report_close_returned(
     assert code == 1 and [(s["name"], s["step"]) for s in rejudged["spikes"]] == [
         (s["name"], s["step"]) for s in out["spikes"]
     ]
-
-
-def test_a_run_written_with_the_old_tag_names_reads_back_the_same(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A run written before the rename (`grad_norm/<name>`, `update_ratio/<name>`, ...: tb_plugin_run's
-    write_old_style) gives the same report as today's names."""
-    mem, report = planted_run("tensorboard", tmp_path / "new", nan_at=30, spike_at=12)
-    write_old_style(mem.scalars, mem.tables, str(tmp_path / "old"))
-    old, new = load(str(tmp_path / "old")), load(str(tmp_path / "new"))
-    assert any(t.startswith("grad_norm/") for t in tags_on_disk(tmp_path / "old"))  # really the old names
-
-    def f32(v: float) -> str:  # TensorBoard stores float32; NaN == NaN by repr
-        return repr(struct.unpack("<f", struct.pack("<f", v))[0])
-
-    # every series under today's name, with the values written (the TensorBoard writer leaves out the zero
-    # non-finite counts that the old run, written from the MemoryWriter, holds)
-    read = {t: [(s, repr(v)) for s, v in pts] for t, pts in old.scalars.items()}
-    assert read == {t: [(s, f32(v)) for s, v in pts] for t, pts in mem.scalars.items()}
-    assert all(read[t] == [(s, repr(v)) for s, v in pts] for t, pts in new.scalars.items() if "nonfinite/" not in t)
-    code, out = report_json(tmp_path / "old", capsys)
-    assert code == 1 and out["skipped"] == []
-    assert_matches_close(out, report, mem)
-    _, today = report_json(tmp_path / "new", capsys)
-    for key in ("never_updated", "stalled", "first_nonfinite", "spikes", "out_of_band", "verdict", "tensors"):
-        assert out[key] == today[key], key
-
-
-def tags_on_disk(log_dir: Path) -> set[str]:
-    """Every scalar tag in a log dir's event files, read with TensorBoard's own loader."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(log_dir))
-    acc.Reload()
-    return set(acc.Tags()["scalars"])
 
 
 def test_healthy_run_exits_0_and_says_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ import gradlog
 from gradlog.cli.demo import build, freeze_by_mistake, scheduler
 from gradlog.readers.run import RunData, load
 from gradlog.readers.wandb_offline import find_run_files
-from gradlog.resume import Segment
+from gradlog.run.resume import Segment
 from gradlog.runformat import names
 from gradlog.runformat.cells import bare_name, name_cell, parse_shape, shape_cell, split_name_cell
 from gradlog.verdict.report import Reason, Report

@@ -208,7 +208,7 @@ def test_tables_and_layout(run: Run) -> None:
         "gradlog/provisional/stalled",
         "gradlog/provisional/summary",
         "gradlog/provisional/alerts",
-        # every tracked tensor's name, shape and last update, for a resumed run (gradlog/resume.py); not in
+        # every tracked tensor's name, shape and last update, for a resumed run (gradlog/run/resume.py); not in
         # the Text tab (gradlog's plugin)
         "gradlog/segment",
         "gradlog/provisional/segment",

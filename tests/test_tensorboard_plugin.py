@@ -21,11 +21,10 @@ from typing import Any
 
 import pytest
 from catalogue import free_port, train
-from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_old_style, write_run
+from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, write_run
 
 import gradlog
 from gradlog import Reason
-from gradlog.readers.run import load
 from gradlog.views.tensorboard_plugin import data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,11 +71,8 @@ def test_unknown_metric_is_refused() -> None:
 def test_names_follow_the_written_model_order_then_the_rest() -> None:
     tags = ["weights/update_ratio/b", "weights/grad_norm/a", "weights/weight_norm/c", "train/loss", "grad_norm/x"]
     assert data.tensor_names(tags, ["c", "a", "gone"]) == ["c", "a", "b"]  # grad_norm/x: the user's own
-    assert data.metric_prefix(tags, "grad_norm") == "weights/grad_norm/"
-    old = [t[len("weights/") :] for t in tags[:3]] + ["train/loss"]  # a run written before the weights/ group
-    assert data.tensor_names(old, ["c", "a", "gone"]) == ["c", "a", "b"]
-    assert data.metric_prefix(old, "grad_norm") == "grad_norm/"
-    assert data.has_tensor_series(old) and data.has_tensor_series(tags) and not data.has_tensor_series(["train/loss"])
+    assert data.metric_prefix("grad_norm") == "weights/grad_norm/"
+    assert data.has_tensor_series(tags) and not data.has_tensor_series(["train/loss", "grad_norm/x"])
 
 
 def test_marks_keep_the_strongest_finding() -> None:
@@ -195,11 +191,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     _, expected = write_run(str(logdir / "planted"))
     training = [sys.executable, str(ROOT / "tests" / "tb_plugin_run.py"), "--training", str(logdir / "training")]
     subprocess.run(training, check=True, env=_env(None), timeout=120, capture_output=True)  # no close(): no tables
-    planted = load(str(logdir / "planted"))
-    write_old_style(planted.scalars, planted.tables, str(logdir / "old"))
     _write_moe_run(logdir / "moe")
     _write_ids_run(logdir / "ids")
-    with _tensorboard(logdir, tmp, {"planted", "training", "old", "moe", "ids"}) as (base, proc):
+    with _tensorboard(logdir, tmp, {"planted", "training", "moe", "ids"}) as (base, proc):
         yield Server(base, logdir, expected, proc)
 
 
@@ -267,25 +261,6 @@ def test_series_and_a_run_still_training(server: Server) -> None:
     assert ov["marks"][STALLED] == "no_update" and ov["marks"][NAN_TENSOR] == "nonfinite"
     with pytest.raises(urllib.error.HTTPError, match="400"):
         _get(server.base, "/data/plugin/gradlog/heatmap?run=planted&metric=loss")
-
-
-@pytest.mark.slow
-def test_a_run_with_the_old_tag_names_shows_the_same(server: Server) -> None:
-    """A run written before the `weights/` group (`update_ratio/<name>` ...; no packed rows, so the tab reads
-    the scalars) is listed and gives the planted run's findings, heatmap cells and series."""
-    ov, planted = (server.json(f"/data/plugin/gradlog/overview?run={r}") for r in ("old", "planted"))
-    assert sorted(ov["names"]) == sorted(planted["names"]) and ov["metrics"] == planted["metrics"]
-    assert ov["verdict"] == planted["verdict"] and ov["marks"] == planted["marks"]
-    for metric in ("update_ratio", "grad_nonfinite"):
-        cells = {}
-        for run in ("old", "planted"):
-            header, values = data.decode(_get(server.base, f"/data/plugin/gradlog/heatmap?run={run}&metric={metric}"))
-            n = len(header["steps"])
-            rows = enumerate(header["names"])
-            cells[run] = {name: [repr(v) for v in values[i * n : (i + 1) * n]] for i, name in rows}
-        assert cells["old"] == cells["planted"], metric
-    series = server.json(f"/data/plugin/gradlog/series?run=old&name={STALLED}")
-    assert series == server.json(f"/data/plugin/gradlog/series?run=planted&name={STALLED}")
 
 
 # --- a real browser ------------------------------------------------------------------------------------------

@@ -427,23 +427,6 @@ def test_nan_steps_and_deep_json_are_skipped_and_counted(case: Path) -> None:
     assert "Gradient-norm spikes (> 10x the tensor's running median and last norm): none" in out
 
 
-def test_wandb_run_with_the_old_key_names_reads_under_todays(tmp_path: Path) -> None:
-    """A W&B run written before every per-tensor key moved under `weights/` (`grad_norm/w`, ...) reads
-    back under today's names; in a run with today's names a user's own `grad_norm/...` key stays as it is."""
-    old = [
-        {"gradlog/step": str(s), "grad_norm/w": "1.0", "update_ratio/w": "0.001", "weight_norm/w": "2.0", "loss": "0.5"}
-        for s in range(8)
-    ]
-    run = load(str(wandb_run(tmp_path / "old", rows=old)))
-    assert run.scalars["weights/grad_norm/w"] == [(s, 1.0) for s in range(8)]
-    assert run.scalars["weights/update_ratio/w"] == [(s, 0.001) for s in range(8)]
-    assert set(run.scalars) == {"weights/grad_norm/w", "weights/update_ratio/w", "weights/weight_norm/w", "loss"}
-    new = [{**row, "weights/grad_norm/w": "3.0"} for row in old]
-    run = load(str(wandb_run(tmp_path / "new", rows=new)))
-    assert run.scalars["weights/grad_norm/w"] == [(s, 3.0) for s in range(8)]
-    assert run.scalars["grad_norm/w"] == [(s, 1.0) for s in range(8)]  # the user's, not gradlog's
-
-
 @pytest.mark.slow
 def test_huge_index_range_in_a_table_cell(case: Path) -> None:
     """A partly-updated row claiming indices 0-99999999999: skipped as a bad row, not expanded into memory."""

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from gradlog.cli.planted import PLANTED as PLANTED
-from gradlog.logger import GradLogger
+from gradlog.run.logger import GradLogger
 from gradlog.verdict.report import Report
 
 #: the demo's token ids come from 8 sign bits of the input, but the "tokenizer" keeps 4 of them:

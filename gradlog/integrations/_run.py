@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradlog.check import LossFn, RngState, check
-from gradlog.logger import GradLogger
-from gradlog.options import Output
+from gradlog.run.check import LossFn, RngState, check
+from gradlog.run.logger import GradLogger
+from gradlog.run.options import Output
 from gradlog.verdict.report import Report
 
 

@@ -17,8 +17,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
         "(or create gradlog.GradLogger(model, optimizer) yourself in your own loop)"
     ) from exc
 
-from gradlog.check import default_loss
 from gradlog.integrations._run import CallbackRun, RunAccess, first_batch, to_device
+from gradlog.run.check import default_loss
 
 
 class GradlogCallback(RunAccess, TrainerCallback):

@@ -39,7 +39,7 @@ EXPERTS = "gradlog/experts"
 PRECISION = "gradlog/precision"
 ALERTS = ALERT_COUNT
 POLICY = "gradlog/policy"
-#: A resumed run's per-tensor record (gradlog/resume.py).
+#: A resumed run's per-tensor record (gradlog/run/resume.py).
 SEGMENT = "gradlog/segment"
 #: Every table gradlog writes, in the order the report writes them.
 TABLES = (NEVER_UPDATED, PARTLY_UPDATED, STALLED, STOPPED_SLICES, EXPERTS, PRECISION, SUMMARY, ALERTS, POLICY, SEGMENT)
@@ -73,8 +73,7 @@ SUMMARY_COLUMNS = ["key", "value"]
 #: The user's policy rules, in order.
 POLICY_COLUMNS = ["kind", "pattern", "severity"]
 #: The per-tensor counters a segment passes on to the next (`gradlog.verdict.ledger.Evidence`'s, summed over
-#: every segment so far), so that a resumed run's records count the whole run; a run from an older gradlog
-#: lacks them (read back as unknown).
+#: every segment so far), so that a resumed run's records count the whole run.
 SEGMENT_COUNTS = (
     "measured",
     "grad_none",

@@ -1,5 +1,5 @@
 """`RunData`: a run as read back, backend-neutral (the same shape `MemoryWriter` keeps in memory), and the
-two rules every reader applies to it: today's tag names, and the final tables over the provisional ones.
+rule every reader applies to it: the final tables over the provisional ones.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from gradlog.runformat.points import Series
 
 Table = tuple[list[str], list[list[str]]]
 
-#: Tag prefixes gradlog writes (`weights/grad_norm/`, ..., `gradlog/`) or wrote before the `weights/` group
-#: (`grad_norm/`, ...); a run with none of them is not a gradlog run.
-GRADLOG_PREFIXES = (*tags.SCALAR_PREFIXES, *tags.OLD_SCALAR_PREFIXES, tags.RUN)
+#: Tag prefixes gradlog writes (`weights/grad_norm/`, ..., `gradlog/`); a run with none of them is not a gradlog run.
+GRADLOG_PREFIXES = (*tags.SCALAR_PREFIXES, tags.RUN)
 
 
 class BadRun(Exception):
@@ -46,7 +45,7 @@ class RunData:
     @classmethod
     def from_memory(cls, writer: Any, path: str = "<memory>") -> RunData:
         """From a `MemoryWriter` (notebooks, tests): the same analysis without a file in between."""
-        scalars = current_names({tag: Series(sorted(points)) for tag, points in writer.scalars.items()})
+        scalars: dict[str, Sequence[tuple[int, float]]] = {t: Series(sorted(p)) for t, p in writer.scalars.items()}
         tables = {name: (list(cols), [list(r) for r in rows]) for name, (cols, rows) in writer.tables.items()}
         return settle_provisional(cls(path=path, backend="memory", scalars=scalars, tables=tables))
 
@@ -61,13 +60,6 @@ class RunData:
 def summary_dict(table: Table | None) -> dict[str, str]:
     """A summary table's rows as {key: value}; a row of fewer than two cells is left out."""
     return {r[0]: r[1] for r in table[1] if len(r) >= 2} if table is not None else {}
-
-
-def current_names(scalars: dict[str, Any]) -> dict[str, Any]:
-    """`scalars` under today's tag names: a run written before the `weights/` group (`grad_norm/<name>`,
-    ...) gets `weights/grad_norm/<name>`, so every view reads one set of names (`gradlog.runformat.tags`)."""
-    rename = tags.old_to_new(scalars)
-    return {rename.get(t, t): v for t, v in scalars.items()} if rename else scalars
 
 
 def settle_provisional(run: RunData) -> RunData:

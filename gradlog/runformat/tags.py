@@ -1,4 +1,4 @@
-"""The names gradlog's series are written under, and the older names runs may still hold.
+"""The names gradlog's series are written under.
 
 Every per-tensor series lives under one prefix, `weights/<metric>/<tensor name>` (scalars such as
 `weights/update_ratio/fc.weight`, histograms such as `weights/grad/fc.weight`); run-level series under
@@ -13,14 +13,11 @@ and after upper case (`Loss/train`), in code-unit order as in a locale's alphabe
 section order is one of the two; a symbol such as `~` would sort last in one and first in the other),
 and it reads as what the series are about. Checked in a real browser by
 tests/test_tensorboard_plugin.py::test_time_series_lists_run_level_and_user_groups_first.
-
-Runs written before (`grad_norm/<name>`, `grad/<name>`, ...) still read back: `old_to_new` maps them.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
 
 from gradlog.runformat.names import RUN, TENSORS
 
@@ -62,39 +59,23 @@ def row_tags(name: str) -> tuple[str, str, str, str, str, str]:
 
 #: `weights/<metric>/` for every scalar metric, as accepted by `str.startswith`.
 SCALAR_PREFIXES = tuple(prefix(m) for m in SCALAR_METRICS)
-#: The prefixes runs written before the `weights/` group used (`grad_norm/`, ...): read back, never written.
-OLD_SCALAR_PREFIXES = tuple(f"{m}/" for m in SCALAR_METRICS)
 
 
 def split(tag_: str) -> tuple[str, str] | None:
-    """`(metric, tensor name)` of a per-tensor scalar tag (`weights/grad_norm/fc.weight`), else None.
-
-    Old-style tags are not recognised here: pass a run's tags through `old_to_new` first."""
+    """`(metric, tensor name)` of a per-tensor scalar tag (`weights/grad_norm/fc.weight`), else None."""
     if not tag_.startswith(TENSORS):
         return None
     metric, sep, name = tag_[len(TENSORS) :].partition("/")
     return (metric, name) if sep and metric in SCALAR_METRICS else None
 
 
-def old_to_new(tags: Iterable[str]) -> dict[str, str]:
-    """`{old tag: new tag}` for a run written with the old names (`grad_norm/<name>` ...), else `{}`.
-
-    A run holding any new-style tag is new: its `grad_norm/...` tags, if any, are the user's own."""
-    tags = list(tags)
-    if any(t.startswith(SCALAR_PREFIXES) for t in tags):
-        return {}
-    return {t: TENSORS + t for t in tags if t.startswith(OLD_SCALAR_PREFIXES)}
-
-
 __all__ = [
     "HISTOGRAM_KINDS",
-    "OLD_SCALAR_PREFIXES",
     "ROW_METRICS",
     "RUN",
     "SCALAR_METRICS",
     "SCALAR_PREFIXES",
     "TENSORS",
-    "old_to_new",
     "prefix",
     "row_tags",
     "split",

@@ -2,7 +2,7 @@
 
 Every file is opened through `runformat.files` (a regular file inside the run folder, within the size
 caps) and read with gradlog's own record reader (`runformat.tfevents`: damage is skipped and named).
-`gradlog.readers.run` reads a run a user names with it; a resumed run (gradlog/resume.py) reads its
+`gradlog.readers.run` reads a run a user names with it; a resumed run (gradlog/run/resume.py) reads its
 earlier segment with `read_folder`, so the training path never imports the readers.
 """
 
@@ -17,7 +17,7 @@ from gradlog.runformat.files import Limits, Refused, open_regular, real_root
 from gradlog.runformat.markdown import parse_markdown_table
 from gradlog.runformat.names import ORDER_TAG, RUN_MARK, TEXT_SUFFIXES
 from gradlog.runformat.points import SeriesBuilder
-from gradlog.runformat.rundata import BadRun, RunData, current_names, model_order, settle_provisional, wanted_table
+from gradlog.runformat.rundata import BadRun, RunData, model_order, settle_provisional, wanted_table
 
 #: gradlog's TensorBoard writer ends each event file's name with `.gradlog-run-<id>` (one id per writer).
 _MARK = "." + RUN_MARK
@@ -108,7 +108,7 @@ def read_event_files(target: str, root: str, files: list[str], limits: Limits) -
             run.skipped.append(str(exc))
         except OSError as exc:
             run.skipped.append(f"{name}: cannot be read ({exc.strerror or exc})")
-    run.scalars = current_names({tag: b.build() for tag, b in points.items()})
+    run.scalars = {tag: b.build() for tag, b in points.items()}
     for table, raw in texts.items():
         try:
             run.tables[table] = parse_markdown_table(raw.decode("utf-8", "replace"))

@@ -4,7 +4,7 @@ A resumed run (`wandb.init(id=..., resume="allow")`, as gradlog's `Output(resume
 `offline-run-<time>-<id>` folder per segment, all with the same run id: `groups` puts them together and
 `read_run_files` reads them as one run. Every file goes through `runformat.files` (a regular file inside
 the run folder, within the size caps); a bad row or value is skipped and named, never fatal.
-`gradlog.readers.run` reads a run a user names with it; a resumed run (gradlog/resume.py) reads its
+`gradlog.readers.run` reads a run a user names with it; a resumed run (gradlog/run/resume.py) reads its
 earlier W&B segments with `runs_in`, so the training path never imports the readers.
 """
 
@@ -24,7 +24,6 @@ from gradlog.runformat.rundata import (
     BadRun,
     RunData,
     Table,
-    current_names,
     model_order,
     settle_provisional,
     wanted_table,
@@ -124,7 +123,7 @@ def read_run_files(run_files: list[str], root: str, limits: Limits) -> RunData:
         if table_files or names.summary_key(names.VERDICT) in offline.summary:
             answer = (os.path.dirname(run_file), table_files, offline.summary)
         order = _tensor_order(offline.config) or order
-    scalars = current_names({tag: b.build() for tag, b in points.items()})
+    scalars = {tag: b.build() for tag, b in points.items()}
     run.scalars = model_order(scalars, order)
     if answer is not None:
         _answer(run, *answer, root, limits)

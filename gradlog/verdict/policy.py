@@ -37,7 +37,7 @@ IGNORE = "ignore"
 #: most severe first
 SEVERITIES = (PROBLEM, WARNING, NOTE, IGNORE)
 
-#: the reasons of `gradlog.verdict.report.Reason`, spelled out here so this module imports nothing of gradlog's
+#: the reasons of `gradlog.verdict.report.Reason`, spelled out here so this module imports only the run format
 _REASONS = (
     "frozen",
     "not_in_optimizer",

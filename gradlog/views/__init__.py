@@ -1,4 +1,4 @@
 """Views of a run read back from disk: the health analysis behind `gradlog report`, and plots.
 
-Never imported by the training-loop path (`gradlog.logger`, `measure`, `verdict`, `writers`).
+Never imported by the training-loop path (`gradlog.run.logger`, `measure`, `verdict`, `writers`).
 """

@@ -99,9 +99,6 @@ def figure(
 
     lo, hi = float(band[0]), float(band[1])
     never = _never(never_updated)
-    rename = tags.old_to_new(series)
-    if rename:
-        series = {rename.get(t, t): v for t, v in series.items()}
     rows = _rows(series, never)
     heat_h = min(max(max(len(rows), 1) * 0.16, 2.5), 12.0)
     ratio_h = 4.0

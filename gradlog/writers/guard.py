@@ -110,13 +110,13 @@ class GuardedWriters(Writer):
         self._lanes: dict[int, _Lane] = {}
         if not strict:
             for w in self.writers:
-                if not (getattr(w, "inline", False) or getattr(w, "threaded", False)):  # threaded: the old name
+                if not w.inline:
                     self._lanes[id(w)] = _Lane(w, max_queue, self.timeout)
 
     @property
     def dropped(self) -> int:
         """Records lost so far: by writers that fell behind, and by writers that count their own (TensorBoard)."""
-        own = sum(int(getattr(w, "dropped", 0) or 0) for w in self.writers if id(w) not in self._lanes)
+        own = sum(w.dropped for w in self.writers if id(w) not in self._lanes)
         return own + sum(lane.dropped for lane in self._lanes.values())
 
     def _failed(self, w: Writer, what: str, exc: Exception) -> None:
@@ -167,7 +167,7 @@ class GuardedWriters(Writer):
         """Flush every writer; wait (bounded, as `sync()`) for the `ordered` writers' threads to have sent
         the step, so that their backend never sees gradlog's calls interleaved with the training thread's."""
         self._each("flush", lambda w: w.flush())
-        ordered = [lane for lane in self._lanes.values() if getattr(lane.writer, "ordered", False)]
+        ordered = [lane for lane in self._lanes.values() if lane.writer.ordered]
         if ordered:
             deadline = time.monotonic() + self.timeout
             for lane in ordered:
@@ -188,17 +188,16 @@ class GuardedWriters(Writer):
     def close(self) -> None:
         """Close every writer; one that does not finish within `timeout` seconds is left behind, counted.
 
-        A writer on a background thread that had records dropped, and can keep the count in its run
-        (`record_dropped(n)`, the W&B writer: `gradlog/dropped_records` in the run summary), is told first."""
+        A writer on a background thread that had records dropped is told first (`Writer.record_dropped`:
+        the W&B writer keeps the count in its run summary, `gradlog/dropped_records`)."""
         start = time.monotonic()
 
         def left() -> float:  # a full queue (a writer catching up) may take these calls within `timeout` s in all
             return max(0.0, start + self.timeout - time.monotonic())
 
         for lane in self._lanes.values():
-            note: Any = getattr(lane.writer, "record_dropped", None)
-            if lane.dropped and callable(note):
-                lane.submit(("record_dropped", _tell(note, lane.dropped)), left())
+            if lane.dropped:
+                lane.submit(("record_dropped", _tell(lane.writer.record_dropped, lane.dropped)), left())
         self._each("close", lambda w: w.close(), left())
         for lane in self._lanes.values():
             # a writer that kept up gets time to finish its run (W&B's finish() waits for wandb-core);
@@ -213,8 +212,6 @@ class GuardedWriters(Writer):
     def after_fork(self) -> None:
         """In a forked child: forget the parent's writers without touching their files or threads."""
         for w in self.writers:
-            hook: Any = getattr(w, "after_fork", None)
-            if callable(hook):
-                hook()
+            w.after_fork()
         self.writers = []
         self._lanes = {}

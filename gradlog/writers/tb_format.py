@@ -129,7 +129,7 @@ def _string_tensor(data: bytes) -> Any:
     )
 
 
-#: Tables for gradlog's readers only (`HIDDEN_TABLES`: a resumed run's per-tensor record, gradlog/resume.py):
+#: Tables for gradlog's readers only (`HIDDEN_TABLES`: a resumed run's per-tensor record, gradlog/run/resume.py):
 #: written under gradlog's plugin, so TensorBoard's Text tab does not show a card of every tensor name.
 _HIDDEN_METADATA = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"table")

@@ -320,6 +320,23 @@ class TensorBoardWriter(Writer):
         self.run = self._sink.run = run
 
     @property
+    def run_id(self) -> str:
+        """The mark in this writer's event file names (`run`): a resumed run's segments share it."""
+        return self.run
+
+    @property
+    def resume_dir(self) -> str:
+        """The run folder: an earlier run of the same model in it is continued (`continue_run`)."""
+        return self.log_dir
+
+    def where(self) -> str:
+        root = os.path.dirname(os.path.normpath(self.log_dir)) or "."
+        return (
+            f"gradlog: TensorBoard event files in {self.log_dir} "
+            f"(view: tensorboard --logdir {root}; check: gradlog report {self.log_dir})"
+        )
+
+    @property
     def files(self) -> list[str]:
         """Event files written so far (more than one after the log dir vanished or a write failed)."""
         return list(self._sink.files)

@@ -394,6 +394,19 @@ class WandbWriter(Writer):
         `gradlog/dropped_records`, so the run itself says that some of its steps are incomplete."""
         self._summary[DROPPED_KEY] = int(n)
 
+    @property
+    def run_id(self) -> str:
+        """The W&B run's id ("" for a run object without one): a resumed run continues it by this id."""
+        return str(getattr(self.run, "id", "") or "")
+
+    def where(self) -> str | None:
+        """The run's folder, where wandb keeps one (a run object without `dir` leaves nothing to say)."""
+        folder = getattr(self.run, "dir", None)
+        if not isinstance(folder, str):
+            return None
+        run_dir = os.path.dirname(os.path.normpath(folder))
+        return f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {_whole_run(run_dir)})"
+
     def flush(self) -> None:
         """Send the buffered step. The buffer is emptied first: a failing call loses that step, not the next."""
         payload, self._buffer = self._buffer, None
@@ -560,3 +573,15 @@ def run_settings(wandb: Any, **extra: Any) -> Any:
 
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "WandbSetupError", "WandbWriter", "import_wandb", "run_settings"]
+
+
+def _whole_run(run_dir: str) -> str:
+    """The folder `gradlog report` reads the whole W&B run from: its parent when a resumed run left other
+    segments beside it (`offline-run-<time>-<id>`, one per segment, the same id), else the run folder."""
+    parent, name = os.path.split(run_dir)
+    run_id = name.rsplit("-", 1)[-1]
+    try:
+        others = [n for n in os.listdir(parent) if n != name and n.endswith("-" + run_id)]
+    except OSError:
+        return run_dir
+    return parent if others else run_dir

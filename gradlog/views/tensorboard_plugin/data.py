@@ -42,27 +42,21 @@ Series = Mapping[str, Sequence[tuple[int, float]]]
 Table = tuple[list[str], list[list[str]]]
 
 
-def tensor_group(tags: Sequence[str]) -> str:
-    """What precedes `<metric>/<tensor name>` in this run's tags: `weights/` (`gradlog.runformat.tags`), or ""
-    for a run written before gradlog put every per-tensor series under that group (`grad_norm/<name>`)."""
-    return "" if names_mod.old_to_new(tags) else names_mod.TENSORS
-
-
-def metric_prefix(tags: Sequence[str], metric: str) -> str:
-    """The prefix of `metric`'s per-tensor tags in this run: `weights/update_ratio/` (or `update_ratio/`)."""
-    return f"{tensor_group(tags)}{metric}/"
+def metric_prefix(metric: str) -> str:
+    """The prefix of `metric`'s per-tensor tags: `weights/update_ratio/` (`gradlog.runformat.tags`)."""
+    return names_mod.prefix(metric)
 
 
 def has_tensor_series(tags: Sequence[str]) -> bool:
-    """Whether a run's tags hold any per-tensor series the heatmap can show (today's names or older)."""
-    heads = tuple(h + m + "/" for h in ("", names_mod.TENSORS) for m in METRICS)
+    """Whether a run's tags hold any per-tensor series the heatmap can show."""
+    heads = tuple(names_mod.prefix(m) for m in METRICS)
     return any(t.startswith(heads) for t in tags)
 
 
 def tensor_names(tags: Sequence[str], order: Sequence[str]) -> list[str]:
     """Tensor names in model order: `order` first (as written by the writer), then any others as listed."""
-    group = tensor_group(tags)
-    heads = tuple(f"{group}{m}/" for m in (*METRICS, "weight_norm"))
+    group = names_mod.TENSORS
+    heads = tuple(names_mod.prefix(m) for m in (*METRICS, "weight_norm"))
     seen: dict[str, None] = dict.fromkeys(order)
     present: set[str] = set()
     for tag in tags:
@@ -321,7 +315,6 @@ __all__ = [
     "heatmap",
     "marks",
     "metric_prefix",
-    "tensor_group",
     "verdict",
 ]
 

@@ -179,7 +179,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             live = data.packed_live_marks(order, packed[1])
             last_step = packed[0][-1] if packed[0] else None
         else:
-            heads = [data.metric_prefix(tags, m) for m in ("update_ratio", "grad_norm", "grad_nonfinite")]
+            heads = [data.metric_prefix(m) for m in ("update_ratio", "grad_norm", "grad_nonfinite")]
             series = self._read(ctx, eid, run, [t for t in tags if t.startswith(tuple(heads))])
             live = data.live_marks(names, *(self._by_name(series, h) for h in heads))
         tables = self._tables(ctx, eid, run)
@@ -198,7 +198,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             "findings": [] if report is None else report.findings(),
             "marks": data.marks(tables, summary, live),
             "names": names,
-            "metrics": [m for m in data.METRICS if any(t.startswith(data.metric_prefix(tags, m)) for t in tags)],
+            "metrics": [m for m in data.METRICS if any(t.startswith(data.metric_prefix(m)) for t in tags)],
             "scales": data.METRICS,
             "run_level": {t: pts[-1] for t, pts in run_level.items() if pts},
         }
@@ -218,14 +218,14 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             header = {"metric": metric, "scale": data.METRICS[metric], "names": order, "steps": steps_p}
             return _respond(request, data.encode(header, data.packed_heatmap(metric, mats)), "application/octet-stream")
         names = data.tensor_names(tags, order)
-        head = data.metric_prefix(tags, metric)
+        head = data.metric_prefix(metric)
         values = self._by_name(self._read(ctx, eid, run, [t for t in tags if t.startswith(head)]), head)
         if metric == "grad_norm":
             steps, cells = data.heatmap(names, metric, values, values)
         else:
             n_steps = len({s for pts in values.values() for s, _ in pts})
             wanted = {n for n in names if data.needs_gradient(metric, values.get(n), n_steps)}
-            ghead = data.metric_prefix(tags, "grad_norm")
+            ghead = data.metric_prefix("grad_norm")
             grad_tags = [t for t in tags if t.startswith(ghead) and t[len(ghead) :] in wanted]
             grad = self._by_name(self._read(ctx, eid, run, grad_tags), ghead)
             steps, cells = data.heatmap(names, metric, values, grad, wanted)
@@ -237,8 +237,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         run = _arg(request, "run")
         name = _arg(request, "name")
         metrics = (*data.METRICS, "weight_norm")
-        # today's tags and those of runs written before the weights/ group: a run holds only one of the two
-        wanted = {f"{group}{m}/{name}": m for m in metrics for group in (TENSORS, "")}
+        wanted = {f"{TENSORS}{m}/{name}": m for m in metrics}
         series = self._read(ctx, eid, run, list(wanted))
         body = {wanted[t]: [[s, _json_float(v)] for s, v in pts] for t, pts in series.items()}
         return _respond(request, json.dumps(body, allow_nan=False), "application/json")

@@ -72,18 +72,31 @@ def warn(msg: str) -> None:
     once.warn(msg, stacklevel=4)
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+#: the package's folder (`gradlog/`, above this one): frames in it are gradlog's own
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ours(frame: Any) -> bool:
+    return bool(os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep))
 
 
 def caller() -> str:
     """The "file:line" of the first frame outside gradlog: where the user (or a framework) made the logger."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE + os.sep):
+        if not _ours(frame):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return "<unknown>"
+
+
+def warn_caller(msg: str) -> None:
+    """`warn`, pointing at the first frame outside gradlog (the user's line that made the logger), however many
+    of gradlog's frames lie between (the constructor's keyword check wraps `GradLogger.__init__`)."""
+    frame, level = sys._getframe(1), 2  # `once.warn`'s stacklevel of this function's caller
+    while frame.f_back is not None and _ours(frame):
+        frame, level = frame.f_back, level + 1
+    once.warn(msg, stacklevel=level)
 
 
 def replace_earlier(gl: Any, model: object, optimizer: object) -> None:
@@ -99,7 +112,7 @@ def replace_earlier(gl: Any, model: object, optimizer: object) -> None:
         except Exception as exc:  # closing the old run must not stop the new one
             logger.warning("gradlog: closing the replaced logger failed: %s", describe(exc))
             unregister(old)
-        warn(
+        warn_caller(
             f"gradlog: a GradLogger on this model and optimizer was already open (made at {old.made_at}); "
             "it is closed and this one replaces it, so each step is measured once. Call close() on the old "
             "one first to keep this quiet"

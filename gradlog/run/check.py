@@ -31,13 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradlog import lifecycle
-from gradlog.logger import GradLogger
 from gradlog.measure.engines import refuse_check
 from gradlog.measure.flat_shards import is_flat_shard  # an FSDP1 slice, as a DTensor shard: no in-batch slices
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter
 from gradlog.measure.trace import StepTrace, TraceResult
+from gradlog.run import lifecycle
+from gradlog.run.logger import GradLogger
 from gradlog.verdict.located import locate, not_registered, traced_hint
 from gradlog.verdict.policy import Policy, PolicyLike, Rule
 from gradlog.verdict.report import PARTLY_COLUMNS, PartlyUpdated, Reason, Report, format_table

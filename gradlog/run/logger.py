@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import warnings
 import weakref
@@ -12,8 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import gradlog.lifecycle as lifecycle
-from gradlog.lifecycle import clip_grad_norm_, close, log
+import gradlog.run.lifecycle as lifecycle
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import is_rank_zero
 from gradlog.measure.engines import attach
@@ -21,7 +19,9 @@ from gradlog.measure.meter import Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
 from gradlog.measure.trace import OnceTrace, starved
-from gradlog.options import (
+from gradlog.run.lifecycle import clip_grad_norm_, close, log
+from gradlog.run.measuring import IDLE_LOG_CALLS, Pipeline
+from gradlog.run.options import (
     AlertOptions,
     HistogramOptions,
     Options,
@@ -29,15 +29,14 @@ from gradlog.options import (
     alert_options,
     check_budget,
     check_every,
-    check_moved,
     histogram_options,
     output,
+    spelled,
     whole_step,
     writer_options,
 )
-from gradlog.pipeline import IDLE_LOG_CALLS, Pipeline
-from gradlog.publishing import Failures, Publisher
-from gradlog.resume import Continuation, open_run
+from gradlog.run.publishing import Failures, Publisher
+from gradlog.run.resume import Continuation, open_run
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.located import locate, not_registered, traced_hint
@@ -104,10 +103,7 @@ class GradLogger:
     collectives run there (a gloo rank waiting over ``Output.sync_timeout`` seconds raises).
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> GradLogger:
-        check_moved(kwargs, _KEYWORDS if cls is GradLogger else ())  # moved or misspelt: say so, not Python
-        return super().__new__(cls)
-
+    @spelled
     def __init__(
         self,
         model: nn.Module,
@@ -149,7 +145,7 @@ class GradLogger:
         self._zero = zero
         if zero is not None:
             zero.connect(self.pipeline.measures_next, self.pipeline.meter.reducer)
-        #: this run's segment, and the earlier segments it continues (gradlog/resume.py); None off rank 0
+        #: this run's segment, and the earlier segments it continues (gradlog/run/resume.py); None off rank 0
         self.segments: Continuation | None
         writers, self.segments = open_run(out, log_dir, wstrict, options, self.pipeline, f"{os.getpid()}-{id(self)}")
         self.writers = GuardedWriters(writers, strict=out.strict, timeout=out.timeout)
@@ -373,7 +369,7 @@ class GradLogger:
         """Where this run's files went, and the commands that read them (None for memory-only writers)."""
         return self.publisher.where()
 
-    # --- the end of a run that does not reach close(): signals, forks (gradlog.lifecycle) ----------
+    # --- the end of a run that does not reach close(): signals, forks (gradlog.run.lifecycle) ----------
     def on_sigterm(self, ending: bool) -> None:
         """SIGTERM: close (`ending`), or write the provisional tables (see `lifecycle.end_on_sigterm`)."""
         lifecycle.end_on_sigterm(self, ending)
@@ -390,12 +386,6 @@ class GradLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# `__new__` takes anything (to name moved keywords): help() and IDEs show the real parameters.
-_INIT = inspect.signature(GradLogger.__init__)
-_KEYWORDS = [name for name in _INIT.parameters if name != "self"]
-setattr(GradLogger, "__signature__", _INIT.replace(parameters=list(_INIT.parameters.values())[1:]))  # noqa: B010
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> GradLogger:

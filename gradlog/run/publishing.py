@@ -7,16 +7,15 @@ copies (`gradlog/provisional/<name>`) that a run killed with ``kill -9`` leaves 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from gradlog.lifecycle import describe, warn
 from gradlog.measure.distributed import DistributedMismatchError
 from gradlog.measure.meter import Measurement
 from gradlog.measure.once import WarnOnce
+from gradlog.run.lifecycle import describe, warn
 from gradlog.runformat import names, tags
 from gradlog.verdict.report import Report
 from gradlog.verdict.series import run_level
@@ -25,7 +24,6 @@ from gradlog.writers import Writer
 from gradlog.writers.guard import GuardedWriters
 from gradlog.writers.overview import TAG as OVERVIEW_TAG
 from gradlog.writers.overview import Overview
-from gradlog.writers.tensorboard import TensorBoardWriter  # imports tensorboard only when one is constructed
 
 __all__ = ["Failures", "Publisher"]
 
@@ -151,7 +149,7 @@ class Publisher:
             self.writers.log_scalars(final_counts(report), step)
         summary = summary_rows(report, provisional_step, rank_local)
         segment = self._segment()
-        if segment is not None:  # what a resumed run reads back (gradlog/resume.py)
+        if segment is not None:  # what a resumed run reads back (gradlog/run/resume.py)
             summary += segment[0]
         out.log_table(names.SUMMARY, names.SUMMARY_COLUMNS, summary)
         for name, (columns, rows) in report_tables(report).items():
@@ -206,32 +204,8 @@ class Publisher:
 
     def where(self) -> str | None:
         """Where this run's files went, and the commands that read them (None for memory-only writers)."""
-        lines = []
-        for w in self.writers.writers:
-            run = getattr(w, "run", None)
-            if isinstance(w, TensorBoardWriter):
-                log_dir = w.log_dir
-                root = os.path.dirname(os.path.normpath(log_dir)) or "."
-                lines.append(
-                    f"gradlog: TensorBoard event files in {log_dir} "
-                    f"(view: tensorboard --logdir {root}; check: gradlog report {log_dir})"
-                )
-            elif run is not None and isinstance(getattr(run, "dir", None), str):
-                run_dir = os.path.dirname(os.path.normpath(run.dir))
-                lines.append(f"gradlog: W&B run files in {run_dir} (after exit: gradlog report {_whole_run(run_dir)})")
+        lines = [line for line in (w.where() for w in self.writers.writers) if line]
         return "\n".join(lines) or None
-
-
-def _whole_run(run_dir: str) -> str:
-    """The folder `gradlog report` reads the whole W&B run from: its parent when a resumed run left other
-    segments beside it (`offline-run-<time>-<id>`, one per segment, the same id), else the run folder."""
-    parent, name = os.path.split(run_dir)
-    run_id = name.rsplit("-", 1)[-1]
-    try:
-        others = [n for n in os.listdir(parent) if n != name and n.endswith("-" + run_id)]
-    except OSError:
-        return run_dir
-    return parent if others else run_dir
 
 
 class _Provisional(Writer):

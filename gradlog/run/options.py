@@ -15,12 +15,14 @@ A bad value raises `ValueError` naming it when the object is made, not at the fi
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import math
 import operator
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import torch
 
@@ -47,16 +49,16 @@ DEFAULT_PROVISIONAL_EVERY_S = 120.0
 
 __all__ = [
     "DEFAULT_PROVISIONAL_EVERY_S",
-    "MOVED",
     "AlertOptions",
     "HistogramOptions",
     "Options",
     "Output",
     "alert_options",
     "check_every",
-    "check_moved",
+    "check_spelling",
     "histogram_options",
     "output",
+    "spelled",
     "whole_step",
     "writer_options",
 ]
@@ -264,37 +266,6 @@ def output(value: WriterSpec | Output) -> Output:
     return value if isinstance(value, Output) else Output(writer=value)
 
 
-#: The keyword arguments `GradLogger` took before they were grouped: where each one went.
-MOVED: dict[str, str] = {
-    "histogram_every": "histograms=gradlog.HistogramOptions(every=...)",
-    "histogram_kinds": "histograms=gradlog.HistogramOptions(kinds=...)",
-    "bins": "histograms=gradlog.HistogramOptions(bins=...)",
-    "count_zeros": "histograms=gradlog.HistogramOptions(count_zeros=...)",
-    "overview_every": "histograms=gradlog.HistogramOptions(overview_every=...)",
-    "ratio_band": "alerts=gradlog.AlertOptions(ratio_band=...)",
-    "ratio_patience": "alerts=gradlog.AlertOptions(ratio_patience=...)",
-    "no_grad_patience": "alerts=gradlog.AlertOptions(no_grad_patience=...)",
-    "spike_factor": "alerts=gradlog.AlertOptions(spike_factor=...)",
-    "writer_options": "writer=gradlog.Output(..., options=...)",
-    "writer_timeout": "writer=gradlog.Output(..., timeout=...)",
-    "provisional_every": "writer=gradlog.Output(..., provisional_every=...)",
-    "handle_signals": "writer=gradlog.Output(..., handle_signals=...)",
-    "sync_timeout": "writer=gradlog.Output(..., sync_timeout=...)",
-    "strict": "writer=gradlog.Output(..., strict=...)",
-}
-
-
-def check_moved(kwargs: Mapping[str, object], known: Iterable[str] = ()) -> None:
-    """A keyword `GradLogger` no longer takes: say where it went (Python's own error names only the word);
-    a misspelt one (not in `known`): the nearest right one."""
-    moved = [k for k in kwargs if k in MOVED]
-    if moved:
-        where = "; ".join(f"{k}= is now {MOVED[k]}" for k in moved)
-        raise TypeError(f"GradLogger() got keyword arguments that moved into option objects: {where}")
-    if known:
-        check_spelling("GradLogger", kwargs, known)
-
-
 def check_spelling(who: str, kwargs: Mapping[str, object], known: Iterable[str]) -> None:
     """A keyword `who` does not take: "did you mean `histograms=`?" for the nearest one it takes, or the list
     of those it takes (issue 41: `histogram=False` got Python's bare "unexpected keyword argument")."""
@@ -305,6 +276,22 @@ def check_spelling(who: str, kwargs: Mapping[str, object], known: Iterable[str])
         near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
         hint = f"did you mean `{near[0]}=`?" if near else f"it takes {', '.join(f'{k}=' for k in valid)}"
         raise TypeError(f"{who}() got an unexpected keyword argument {key!r}: {hint}")
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def spelled(init: _Init) -> _Init:
+    """`__init__` that names the nearest keyword it takes for a misspelt one (`check_spelling`) before
+    Python's bare "unexpected keyword argument"; help() and IDEs still show its own parameters (`__wrapped__`)."""
+    known = [name for name in inspect.signature(init).parameters if name != "self"]
+
+    @functools.wraps(init)
+    def checked(self: object, *args: Any, **kwargs: Any) -> None:
+        check_spelling(type(self).__name__, kwargs, known)
+        init(self, *args, **kwargs)
+
+    return cast(_Init, checked)
 
 
 class Options(NamedTuple):

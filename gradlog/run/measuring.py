@@ -1,62 +1,36 @@
 """The measured-step path: optimizer step hooks -> statistics on the device -> one host copy -> the ledger.
 
 `Pipeline` owns what a measured step touches (the parameter table, the meter, the ledger of evidence,
-the alerts) and the diagnosis that reads that evidence back; `GradLogger` is the front that creates it,
-publishes what it measured and ends the run.
+the alerts); the diagnosis that reads that evidence back is `run.diagnosing`'s. `GradLogger` is the front
+that creates it, publishes what it measured and ends the run.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-import gradlog.lifecycle as lifecycle
+import gradlog.run.lifecycle as lifecycle
 from gradlog.measure import once
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
-from gradlog.measure.owners import Owners
-from gradlog.measure.params import ParamTable, Selection, Tracked
-from gradlog.options import Options
-from gradlog.publishing import Failures
+from gradlog.measure.params import ParamTable, Selection
+from gradlog.run.diagnosing import Diagnosis, Segments
+from gradlog.run.options import Options
+from gradlog.run.publishing import Failures
 from gradlog.runformat.names import ALERT_COUNT, SKIPPED_STEPS
 from gradlog.runformat.tags import HISTOGRAM_KINDS
-from gradlog.verdict.diagnosis import diagnose, run_hint
-from gradlog.verdict.experts import expert_layout, idle_experts
-from gradlog.verdict.ledger import Evidence, Ledger
-from gradlog.verdict.overwritten import overwritten
+from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.policy import Policy
-from gradlog.verdict.precision import rounded_away
-from gradlog.verdict.report import Report, Stalled, StoppedSlice
-from gradlog.verdict.slices import SliceFacts, global_facts, partly_updated, slice_facts
-from gradlog.verdict.stalled import stalled
-from gradlog.verdict.stopped_slices import global_last_steps, last_steps, silent_slices, stopped_slices
+from gradlog.verdict.report import Report
 
 __all__ = ["IDLE_LOG_CALLS", "IdleWatch", "Pipeline"]
-
-
-class Segments(Protocol):
-    """The earlier segments a resumed run continues (`gradlog.resume.Continuation`), as the diagnosis
-    needs them: declared here so that the pipeline does not import the resume module that drives it."""
-
-    @property
-    def resumed_after(self) -> int | None: ...
-
-    def merge(self, report: Report, tracked: list[Tracked], silent: list[StoppedSlice]) -> Report: ...
-
-    def never_evidence(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> dict[int, Evidence]: ...
-
-    def whole_run(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> dict[int, Evidence]: ...
-
-    def fold_slices(self, tracked: list[Tracked], facts: dict[int, SliceFacts]) -> dict[int, SliceFacts]: ...
-
-    def never_anywhere(self, names: set[str]) -> set[str]: ...
 
 
 #: log() calls in a row with no step of the watched optimizer (and 4x the longest such gap seen between
@@ -475,121 +449,23 @@ class Pipeline:
         policy: Policy,
         segments: Segments | None = None,
     ) -> Report:
-        """The diagnosis: the records (`_records`), of a resumed run (`segments` continues an earlier one)
-        merged with the earlier segments' (`Segments.merge`), then what is derived from the records
-        alone, the Experts table and the hint (`_derived`): so that these span the segments too.
-        `collective` and `reuse`: see `_records`. The slices and experts are named after their owning
-        modules as the table describes them (`ParamTable.owners`): the model's, or when it was
-        garbage-collected (the logger closing itself), the description kept from when it was there."""
-        after = segments.resumed_after if segments is not None else None
-        owners = self.table.owners()
-        report, silent = self._records(collective, reuse, owners, optimizer, policy, after, segments)
-        if segments is not None:
-            report = segments.merge(report, self.table.live, silent)
-        return self._derived(report, owners, None if after is None else after + 1)
-
-    def _records(
-        self,
-        collective: bool,
-        reuse: bool,
-        owners: Owners,
-        optimizer: torch.optim.Optimizer | None,
-        policy: Policy,
-        resumed_after: int | None,
-        segments: Segments | None = None,
-    ) -> tuple[Report, list[StoppedSlice]]:
-        """This segment's records (no Experts table, no hint yet), and with `resumed_after` (a resumed run:
-        the earlier segments' last step) its slices with no gradient in it while their tensor had one, as
-        stopped right after that step (`verdict.stopped_slices.silent_slices`; the resume merge keeps those
-        that learned before). `collective`: under sharded parameters, meet the other ranks so that a tensor
-        changed if any of its shards did (False: this rank's own answer). `reuse`: tensors the evidence
-        already answers for (frozen ones, ones never written in place) are not fingerprinted again
-        (`Ledger.changed`), as for provisional tables. `owners`: the tensors' owning modules (`diagnose`).
-        `segments`: a resumed run's, whose earlier evidence the records that speak for the whole run are built
-        from (`Segments.never_evidence`, `whole_run`, `fold_slices`)."""
+        """The diagnosis of the evidence so far (`run.diagnosing.Diagnosis`), once the pending measurement
+        is in the ledger. `collective`, `reuse` and `segments`: see `Diagnosis`."""
         self.collect()
-        rows = self.table.live
-        changed = self.ledger.changed(rows, provisional=reuse)
-        reducer = self.meter.reducer
-        if not collective:
-            pass
-        elif reducer is not None and reducer.active(rows):  # a tensor changed if any of its shards did
-            changed = reducer.changed(rows, changed)
-        elif reducer is not None and reducer.used:
-            reducer.warn_local()
-        skipped = self.amp.final_count()
-        if skipped is not None:
-            self.ledger.skipped_steps = max(self.ledger.skipped_steps, skipped)
-        evidence = spanning = self.ledger.evidence  # the whole run's evidence where records speak for all of it
-        if segments is not None:
-            evidence, spanning = segments.never_evidence(rows, spanning), segments.whole_run(rows, spanning)
-        set_back, set_back_stalled = overwritten(rows, spanning, self.ledger.back_to_start, self.ledger.set_back)
-        never = diagnose(
-            rows, evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps, overwritten=set_back
-        )
-        steps = self.optimizer_steps if self.with_optimizer else self.calls
-        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, optimizer)
-        if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
-            facts = global_facts(rows, facts, reducer)
-        unjudged = {r.name for r in never}  # tensors never updated: their slices are not judged
-        if segments is not None:
-            facts, unjudged = segments.fold_slices(rows, facts), segments.never_anywhere(unjudged)
-        partly = partly_updated(rows, facts, spanning, unjudged, owners, optimizer, steps)
-        ledger = self.ledger
-        stopped = stalled(
-            rows,
-            ledger.evidence,
-            ledger.steps,
-            ledger.measured_steps,
+        return Diagnosis(
+            self.table,
+            self.meter,
+            self.ledger,
+            self.amp,
+            self.alerts,
             self.with_optimizer,
-            exclude={r.name for r in never},
-        )
-        reported = {r.name for r in never} | {r.name for r in stopped}
-        stopped = _in_model_order(rows, stopped, [s for s in set_back_stalled if s.name not in reported])
-        whole = {r.name for r in never} | {r.name for r in stopped}
-        slices, silent = self._slices_in_time(collective, owners, whole, resumed_after)
-        report = Report(
-            never_updated=never,
-            partly_updated=partly,
-            stalled=stopped,
-            stopped_slices=slices,
-            precision=rounded_away(rows, spanning, exclude={r.name for r in never}),
-            alerts=self.alerts.settled() if self.alerts is not None else [],
-            first_nonfinite=self.ledger.first_nonfinite,
-            optimizer_steps=steps,
-            measured_steps=self.ledger.measured_steps,
-            skipped_steps=self.ledger.skipped_steps,
-            tracked_tensors=len(rows),
-            policy=policy,
-            update_rotation=self.meter.rotation,
-        )
-        return report, silent
-
-    def _derived(self, report: Report, owners: Owners, resumed_at: int | None) -> Report:
-        """`report` with what its records say together: the Experts table (`verdict.experts`) and the hint
-        (`verdict.diagnosis.run_hint`; `resumed_at`: a resumed run's first step, whose merged records
-        hold tensors stalled from it)."""
-        rows = self.table.live
-        layout = expert_layout(owners, rows)
-        r = report
-        experts = idle_experts(layout, r.never_updated, r.partly_updated, r.stalled, r.stopped_slices)
-        hint = run_hint(rows, r.never_updated, self.with_optimizer, r.stalled, resumed_at)
-        return replace(report, experts=experts, hint=hint)
-
-    def _slices_in_time(
-        self, collective: bool, owners: Owners, whole: set[str], resumed_after: int | None
-    ) -> tuple[list[StoppedSlice], list[StoppedSlice]]:
-        """Slices that stopped learning (not of the `whole` tensors already reported), and with
-        `resumed_after` the ones silent in this segment (`Pipeline.diagnose`), from one set of last-step
-        vectors (global ones under sharded parameters: a collective)."""
-        rows, ledger, reducer = self.table.live, self.ledger, self.meter.reducer
-        lasts = last_steps(rows, self.meter.slice_grads)
-        if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
-            lasts = global_last_steps(rows, lasts, reducer)
-        slices = stopped_slices(rows, lasts, ledger.steps, ledger.measured_steps, owners, exclude=whole)
-        if resumed_after is None:
-            return slices, []
-        return slices, silent_slices(rows, lasts, ledger.steps, ledger.measured_steps, owners, resumed_after)
+            self.steps,
+            optimizer,
+            policy,
+            collective,
+            reuse,
+            segments,
+        ).report()
 
     def final_report(self, diagnose: Callable[[], Report], policy: Policy, strict: bool) -> Report:
         """The diagnosis at close (`diagnose`, after a last look for new tensors); if it fails, a warning
@@ -618,12 +494,6 @@ class Pipeline:
                 error=key,
                 policy=policy,
             )
-
-
-def _in_model_order(rows: list[Tracked], *parts: list[Stalled]) -> list[Stalled]:
-    """Stalled records of several sources, one list in model order."""
-    order = {r.name: k for k, r in enumerate(rows)}
-    return sorted((s for part in parts for s in part), key=lambda s: order.get(s.name, len(order)))
 
 
 OUT_OF_MEMORY = "out of memory"

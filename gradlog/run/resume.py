@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
-from gradlog.lifecycle import warn
 from gradlog.measure.params import Tracked
+from gradlog.run.lifecycle import warn
 from gradlog.runformat import names
 from gradlog.runformat.cells import parse_shape, shape_cell, table_cells
 from gradlog.runformat.rundata import BadRun, RunData
@@ -32,12 +31,11 @@ from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Reason, Report, 
 from gradlog.verdict.slices import SliceFacts
 from gradlog.verdict.stopped_slices import cut
 from gradlog.verdict.tables import closed_report
-from gradlog.writers import make_writers, route_options, writer_names
-from gradlog.writers.tensorboard import TensorBoardWriter
+from gradlog.writers import Writer, make_writers, route_options, writer_names
 
 if TYPE_CHECKING:
-    from gradlog.options import Output
-    from gradlog.pipeline import Pipeline
+    from gradlog.run.measuring import Pipeline
+    from gradlog.run.options import Output
 
 logger = logging.getLogger("gradlog")
 
@@ -74,8 +72,7 @@ class Segment:
     @staticmethod
     def rows(tracked: list[Tracked], evidence: dict[int, Evidence], earlier: Earlier | None) -> list[list[str]]:
         """One row per tracked tensor; a tensor not updated in this segment keeps its earlier last update.
-        Its counters are the whole run's; unknown ("") where an earlier segment's are (an older gradlog's
-        run), so that a later segment never takes a part of the run for the whole."""
+        Its counters are the whole run's, so that a later segment never takes a part of the run for the whole."""
         out = []
         for r in tracked:
             ev = evidence.get(r.index, Evidence())
@@ -83,8 +80,7 @@ class Segment:
             if last < 0 and earlier is not None:
                 last = earlier.last_update.get(r.name, -1)
             whole = earlier.whole(r.name, ev) if earlier is not None else ev
-            counts = _count_cells(whole) if whole is not None else [""] * len(names.SEGMENT_COUNTS)
-            out.append([r.name, shape_cell(r.shape), str(last), *counts])
+            out.append([r.name, shape_cell(r.shape), str(last), *_count_cells(whole)])
         return out
 
 
@@ -94,16 +90,15 @@ def _count_cells(ev: Evidence) -> list[str]:
     return [repr(v) if isinstance(v, float) else str(v) for v in values]
 
 
-def _counts(cells: dict[str, str]) -> Evidence | None:
-    """The counters of one `gradlog/segment` row, or None where the run did not write them (an older
-    gradlog) or a cell is not a number."""
+def _counts(cells: dict[str, str]) -> Evidence:
+    """The counters of one `gradlog/segment` row; ValueError naming the cell that is not a number."""
     values: dict[str, Any] = {}
-    try:
-        for c in names.SEGMENT_COUNTS:
-            text = cells[c]
+    for c in names.SEGMENT_COUNTS:
+        text = cells[c]
+        try:
             values[c] = float(text) if c in ("frozen_sum", "frozen_max") else int(text)
-    except ValueError:
-        return None
+        except ValueError:
+            raise ValueError(f"its {c!r} cell of {cells['name']!r} is {text!r}, not a number") from None
     return Evidence(**values)
 
 
@@ -125,16 +120,14 @@ class Earlier:
     segments: int
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     last_update: dict[str, int] = field(default_factory=dict)
-    #: per tensor, the evidence counters of every earlier segment together (absent: not written)
+    #: per tensor, the evidence counters of every earlier segment together
     counts: dict[str, Evidence] = field(default_factory=dict)
 
-    def whole(self, name: str, ev: Evidence) -> Evidence | None:
-        """The whole run's counters of tensor `name`, this segment's being `ev`: `ev` for a tensor the
-        earlier segments did not track, None where they did but wrote no counters."""
-        if name not in self.shapes:
-            return ev
+    def whole(self, name: str, ev: Evidence) -> Evidence:
+        """The whole run's counters of tensor `name`, this segment's being `ev` (`ev` itself for a tensor
+        the earlier segments did not track)."""
         before = self.counts.get(name)
-        return summed(ev, before) if before is not None else None
+        return summed(ev, before) if before is not None else ev
 
     @property
     def end_step(self) -> int:
@@ -335,22 +328,22 @@ def _read_earlier(read: Callable[[], RunData], log_dir: str, run_id: str) -> Ear
     report = closed_report(run)
     table = run.tables.get(names.SEGMENT)
     if report is None or table is None:
-        return (
-            f"the run in {log_dir!r} wrote no gradlog/segment table (it was written by an older gradlog, or "
-            "killed before its first table)"
-        )
+        return f"the run in {log_dir!r} wrote no gradlog/segment table (it was killed before its first table)"
     summary = run.summary()
     if run.provisional_step is not None and not summary.get("optimizer_steps", "").isdigit():
         report.optimizer_steps = run.provisional_step + 1
     segments = int(summary["segment"]) if summary.get("segment", "").isdigit() else 1
-    shapes, last, counts = _segment_table(*table)
+    try:
+        shapes, last, counts = _segment_table(*table)
+    except ValueError as exc:
+        return f"the run in {log_dir!r} has an unreadable gradlog/segment table ({exc})"
     return Earlier(log_dir, run_id, report, segments, shapes, last, counts)
 
 
 def _segment_table(
     columns: list[str], rows: list[list[str]]
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, Evidence]]:
-    """`gradlog/segment`'s shapes, last measured updates and counters (where written), by tensor name."""
+    """`gradlog/segment`'s shapes, last measured updates and counters, by tensor name."""
     shapes: dict[str, tuple[int, ...]] = {}
     last: dict[str, int] = {}
     counts: dict[str, Evidence] = {}
@@ -361,9 +354,7 @@ def _segment_table(
         shapes[cells["name"]] = shape
         step = cells["last_update_step"] or "-1"
         last[cells["name"]] = int(step) if step.lstrip("-").isdigit() else -1
-        found = _counts(cells)
-        if found is not None:
-            counts[cells["name"]] = found
+        counts[cells["name"]] = _counts(cells)
     return shapes, last, counts
 
 
@@ -388,9 +379,8 @@ class Continuation:
         out = dict(evidence)
         for r in tracked:
             ev = evidence.get(r.index)
-            whole = self.earlier.whole(r.name, ev) if ev is not None else None
-            if whole is not None:
-                out[r.index] = whole
+            if ev is not None:
+                out[r.index] = self.earlier.whole(r.name, ev)
         return out
 
     def never_evidence(self, tracked: list[Tracked], evidence: dict[int, Evidence]) -> dict[int, Evidence]:
@@ -452,12 +442,12 @@ class Continuation:
 
 def open_run(
     out: Output, log_dir: str | None, strict: bool, options: dict[str, Any], pipeline: Pipeline, new_id: str
-) -> tuple[list[Any], Continuation | None]:
+) -> tuple[list[Writer], Continuation | None]:
     """The writers (rank 0's; none elsewhere) and the run they write: a new one, or with `out.resume` the
     earlier run they continue. A W&B run to continue is found before `wandb.init`, which then gets its id;
     the step count goes on from the earlier run's (on every rank under FSDP2/DTensor, see `share`)."""
     tracked, optimizer = pipeline.table.live, pipeline.optimizer
-    writers: list[Any] = []
+    writers: list[Writer] = []
     run = None
     if pipeline.rank_zero:  # the writers, and the options they get, are rank 0's alone
         names = writer_names(out.writer)
@@ -503,15 +493,9 @@ def wandb_earlier(
     return found
 
 
-def _wandb_writer(writers: list[Any]) -> Any:
-    """The W&B writer among `writers` (its module is loaded only where one was made), or None."""
-    module = sys.modules.get("gradlog.writers.wandb")
-    return next((w for w in writers if module is not None and isinstance(w, module.WandbWriter)), None)
-
-
 def start(
     resume: Resume,
-    writers: list[Any],
+    writers: list[Writer],
     tracked: list[Tracked],
     optimizer: torch.optim.Optimizer | None,
     new_id: str,
@@ -519,13 +503,14 @@ def start(
 ) -> Continuation:
     """This run's id (its TensorBoard file mark, else its W&B run id, else `new_id`), and with `resume` the
     earlier run it continues: its id, its step count, its evidence (merged at close). The TensorBoard
-    writer's folder holds the run where there is one; else the W&B run `wandb` found (`wandb_earlier`). A
+    writer's folder holds the run where there is one; else the W&B run `wandb` found (`wandb_earlier`). The
+    writers are told apart by what they declare (`Writer.resume_dir`, `Writer.run_id`), not by class. A
     run that cannot be continued (none there, another model's) is said once and a new run starts beside it;
     nothing is overwritten."""
-    tb = next((w for w in writers if isinstance(w, TensorBoardWriter)), None)
-    wb = _wandb_writer(writers)
-    wb_id = str(getattr(wb.run, "id", "") or "") if wb is not None else ""
-    fresh = Continuation(Segment(tb.run if tb is not None else wb_id or new_id))
+    tb = next((w for w in writers if w.resume_dir is not None), None)  # continues from its files
+    wb = next((w for w in writers if w.resume_dir is None and w.run_id is not None), None)  # by its run's id
+    wb_id = (wb.run_id if wb is not None else None) or ""
+    fresh = Continuation(Segment((tb.run_id if tb is not None else None) or wb_id or new_id))
     if resume is False:
         return fresh
     said = f"resume={resume!r}"
@@ -541,8 +526,9 @@ def start(
             )
             return fresh
         return _continued(wandb, optimizer) if wandb is not None else fresh
-    found = find_earlier(tb.log_dir) if os.path.isdir(tb.log_dir) else f"{tb.log_dir!r} does not exist"
-    why = _not_continued(found, resume, tracked, optimizer, tb.log_dir)
+    folder = tb.resume_dir or ""
+    found = find_earlier(folder) if os.path.isdir(folder) else f"{folder!r} does not exist"
+    why = _not_continued(found, resume, tracked, optimizer, folder)
     if why is not None or isinstance(found, str):
         if why:
             warn(why)
@@ -550,7 +536,7 @@ def start(
     tb.continue_run(found.run_id)
     if wb is not None and wandb is None:  # the two writers disagree: say so rather than split the run silently
         warn(
-            f"gradlog: {said}: the TensorBoard run in {tb.log_dir!r} continues, but no W&B run of it was found "
+            f"gradlog: {said}: the TensorBoard run in {folder!r} continues, but no W&B run of it was found "
             f"to continue (none, or another, in the W&B dir); W&B logs into a new run {wb_id!r}"
         )
     return _continued(found, optimizer)
