@@ -419,6 +419,7 @@ class Pipeline:
         for index in self.table.take_freed():
             self.ledger.release(index)
             grads.forget(index)
+            self.meter.slice_moves.forget(index)
 
     def clip_due(self) -> bool:
         """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""
@@ -524,7 +525,7 @@ class Pipeline:
             rows, evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps, overwritten=set_back
         )
         steps = self.optimizer_steps if self.with_optimizer else self.calls
-        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, optimizer)
+        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, optimizer, self.meter.slice_moves)
         if collective and reducer is not None and reducer.active(rows):  # shards' slices at global indices
             facts = global_facts(rows, facts, reducer)
         unjudged = {r.name for r in never}  # tensors never updated: their slices are not judged

@@ -237,7 +237,7 @@ def _folded(f: SliceFacts, never: NeverUpdated | None, partly: list[list[PartlyU
         changed[dim] = now | moved
         seen = f.nonzero.get(dim)
         nonzero[dim] = graded if seen is None else seen | graded
-    return SliceFacts(changed, nonzero, f.state)
+    return SliceFacts(changed, nonzero, f.state, f.moved, f.moved_at)
 
 
 def _merge_partly(earlier: Report, report: Report) -> list[PartlyUpdated]:

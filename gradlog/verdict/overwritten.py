@@ -32,6 +32,27 @@ _FIX = (
 )
 
 
+#: what to look for when some rows (columns, elements) of a tensor are set back, the others learning
+_FIX_SLICES = (
+    "look for a write to part of the tensor after optimizer.step(): a mask re-applied to saved values "
+    "(w.data[mask] = w0[mask], w.data = w0 * mask: mask the current weights instead, or use "
+    "torch.nn.utils.prune), or p.data[idx] = ... / p.data[idx].copy_(...) in the loop"
+)
+
+
+def set_back_slices(what: str, moved_at: tuple[int, ...]) -> str:
+    """The detail of slices (`what`: "output units 3, 7 (2 of 16)") whose values at close are their first
+    ones although the optimizer moved them at one of the steps `moved_at` (`gradlog.measure.slice_moves`:
+    a tensor's first measured steps, where each slice's update is looked at)."""
+    steps = ", ".join(str(s) for s in moved_at)
+    when = f"at step {steps}" if len(moved_at) == 1 else f"at one or more of steps {steps}"
+    return (
+        f"{what} never changed, although the optimizer updated them {when} (where gradlog compares each slice "
+        "before and after the step): their values are back where they started, set back outside the optimizer "
+        f"after that update, while the rest of the tensor learned; {_FIX_SLICES}"
+    )
+
+
 def _steps(n: int) -> str:
     return f"{n} measured step{'s' if n != 1 else ''}"
 
