@@ -58,6 +58,8 @@ class Segments(Protocol):
 
     def never_anywhere(self, names: set[str]) -> set[str]: ...
 
+    def set_back_before(self) -> set[str]: ...
+
 
 #: log() calls in a row with no step of the watched optimizer (and 4x the longest such gap seen between
 #: two steps, for gradient accumulation) before gradlog says that nothing it watches is stepping.
@@ -520,7 +522,10 @@ class Pipeline:
         evidence = spanning = self.ledger.evidence  # the whole run's evidence where records speak for all of it
         if segments is not None:
             evidence, spanning = segments.never_evidence(rows, spanning), segments.whole_run(rows, spanning)
-        set_back, set_back_stalled = overwritten(rows, spanning, self.ledger.back_to_start, self.ledger.set_back)
+        earlier = segments.set_back_before() if segments is not None else set()
+        set_back, set_back_stalled = overwritten(
+            rows, spanning, self.ledger.back_to_start, self.ledger.set_back, earlier, self.ledger.evidence
+        )
         never = diagnose(
             rows, evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps, overwritten=set_back
         )

@@ -434,6 +434,16 @@ class Continuation:
                 out[r.index] = _folded(f, never.get(r.name), [partly.get((r.name, d), []) for d in f.changed])
         return out
 
+    def set_back_before(self) -> set[str]:
+        """The tensors the earlier segments found set back outside the optimizer (never updated or stalled,
+        `overwritten`): a segment that cannot prove it again keeps the finding unless an update stayed
+        (`gradlog.verdict.overwritten.resumed_set_back`)."""
+        if self.earlier is None:
+            return set()
+        report = self.earlier.report
+        never = {r.name for r in report.never_updated if r.reason is Reason.OVERWRITTEN}
+        return never | {s.name for s in report.stalled if s.reason is Reason.OVERWRITTEN}
+
     @property
     def resumed_after(self) -> int | None:
         """The earlier segments' last step (what `Pipeline.diagnose` counts this segment's silent slices

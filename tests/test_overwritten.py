@@ -7,9 +7,15 @@ weights outside the optimizer too, but never back to where they were.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import setback_child
 import torch
 from catalogue import TwoLayer, lm_loss, random_mse, tiny_gpt2
 from torch import nn
@@ -18,6 +24,7 @@ import gradlog
 from gradlog.verdict.report import Reason, Report
 
 STEPS = 10
+HERE = Path(__file__).parent
 
 
 def run(
@@ -304,3 +311,66 @@ def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
     assert [(p.name, p.dim, list(p.indices)) for p in over] == [("transformer.h.0.mlp.c_fc.weight", 1, units)]
     assert over[0].detail.startswith("output units 2, 9 (2 of 128) never changed")
     assert "overwritten" in report.verdict
+
+
+# --- a resumed run keeps the set-back state -----------------------------------------------------------------------
+@pytest.mark.parametrize("ended", ["closed", "killed"])
+@pytest.mark.parametrize("fixed", [False, True])
+def test_a_resumed_run_keeps_reporting_the_set_back_tensor(tmp_path: Path, ended: str, fixed: bool) -> None:
+    """Segment 1 (10 steps, `b` reloaded from a saved copy before every step) finds `b` overwritten; it is
+    closed, or killed by SIGTERM in its own process (a preempted job). Segment 2 resumes from the checkpoint
+    for 2 steps: too few to prove the set-back again (a streak needs two fingerprints), and before it forgot
+    it ("gradlog OK"). It keeps the finding while no update stays; the twin whose bug was fixed before the
+    resume learns in segment 2 and is let go."""
+    folder, saved_path, ckpt = tmp_path / "run", tmp_path / "saved.pt", tmp_path / "ckpt.pt"
+    if ended == "killed":
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(gradlog.__file__).parents[1]), str(HERE)])}
+        done = subprocess.run(
+            [sys.executable, str(HERE / "setback_child.py"), str(folder), str(saved_path), str(ckpt)],
+            env={**env, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == -signal.SIGTERM, done.stderr
+    else:
+        torch.manual_seed(0)
+        model = TwoLayer(torch.tanh)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        saved = {k: v.clone() for k, v in model.b.state_dict().items()}
+        torch.save(saved, saved_path)
+        with gradlog.GradLogger(model, opt, every=1, log_dir=str(folder), print_report=False) as gl:
+            setback_child.segment(model, opt, range(10), saved)
+            first = gl.report()
+        assert {r.name: r.reason for r in first.never_updated} == {
+            "b.weight": Reason.OVERWRITTEN,
+            "b.bias": Reason.OVERWRITTEN,
+        }
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, ckpt)
+    state = torch.load(ckpt)
+    model = TwoLayer(torch.tanh)
+    model.load_state_dict(state["model"])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt.load_state_dict(state["optimizer"])
+    saved = {} if fixed else torch.load(saved_path)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = gradlog.Output(resume=True)
+    with gradlog.GradLogger(model, opt, writer=out, every=1, log_dir=str(folder), print_report=False) as gl:
+        setback_child.segment(model, opt, range(10, 12), saved)
+    report = gl.report()
+    # the reference: in segment 2, b's values before each step are the saved copy's (the bug) or not (fixed)
+    assert report.optimizer_steps == 12 and report.measured_steps == 12
+    if fixed:
+        assert not torch.equal(model.b.weight.detach(), start["b.weight"])
+        assert report.never_updated == [] and report.healthy, report.verdict
+        return
+    got = never(report)
+    assert set(got) == {"b.weight", "b.bias"}
+    reason, detail = got["b.weight"]
+    assert reason is Reason.OVERWRITTEN
+    assert detail.startswith(
+        "set back outside the optimizer before the resume (found by an earlier segment of this run)"
+    )
+    assert "updated by the optimizer at 2 of 2 measured steps since the resume" in detail
+    assert "from step 10 on are the same" in detail
+    assert "overwritten 2" in report.verdict and not report.healthy
