@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import setback_child
 import torch
-from catalogue import TwoLayer, lm_loss, random_mse, tiny_gpt2
+from catalogue import TwoLayer, lm_loss, planted_site, random_mse, tiny_gpt2
 from torch import nn
 
 import gradlog
@@ -86,12 +86,18 @@ def test_a_pruning_mask_applied_to_the_saved_initial_weights_is_overwritten(prem
     start = w.detach().clone()
 
     def reset(step: int) -> None:
-        w.data = w0 * mask
+        w.data = w0 * mask  # planted: mask
 
     report, same = run(model, opt, loss, reset)
     got = never(report)
     reason, detail = got["a.weight"]
     assert reason is Reason.OVERWRITTEN
+    # the planted line, read from the report's text (the console wraps details: joined back with spaces)
+    text = " ".join(str(report).split())
+    site = planted_site(test_a_pruning_mask_applied_to_the_saved_initial_weights_is_overwritten, "mask")
+    assert f"{site} (`w.data = w0 * mask`)" in text and "set back outside the optimizer at " in text, text
+    assert "fix: change that write so it keeps the optimizer's updates" in text
+    assert not torch.overrides._get_current_function_mode_stack()  # the write watch left nothing pushed
     if premasked:
         assert torch.equal(w.detach(), start)  # the reference: bit-identical to its start
         assert "back where they started" in detail and "between steps 0 and 1" in detail
@@ -113,7 +119,7 @@ def test_gpt2_layer_set_back_every_step_is_named_with_the_step() -> None:
 
     def reset(step: int) -> None:
         with torch.no_grad():
-            target.copy_(init)
+            target.copy_(init)  # planted: gpt2
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     report, _ = run(model, opt, lambda step: lm_loss(model, gen), reset, steps=6)
@@ -122,8 +128,10 @@ def test_gpt2_layer_set_back_every_step_is_named_with_the_step() -> None:
     assert set(got) == {"transformer.h.1.mlp.c_fc.weight"}
     reason, detail = got["transformer.h.1.mlp.c_fc.weight"]
     assert reason is Reason.OVERWRITTEN and "between steps 0 and 1" in detail
-    text = str(report)
+    text = " ".join(str(report).split())
     assert "transformer.h.1.mlp.c_fc.weight" in text and "overwritten" in text
+    site = planted_site(test_gpt2_layer_set_back_every_step_is_named_with_the_step, "gpt2")
+    assert f"{site} (`target.copy_(init)`)" in text
 
 
 @pytest.mark.parametrize("saved_at", [0, 4])
@@ -139,7 +147,7 @@ def test_a_checkpoint_reloaded_before_every_step(saved_at: int) -> None:
         if step == saved_at:
             saved.update({k: v.clone() for k, v in model.b.state_dict().items()})
         if step > saved_at:
-            model.b.load_state_dict(saved)
+            model.b.load_state_dict(saved)  # planted: reload
 
     report, same = run(model, opt, loss, before_step=reload)
     # the reference, by hand: the values before step k+1 equal those before step k from `saved_at` on
@@ -148,6 +156,8 @@ def test_a_checkpoint_reloaded_before_every_step(saved_at: int) -> None:
         got = never(report)
         assert set(got) == {"b.weight", "b.bias"}
         assert all(reason is Reason.OVERWRITTEN and "between steps 0 and 1" in d for reason, d in got.values())
+        site = planted_site(test_a_checkpoint_reloaded_before_every_step, "reload")
+        assert all(f"{site} (`model.b.load_state_dict(saved)`)" in d for _, d in got.values())
     else:
         assert report.never_updated == []
         stalled = {s.name: s for s in report.stalled}

@@ -1,0 +1,127 @@
+"""Where a weight is set back: the user's line that writes it outside the optimizer.
+
+The ledger's screen flags a tensor whose values before a measured step are those before the previous one
+although that step updated it (`gradlog.verdict.ledger`). From then on, between optimizer steps only (from a
+step's post-hook to the next step's pre-hook: the optimizer's own writes and gradlog's are never seen), a
+`TorchFunctionMode` looks at each torch call for an in-place write to a flagged tensor: the ``.data`` setter
+(``w.data = w0 * mask``), ``__setitem__`` on a tensor sharing its storage (``w.data[mask] = w0[mask]``),
+``copy_`` (``load_state_dict``, ``p.data.copy_(init)``) or any other in-place op. The first write to each
+keeps the user's frame (`gradlog.measure.trace.user_site`). It lasts `WINDOWS` gaps between steps at most,
+then every hook goes: a run pays it once, and only when a tensor was flagged (a healthy run never is); while
+it lasts, each torch call of the user's code between two steps (the forward and the loss) pays a few Python
+operations, as a traced step does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
+
+from gradlog.measure.params import Tracked
+from gradlog.measure.trace import Site, user_site
+
+#: gaps between optimizer steps a watch lasts at most (the write it waits for falls in the first or second)
+WINDOWS = 3
+#: in-place calls that change no value
+_METADATA = frozenset({"requires_grad_", "share_memory_", "retain_grad", "register_hook", "resize_as_", "detach_"})
+
+
+def _writes(func: Callable[..., Any], name: str) -> bool:
+    """Whether a torch call writes its first argument's values in place: the ``.data`` setter (not ``.grad``'s
+    or ``.requires_grad``'s), ``__setitem__``, and in-place ops but those that change no value."""
+    if name == "__set__":
+        return getattr(getattr(func, "__self__", None), "__name__", None) == "data"
+    if name == "__setitem__":
+        return True
+    return name.endswith("_") and not name.startswith("__") and name not in _METADATA
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (meta, some subclasses)
+        return -1
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, seen: Callable[[str, Any], None]) -> None:
+        super().__init__()
+        self._seen = seen
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if args and _writes(func, name):
+            self._seen(name, args[0])
+        return func(*args, **(kwargs or {}))
+
+
+class WriteWatch:
+    """The sites of the first writes outside the optimizer to the watched tensors, by `Tracked.index`."""
+
+    def __init__(self) -> None:
+        self.sites: dict[int, Site] = {}
+        self._targets: dict[int, tuple[int, int]] = {}  # tracked index -> (id of the tensor, its storage)
+        self._handles: list[RemovableHandle] = []
+        self._mode: _Mode | None = None
+        self._windows = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
+    def watch(self, rows: Sequence[Tracked]) -> None:
+        """Watch these tensors from the next optimizer step's end on (those whose site is known are not)."""
+        for r in rows:
+            if r.index not in self.sites and r.index not in self._targets:
+                self._targets[r.index] = (id(r.param), _storage(r.param))
+        if self._targets and not self._handles:
+            self._windows = 0
+            self._handles = [
+                register_optimizer_step_pre_hook(self._step_begins),
+                register_optimizer_step_post_hook(self._step_ended),
+            ]
+
+    def _step_begins(self, *_: Any) -> None:
+        self._pause()
+
+    def _step_ended(self, *_: Any) -> None:
+        if self._windows >= WINDOWS or not self._targets:
+            self.stop()
+            return
+        self._windows += 1
+        if self._mode is None:
+            self._mode = _Mode(self._seen)
+            self._mode.__enter__()  # type: ignore[no-untyped-call]
+
+    def _seen(self, name: str, first: Any) -> None:
+        tensors = [first] if isinstance(first, torch.Tensor) else [t for t in first if isinstance(t, torch.Tensor)]
+        for t in tensors if isinstance(first, (torch.Tensor, list, tuple)) else ():
+            at = _storage(t)
+            for index, (tid, storage) in list(self._targets.items()):
+                if id(t) == tid or (at == storage and at > 0 and name != "__set__"):
+                    site = user_site()
+                    if site is not None:
+                        self.sites[index] = site
+                    del self._targets[index]
+
+    def _pause(self) -> None:
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+    def stop(self) -> None:
+        """Pop the mode and remove the hooks (at the end of the watch, and at close)."""
+        self._pause()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._targets = {}
+
+    def words(self) -> dict[int, str]:
+        """Per tracked index, "tests/x.py:12 (`w.data = w0 * mask`)": where it was set back."""
+        return {index: site.quoted() for index, site in self.sites.items()}
