@@ -384,3 +384,27 @@ def test_a_resumed_run_keeps_reporting_the_set_back_tensor(tmp_path: Path, ended
     assert "updated by the optimizer at 2 of 2 measured steps since the resume" in detail
     assert "from step 10 on are the same" in detail
     assert "overwritten 2" in report.verdict and not report.healthy
+
+
+def test_the_write_watch_keeps_the_first_write_between_steps_and_ends() -> None:
+    """`gradlog.measure.writes.WriteWatch` by hand: the optimizer's own writes (inside step()), a `.grad = None`
+    and a `requires_grad_` are no write; `p.data[0] = ...` between two steps is, with this file's line; a watch
+    whose tensor is never written ends by itself after its windows, leaving no mode and no hook behind."""
+    from gradlog.measure.params import Tracked
+    from gradlog.measure.writes import WINDOWS, WriteWatch
+
+    model, opt, loss = mlp()
+    w, b = model.a.weight, model.a.bias
+    watch = WriteWatch()
+    watch.watch([Tracked.of(0, w, "a.weight"), Tracked.of(1, b, "a.bias")])
+    for step in range(WINDOWS + 2):
+        loss(step).backward()
+        opt.step()
+        w.grad = None
+        b.requires_grad_(True)
+        if step == 1:
+            w.data[0] = 0.0  # planted: write
+        opt.zero_grad()
+    site = planted_site(test_the_write_watch_keeps_the_first_write_between_steps_and_ends, "write")
+    assert set(watch.sites) == {0} and watch.words()[0].endswith(f"{site} (`w.data[0] = 0.0`)")
+    assert not watch.active and not torch.overrides._get_current_function_mode_stack()

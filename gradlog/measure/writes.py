@@ -22,6 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
+from gradlog.measure.distributed import is_dtensor
 from gradlog.measure.params import Tracked
 from gradlog.measure.trace import Site, user_site
 
@@ -75,15 +76,18 @@ class WriteWatch:
         return bool(self._handles)
 
     def watch(self, rows: Sequence[Tracked]) -> None:
-        """Watch these tensors from the next optimizer step's end on (those whose site is known are not)."""
+        """Watch these tensors from the next optimizer step's end on (those whose site is known are not; nor
+        sharded ones, whose set-back the ledger does not prove)."""
         for r in rows:
-            if r.index not in self.sites and r.index not in self._targets:
+            if r.index not in self.sites and r.index not in self._targets and not is_dtensor(r.param):
                 self._targets[r.index] = (id(r.param), _storage(r.param))
         if self._targets and not self._handles:
             self._windows = 0
+            # untraced, as gradlog's step hooks: a compiled optimizer.step() skips them and runs them eagerly
+            untraced: Callable[[Callable[..., Any]], Any] = torch.compiler.disable  # untyped in torch
             self._handles = [
-                register_optimizer_step_pre_hook(self._step_begins),
-                register_optimizer_step_post_hook(self._step_ended),
+                register_optimizer_step_pre_hook(untraced(self._step_begins)),
+                register_optimizer_step_post_hook(untraced(self._step_ended)),
             ]
 
     def _step_begins(self, *_: Any) -> None:
