@@ -463,9 +463,9 @@ class Pipeline:
         m = self.meter.fetch()
         if m is not None:
             self.ledger.observe(m)
-            flagged = self.ledger.set_back
-            if flagged and not self.closed:  # a streak the screen just began: look for the write that sets it back
-                self.writes.watch([r for r in m.rows if r.index in flagged and flagged[r.index].hits == 1])
+            flagged, self.ledger.to_watch = set(self.ledger.to_watch), []
+            if flagged and not self.closed:  # written outside the optimizer: look for the line that does it
+                self.writes.watch([r for r in m.rows if r.index in flagged])
             if self.alerts is not None:  # every rank judges the same reduced numbers; only rank 0 says so
                 self.alerts.emit = self.rank_zero
                 self.alerts.observe(m)
@@ -548,7 +548,7 @@ class Pipeline:
         unjudged = {r.name for r in never}  # tensors never updated: their slices are not judged
         if segments is not None:
             facts, unjudged = segments.fold_slices(rows, facts), segments.never_anywhere(unjudged)
-        partly = partly_updated(rows, facts, spanning, unjudged, owners, optimizer, steps)
+        partly = partly_updated(rows, facts, spanning, unjudged, owners, optimizer, steps, self.writes.words())
         ledger = self.ledger
         stopped = stalled(
             rows,

@@ -265,7 +265,7 @@ def test_rows_put_back_from_saved_weights_are_partly_overwritten(every: int) -> 
     w0 = w.detach().clone()
 
     def reset(step: int) -> None:
-        w.data[rows] = w0[rows]
+        w.data[rows] = w0[rows]  # planted: rows
 
     report, _ = run(model, opt, loss, reset, every=every, steps=12)
     same = (w.detach() == w0).all(dim=1)  # the reference, from the copy: which rows are as they started
@@ -275,11 +275,15 @@ def test_rows_put_back_from_saved_weights_are_partly_overwritten(every: int) -> 
     indices, reason, detail = got[("a.weight", 0)]
     assert indices == rows and reason is Reason.OVERWRITTEN
     assert detail.startswith("output units 3, 7 (2 of 8) never changed, although the optimizer updated them at step 0")
-    assert "set back outside the optimizer" in detail and "w.data[mask] = w0[mask]" in detail
+    fix = "fix: change that write so it keeps the optimizer's updates" if every == 1 else "w.data[mask] = w0[mask]"
+    assert "set back outside the optimizer" in detail and fix in detail
     assert report.never_updated == [] and report.stalled == []
     assert not report.healthy and "partly never updated (overwritten 1)" in report.verdict
-    text = str(report)
+    text = " ".join(str(report).split())
     assert "a.weight" in text and "3, 7" in text and "overwritten" in text
+    # the line, where consecutive measured steps show the values changed between them (every=1)
+    site = planted_site(test_rows_put_back_from_saved_weights_are_partly_overwritten, "rows")
+    assert (f"{site} (`w.data[rows] = w0[rows]`)" in text) == (every == 1), text
 
 
 def test_elements_of_a_bias_put_back_in_place_are_partly_overwritten() -> None:
@@ -291,7 +295,7 @@ def test_elements_of_a_bias_put_back_in_place_are_partly_overwritten() -> None:
     b0 = b.detach().clone()
 
     def reset(step: int) -> None:
-        b.data.index_copy_(0, idx, b0[idx])
+        b.data.index_copy_(0, idx, b0[idx])  # planted: bias
 
     report, _ = run(model, opt, loss, reset)
     assert (b.detach() == b0).nonzero().flatten().tolist() == [1, 5]  # the reference, from the copy
@@ -300,6 +304,8 @@ def test_elements_of_a_bias_put_back_in_place_are_partly_overwritten() -> None:
     indices, reason, detail = got[("a.bias", None)]
     assert (indices, reason) == ([1, 5], Reason.OVERWRITTEN)
     assert detail.startswith("units 1, 5 (2 of 8) never changed, although the optimizer updated them at step 0")
+    site = planted_site(test_elements_of_a_bias_put_back_in_place_are_partly_overwritten, "bias")
+    assert f"{site} (`b.data.index_copy_(0, idx, b0[idx])`)" in " ".join(str(report).split())
 
 
 def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
@@ -312,7 +318,7 @@ def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
     w0 = w.detach().clone()
 
     def reset(step: int) -> None:
-        w.data[:, units] = w0[:, units]
+        w.data[:, units] = w0[:, units]  # planted: units
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     report, _ = run(model, opt, lambda step: lm_loss(model, gen), reset, steps=5)
@@ -320,6 +326,8 @@ def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
     over = [p for p in report.partly_updated if p.reason is Reason.OVERWRITTEN]
     assert [(p.name, p.dim, list(p.indices)) for p in over] == [("transformer.h.0.mlp.c_fc.weight", 1, units)]
     assert over[0].detail.startswith("output units 2, 9 (2 of 128) never changed")
+    site = planted_site(test_gpt2_mlp_units_set_back_are_named_as_units, "units")
+    assert f"{site} (`w.data[:, units] = w0[:, units]`)" in " ".join(str(report).split())
     assert "overwritten" in report.verdict
 
 

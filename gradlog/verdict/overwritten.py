@@ -46,16 +46,18 @@ _FIX_SLICES = (
 )
 
 
-def set_back_slices(what: str, moved_at: tuple[int, ...]) -> str:
+def set_back_slices(what: str, moved_at: tuple[int, ...], site: str = "") -> str:
     """The detail of slices (`what`: "output units 3, 7 (2 of 16)") whose values at close are their first
     ones although the optimizer moved them at one of the steps `moved_at` (`gradlog.measure.slice_moves`:
-    a tensor's first measured steps, where each slice's update is looked at)."""
+    a tensor's first measured steps, where each slice's update is looked at); `site`: the line that wrote
+    the tensor outside the optimizer, where seen (`gradlog.measure.writes`)."""
     steps = ", ".join(str(s) for s in moved_at)
     when = f"at step {steps}" if len(moved_at) == 1 else f"at one or more of steps {steps}"
+    at = f" at {site}" if site else ""
     return (
         f"{what} never changed, although the optimizer updated them {when} (where gradlog compares each slice "
-        "before and after the step): their values are back where they started, set back outside the optimizer "
-        f"after that update, while the rest of the tensor learned; {_FIX_SLICES}"
+        f"before and after the step): their values are back where they started, set back outside the optimizer{at} "
+        f"after that update, while the rest of the tensor learned; {_FIX_SITE if site else _FIX_SLICES}"
     )
 
 
