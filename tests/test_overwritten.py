@@ -416,3 +416,26 @@ def test_the_write_watch_keeps_the_first_write_between_steps_and_ends() -> None:
     site = planted_site(test_the_write_watch_keeps_the_first_write_between_steps_and_ends, "write")
     assert set(watch.sites) == {0} and watch.words()[0].endswith(f"{site} (`w.data[0] = 0.0`)")
     assert not watch.active and not torch.overrides._get_current_function_mode_stack()
+
+
+def test_a_healthy_write_every_step_is_watched_once() -> None:
+    """WGAN's clamp after every step, and a decay written through a numpy view (which no TorchFunctionMode
+    sees), change the weights between every two measured steps: the write watch runs once for each flagged
+    tensor, then never again (not one watch, with its mode, every few steps, for a write it cannot see)."""
+    model, opt, loss = mlp()
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    watched = []
+    for step in range(12):
+        loss(step).backward()
+        opt.step()
+        with torch.no_grad():
+            model.a.weight.clamp_(-0.3, 0.3)
+        model.b.weight.detach().numpy()[:] *= 0.99
+        gl.log(step)
+        opt.zero_grad()
+        watched.append(gl.pipeline.writes.active)
+    report = gl.close()
+    assert report.healthy and report.never_updated == [] and report.partly_updated == []
+    assert any(watched[:4]) and not any(watched[6:]), watched
+    assert set(gl.pipeline.writes.sites) == {r.index for r in gl.pipeline.table.live if r.name == "a.weight"}
+    assert not torch.overrides._get_current_function_mode_stack()

@@ -67,6 +67,7 @@ class WriteWatch:
     def __init__(self) -> None:
         self.sites: dict[int, Site] = {}
         self._targets: dict[int, tuple[int, int]] = {}  # tracked index -> (id of the tensor, its storage)
+        self._tried: set[int] = set()  # tracked indices ever watched: each is watched once in a run
         self._handles: list[RemovableHandle] = []
         self._mode: _Mode | None = None
         self._windows = 0
@@ -76,10 +77,12 @@ class WriteWatch:
         return bool(self._handles)
 
     def watch(self, rows: Sequence[Tracked]) -> None:
-        """Watch these tensors from the next optimizer step's end on (those whose site is known are not; nor
-        sharded ones, whose set-back the ledger does not prove)."""
+        """Watch these tensors from the next optimizer step's end on: once each in a run (a write it never
+        sees, a healthy clipping every step, costs one watch, not one per step), and not sharded ones, whose
+        set-back the ledger does not prove."""
         for r in rows:
-            if r.index not in self.sites and r.index not in self._targets and not is_dtensor(r.param):
+            if r.index not in self._tried and not is_dtensor(r.param):
+                self._tried.add(r.index)
                 self._targets[r.index] = (id(r.param), _storage(r.param))
         if self._targets and not self._handles:
             self._windows = 0
