@@ -145,8 +145,11 @@ class Ledger:
         #: the sums of squares after it of the rows it copied (NaN elsewhere) (`_screen`)
         self._prev: tuple[list[Tracked], torch.Tensor, torch.Tensor, int, torch.Tensor] | None = None
         #: tracked indices newly seen written outside the optimizer (a set-back streak begun, or values changed
-        #: between two consecutive steps): where the write is, is worth a look (`gradlog.measure.writes`)
+        #: between consecutive steps a second time): where the write is, is worth a look (`gradlog.measure.writes`)
         self.to_watch: list[int] = []
+        #: tracked indices whose values changed once between two consecutive steps: a one-off write (a checkpoint
+        #: restored once) is no pattern to look for; a second one is
+        self._written_once: set[int] = set()
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -294,7 +297,11 @@ class Ledger:
         if m.index == index + 1:  # consecutive steps: the values the step found are those the last one left?
             written = torch.logical_and(torch.logical_and(copied, was_moved), before != was_after)
             written &= ~torch.isnan(was_after)
-            self.to_watch += [m.rows[i].index for i in written.nonzero().flatten().tolist()]
+            for i in written.nonzero().flatten().tolist():
+                key = m.rows[i].index
+                if key in self._written_once:
+                    self.to_watch.append(key)
+                self._written_once.add(key)
         same = torch.logical_and(was_moved, before == was)
         hits = set(same.nonzero().flatten().tolist())
         for tracked in [k for k, sb in self.set_back.items() if sb.at not in hits]:
