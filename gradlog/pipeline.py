@@ -464,8 +464,8 @@ class Pipeline:
         if m is not None:
             self.ledger.observe(m)
             flagged, self.ledger.to_watch = set(self.ledger.to_watch), []
-            if flagged and not self.closed:  # written outside the optimizer: look for the line that does it
-                self.writes.watch([r for r in m.rows if r.index in flagged])
+            if flagged and not self.closed and self.optimizer is not None:  # look for the line that writes it
+                self.writes.watch([r for r in m.rows if r.index in flagged], self.optimizer)
             if self.alerts is not None:  # every rank judges the same reduced numbers; only rank 0 says so
                 self.alerts.emit = self.rank_zero
                 self.alerts.observe(m)

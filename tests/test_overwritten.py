@@ -404,7 +404,7 @@ def test_the_write_watch_keeps_the_first_write_between_steps_and_ends() -> None:
     model, opt, loss = mlp()
     w, b = model.a.weight, model.a.bias
     watch = WriteWatch()
-    watch.watch([Tracked.of(0, w, "a.weight"), Tracked.of(1, b, "a.bias")])
+    watch.watch([Tracked.of(0, w, "a.weight"), Tracked.of(1, b, "a.bias")], opt)
     for step in range(WINDOWS + 2):
         loss(step).backward()
         opt.step()

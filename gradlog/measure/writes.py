@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
@@ -76,10 +76,12 @@ class WriteWatch:
     def active(self) -> bool:
         return bool(self._handles)
 
-    def watch(self, rows: Sequence[Tracked]) -> None:
+    def watch(self, rows: Sequence[Tracked], optimizer: torch.optim.Optimizer) -> None:
         """Watch these tensors from the next optimizer step's end on: once each in a run (a write it never
         sees, a healthy clipping every step, costs one watch, not one per step), and not sharded ones, whose
-        set-back the ledger does not prove."""
+        set-back the ledger does not prove. The mode goes on after `optimizer`'s steps only (its own post-hook,
+        after gradlog's: a logger left unclosed never acts on another optimizer's steps), and off before any
+        optimizer's step (a global pre-hook, before gradlog's)."""
         for r in rows:
             if r.index not in self._tried and not is_dtensor(r.param):
                 self._tried.add(r.index)
@@ -90,7 +92,7 @@ class WriteWatch:
             untraced: Callable[[Callable[..., Any]], Any] = torch.compiler.disable  # untyped in torch
             self._handles = [
                 register_optimizer_step_pre_hook(untraced(self._step_begins)),
-                register_optimizer_step_post_hook(untraced(self._step_ended)),
+                optimizer.register_step_post_hook(untraced(self._step_ended)),
             ]
 
     def _step_begins(self, *_: Any) -> None:
