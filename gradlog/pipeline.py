@@ -23,7 +23,6 @@ from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
 from gradlog.measure.owners import Owners
 from gradlog.measure.params import ParamTable, Selection, Tracked
-from gradlog.measure.writes import WriteWatch
 from gradlog.options import Options
 from gradlog.publishing import Failures
 from gradlog.runformat.names import ALERT_COUNT, SKIPPED_STEPS
@@ -142,7 +141,6 @@ class Pipeline:
         )
         self.ledger = Ledger()
         self.ledger.fingerprint_new(self.table.live, self.table.generation)
-        self.writes = WriteWatch()  # the line that sets a flagged tensor back (`measure/writes.py`)
         self.optimizer_steps = 0
         self.calls = 0  # log() calls: the step counter without an optimizer
         self.pending: Measurement | None = None  # fetched, not yet published
@@ -281,7 +279,6 @@ class Pipeline:
             self._global = None
         self.meter.abandon()
         self.meter.release()
-        self.writes.stop()
 
     def release_optimizer(self) -> None:
         """A closed logger keeps neither the optimizer nor its tensors alive."""
@@ -463,9 +460,6 @@ class Pipeline:
         m = self.meter.fetch()
         if m is not None:
             self.ledger.observe(m)
-            flagged, self.ledger.to_watch = set(self.ledger.to_watch), []
-            if flagged and not self.closed and self.optimizer is not None:  # look for the line that writes it
-                self.writes.watch([r for r in m.rows if r.index in flagged], self.optimizer)
             if self.alerts is not None:  # every rank judges the same reduced numbers; only rank 0 says so
                 self.alerts.emit = self.rank_zero
                 self.alerts.observe(m)
@@ -530,13 +524,7 @@ class Pipeline:
             evidence, spanning = segments.never_evidence(rows, spanning), segments.whole_run(rows, spanning)
         earlier = segments.set_back_before() if segments is not None else set()
         set_back, set_back_stalled = overwritten(
-            rows,
-            spanning,
-            self.ledger.back_to_start,
-            self.ledger.set_back,
-            earlier,
-            self.ledger.evidence,
-            self.writes.words(),
+            rows, spanning, self.ledger.back_to_start, self.ledger.set_back, earlier, self.ledger.evidence
         )
         never = diagnose(
             rows, evidence, changed, self.with_optimizer, skipped_steps=self.ledger.skipped_steps, overwritten=set_back
@@ -548,7 +536,7 @@ class Pipeline:
         unjudged = {r.name for r in never}  # tensors never updated: their slices are not judged
         if segments is not None:
             facts, unjudged = segments.fold_slices(rows, facts), segments.never_anywhere(unjudged)
-        partly = partly_updated(rows, facts, spanning, unjudged, owners, optimizer, steps, self.writes.words())
+        partly = partly_updated(rows, facts, spanning, unjudged, owners, optimizer, steps)
         ledger = self.ledger
         stopped = stalled(
             rows,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import setback_child
 import torch
-from catalogue import TwoLayer, lm_loss, planted_site, random_mse, tiny_gpt2
+from catalogue import TwoLayer, lm_loss, random_mse, tiny_gpt2
 from torch import nn
 
 import gradlog
@@ -86,18 +86,12 @@ def test_a_pruning_mask_applied_to_the_saved_initial_weights_is_overwritten(prem
     start = w.detach().clone()
 
     def reset(step: int) -> None:
-        w.data = w0 * mask  # planted: mask
+        w.data = w0 * mask
 
     report, same = run(model, opt, loss, reset)
     got = never(report)
     reason, detail = got["a.weight"]
     assert reason is Reason.OVERWRITTEN
-    # the planted line, read from the report's text (the console wraps details: joined back with spaces)
-    text = " ".join(str(report).split())
-    site = planted_site(test_a_pruning_mask_applied_to_the_saved_initial_weights_is_overwritten, "mask")
-    assert f"{site} (`w.data = w0 * mask`)" in text and "set back outside the optimizer at " in text, text
-    assert "fix: change that write so it keeps the optimizer's updates" in text
-    assert not torch.overrides._get_current_function_mode_stack()  # the write watch left nothing pushed
     if premasked:
         assert torch.equal(w.detach(), start)  # the reference: bit-identical to its start
         assert "back where they started" in detail and "between steps 0 and 1" in detail
@@ -119,7 +113,7 @@ def test_gpt2_layer_set_back_every_step_is_named_with_the_step() -> None:
 
     def reset(step: int) -> None:
         with torch.no_grad():
-            target.copy_(init)  # planted: gpt2
+            target.copy_(init)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     report, _ = run(model, opt, lambda step: lm_loss(model, gen), reset, steps=6)
@@ -128,10 +122,8 @@ def test_gpt2_layer_set_back_every_step_is_named_with_the_step() -> None:
     assert set(got) == {"transformer.h.1.mlp.c_fc.weight"}
     reason, detail = got["transformer.h.1.mlp.c_fc.weight"]
     assert reason is Reason.OVERWRITTEN and "between steps 0 and 1" in detail
-    text = " ".join(str(report).split())
+    text = str(report)
     assert "transformer.h.1.mlp.c_fc.weight" in text and "overwritten" in text
-    site = planted_site(test_gpt2_layer_set_back_every_step_is_named_with_the_step, "gpt2")
-    assert f"{site} (`target.copy_(init)`)" in text
 
 
 @pytest.mark.parametrize("saved_at", [0, 4])
@@ -147,7 +139,7 @@ def test_a_checkpoint_reloaded_before_every_step(saved_at: int) -> None:
         if step == saved_at:
             saved.update({k: v.clone() for k, v in model.b.state_dict().items()})
         if step > saved_at:
-            model.b.load_state_dict(saved)  # planted: reload
+            model.b.load_state_dict(saved)
 
     report, same = run(model, opt, loss, before_step=reload)
     # the reference, by hand: the values before step k+1 equal those before step k from `saved_at` on
@@ -156,8 +148,6 @@ def test_a_checkpoint_reloaded_before_every_step(saved_at: int) -> None:
         got = never(report)
         assert set(got) == {"b.weight", "b.bias"}
         assert all(reason is Reason.OVERWRITTEN and "between steps 0 and 1" in d for reason, d in got.values())
-        site = planted_site(test_a_checkpoint_reloaded_before_every_step, "reload")
-        assert all(f"{site} (`model.b.load_state_dict(saved)`)" in d for _, d in got.values())
     else:
         assert report.never_updated == []
         stalled = {s.name: s for s in report.stalled}
@@ -265,7 +255,7 @@ def test_rows_put_back_from_saved_weights_are_partly_overwritten(every: int) -> 
     w0 = w.detach().clone()
 
     def reset(step: int) -> None:
-        w.data[rows] = w0[rows]  # planted: rows
+        w.data[rows] = w0[rows]
 
     report, _ = run(model, opt, loss, reset, every=every, steps=12)
     same = (w.detach() == w0).all(dim=1)  # the reference, from the copy: which rows are as they started
@@ -275,15 +265,11 @@ def test_rows_put_back_from_saved_weights_are_partly_overwritten(every: int) -> 
     indices, reason, detail = got[("a.weight", 0)]
     assert indices == rows and reason is Reason.OVERWRITTEN
     assert detail.startswith("output units 3, 7 (2 of 8) never changed, although the optimizer updated them at step 0")
-    fix = "fix: change that write so it keeps the optimizer's updates" if every == 1 else "w.data[mask] = w0[mask]"
-    assert "set back outside the optimizer" in detail and fix in detail
+    assert "set back outside the optimizer" in detail and "w.data[mask] = w0[mask]" in detail
     assert report.never_updated == [] and report.stalled == []
     assert not report.healthy and "partly never updated (overwritten 1)" in report.verdict
-    text = " ".join(str(report).split())
+    text = str(report)
     assert "a.weight" in text and "3, 7" in text and "overwritten" in text
-    # the line, where consecutive measured steps show the values changed between them (every=1)
-    site = planted_site(test_rows_put_back_from_saved_weights_are_partly_overwritten, "rows")
-    assert (f"{site} (`w.data[rows] = w0[rows]`)" in text) == (every == 1), text
 
 
 def test_elements_of_a_bias_put_back_in_place_are_partly_overwritten() -> None:
@@ -295,7 +281,7 @@ def test_elements_of_a_bias_put_back_in_place_are_partly_overwritten() -> None:
     b0 = b.detach().clone()
 
     def reset(step: int) -> None:
-        b.data.index_copy_(0, idx, b0[idx])  # planted: bias
+        b.data.index_copy_(0, idx, b0[idx])
 
     report, _ = run(model, opt, loss, reset)
     assert (b.detach() == b0).nonzero().flatten().tolist() == [1, 5]  # the reference, from the copy
@@ -304,8 +290,6 @@ def test_elements_of_a_bias_put_back_in_place_are_partly_overwritten() -> None:
     indices, reason, detail = got[("a.bias", None)]
     assert (indices, reason) == ([1, 5], Reason.OVERWRITTEN)
     assert detail.startswith("units 1, 5 (2 of 8) never changed, although the optimizer updated them at step 0")
-    site = planted_site(test_elements_of_a_bias_put_back_in_place_are_partly_overwritten, "bias")
-    assert f"{site} (`b.data.index_copy_(0, idx, b0[idx])`)" in " ".join(str(report).split())
 
 
 def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
@@ -318,7 +302,7 @@ def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
     w0 = w.detach().clone()
 
     def reset(step: int) -> None:
-        w.data[:, units] = w0[:, units]  # planted: units
+        w.data[:, units] = w0[:, units]
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     report, _ = run(model, opt, lambda step: lm_loss(model, gen), reset, steps=5)
@@ -326,8 +310,6 @@ def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
     over = [p for p in report.partly_updated if p.reason is Reason.OVERWRITTEN]
     assert [(p.name, p.dim, list(p.indices)) for p in over] == [("transformer.h.0.mlp.c_fc.weight", 1, units)]
     assert over[0].detail.startswith("output units 2, 9 (2 of 128) never changed")
-    site = planted_site(test_gpt2_mlp_units_set_back_are_named_as_units, "units")
-    assert f"{site} (`w.data[:, units] = w0[:, units]`)" in " ".join(str(report).split())
     assert "overwritten" in report.verdict
 
 
@@ -392,50 +374,3 @@ def test_a_resumed_run_keeps_reporting_the_set_back_tensor(tmp_path: Path, ended
     assert "updated by the optimizer at 2 of 2 measured steps since the resume" in detail
     assert "from step 10 on are the same" in detail
     assert "overwritten 2" in report.verdict and not report.healthy
-
-
-def test_the_write_watch_keeps_the_first_write_between_steps_and_ends() -> None:
-    """`gradlog.measure.writes.WriteWatch` by hand: the optimizer's own writes (inside step()), a `.grad = None`
-    and a `requires_grad_` are no write; `p.data[0] = ...` between two steps is, with this file's line; a watch
-    whose tensor is never written ends by itself after its windows, leaving no mode and no hook behind."""
-    from gradlog.measure.params import Tracked
-    from gradlog.measure.writes import WINDOWS, WriteWatch
-
-    model, opt, loss = mlp()
-    w, b = model.a.weight, model.a.bias
-    watch = WriteWatch()
-    watch.watch([Tracked.of(0, w, "a.weight"), Tracked.of(1, b, "a.bias")], opt)
-    for step in range(WINDOWS + 2):
-        loss(step).backward()
-        opt.step()
-        w.grad = None
-        b.requires_grad_(True)
-        if step == 1:
-            w.data[0] = 0.0  # planted: write
-        opt.zero_grad()
-    site = planted_site(test_the_write_watch_keeps_the_first_write_between_steps_and_ends, "write")
-    assert set(watch.sites) == {0} and watch.words()[0].endswith(f"{site} (`w.data[0] = 0.0`)")
-    assert not watch.active and not torch.overrides._get_current_function_mode_stack()
-
-
-def test_a_healthy_write_every_step_is_watched_once() -> None:
-    """WGAN's clamp after every step, and a decay written through a numpy view (which no TorchFunctionMode
-    sees), change the weights between every two measured steps: the write watch runs once for each flagged
-    tensor, then never again (not one watch, with its mode, every few steps, for a write it cannot see)."""
-    model, opt, loss = mlp()
-    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
-    watched = []
-    for step in range(12):
-        loss(step).backward()
-        opt.step()
-        with torch.no_grad():
-            model.a.weight.clamp_(-0.3, 0.3)
-        model.b.weight.detach().numpy()[:] *= 0.99
-        gl.log(step)
-        opt.zero_grad()
-        watched.append(gl.pipeline.writes.active)
-    report = gl.close()
-    assert report.healthy and report.never_updated == [] and report.partly_updated == []
-    assert any(watched[:4]) and not any(watched[6:]), watched
-    assert set(gl.pipeline.writes.sites) == {r.index for r in gl.pipeline.table.live if r.name == "a.weight"}
-    assert not torch.overrides._get_current_function_mode_stack()
