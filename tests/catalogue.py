@@ -1153,16 +1153,22 @@ class Stacked(nn.Module):
 
 class MadeInForward(nn.Module):
     """Planted: a Linear created inside forward on every call (marked): its weight and bias take part and
-    get gradients, but are new at every step and no parameter of the model (`not_registered`). Plus a scale
-    held as a plain ``requires_grad=True`` tensor attribute (`scale`: `not_registered`, fix nn.Parameter)."""
+    get gradients, but are new at every step and no parameter of the model (`not_registered`). Plus (with
+    `scale`) a scale held as a plain ``requires_grad=True`` tensor attribute (`scale`: `not_registered`, fix
+    nn.Parameter). Without `scale` nothing in the model's attributes gives the bug away: only the forward
+    does. `in_init=True` is the healthy twin: the same Linear built once in __init__ (`mid`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scale: bool = True, in_init: bool = False) -> None:
         super().__init__()
         self.head = nn.Linear(8, 4)
-        self.scale = torch.ones(8, requires_grad=True)
+        self.scale = torch.ones(8, requires_grad=True) if scale else torch.ones(8)
+        self.mid = nn.Linear(8, 8) if in_init else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = nn.Linear(8, 8)(x * self.scale)  # planted: made
+        if self.mid is not None:
+            h = self.mid(x * self.scale)
+        else:
+            h = nn.Linear(8, 8)(x * self.scale)  # planted: made
         out: torch.Tensor = self.head(h)
         return out
 

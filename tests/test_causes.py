@@ -121,3 +121,37 @@ def test_report_groups_the_same_and_json_keeps_every_record_in_full(
     assert {re.search(r"from step (\d+) on", f["detail"]).group(1) for f in findings[1:]} == {  # type: ignore[union-attr]
         str(s) for s in stopped
     }
+
+
+# --- a block frozen at step k: one cause, named by the block -------------------------------------------------------
+def test_a_gpt2_block_frozen_mid_run_is_one_cause_named_by_the_block() -> None:
+    """A real transformers GPT-2 trained with labels=input_ids; at step 6 `h[1].mlp` is frozen
+    (requires_grad_(False)) while its tensors stay in the optimizer: c_fc and c_proj, 4 tensors, stop learning
+    at the same step for the same reason. Before, grouping per module made that 2 causes ("2 problems"); it is
+    one, named `transformer.h.1.mlp`. The reference: the tensors whose values stop changing after step 6,
+    from copies made here."""
+    from catalogue import lm_loss, tiny_gpt2
+
+    model = tiny_gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False)
+    block = model.transformer.h[1].mlp
+    at_freeze: dict[str, torch.Tensor] = {}
+    for step in range(12):
+        if step == 6:
+            block.requires_grad_(False)  # the planted freeze: the optimizer still holds these tensors
+            at_freeze = {n: p.detach().clone() for n, p in model.named_parameters()}
+        lm_loss(model, gen).backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+    report = gl.close()
+    stopped = sorted(n for n, p in model.named_parameters() if torch.equal(p.detach(), at_freeze[n]))
+    assert stopped == [f"transformer.h.1.mlp.{m}.{w}" for m in ("c_fc", "c_proj") for w in ("bias", "weight")]
+    assert sorted(s.name for s in report.stalled) == stopped
+    assert {(str(s.reason), s.since_step) for s in report.stalled} == {("frozen", 6)}
+    assert "(12 optimizer steps, 12 measured; 1 problem," in report.verdict, report.verdict
+    [section] = [s for s in report.sections(grouped=True) if s.key == "stalled"]
+    assert len(section.rows) == 1 and section.rows[0][0] == "transformer.h.1.mlp"
+    assert "transformer.h.1.mlp" in report.table()

@@ -7,9 +7,15 @@ weights outside the optimizer too, but never back to where they were.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import setback_child
 import torch
 from catalogue import TwoLayer, lm_loss, random_mse, tiny_gpt2
 from torch import nn
@@ -18,6 +24,7 @@ import gradlog
 from gradlog.verdict.report import Reason, Report
 
 STEPS = 10
+HERE = Path(__file__).parent
 
 
 def run(
@@ -230,3 +237,140 @@ def test_weight_clipping_max_norm_ema_and_tying_stay_quiet() -> None:
     report, _ = run(tied, torch.optim.AdamW(tied.parameters(), lr=1e-3), lambda step: lm_loss(tied, gen), steps=5)
     assert not [r for r in report.never_updated if r.reason is Reason.OVERWRITTEN]
     assert not [s for s in report.stalled if s.reason is Reason.OVERWRITTEN]
+
+
+# --- rows set back while the rest of the tensor learns -----------------------------------------------------------
+def partly(report: Report) -> dict[tuple[str, int | None], tuple[list[int], Reason, str]]:
+    return {(p.name, p.dim): (list(p.indices), p.reason, p.detail) for p in report.partly_updated}
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_rows_put_back_from_saved_weights_are_partly_overwritten(every: int) -> None:
+    """`a.weight.data[rows] = w0[rows]` after every step: rows 3 and 7 end bit-identical to their start while
+    the other rows learn. Before, those rows read as `tiny_update` (a note: "rounding noise"); now they are
+    partly never updated, `overwritten`, naming the rows and the step at which the optimizer moved them."""
+    model, opt, loss = mlp()
+    w = model.a.weight
+    rows = [3, 7]
+    w0 = w.detach().clone()
+
+    def reset(step: int) -> None:
+        w.data[rows] = w0[rows]
+
+    report, _ = run(model, opt, loss, reset, every=every, steps=12)
+    same = (w.detach() == w0).all(dim=1)  # the reference, from the copy: which rows are as they started
+    assert same.nonzero().flatten().tolist() == rows
+    got = partly(report)
+    assert set(got) == {("a.weight", 0)}, report.partly_updated
+    indices, reason, detail = got[("a.weight", 0)]
+    assert indices == rows and reason is Reason.OVERWRITTEN
+    assert detail.startswith("output units 3, 7 (2 of 8) never changed, although the optimizer updated them at step 0")
+    assert "set back outside the optimizer" in detail and "w.data[mask] = w0[mask]" in detail
+    assert report.never_updated == [] and report.stalled == []
+    assert not report.healthy and "partly never updated (overwritten 1)" in report.verdict
+    text = str(report)
+    assert "a.weight" in text and "3, 7" in text and "overwritten" in text
+
+
+def test_elements_of_a_bias_put_back_in_place_are_partly_overwritten() -> None:
+    """A 1-D tensor's elements: `bias.data[idx].copy_`-style writes (`index_copy_`) put entries 1 and 5 of
+    `a.bias` back after every step; the other entries learn."""
+    model, opt, loss = mlp()
+    b = model.a.bias
+    idx = torch.tensor([1, 5])
+    b0 = b.detach().clone()
+
+    def reset(step: int) -> None:
+        b.data.index_copy_(0, idx, b0[idx])
+
+    report, _ = run(model, opt, loss, reset)
+    assert (b.detach() == b0).nonzero().flatten().tolist() == [1, 5]  # the reference, from the copy
+    got = partly(report)
+    assert set(got) == {("a.bias", None)}
+    indices, reason, detail = got[("a.bias", None)]
+    assert (indices, reason) == ([1, 5], Reason.OVERWRITTEN)
+    assert detail.startswith("units 1, 5 (2 of 8) never changed, although the optimizer updated them at step 0")
+
+
+def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
+    """A real transformers GPT-2 (Conv1D: the units of `c_fc` are its weight's columns): units 2 and 9 of
+    h[0]'s MLP put back from a saved copy after every step; gradlog names those columns, overwritten."""
+    model = tiny_gpt2()
+    gen = torch.Generator().manual_seed(0)
+    w = model.transformer.h[0].mlp.c_fc.weight
+    units = [2, 9]
+    w0 = w.detach().clone()
+
+    def reset(step: int) -> None:
+        w.data[:, units] = w0[:, units]
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    report, _ = run(model, opt, lambda step: lm_loss(model, gen), reset, steps=5)
+    assert (w.detach() == w0).all(dim=0).nonzero().flatten().tolist() == units  # the reference
+    over = [p for p in report.partly_updated if p.reason is Reason.OVERWRITTEN]
+    assert [(p.name, p.dim, list(p.indices)) for p in over] == [("transformer.h.0.mlp.c_fc.weight", 1, units)]
+    assert over[0].detail.startswith("output units 2, 9 (2 of 128) never changed")
+    assert "overwritten" in report.verdict
+
+
+# --- a resumed run keeps the set-back state -----------------------------------------------------------------------
+@pytest.mark.parametrize("ended", ["closed", "killed"])
+@pytest.mark.parametrize("fixed", [False, True])
+def test_a_resumed_run_keeps_reporting_the_set_back_tensor(tmp_path: Path, ended: str, fixed: bool) -> None:
+    """Segment 1 (10 steps, `b` reloaded from a saved copy before every step) finds `b` overwritten; it is
+    closed, or killed by SIGTERM in its own process (a preempted job). Segment 2 resumes from the checkpoint
+    for 2 steps: too few to prove the set-back again (a streak needs two fingerprints), and before it forgot
+    it ("gradlog OK"). It keeps the finding while no update stays; the twin whose bug was fixed before the
+    resume learns in segment 2 and is let go."""
+    folder, saved_path, ckpt = tmp_path / "run", tmp_path / "saved.pt", tmp_path / "ckpt.pt"
+    if ended == "killed":
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(gradlog.__file__).parents[1]), str(HERE)])}
+        done = subprocess.run(
+            [sys.executable, str(HERE / "setback_child.py"), str(folder), str(saved_path), str(ckpt)],
+            env={**env, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == -signal.SIGTERM, done.stderr
+    else:
+        torch.manual_seed(0)
+        model = TwoLayer(torch.tanh)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        saved = {k: v.clone() for k, v in model.b.state_dict().items()}
+        torch.save(saved, saved_path)
+        with gradlog.GradLogger(model, opt, every=1, log_dir=str(folder), print_report=False) as gl:
+            setback_child.segment(model, opt, range(10), saved)
+            first = gl.report()
+        assert {r.name: r.reason for r in first.never_updated} == {
+            "b.weight": Reason.OVERWRITTEN,
+            "b.bias": Reason.OVERWRITTEN,
+        }
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, ckpt)
+    state = torch.load(ckpt)
+    model = TwoLayer(torch.tanh)
+    model.load_state_dict(state["model"])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt.load_state_dict(state["optimizer"])
+    saved = {} if fixed else torch.load(saved_path)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = gradlog.Output(resume=True)
+    with gradlog.GradLogger(model, opt, writer=out, every=1, log_dir=str(folder), print_report=False) as gl:
+        setback_child.segment(model, opt, range(10, 12), saved)
+    report = gl.report()
+    # the reference: in segment 2, b's values before each step are the saved copy's (the bug) or not (fixed)
+    assert report.optimizer_steps == 12 and report.measured_steps == 12
+    if fixed:
+        assert not torch.equal(model.b.weight.detach(), start["b.weight"])
+        assert report.never_updated == [] and report.healthy, report.verdict
+        return
+    got = never(report)
+    assert set(got) == {"b.weight", "b.bias"}
+    reason, detail = got["b.weight"]
+    assert reason is Reason.OVERWRITTEN
+    assert detail.startswith(
+        "set back outside the optimizer before the resume (found by an earlier segment of this run)"
+    )
+    assert "updated by the optimizer at 2 of 2 measured steps since the resume" in detail
+    assert "from step 10 on are the same" in detail
+    assert "overwritten 2" in report.verdict and not report.healthy

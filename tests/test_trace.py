@@ -286,6 +286,31 @@ def test_a_run_names_layers_in_a_python_list_from_the_first_step() -> None:
     assert _run(Stacked("modulelist")).never_updated == []
 
 
+@pytest.mark.parametrize("in_init", [False, True])
+def test_a_run_names_a_module_made_in_forward(in_init: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A Linear built inside forward() at every call, with nothing in the model's attributes to give it away and
+    every tensor of the model getting its gradient: before, the run said "gradlog OK: all 2 tracked tensors
+    were updated". The parameters registered during the model's first forward arm the one traced step, which
+    names them with the planted line. The healthy twin (the Linear built in __init__) traces nothing."""
+    torch.manual_seed(0)
+    model = MadeInForward(scale=False, in_init=in_init)
+    with caplog.at_level("INFO", logger="gradlog"):
+        report = _run(model)
+    traced = [r.getMessage() for r in caplog.records if "traced optimizer step" in r.getMessage()]
+    _no_trace_left(model)
+    if in_init:
+        assert report.never_updated == [] and report.healthy and traced == []
+        return
+    rows = _rows(report, Reason.NOT_REGISTERED)
+    assert sorted(rows) == ["<Parameter (8, 8)>", "<Parameter (8,)>"]
+    site = planted_site(MadeInForward, "made")
+    for line in rows.values():
+        assert site in line and "created inside forward()" in line and "create it once in __init__" in line
+    assert not report.healthy and "not_registered 2" in report.verdict
+    assert len(traced) == 1 and "traced optimizer step 1 " in traced[0]
+    print(traced[0])  # the traced step's cost (noisy on a shared CPU)
+
+
 # --- third-party models ------------------------------------------------------------------------------------
 transformers = pytest.importorskip("transformers")
 

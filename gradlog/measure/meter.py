@@ -23,6 +23,7 @@ from gradlog.measure.flat_shards import global_numel, slice_view
 from gradlog.measure.histogram import Histograms
 from gradlog.measure.params import ParamTable, Tracked, is_materialized, local_tensor
 from gradlog.measure.slice_grads import SliceGrads
+from gradlog.measure.slice_moves import SliceMoves
 from gradlog.measure.stats import (
     NONFINITE,
     NONZERO,
@@ -375,6 +376,7 @@ class Meter:
         self._open: _Open | None = None
         self._done: tuple[_Open, Packer] | None = None
         self.slice_grads = SliceGrads()  # per-slice "gradient ever non-zero", on the device
+        self.slice_moves = SliceMoves()  # per-slice "moved by the optimizer", a tensor's first measured steps
         self._slice_evidence = True  # private: benchmarks/slice_evidence.py flips it for its A/B
         self.tensor_work = 0  # number of start() calls that touched tensors; tests assert on it
         #: CPU: the last snapshot's buffers by row, reused by the next measured step (see `_keeps_snapshot`)
@@ -661,6 +663,8 @@ class Meter:
                 exact = [_sumsq(after[j].float() - op.snapshot[j].float()) for j in low]
                 # before - after, in place (no second copy), with the norms of after and of the difference
                 moved_weight, moved = subtract_with_sumsq(op.snapshot, after, device)
+                if op.dist is None:  # which slices the step moved, at a tensor's first measured steps only
+                    self.slice_moves.observe(op.index, [op.rows[i].index for i in op.moving], op.snapshot)
                 if self.count_frozen:
                     sums["frozen"], sums["frozen_of"], op.frozen_rows = self._frozen_counts(op, device)
                 weight = self._merge(moved_weight, op.moving, weights, device)

@@ -479,10 +479,12 @@ def starved(rows: Sequence[Any], has_grad: Sequence[bool], nonzero: Sequence[flo
 
 class OnceTrace:
     """A run's one traced step: armed when the model's attributes hold tensors outside its parameters (at
-    once), or when the first measured step shows a trainable tensor without a gradient or with an all-zero
-    one (`after_log`); it then traces from the next forward of the model to the next optimizer step, is read
-    out at the next `log()` (or at close), and is done. A healthy run pays one scan of the modules'
-    attributes at the start and one test of the first measured step: nothing on the measured-step path.
+    once), when the model's first forward creates parameters (a module built inside `forward`: torch's global
+    parameter-registration hook, on for that one forward), or when the first measured step shows a trainable
+    tensor without a gradient or with an all-zero one (`after_log`); it then traces from the next forward of
+    the model to the next optimizer step, is read out at the next `log()` (or at close), and is done. A
+    healthy run pays one scan of the modules' attributes at the start, two hook calls around its first
+    forward and one test of the first measured step: nothing on the measured-step path.
     Holds the model and optimizer weakly (a logger never keeps them alive); every hook has a handle."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -495,8 +497,37 @@ class OnceTrace:
         known = {id(p) for p in model.parameters()}
         if optimizer is not None:
             known |= {id(p) for g in optimizer.param_groups for p in g["params"]}
+        #: the first forward's hooks and, during it, the global parameter-registration hook (`_first_forward`)
+        self._first: list[RemovableHandle] = []
+        self.made_in_forward = 0  # parameters registered during the model's first forward
         if unregistered(model, known):
             self.arm()
+        else:
+            self._first = [
+                model.register_forward_pre_hook(self._first_forward),
+                model.register_forward_hook(self._first_forward_done, always_call=True),
+            ]
+
+    def _first_forward(self, module: nn.Module, args: Any) -> None:
+        """Before the model's first forward: count the parameters any module registers until it returns."""
+        register = torch.nn.modules.module.register_module_parameter_registration_hook
+        self._first.append(register(self._registered))
+
+    def _registered(self, module: nn.Module, name: str, param: Any) -> None:
+        if param is not None:
+            self.made_in_forward += 1
+
+    def _first_forward_done(self, module: nn.Module, args: Any, output: Any) -> None:
+        """After the first forward: every hook of it goes; parameters made during it arm the trace (modules
+        built inside `forward` are made again at every call, and the traced step names them)."""
+        self._unhook_first()
+        if self.made_in_forward:
+            self.arm()
+
+    def _unhook_first(self) -> None:
+        for handle in self._first:
+            handle.remove()
+        self._first = []
 
     def disable(self) -> None:
         """No traced step in this run: DeepSpeed ZeRO moves every gradient into its partitions between
@@ -550,6 +581,7 @@ class OnceTrace:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        self._unhook_first()
         if self.state == "tracing":
             stepped = self._trace is not None and self._trace.stepped
             self._finish(step - 1)

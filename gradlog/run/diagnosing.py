@@ -49,6 +49,8 @@ class Segments(Protocol):
 
     def never_anywhere(self, names: set[str]) -> set[str]: ...
 
+    def set_back_before(self) -> set[str]: ...
+
 
 @dataclass
 class Diagnosis:
@@ -94,7 +96,10 @@ class Diagnosis:
         changed = self._changed(rows)
         self._count_skipped()
         evidence, spanning = self._evidence(rows)
-        set_back, set_back_stalled = overwritten(rows, spanning, self.ledger.back_to_start, self.ledger.set_back)
+        earlier = self.segments.set_back_before() if self.segments is not None else set()
+        set_back, set_back_stalled = overwritten(
+            rows, spanning, self.ledger.back_to_start, self.ledger.set_back, earlier, self.ledger.evidence
+        )
         never = diagnose(
             rows,
             evidence,
@@ -159,7 +164,9 @@ class Diagnosis:
         self, rows: list[Tracked], never: list[NeverUpdated], spanning: dict[int, Evidence], owners: Owners
     ) -> list[PartlyUpdated]:
         """Tensors some of whose slices never changed; the never-updated tensors' slices are not judged."""
-        facts = slice_facts(rows, self.ledger.slice_changes, self.meter.slice_grads, self.optimizer)
+        facts = slice_facts(
+            rows, self.ledger.slice_changes, self.meter.slice_grads, self.optimizer, self.meter.slice_moves
+        )
         reducer = self.meter.reducer
         if self._sharded(rows) and reducer is not None:  # shards' slices at global indices
             facts = global_facts(rows, facts, reducer)

@@ -393,6 +393,7 @@ class Pipeline:
         for index in self.table.take_freed():
             self.ledger.release(index)
             grads.forget(index)
+            self.meter.slice_moves.forget(index)
 
     def clip_due(self) -> bool:
         """Whether gradients clipped now belong to a step that will be measured (so clipping is worth noting)."""

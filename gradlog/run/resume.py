@@ -230,7 +230,7 @@ def _folded(f: SliceFacts, never: NeverUpdated | None, partly: list[list[PartlyU
         changed[dim] = now | moved
         seen = f.nonzero.get(dim)
         nonzero[dim] = graded if seen is None else seen | graded
-    return SliceFacts(changed, nonzero, f.state)
+    return SliceFacts(changed, nonzero, f.state, f.moved, f.moved_at)
 
 
 def _merge_partly(earlier: Report, report: Report) -> list[PartlyUpdated]:
@@ -423,6 +423,16 @@ class Continuation:
             if f is not None and r.name in self.earlier.shapes:  # a tensor new in this segment has no past
                 out[r.index] = _folded(f, never.get(r.name), [partly.get((r.name, d), []) for d in f.changed])
         return out
+
+    def set_back_before(self) -> set[str]:
+        """The tensors the earlier segments found set back outside the optimizer (never updated or stalled,
+        `overwritten`): a segment that cannot prove it again keeps the finding unless an update stayed
+        (`gradlog.verdict.overwritten.resumed_set_back`)."""
+        if self.earlier is None:
+            return set()
+        report = self.earlier.report
+        never = {r.name for r in report.never_updated if r.reason is Reason.OVERWRITTEN}
+        return never | {s.name for s in report.stalled if s.reason is Reason.OVERWRITTEN}
 
     @property
     def resumed_after(self) -> int | None:

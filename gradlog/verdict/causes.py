@@ -5,10 +5,13 @@ the policy's tensor patterns work on them. What a person reads groups them first
 records and the presentation (the console, `gradlog report`, the TensorBoard tab) and in the verdict's
 counts, so the per-tensor detection never needs to know about it:
 
-- the tensors of one module that never updated (or stopped learning) for the same reason: a layer left
-  out of the optimizer is one finding, not one for its weight and one for its bias; where a traced step
-  located the cause (`gradlog.verdict.located`: the cut's file, line and fix), tensors cut at different
-  places are different findings, so that each line to fix is named on the console;
+- the tensors of one module that never updated for the same reason: a layer left out of the optimizer is
+  one finding, not one for its weight and one for its bias; where a traced step located the cause
+  (`gradlog.verdict.located`: the cut's file, line and fix), tensors cut at different places are different
+  findings, so that each line to fix is named on the console;
+- the tensors that stopped learning at the same step for the same reason: one block frozen at step k
+  (GPT-2's `h.1.mlp`: its `c_fc` and `c_proj`) is one finding, named by the tensors' deepest common
+  module (`label`), not one per layer of the block;
 - the slices of one block with the same indices (and, for stopped slices, the same stop step) and a
   dead-unit reason: the units of a layer that never fired, or stopped firing at step k, show in the
   layer's weight rows, its bias and the next layer's input columns, and are one finding.
@@ -61,7 +64,7 @@ def cause_key(table: str, record: Any) -> tuple[Hashable, ...]:
     if table == "never_updated":
         return (table, module_of(record.name), reason, bool(getattr(record, "suspect", False)), located(record))
     if table == "stalled":
-        return (table, module_of(record.name), reason)
+        return (table, reason, getattr(record, "since_step", None))
     if table in ("partly_updated", "stopped_slices") and reason in UNIT_REASONS and record.indices:
         since = getattr(record, "since_step", None)
         return (table, block_of(record.name), record.total, since, reason, tuple(record.indices))
@@ -90,7 +93,24 @@ def touched(table: str, records: Sequence[Any]) -> list[str]:
 
 
 def label(table: str, records: Sequence[Any]) -> str:
-    """What a cause is named by: its one tensor, or the module of its first tensor when it has several."""
+    """What a cause is named by: its one tensor, or the module of its first tensor when it has several; for
+    tensors that stopped at one step, the deepest module they all belong to (`common_module`)."""
     if len(records) == 1:
         return str(records[0].name)
+    if table == "stalled":
+        return common_module([str(r.name) for r in records])
     return module_of(records[0].name)
+
+
+def common_module(names: Sequence[str]) -> str:
+    """The deepest module holding every tensor of `names` (`h.1.mlp.c_fc.weight`, `h.1.mlp.c_proj.bias` ->
+    `h.1.mlp`); where only the model itself holds them all, their modules, listed."""
+    parts = [module_of(n).split(".") for n in names]
+    common: list[str] = []
+    for level in zip(*parts):
+        if any(p != level[0] for p in level):
+            break
+        common.append(level[0])
+    if common:
+        return ".".join(common)
+    return ", ".join(dict.fromkeys(module_of(n) for n in names))

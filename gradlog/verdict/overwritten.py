@@ -18,7 +18,7 @@ clipping, max-norm renormalisation, `torch.nn.utils.prune`'s mask applied in for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence, SetBack
@@ -30,6 +30,27 @@ _FIX = (
     "mask the current weights, or use torch.nn.utils.prune), a load_state_dict of an old checkpoint, or "
     "p.data.copy_(...) in the loop"
 )
+
+
+#: what to look for when some rows (columns, elements) of a tensor are set back, the others learning
+_FIX_SLICES = (
+    "look for a write to part of the tensor after optimizer.step(): a mask re-applied to saved values "
+    "(w.data[mask] = w0[mask], w.data = w0 * mask: mask the current weights instead, or use "
+    "torch.nn.utils.prune), or p.data[idx] = ... / p.data[idx].copy_(...) in the loop"
+)
+
+
+def set_back_slices(what: str, moved_at: tuple[int, ...]) -> str:
+    """The detail of slices (`what`: "output units 3, 7 (2 of 16)") whose values at close are their first
+    ones although the optimizer moved them at one of the steps `moved_at` (`gradlog.measure.slice_moves`:
+    a tensor's first measured steps, where each slice's update is looked at)."""
+    steps = ", ".join(str(s) for s in moved_at)
+    when = f"at step {steps}" if len(moved_at) == 1 else f"at one or more of steps {steps}"
+    return (
+        f"{what} never changed, although the optimizer updated them {when} (where gradlog compares each slice "
+        "before and after the step): their values are back where they started, set back outside the optimizer "
+        f"after that update, while the rest of the tensor learned; {_FIX_SLICES}"
+    )
 
 
 def _steps(n: int) -> str:
@@ -50,9 +71,12 @@ def overwritten(
     evidence: dict[int, Evidence],
     back_to_start: set[int],
     set_back: dict[int, SetBack],
+    earlier: Collection[str] = (),
+    own: Mapping[int, Evidence] | None = None,
 ) -> tuple[dict[int, str], list[Stalled]]:
     """The never-updated details (by tracked index) and the stalled records of tensors set back outside the
-    optimizer, in model order."""
+    optimizer, in model order. A resumed run: `earlier` names the tensors the earlier segments found set back
+    (`gradlog.run.resume.Continuation.set_back_before`), `own` is this segment's evidence (`resumed_set_back`)."""
     never: dict[int, str] = {}
     stalled: list[Stalled] = []
     for row in rows:
@@ -79,4 +103,43 @@ def overwritten(
                 f"(those before step {held.since}: it learned until then); {_FIX}"
             )
             stalled.append(Stalled(row.name, held.back_at, held.since, Reason.OVERWRITTEN, detail))
+    if earlier and own is not None:
+        never.update(resumed_set_back(rows, own, set_back, earlier, never, {s.name for s in stalled}))
     return never, stalled
+
+
+def resumed_set_back(
+    rows: Sequence[Tracked],
+    own: Mapping[int, Evidence],
+    set_back: dict[int, SetBack],
+    earlier: Collection[str],
+    found: Mapping[int, str],
+    stalled: Collection[str],
+) -> dict[int, str]:
+    """The details of tensors an earlier segment of a resumed run found set back, that this segment updated
+    and saw no update of stay: the set-back state spans the resume, so a segment too short to prove it again
+    (one measured step, or a streak not yet fingerprinted twice) does not forget it. An update stayed when the
+    values before a measured step differed from those before the previous one (the ledger's screen), so a
+    streak from this segment's first measured step to its last, or a single measured step, keeps the finding;
+    anything else (the bug fixed before the resume) lets it go. `found`, `stalled`: already reported here."""
+    out: dict[int, str] = {}
+    for row in rows:
+        ev = own.get(row.index)
+        if row.name not in earlier or row.index in found or row.name in stalled or ev is None or not ev.updated:
+            continue
+        sb = set_back.get(row.index)
+        streak = sb is not None and sb.measured_before == 0 and not sb.moved_on
+        if ev.measured > 1 and not streak:
+            continue  # an update stayed since the resume: it learns now
+        if sb is not None and streak:
+            since = (
+                f"its values before each of the {_steps(sb.hits + 1)} from step {sb.since} on are the same "
+                "(the sums of squares, bit for bit)"
+            )
+        else:
+            since = "too few to see an update stay"
+        out[row.index] = (
+            f"set back outside the optimizer before the resume (found by an earlier segment of this run), and no "
+            f"update stayed since: {_updated(ev)} since the resume, and {since}; {_FIX}"
+        )
+    return out

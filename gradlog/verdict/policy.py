@@ -133,7 +133,8 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     ),
     "partly.overwritten": (
         PROBLEM,
-        "slices set back outside the optimizer (not produced today; listed for completeness)",
+        "rows, columns or elements the optimizer moved that are back where they started at close, while the rest "
+        "of the tensor learned: a mask re-applied to saved weights (w.data[mask] = w0[mask]) outside the optimizer",
     ),
     "partly.not_in_batch": (
         NOTE,

@@ -30,9 +30,11 @@ from gradlog.measure.flat_shards import slice_view
 from gradlog.measure.owners import Owner, Owners
 from gradlog.measure.params import Tracked
 from gradlog.measure.slice_grads import SliceGrads, slice_nonzero
+from gradlog.measure.slice_moves import SliceMoves
 from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import Evidence
+from gradlog.verdict.overwritten import set_back_slices
 from gradlog.verdict.records import format_ranges
 from gradlog.verdict.report import PartlyUpdated, Reason
 from gradlog.verdict.rounding import unmoved
@@ -48,6 +50,10 @@ class SliceFacts:
     #: from the optimizer's running gradient statistics (Adam's exp_avg_sq, momentum, ...): the slice
     #: had a non-zero gradient at SOME step, measured or not (None: the optimizer keeps no such state)
     state: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+    #: per slice, moved by the optimizer at one of the tensor's first measured steps (`measure.slice_moves`),
+    #: and those steps (empty: not watched); a slice so moved whose values never changed was set back
+    moved: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+    moved_at: tuple[int, ...] = ()
 
 
 # what a slice is called, by owning module type and dim: (plural noun, zero-gradient question)
@@ -154,9 +160,11 @@ def slice_facts(
     changes: dict[int, Changes],
     grads: SliceGrads,
     optimizer: torch.optim.Optimizer | None = None,
+    moves: SliceMoves | None = None,
 ) -> dict[int, SliceFacts]:
     """Host-side facts of every tensor with 1+ dims: the ledger's slice changes, the meter's evidence
-    and the optimizer state's (one host copy for all of it)."""
+    (gradients, and `moves`: the slices the optimizer moved) and the optimizer state's (one host copy for
+    all of it)."""
     keys: list[tuple[int, int | None]] = []
     parts: list[torch.Tensor] = []
     for row in rows:
@@ -168,6 +176,11 @@ def slice_facts(
         if row.index in changes and row.shape and _state_matters(row, grads, optimizer):
             for dim, t in enumerate(_state_nonzero(row.param, optimizer) or []):
                 keys.append((row.index, 10 + dim))  # 10, 11: the state's rows and columns
+                parts.append(t)
+        for dim in (0, 1) if row.index in changes else ():
+            t = moves.get(row.index, dim) if moves is not None else None
+            if t is not None:
+                keys.append((row.index, 20 + dim))  # 20, 21: the rows and columns the optimizer moved
                 parts.append(t)
     # host vectors are used as they are (read only below); the others come over in one copy
     seen: dict[tuple[int, int | None], torch.Tensor] = {}
@@ -190,17 +203,20 @@ def slice_facts(
             changed: dict[int | None, torch.Tensor] = {None: ch.elems}
             nonzero: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 0))}
             state: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 10))}
+            moved: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 20))}
         elif ch.rows is not None and ch.cols is not None:
             changed = {0: ch.rows, 1: ch.cols}
             nonzero = {0: seen.get((row.index, 0)), 1: seen.get((row.index, 1))}
             state = {0: seen.get((row.index, 10)), 1: seen.get((row.index, 11))}
+            moved = {0: seen.get((row.index, 20)), 1: seen.get((row.index, 21))}
         else:
             continue
-        for found in (nonzero, state):
+        for found in (nonzero, state, moved):
             for d, t in list(found.items()):
                 if t is not None and t.shape != changed[d].shape:  # resized since: the evidence is stale
                     found[d] = None
-        out[row.index] = SliceFacts(changed, nonzero, state)
+        moved_at = tuple(moves.steps.get(row.index, ())) if moves is not None else ()
+        out[row.index] = SliceFacts(changed, nonzero, state, moved, moved_at)
     return out
 
 
@@ -337,7 +353,8 @@ def partly_updated(
                 continue
             caveat = "" if in_state is not None else _caveat(ev, optimizer_steps)
             pruned = _pruned(owner, dim, changed.numel())
-            out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned)
+            moves = (f.moved.get(dim), f.moved_at)
+            out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned, moves)
     return out
 
 
@@ -391,6 +408,7 @@ def _records(
     ev: Evidence,
     caveat: str,
     pruned: torch.Tensor | None = None,
+    moves: tuple[torch.Tensor | None, tuple[int, ...]] = (None, ()),
 ) -> list[PartlyUpdated]:
     total = never.numel()
     noun, question = _WORDS.get(words_key(kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
@@ -407,6 +425,10 @@ def _records(
         pad[padding] = True
         masks.append((Reason.PADDING_IDX, pad))
         rest = picked & ~pad
+    by_optimizer = moves[0]
+    if by_optimizer is not None and bool((rest & never & by_optimizer).any()):  # moved, yet as they were
+        masks.append((Reason.OVERWRITTEN, rest & never & by_optimizer))
+        rest = rest & ~(never & by_optimizer)
     if pruned is not None and zero is not None and bool((rest & zero & pruned).any()):
         masks.append((Reason.PRUNED, rest & zero & pruned))  # no gradient there by design: the mask zeroes them
         rest = rest & ~(zero & pruned)
@@ -439,6 +461,8 @@ def _records(
                 f"{head}: pruned by torch.nn.utils.prune ({base}_mask is zero there: no gradient reaches them, "
                 f"and the effective {base.rsplit('.', 1)[-1]} is zero there), by design"
             )
+        elif reason is Reason.OVERWRITTEN:
+            detail = set_back_slices(what, moves[1])
         elif reason is Reason.NOT_IN_BATCH and not hooked:
             words = unseen_words(row.name, idx, total)
             detail = f"{words}: {head}; zero gradient at all {with_grad} measured steps with a gradient"
