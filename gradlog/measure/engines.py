@@ -17,7 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradlog.measure.flat_shards import REPLICATED, SHARDED, handle_params, is_flat_shard, is_fsdp1, register, strategy
+from gradlog.measure.flat_shards import (
+    FSDP1_MARK,
+    REPLICATED,
+    SHARDED,
+    handle_params,
+    is_flat_shard,
+    is_fsdp1,
+    register,
+    strategy,
+)
 from gradlog.measure.zero import ZeroView, missing, zero_stage
 
 #: DeepSpeed's model wrappers: the optimizer steps inside `engine.step()`, over flat partitions
@@ -26,8 +35,6 @@ _DS_ENGINES = ("DeepSpeedEngine", "PipelineEngine", "DeepSpeedHybridEngine")
 _DS_OPTIMIZERS = ("ZeROOptimizer", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3", "BF16_Optimizer")
 #: attributes DeepSpeed sets on model parameters: ZeRO-3 partitions (ds_*), ZeRO-1/2 and bf16 fp32 masters
 _DS_PARAM_MARKS = ("ds_id", "ds_shape", "ds_status", "ds_tensor", "_hp_mapping")
-#: set by FSDP1 on every parameter it flattens (torch/distributed/fsdp/_common_utils.py, FSDP_FLATTENED)
-_FSDP1_MARK = "_fsdp_flattened"
 _HOLDERS = ("optimizer", "_optimizer")
 
 _DS_WHAT = (
@@ -145,9 +152,9 @@ def _check_params(model: nn.Module, allowed: tuple[str, ...] = ()) -> None:
                 _DS_WHAT,
                 _DS_FIX,
             )
-        if getattr(p, _FSDP1_MARK, False) and id(p) not in managed:
+        if getattr(p, FSDP1_MARK, False) and id(p) not in managed:
             raise _refuse(
-                f"FSDP1-managed parameters (the model's {name!r} carries FSDP1's {_FSDP1_MARK!r}: a module "
+                f"FSDP1-managed parameters (the model's {name!r} carries FSDP1's {FSDP1_MARK!r}: a module "
                 "taken from inside FullyShardedDataParallel, such as `fsdp.module`)",
                 _FSDP1_WHAT,
                 _FSDP1_FIX,

@@ -32,6 +32,8 @@ import torch
 from torch import nn
 
 #: FSDP1's sharding strategies whose ranks each hold a disjoint slice of every flat parameter
+#: set by FSDP1 on every tensor it flattens or views (torch/distributed/fsdp/_common_utils.py, FSDP_FLATTENED)
+FSDP1_MARK = "_fsdp_flattened"
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP")
 #: ... and the one where every rank holds all of it (gradients all-reduced, as under DDP)
 REPLICATED = ("NO_SHARD",)

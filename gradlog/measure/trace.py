@@ -43,6 +43,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
+from gradlog.measure.flat_shards import FSDP1_MARK
+
 _log = logging.getLogger("gradlog")
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _GRADLOG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -532,6 +534,7 @@ class OnceTrace:
     def disable(self) -> None:
         """No traced step in this run: DeepSpeed ZeRO moves every gradient into its partitions between
         backward() and step(), which a trace would read as gradients cleared in between."""
+        self._unhook_first()
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -632,10 +635,6 @@ def _reach(node: Any, bit: dict[int, int], memo: dict[Any, int]) -> int:
     return memo.get(node, 0)
 
 
-#: set by FSDP1 on every tensor it flattens or views (torch/distributed/fsdp/_common_utils.py, FSDP_FLATTENED)
-_FSDP1_MARK = "_fsdp_flattened"
-
-
 def unregistered(model: nn.Module, known: set[int]) -> list[tuple[str, str, torch.Tensor]]:
     """Tensors requiring grad that the model's attributes hold outside its parameters: modules or tensors in
     a Python list, tuple or dict, or a plain tensor attribute. Each as (path, what holds it, tensor), e.g.
@@ -650,7 +649,7 @@ def unregistered(model: nn.Module, known: set[int]) -> list[tuple[str, str, torc
             if key in internal:
                 continue
             for path, t, container in _held(prefix + key, value):
-                if getattr(t, _FSDP1_MARK, False):  # FSDP1's flat parameter: the model's own parameters, flattened
+                if getattr(t, FSDP1_MARK, False):  # FSDP1's flat parameter: the model's own parameters, flattened
                     continue
                 if id(t) not in known and id(t) not in seen and t.requires_grad and t.is_leaf:
                     seen.add(id(t))
