@@ -6,14 +6,24 @@ hold, spelled out here) and the records themselves: written, then read back, eac
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
 
 import pytest
+import torch
+from catalogue import TwoLayer, random_mse, train
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import gradlog
+from gradlog.cli.entry import main
+from gradlog.readers.run import load, parse_markdown_table
 from gradlog.runformat.cells import table_cells
-from gradlog.verdict.records import INT, TEXT, Record, cell, ranges
+from gradlog.verdict.policy import DEFAULTS, Policy
+from gradlog.verdict.records import FINDINGS, INT, SHARE, TEXT, Case, Record, cell, ranges
 from gradlog.verdict.report import (
-    FINDINGS,
     Alert,
     IdleExperts,
     NeverUpdated,
@@ -23,7 +33,7 @@ from gradlog.verdict.report import (
     Stalled,
     StoppedSlice,
 )
-from gradlog.verdict.tables import SPARSE_TABLES
+from gradlog.verdict.tables import closed_report, sparse_tables
 
 #: the columns every gradlog run has written, by table (the written never-updated table carries `suspect`)
 WRITTEN = {
@@ -56,7 +66,7 @@ def test_the_columns_are_the_run_formats() -> None:
     kinds: list[type[Record]] = [*FINDINGS, Alert]
     assert {k.KIND: k.columns(written=True) for k in kinds} == WRITTEN
     assert NeverUpdated.columns() == WRITTEN["never_updated"][:-1]  # `suspect` is written, not printed
-    assert SPARSE_TABLES == ("gradlog/stopped_slices", "gradlog/experts", "gradlog/precision")
+    assert sparse_tables() == ("gradlog/stopped_slices", "gradlog/experts", "gradlog/precision")
 
 
 @pytest.mark.parametrize("record", SAMPLES, ids=lambda r: type(r).__name__)
@@ -119,3 +129,119 @@ def test_a_new_kind_is_its_record() -> None:
     assert w.row(limit=1) == ["fc.weight", "1-3, ... (+1 more range)", "4", "10", "up and down"]
     assert w.to_dict() == {"name": "fc.weight", "steps": [1, 2, 3, 8], "total": 10, "detail": "up and down"}
     assert Wobbly.from_cells(dict(zip(Wobbly.columns(), w.row()))) == w
+
+
+# --- a kind of finding added from outside gradlog: its record and its detector, nothing else -------------
+#: the made-up kind's threshold: a weight whose magnitude ends above this is a finding
+LIMIT = 2.0
+
+
+@dataclass(frozen=True)
+class LargeWeights(Record):
+    """A kind made up here, with its detector: tensors with a weight above `LIMIT` at close. Nothing of
+    gradlog is edited for it: registering it (`FINDINGS.register`) is all."""
+
+    KIND = "large_weights"
+    TITLE = "Large weights"
+    NOUN = "tensor"
+    SAID = f"with a weight above {LIMIT}"
+    SEVERITY: ClassVar[dict[str, tuple[str, str]]] = {"large_weights.above": ("problem", f"a weight above {LIMIT}")}
+
+    name: str = cell(TEXT)
+    largest: float = cell(SHARE)
+    detail: str = cell(TEXT)
+
+    def policy_kind(self) -> str:
+        return "large_weights.above"
+
+    @classmethod
+    def detect(cls, case: Case) -> list[LargeWeights]:
+        out = []
+        for row in case.rows:
+            largest = float(row.param.detach().abs().max())
+            if largest > LIMIT and row.name not in case.named("never_updated"):
+                out.append(cls(row.name, largest, f"its largest weight is {largest:.3f} after {case.steps} steps"))
+        return out
+
+
+@pytest.fixture
+def large_weights() -> Iterator[type[LargeWeights]]:
+    FINDINGS.register(LargeWeights)
+    yield LargeWeights
+    FINDINGS.unregister(LargeWeights)
+
+
+def _planted_run(log_dir: Path, policy: dict[str, str] | None = None) -> tuple[gradlog.Report, set[str]]:
+    """TwoLayer with `b.weight` scaled far above `LIMIT`, trained through TensorBoard; and the tensors whose
+    largest weight is above `LIMIT` at close, read off the model by hand."""
+    torch.manual_seed(0)
+    model = TwoLayer(torch.relu)
+    with torch.no_grad():
+        model.b.weight.mul_(40.0)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gl = gradlog.GradLogger(
+        model, opt, writer="tensorboard", log_dir=str(log_dir), every=2, print_report=False, policy=policy
+    )
+    report = train(opt, gl, 6, random_mse(model, 5, 6))
+    large = {n for n, p in model.named_parameters() if float(p.detach().abs().max()) > LIMIT}
+    return report, large
+
+
+def test_a_kind_added_from_outside_reaches_every_output(
+    large_weights: type[LargeWeights], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, large = _planted_run(tmp_path / "tb")
+    assert large == {"b.weight"}  # the reference: the planted tensor, and only it
+    found = report.records(large_weights)
+    assert {r.name for r in found} == large and report.extra == {"large_weights": found}
+    # the verdict line and the console
+    assert not report.healthy
+    assert "1 tensor with a weight above 2.0" in report.verdict
+    assert "Large weights (1 tensor):" in report.table()
+    assert f"b.weight  {found[0].largest:.3f}" in report.table()
+    # to_dict and the findings the tab lists
+    got = report.to_dict()
+    largest, detail = found[0].largest, found[0].detail
+    assert got["large_weights"] == [{"name": "b.weight", "largest": largest, "detail": detail, "severity": "problem"}]
+    assert [(f["table"], f["label"], f["severity"]) for f in got["findings"]] == [
+        ("large_weights", "b.weight", "problem")
+    ]
+    # the written table, read back by TensorBoard's own reader
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    cols, rows = parse_markdown_table(acc.Tensors("gradlog/large_weights")[-1].tensor_proto.string_val[0].decode())
+    assert cols == ["name", "largest", "detail"] and rows == [found[0].row(written=True)]
+    # `gradlog report`: the same table, the same verdict, the same records
+    assert main(["report", str(tmp_path / "tb")]) == 1
+    text = capsys.readouterr().out
+    assert "Large weights (1 tensor):" in text and f"b.weight  {largest:.3f}" in text
+    assert text.rstrip().splitlines()[-1] == report.verdict
+    assert main(["report", str(tmp_path / "tb"), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == report.verdict and out["large_weights"] == [
+        {**got["large_weights"][0], "largest": round(largest, 3)}
+    ]
+    back = closed_report(load(str(tmp_path / "tb")))  # what a resumed run and the tab read back
+    assert back is not None and back.records(large_weights) == [LargeWeights("b.weight", round(largest, 3), detail)]
+    assert back.verdict == report.verdict
+
+
+def test_a_kind_added_from_outside_takes_the_users_policy(large_weights: type[LargeWeights], tmp_path: Path) -> None:
+    report, large = _planted_run(tmp_path / "tb", policy={"large_weights.above": "ignore"})
+    assert {r.name for r in report.records(large_weights)} == large  # still listed: the tables are the data
+    assert report.healthy and "weight above" not in report.verdict
+    assert report.to_dict()["large_weights"][0]["severity"] == "ignore"
+
+
+def test_a_kind_taken_back_leaves_no_trace() -> None:
+    FINDINGS.register(LargeWeights)
+    try:
+        with pytest.raises(ValueError, match="'large_weights': taken"):
+            FINDINGS.register(LargeWeights)
+        assert Policy({"large_weights.above": "ignore"}).severity("large_weights.above", "w") == "ignore"
+    finally:
+        FINDINGS.unregister(LargeWeights)
+    assert LargeWeights not in FINDINGS and "large_weights.above" not in DEFAULTS
+    with pytest.raises(ValueError, match=r"unknown finding kind 'large_weights\.above'"):
+        Policy({"large_weights.above": "ignore"})
+    assert "large_weights" not in gradlog.Report().to_dict()

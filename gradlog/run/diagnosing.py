@@ -1,9 +1,11 @@
 """The diagnosis: what the evidence a run measured says at close (or in a provisional table) about every tensor.
 
 `Diagnosis` reads the parts the measuring side keeps (`run.measuring.Pipeline`: the parameter table, the
-meter, the ledger, the AMP state, the alerts) and builds the `Report`: one small step per kind of record
-(never updated, partly updated, stalled, stopped slices, precision), then, for a resumed run, the merge with
-the earlier segments, then what the records say together (the Experts table and the hint).
+meter, the ledger, the AMP state, the alerts) and builds the `Report`: one small step per kind of record that
+the others build on (never updated, partly updated, stalled, stopped slices), then the detector of every
+other registered kind (`Record.detect`, in `FINDINGS`' order: rounded-away updates, and any kind added
+later), then, for a resumed run, the merge with the earlier segments, then what the records say together
+(the Experts table and the hint).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Evidence, Ledger
 from gradlog.verdict.overwritten import overwritten
 from gradlog.verdict.policy import Policy
-from gradlog.verdict.precision import rounded_away
+from gradlog.verdict.records import FINDINGS, Case, Record
 from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Report, Stalled, StoppedSlice
 from gradlog.verdict.slices import SliceFacts, global_facts, partly_updated, slice_facts
 from gradlog.verdict.stalled import stalled
@@ -117,7 +119,6 @@ class Diagnosis:
             partly_updated=partly,
             stalled=stopped,
             stopped_slices=slices,
-            precision=rounded_away(rows, spanning, exclude={r.name for r in never}),
             alerts=self.alerts.settled() if self.alerts is not None else [],
             first_nonfinite=self.ledger.first_nonfinite,
             optimizer_steps=self.steps,
@@ -127,7 +128,21 @@ class Diagnosis:
             policy=self.policy,
             update_rotation=self.meter.rotation,
         )
-        return report, silent
+        return report.with_records(self._detected(rows, spanning, report)), silent
+
+    def _detected(
+        self, rows: list[Tracked], spanning: dict[int, Evidence], report: Report
+    ) -> dict[type[Record], list[Record]]:
+        """The records of every registered kind with a detector of its own (`Record.detect`), from the whole
+        run's evidence, each told what the steps above found."""
+        found = {kind.KIND: report.records(kind) for kind in FINDINGS}
+        case = Case(rows, spanning, self.steps, self.ledger.measured_steps, found)
+        out: dict[type[Record], list[Record]] = {}
+        for kind in FINDINGS:
+            records = kind.detect(case)
+            if records is not None:
+                out[kind] = list(records)
+        return out
 
     def _sharded(self, rows: list[Tracked]) -> bool:
         """Whether this diagnosis meets the other ranks: collective, and the tensors are sharded."""

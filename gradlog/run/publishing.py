@@ -19,7 +19,7 @@ from gradlog.run.lifecycle import describe, warn
 from gradlog.runformat import names, tags
 from gradlog.verdict.report import Report
 from gradlog.verdict.series import run_level
-from gradlog.verdict.tables import SPARSE_TABLES, final_counts, report_tables, summary_rows
+from gradlog.verdict.tables import final_counts, report_tables, sparse_tables, summary_rows
 from gradlog.writers import Writer
 from gradlog.writers.guard import GuardedWriters
 from gradlog.writers.overview import TAG as OVERVIEW_TAG
@@ -152,8 +152,9 @@ class Publisher:
         if segment is not None:  # what a resumed run reads back (gradlog/run/resume.py)
             summary += segment[0]
         out.log_table(names.SUMMARY, names.SUMMARY_COLUMNS, summary)
+        sparse = sparse_tables()
         for name, (columns, rows) in report_tables(report).items():
-            if name in SPARSE_TABLES:  # written once non-empty, then always (`verdict.tables.SPARSE_TABLES`)
+            if name in sparse:  # written once non-empty, then always (`verdict.tables.sparse_tables`)
                 key = (name, provisional_step is None)
                 if not rows and key not in self._sparse_tables:
                     continue

@@ -31,18 +31,30 @@ OVERVIEW = "gradlog/overview"
 
 # --- tables (written at close, and provisionally during training) ------------------------------------
 SUMMARY = "gradlog/summary"
-NEVER_UPDATED = "gradlog/never_updated"
-PARTLY_UPDATED = "gradlog/partly_updated"
-STALLED = "gradlog/stalled"
-STOPPED_SLICES = "gradlog/stopped_slices"
-EXPERTS = "gradlog/experts"
-PRECISION = "gradlog/precision"
 ALERTS = ALERT_COUNT
 POLICY = "gradlog/policy"
 #: A resumed run's per-tensor record (gradlog/run/resume.py).
 SEGMENT = "gradlog/segment"
-#: Every table gradlog writes, in the order the report writes them.
-TABLES = (NEVER_UPDATED, PARTLY_UPDATED, STALLED, STOPPED_SLICES, EXPERTS, PRECISION, SUMMARY, ALERTS, POLICY, SEGMENT)
+#: The tables of the run as a whole, beside the findings' (`finding_table`).
+TABLES = (SUMMARY, ALERTS, POLICY, SEGMENT)
+
+
+def finding_table(kind: str) -> str:
+    """The table of a kind of finding: `gradlog/<kind>` (the record's `KIND`, `gradlog.verdict.records`), so a
+    kind added later names its table by declaring its kind, and every reader takes it (`is_table`)."""
+    return RUN + kind
+
+
+def is_table(name: str) -> bool:
+    """Whether a table of that name is gradlog's: one of `TABLES`, or a finding's (`gradlog/<kind>`, one word)."""
+    kind = name.removeprefix(RUN)
+    return name in TABLES or (kind != name and kind.isidentifier())
+
+
+#: The findings tables every run has written, by their kinds; the counts of the first three are written at close.
+NEVER_UPDATED = finding_table("never_updated")
+PARTLY_UPDATED = finding_table("partly_updated")
+STALLED = finding_table("stalled")
 #: The scalars written once at close (how many rows each table has), and `<table>/<reason>` per reason.
 COUNTED_TABLES = (NEVER_UPDATED, PARTLY_UPDATED, STALLED)
 

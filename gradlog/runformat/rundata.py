@@ -22,8 +22,8 @@ class BadRun(Exception):
 
 
 def wanted_table(name: str) -> bool:
-    """Whether a table of that name is gradlog's: one of `names.TABLES`, or a provisional copy of one."""
-    return name in names.TABLES or name.startswith(names.PROVISIONAL_PREFIX)
+    """Whether a table of that name is gradlog's (`names.is_table`), or a provisional copy of one."""
+    return names.is_table(name) or name.startswith(names.PROVISIONAL_PREFIX)
 
 
 @dataclass
@@ -50,7 +50,7 @@ class RunData:
         return settle_provisional(cls(path=path, backend="memory", scalars=scalars, tables=tables))
 
     def has_gradlog_data(self) -> bool:
-        return any(t.startswith(GRADLOG_PREFIXES) for t in self.scalars) or any(n in self.tables for n in names.TABLES)
+        return any(t.startswith(GRADLOG_PREFIXES) for t in self.scalars) or any(names.is_table(n) for n in self.tables)
 
     def summary(self) -> dict[str, str]:
         """The `gradlog/summary` table as {key: value} (empty without one)."""

@@ -31,6 +31,7 @@ from gradlog.verdict.policy import (
     WARNING,
     Policy,
 )
+from gradlog.verdict.records import FINDINGS, Record
 
 
 class Report(Protocol):
@@ -59,9 +60,6 @@ class Report(Protocol):
     def stopped_slices(self) -> Sequence[Any]: ...
 
     @property
-    def precision(self) -> Sequence[Any]: ...
-
-    @property
     def alerts(self) -> Sequence[Any]: ...
 
     @property
@@ -75,6 +73,8 @@ class Report(Protocol):
 
     @property
     def measured_steps(self) -> int: ...
+
+    def records(self, kind: Any) -> Sequence[Any]: ...
 
 
 OK = "OK"
@@ -99,6 +99,8 @@ class Finding:
     in_batch: bool = False
     #: what one mistake explains (`gradlog.verdict.causes`): findings with the same cause count once
     cause: tuple[Any, ...] = ()
+    #: the `KIND` of the record it weighs (None: the run's, an alert's, `gradlog diff`'s)
+    table: str | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,8 @@ def nothing_measured(report: Report) -> bool:
     return report.measured_steps == 0 and report.error is None
 
 
-def _by_reason(reasons: Iterable[object]) -> str:
+def by_reason(reasons: Iterable[object]) -> str:
+    """ "zero_grad 2, no_grad 1": how many of each, in order of first appearance."""
     counts: dict[str, int] = {}
     for r in reasons:
         key = str(r)
@@ -198,13 +201,13 @@ def causes(found: Iterable[Finding]) -> dict[tuple[Any, ...], list[Finding]]:
     return out
 
 
-def _per_tensor(found: Sequence[Finding]) -> str:
+def per_tensor(found: Sequence[Finding]) -> str:
     """The reasons of findings counted once per cause, and said so where the causes are not one per tensor
     (a tensor with two causes: the padding row and ids no batch held, "2 causes: not_in_batch 1,
     padding_idx 1"; a layer's units dead in three tensors: "1 cause: dead_units 1"), so the counts add up."""
     tensors = len({f.name for f in found})
     groups = causes(found)
-    counts = _by_reason(_reasons(group[0] for group in groups.values()))
+    counts = by_reason(reasons_of(group[0] for group in groups.values()))
     return counts if len(groups) == tensors else f"{_plural(len(groups), 'cause')}: {counts}"
 
 
@@ -241,31 +244,28 @@ def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> li
     out: list[Finding] = []
 
     def add(
-        kind: str, name: str | None, aliases: tuple[str, ...] = (), in_batch: bool = False, cause: tuple[Any, ...] = ()
+        kind: str,
+        name: str | None,
+        aliases: tuple[str, ...] = (),
+        in_batch: bool = False,
+        cause: tuple[Any, ...] = (),
+        table: str | None = None,
     ) -> None:
         names = None if name is None else (name, *aliases)
         cause = cause or (kind, name, len(out))  # a finding of its own
-        out.append(Finding(kind, name, policy.severity(kind, names), aliases, in_batch, cause))
+        out.append(Finding(kind, name, policy.severity(kind, names), aliases, in_batch, cause, table))
 
     if report.first_nonfinite is not None:
         add("run.nonfinite", report.first_nonfinite.name)
     if report.error is not None:
         add("run.diagnosis_error", None)
-    for r in report.never_updated:
-        if nothing_measured(report) and str(r.reason) == "unknown":
-            continue  # no step measured: no evidence either way, which the verdict says instead (issue 41)
-        add(r.policy_kind(), r.name, r.aliases, cause=cause_key("never_updated", r))
-    partly_kinds, stopped_kinds = slice_kinds(report)
-    for p, kind in zip(report.partly_updated, partly_kinds):
-        add(kind, p.name, cause=cause_key("partly_updated", p))
-    for s in report.stalled:
-        add(s.policy_kind(), s.name, cause=cause_key("stalled", s))
-    for sl, kind in zip(report.stopped_slices, stopped_kinds):
-        add(kind, sl.name, cause=cause_key("stopped_slices", sl))
-    for q in report.precision:
-        add(q.policy_kind(), q.name)
+    for table in FINDINGS:  # each record with its judged kind (`Record.judged_kinds`; None: no severity of its own)
+        for r, k in zip(report.records(table), table.judged_kinds(report)):
+            if k is not None and r.weighed(report):
+                tensor, *aliases = _names(r)
+                add(k, tensor, tuple(aliases), cause=cause_key(table.KIND, r), table=table.KIND)
     for p in getattr(report, "in_batch", ()):  # gradlog.check: judged by the same policy as a run's slices
-        add(p.policy_kind(), p.name, in_batch=True)
+        add(p.policy_kind(), p.name, in_batch=True, table=p.KIND)
     if report.skipped_steps:
         add("run.skipped_steps", None)
     named = {r.name for r in report.never_updated} | {s.name for s in report.stalled}
@@ -275,6 +275,12 @@ def findings(report: Report, extra: Sequence[tuple[str, str | None]] = ()) -> li
     for kind, name in extra:
         add(kind, name)
     return out
+
+
+def _names(record: Record) -> tuple[str, ...]:
+    """A record's tensor name, then its aliases (what a policy's pattern is matched against)."""
+    names = record.policy_names()
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 def _worst(found: Iterable[Finding]) -> str:
@@ -303,64 +309,47 @@ class _Line:
         return [f for f in self.found if f.kind.startswith(prefix) and f.severity != IGNORE]
 
 
-def _reasons(found: Iterable[Finding]) -> list[str]:
+def reasons_of(found: Iterable[Finding]) -> list[str]:
+    """The reason of each finding: its kind after the table (`partly.not_in_batch` -> `not_in_batch`)."""
     return [f.kind.split(".", 1)[1] for f in found]
 
 
-def _tensors(line: _Line, report: Report) -> None:
-    """The first non-finite gradient (the one thing to look at before anything else), then which tensors
-    never updated (or that the diagnosis failed)."""
+def _run_first(line: _Line, report: Report) -> None:
+    """The first non-finite gradient (the one thing to look at before anything else), or that the diagnosis
+    failed (which tensors never updated is then unknown)."""
     nonfinite = line.of("run.nonfinite")
     if nonfinite and report.first_nonfinite is not None:
         f = report.first_nonfinite
         line.add(f"first non-finite gradient at step {f.step} in {f.name}", _worst(nonfinite))
-    never = line.of("never.")
-    words = line.words
-    ignored = sum(1 for f in line.found if f.kind.startswith("never.") and f.severity == IGNORE)
-    n = report.tracked_tensors
     if report.error is not None:
-        text = f"the diagnosis failed ({report.error}); which tensors {words.never} is unknown"
+        text = f"the diagnosis failed ({report.error}); which tensors {line.words.never} is unknown"
         line.add(text, _worst(line.of("run.diag")))
-    elif not never and nothing_measured(report):
-        line.parts.append(f"nothing measured, so no answer on the {plural(n, 'tracked tensor')}")
-    elif not never and not ignored:
-        line.parts.append(words.everything(n))
-    elif not never:
-        line.parts.append(f"{n - ignored} of {n} {words.tracked_did} ({ignored} ignored by the policy)")
-    else:
-        more = f", {ignored} more ignored by the policy" if ignored else ""
-        text = f"{len(never)} of {plural(n, 'tensor')} {words.never} ({_by_reason(_reasons(never))}{more})"
-        line.add(text, _worst(never))
 
 
-def _slices(line: _Line, report: Report) -> None:
-    """Tensors partly never updated (over the run, then in one batch), stalled, with slices that stopped."""
-    words = line.words
-    for batch, what in ((False, f"partly {words.never}"), (True, "with slices this batch left at zero gradient")):
-        partly = [f for f in line.of("partly.") if f.in_batch is batch]
-        if partly:
-            tensors = len({f.name for f in partly})
-            line.add(f"{_plural(tensors, 'tensor')} {what} ({_per_tensor(partly)})", _worst(partly))
-    stalled = line.of("stalled.")
-    if stalled:
-        names = {f.name for f in stalled}
-        first = min(s.since_step for s in report.stalled if s.name in names)
-        text = f"{_plural(len(stalled), 'tensor')} {words.stopped} ({_by_reason(_reasons(stalled))})"
-        line.add(f"{text}, the first from step {first}", _worst(stalled))
-    sliced = line.of("stopped.")
-    if sliced:
-        names = {f.name for f in sliced}
-        first = min(r.since_step for r in report.stopped_slices if r.name in names)
-        text = f"{_plural(len(names), 'tensor')} with slices that {words.stopped} ({_per_tensor(sliced)})"
-        line.add(text + f", the first silent at every measured step from step {first} on", _worst(sliced))
+def _records(line: _Line, report: Report) -> None:
+    """What each kind of record says (`Record.verdict_parts`, or the count of its findings and `Record.SAID`),
+    in the order of `FINDINGS`: never updated, partly updated, stalled, stopped slices, rounded away, ..."""
+    for kind in FINDINGS:
+        found = [f for f in line.found if f.table == kind.KIND]
+        parts = kind.verdict_parts(found, report, line.words)
+        for text, of in _phrase(kind, found) if parts is None else parts:
+            if of:
+                line.add(text, _worst(of))
+            else:
+                line.parts.append(text)  # said whatever the findings are ("all 12 tracked tensors were updated")
+
+
+def _phrase(kind: type[Record], found: Sequence[Finding]) -> list[tuple[str, Sequence[Finding]]]:
+    """The part of a kind that says no more: "2 tensors <SAID>" (its `NOUN`), or "<TITLE>: 2 records"."""
+    kept = [f for f in found if f.severity != IGNORE]
+    if not kept:
+        return []
+    count = _plural(len(kept), kind.NOUN)
+    return [(f"{count} {kind.SAID}" if kind.SAID else f"{kind.TITLE}: {count}", kept)]
 
 
 def _run_wide(line: _Line, report: Report) -> None:
-    """Updates rounded away, skipped optimizer steps, and the alerts (one part per severity)."""
-    rounded = line.of("precision.")
-    if rounded:
-        text = f"{_plural(len(rounded), 'tensor')} with updates partly rounded away (below its dtype's precision)"
-        line.add(text, _worst(rounded))
+    """Skipped optimizer steps, and the alerts (one part per severity)."""
     skipped = line.of("run.skipped")
     if skipped:
         line.add(f"{_plural(report.skipped_steps, 'optimizer step')} skipped", _worst(skipped))
@@ -369,7 +358,7 @@ def _run_wide(line: _Line, report: Report) -> None:
         group = [f for f in alerts if f.severity == severity]
         if group:
             word = {PROBLEM: "alert", WARNING: "warning", NOTE: "note"}[severity]
-            line.add(f"{_plural(len(group), word)} ({_by_reason(_reasons(group))})", severity)
+            line.add(f"{_plural(len(group), word)} ({by_reason(reasons_of(group))})", severity)
 
 
 def _appeared(line: _Line) -> None:
@@ -398,8 +387,8 @@ def judge(
     """OK or PROBLEM for `report` under its policy, with the one line that says why (in `words`)."""
     line = _Line(findings(report, extra), words)
     _appeared(line)
-    _tensors(line, report)
-    _slices(line, report)
+    _run_first(line, report)
+    _records(line, report)
     _run_wide(line, report)
     _diffs(line)
     problems = line.problems

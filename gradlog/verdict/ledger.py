@@ -25,7 +25,15 @@ from gradlog.measure.fingerprint import Changes, Fingerprint, changes_all, compa
 from gradlog.measure.flat_shards import slice_view
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
-from gradlog.verdict.report import NonFinite
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Where a gradient first went NaN/Inf: the step to look at first."""
+
+    step: int
+    name: str
+    count: int
 
 
 @dataclass

@@ -23,7 +23,7 @@ Only the standard library and the run format's vocabulary (the policy table's co
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Union
 
@@ -37,28 +37,6 @@ IGNORE = "ignore"
 #: most severe first
 SEVERITIES = (PROBLEM, WARNING, NOTE, IGNORE)
 
-#: the reasons of `gradlog.verdict.report.Reason`, spelled out here so this module imports only the run format
-_REASONS = (
-    "frozen",
-    "not_in_optimizer",
-    "not_in_model",
-    "not_registered",
-    "no_grad",
-    "zero_lr",
-    "zero_grad",
-    "nonfinite_grad",
-    "below_precision",
-    "tiny_update",
-    "overwritten",
-    "not_in_batch",
-    "padding_idx",
-    "pruned",
-    "dead_units",
-    "not_routed",
-    "unknown",
-)
-
-_WHOLE = "the whole tensor never learned"
 #: dead units (`zero_grad`, `dead_units`, `not_routed` slices of the partly-updated and stopped tables) weigh by
 #: their share of their tensor's slices along that dim, never-active and stopped together: up to this share the
 #: finding is `partly.few_dead` / `stopped.few_dead` (notes by default). 5%: a few truly dead ReLU units are normal
@@ -69,119 +47,10 @@ SMALL_SHARE = 0.05
 EVENT_SLICES = 8
 #: the reasons that say "units, filters, experts no longer fire", which the share weighs
 DEAD_REASONS = frozenset({"zero_grad", "dead_units", "not_routed"})
-#: kind -> (default severity, why). Every kind a Report, an alert, the run or `gradlog diff` can produce.
-DEFAULTS: dict[str, tuple[str, str]] = {
-    # never updated: whole tensors
-    "never.frozen": (NOTE, "requires_grad=False on purpose (fine-tuning, adapters): the usual reason to list it"),
-    "never.frozen_suspect": (
-        PROBLEM,
-        "frozen after gradlog started, or a block frozen above the same tensor training in a lower layer: "
-        "looks like a mistake (a tensor frozen before training is a note, in a param group or not)",
-    ),
-    "never.not_in_optimizer": (PROBLEM, f"trainable but in no param group (optimizer built too early?): {_WHOLE}"),
-    "never.not_in_model": (PROBLEM, "the optimizer steps a tensor the model no longer has (a replaced head)"),
-    "never.not_registered": (
-        PROBLEM,
-        "used in forward and given a gradient, but no parameter of the model (modules in a Python list, a module "
-        f"made in forward()): no optimizer steps it, {_WHOLE}",
-    ),
-    "never.no_grad": (PROBLEM, f"no gradient ever reached it (unused module, detach, no_grad): {_WHOLE}"),
-    "never.zero_lr": (PROBLEM, f"its param group's lr is 0 (a scheduler or a typo): {_WHOLE}"),
-    "never.zero_grad": (
-        PROBLEM,
-        f"its gradient was exactly zero every time (zero_grad misplaced, dead path): {_WHOLE}",
-    ),
-    "never.nonfinite_grad": (PROBLEM, f"NaN/Inf gradients every time: {_WHOLE}"),
-    "never.below_precision": (PROBLEM, f"updates rounded away (pure bf16/fp16 weights): {_WHOLE}"),
-    "never.tiny_update": (
-        PROBLEM,
-        f"an fp32 tensor whose every update was below its resolution (a noise-level gradient, lr far too small): "
-        f"{_WHOLE}",
-    ),
-    "never.overwritten": (
-        PROBLEM,
-        "updated by the optimizer at every measured step, yet set back to the same values outside it (a reset, a "
-        f"mask applied to saved weights, a checkpoint reloaded every step): {_WHOLE}",
-    ),
-    "never.not_in_batch": (PROBLEM, f"{_WHOLE}, not only some rows"),
-    "never.padding_idx": (NOTE, "a padding row, never updated by design"),
-    "never.pruned": (
-        NOTE,
-        "pruned whole by torch.nn.utils.prune, by design (not produced today; listed for completeness)",
-    ),
-    "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
-    "never.dead_units": (PROBLEM, f"{_WHOLE} (units, stopped slices' reason: not given to whole tensors today)"),
-    "never.not_routed": (PROBLEM, f"{_WHOLE} (experts, stopped slices' reason: not given to whole tensors today)"),
-    # partly updated: rows / columns / elements
-    "partly.frozen": (NOTE, "frozen slices (not produced today; listed for completeness)"),
-    "partly.not_in_optimizer": (PROBLEM, "slices left out of the optimizer"),
-    "partly.not_in_model": (PROBLEM, "slices the model no longer has"),
-    "partly.not_registered": (PROBLEM, "slices outside the model's parameters (not produced today)"),
-    "partly.no_grad": (PROBLEM, "slices no gradient reached"),
-    "partly.zero_lr": (PROBLEM, "slices with lr 0"),
-    "partly.zero_grad": (
-        PROBLEM,
-        "dead units, filters or experts: capacity lost for good (none on the healthy GPT-2, Mixtral, ViT, ResNet "
-        "and LoRA runs of tests/test_calibrated.py)",
-    ),
-    "partly.nonfinite_grad": (PROBLEM, "slices whose gradient was NaN/Inf"),
-    "partly.below_precision": (PROBLEM, "slices whose updates rounded away (pure bf16): stale weights"),
-    "partly.tiny_update": (
-        NOTE,
-        "fp32 elements or slices whose gradient was rounding noise, so no update registered (an attention key "
-        "bias: softmax ignores it): harmless on its own; promote it where every element must learn",
-    ),
-    "partly.overwritten": (
-        PROBLEM,
-        "rows, columns or elements the optimizer moved that are back where they started at close, while the rest "
-        "of the tensor learned: a mask re-applied to saved weights (w.data[mask] = w0[mask]) outside the optimizer",
-    ),
-    "partly.not_in_batch": (
-        NOTE,
-        "ids or positions no batch contained (rare tokens, the last position under labels=input_ids): "
-        "true of most real runs and harmless; promote it for a table where every row must learn",
-    ),
-    "partly.padding_idx": (NOTE, "the embedding's padding_idx row, never updated by design"),
-    "partly.pruned": (
-        NOTE,
-        "rows, columns or elements that torch.nn.utils.prune's mask zeroes (the `<name>_orig` parameter's): no "
-        "gradient reaches them, by design",
-    ),
-    "partly.unknown": (PROBLEM, "slices never measured"),
-    "partly.dead_units": (PROBLEM, "units that never learned (stopped slices' reason: not given here today)"),
-    "partly.few_dead": (
-        NOTE,
-        f"dead units, filters or experts, at most {SMALL_SHARE:.0%} of their tensor's (counted with its stopped ones): "
-        "a few units that never fire are normal in a ReLU network (1 of 64 units of a classification head, 2 of 256 "
-        "of an MLP encoder); promote it where every unit must learn",
-    ),
-    "partly.not_routed": (PROBLEM, "experts never routed to (stopped slices' reason: not given here today)"),
-    # stopped learning
-    **{f"stalled.{r}": (PROBLEM, "learned, then stopped: something changed mid-run") for r in _REASONS},
-    # slices that stopped learning mid-run (rows, columns, elements, experts)
-    "stopped.dead_units": (
-        PROBLEM,
-        "units that had a gradient and then none, in the layer's paired tensors too (ReLU units pushed dead): "
-        "capacity lost for good",
-    ),
-    "stopped.not_routed": (PROBLEM, "experts the router stopped choosing (router collapse): capacity lost for good"),
-    "stopped.zero_grad": (PROBLEM, "slices that had a gradient and then none while the rest of the tensor learned"),
-    "stopped.few_dead": (
-        NOTE,
-        f"units, filters or experts that stopped, at most {SMALL_SHARE:.0%} of their tensor's (counted with its "
-        f"never-active ones) and fewer than {EVENT_SLICES} at one step: a few ReLU units die in healthy runs",
-    ),
-    **{
-        f"stopped.{r}": (PROBLEM, "slices that learned, then stopped while the rest of the tensor learned")
-        for r in _REASONS
-        if r not in ("dead_units", "not_routed", "zero_grad")
-    },
-    # updates rounded away by a low-precision dtype
-    "precision.rounded_away": (
-        PROBLEM,
-        "a large share of the tensor's updates rounded away every step (pure bf16/fp16 weights): it barely "
-        "learns; fp32 master weights, stochastic rounding or Kahan summation fix it",
-    ),
+#: kind -> (default severity, why) of the findings that are not a record's: the alerts, the run's and `gradlog
+#: diff`'s. Each kind of record declares its own (`Record.SEVERITY`, `gradlog.verdict.report`: `never.*`, ...),
+#: and `declare` adds them here when the kind is registered.
+OWN: dict[str, tuple[str, str]] = {
     # alerts during training
     "alert.update_ratio_high": (WARNING, "update ratio far above the run's other tensors of its kind: lr too high?"),
     "alert.update_ratio_low": (WARNING, "update ratio far below the run's other tensors of its kind: barely learning"),
@@ -196,20 +65,57 @@ DEFAULTS: dict[str, tuple[str, str]] = {
     "diff.missing": (PROBLEM, "a tensor is missing from some checkpoints"),
     "diff.shape_or_dtype_changed": (PROBLEM, "a tensor changed shape or dtype between checkpoints"),
 }
-KINDS = tuple(DEFAULTS)
-_TABLES = tuple(dict.fromkeys(k.split(".", 1)[0] for k in KINDS))
-_BARE = frozenset(k.split(".", 1)[1] for k in KINDS)
+_DECLARED: dict[str, tuple[str, str]] = {}
+
+
+def declare(defaults: Mapping[str, tuple[str, str]]) -> None:
+    """Add a kind of record's findings and their default severities (`Record.SEVERITY`); a kind declared
+    twice, or a severity that is none of `SEVERITIES`, is a mistake in gradlog (or in a kind added to it)."""
+    for kind, (severity, why) in defaults.items():
+        if kind in DEFAULTS or "." not in kind or severity not in SEVERITIES or not why:
+            raise ValueError(f"cannot declare the finding kind {kind!r} ({severity!r}): taken, unnamed or no severity")
+    _DECLARED.update(defaults)
+
+
+def withdraw(kinds: Iterable[str]) -> None:
+    """Take back declared kinds (a kind of record unregistered)."""
+    for kind in kinds:
+        _DECLARED.pop(kind, None)
+
+
+class _Defaults(Mapping[str, tuple[str, str]]):
+    """The declared kinds (the records', in the order their kinds were registered), then `OWN`: read live, so
+    a kind registered after this module was imported is known."""
+
+    def __getitem__(self, kind: str) -> tuple[str, str]:
+        return _DECLARED[kind] if kind in _DECLARED else OWN[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from _DECLARED
+        yield from OWN
+
+    def __len__(self) -> int:
+        return len(_DECLARED) + len(OWN)
+
+
+#: kind -> (default severity, why). Every kind a Report, an alert, the run or `gradlog diff` can produce.
+DEFAULTS: Mapping[str, tuple[str, str]] = _Defaults()
+KINDS = DEFAULTS.keys()
+
+
+def _tables() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(k.split(".", 1)[0] for k in KINDS))
 
 
 def _valid_kinds() -> str:
-    return ", ".join(["*", *(f"{t}.*" for t in _TABLES), *KINDS])
+    return ", ".join(["*", *(f"{t}.*" for t in _tables()), *KINDS])
 
 
 def _check_kind(kind: str) -> str:
     kind = kind.strip()
-    if kind == "*" or kind in DEFAULTS or kind in _BARE:
+    if kind == "*" or kind in DEFAULTS or kind in {k.split(".", 1)[1] for k in KINDS}:
         return kind
-    if kind.endswith(".*") and kind[:-2] in _TABLES:
+    if kind.endswith(".*") and kind[:-2] in _tables():
         return kind
     raise ValueError(f"unknown finding kind {kind!r}; valid kinds: {_valid_kinds()} (or a bare name like not_in_batch)")
 

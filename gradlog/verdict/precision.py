@@ -10,6 +10,9 @@ tensor is a finding when the mean share over at least `MIN_STEPS` judged measure
 `MEAN_FRAC`. Tensors that never changed at all are `never_updated`'s finding (`below_precision`) and
 are not repeated here.
 
+A kind of finding in one module: its record (`PrecisionLoss`: its table, its severity, what the verdict line
+says) and its detector (`PrecisionLoss.detect`), registered in `gradlog.verdict.report.FINDINGS`.
+
 The threshold, from a 2-layer GPT-2 (d 32) trained 30 steps with AdamW (measured every step):
 
 | run                       | weight matrices, embeddings | biases      | LayerNorm weights      |
@@ -33,11 +36,49 @@ compared (cannot tell which elements they touched here).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence
-from gradlog.verdict.report import PrecisionLoss
+from gradlog.verdict.policy import PROBLEM
+from gradlog.verdict.records import INT, SHARE, TEXT, Case, Record, cell
+
+
+@dataclass(frozen=True)
+class PrecisionLoss(Record):
+    """A low-precision tensor whose updates round away in part: on measured steps, `mean_frac` (and at most
+    `max_frac`) of its elements had a non-zero gradient and lr > 0, yet kept their value."""
+
+    KIND = "precision"
+    TITLE = "Updates rounded away"
+    NOUN = "tensor"
+    SAID = "with updates partly rounded away (below its dtype's precision)"
+    #: updates rounded away by a low-precision dtype
+    SEVERITY: ClassVar[dict[str, tuple[str, str]]] = {
+        "precision.rounded_away": (
+            PROBLEM,
+            "a large share of the tensor's updates rounded away every step (pure bf16/fp16 weights): it barely "
+            "learns; fp32 master weights, stochastic rounding or Kahan summation fix it",
+        ),
+    }
+
+    name: str = cell(TEXT)
+    dtype: str = cell(TEXT)
+    mean_frac: float = cell(SHARE)
+    max_frac: float = cell(SHARE)
+    steps: int = cell(INT)  # measured steps it was judged on
+    detail: str = cell(TEXT)
+
+    def policy_kind(self) -> str:
+        return "precision.rounded_away"
+
+    @classmethod
+    def detect(cls, case: Case) -> list[PrecisionLoss]:
+        """Over the whole run's evidence; a tensor that never changed at all is the never-updated table's."""
+        return rounded_away(case.rows, case.evidence, exclude=case.named("never_updated"))
+
 
 #: the mean share of elements whose non-zero-gradient update rounded away, from which a tensor is a finding
 MEAN_FRAC = 0.25
@@ -46,7 +87,7 @@ MIN_STEPS = 3
 
 
 def rounded_away(
-    rows: Sequence[Tracked], evidence: dict[int, Evidence], exclude: set[str] | frozenset[str] = frozenset()
+    rows: Sequence[Tracked], evidence: Mapping[int, Evidence], exclude: set[str] | frozenset[str] = frozenset()
 ) -> list[PrecisionLoss]:
     """One record per tensor whose updates round away in part, in model order; `exclude`: already reported."""
     out = []

@@ -22,14 +22,20 @@ not in the table and reads back as its default (an alert's value and reference).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
+from gradlog.runformat import names
 from gradlog.runformat.cells import DIM_NAMES, name_cell, parse_shape, shape_cell, split_name_cell
+from gradlog.verdict import policy as policies
 from gradlog.verdict.policy import Policy
+
+if TYPE_CHECKING:
+    from gradlog.measure.params import Tracked
+    from gradlog.verdict.ledger import Evidence
 
 #: the key of a field's `Cell` in its `dataclasses.field` metadata
 CELL = "gradlog.cell"
@@ -172,6 +178,24 @@ def parse_ranges(text: str, limit: int | None = None) -> tuple[int, ...]:
 R = TypeVar("R", bound="Record")
 
 
+@dataclass(frozen=True)
+class Case:
+    """What a kind's detector reads at close (`Record.detect`): the tracked tensors (`rows`, in model order),
+    their evidence over the whole run (`evidence`: a resumed run's earlier segments folded in), the run's
+    optimizer steps and measured steps, and the records the diagnosis has found so far (`found`, by `KIND`:
+    never updated, partly updated, stalled, stopped slices), so that a detector need not repeat them."""
+
+    rows: Sequence[Tracked]
+    evidence: Mapping[int, Evidence]
+    steps: int
+    measured_steps: int
+    found: Mapping[str, Sequence[Record]] = field(default_factory=dict)
+
+    def named(self, kind: str) -> set[str]:
+        """The tensors the `kind` records found so far name."""
+        return {str(getattr(r, "name", "")) for r in self.found.get(kind, ())}
+
+
 class Record:
     """A finding of one kind: a frozen dataclass whose fields carry their cells (`cell(...)`)."""
 
@@ -189,6 +213,37 @@ class Record:
 
     #: index ranges the markdown's ungrouped table shows (None: all)
     UNGROUPED_LIMIT: ClassVar[int | None] = None
+    #: the kinds of its findings under a `Policy` (`policy_kind()`'s values) -> (default severity, why):
+    #: `gradlog.verdict.policy.DEFAULTS` takes them when the kind is registered (`FINDINGS.register`)
+    SEVERITY: ClassVar[Mapping[str, tuple[str, str]]] = {}
+    #: what the verdict line says after the count of its findings' tensors ("2 tensors <SAID>"), where the
+    #: kind says no more than that (`verdict_parts`); "" says its title
+    SAID: ClassVar[str] = ""
+
+    @classmethod
+    def detect(cls: type[R], case: Case) -> list[R] | None:
+        """This kind's records in a run's evidence, at close (`gradlog.run.diagnosing` calls it for every
+        registered kind, after the four it builds itself); None: a kind the diagnosis builds in its own steps
+        (never updated, partly updated, stalled, stopped slices, experts)."""
+        return None
+
+    @classmethod
+    def judged_kinds(cls, report: Any) -> list[str | None]:
+        """The kind under a `Policy` of each of `report`'s records of this kind, in order (None: no severity of
+        its own); the judge weighs them with it. A kind that weighs a record by the others overrides it."""
+        return [r.policy_kind() for r in report.records(cls)]
+
+    def weighed(self, report: Any) -> bool:
+        """Whether the verdict weighs this record of `report` (False: listed, no evidence either way)."""
+        return True
+
+    @classmethod
+    def verdict_parts(cls, found: Sequence[Any], report: Any, words: Any) -> list[tuple[str, Sequence[Any]]] | None:
+        """What the verdict line says of this kind: (text, the findings whose worst severity it carries; none:
+        said whatever they are) per part, from `found` (the judge's `Finding`s of this kind's records, ignored
+        ones included), `report` and `words` (`gradlog.verdict.judge.Words`). None: the judge's own phrase,
+        the count of the tensors and `SAID`."""
+        return None
 
     @classmethod
     def columns(cls, written: bool = False) -> list[str]:
@@ -269,4 +324,55 @@ def _cells(cls: type[Record]) -> tuple[tuple[str, Cell], ...]:
     return _CELLS[cls]
 
 
-__all__ = ["CELL", "Cell", "Record", "cell", "format_ranges", "parse_ranges", "ranges", "simple"]
+class Kinds:
+    """The registry of the kinds of finding a `Report` holds, in the order their tables are written and read, the
+    console shows them and the verdict line says them. Registering a kind declares its severities
+    (`Record.SEVERITY`) to the policy; from then on the diagnosis runs its detector (`Record.detect`), and the
+    tables, the console, the judge, `to_dict()`, `gradlog report`, a resumed run and the tab take its records."""
+
+    def __init__(self) -> None:
+        self._kinds: list[type[Record]] = []
+
+    def register(self, *kinds: type[Record]) -> None:
+        """Add `kinds` after those registered; a `KIND` taken, or one that is not a table name
+        (`gradlog.runformat.names.finding_table`: one word), is refused (ValueError naming it)."""
+        for kind in kinds:
+            if kind.KIND in {k.KIND for k in self._kinds} or not names.is_table(names.finding_table(kind.KIND)):
+                raise ValueError(f"cannot register the finding kind {kind.KIND!r}: taken, or not one word")
+            if kind.KIND in (t.removeprefix(names.RUN) for t in names.TABLES):
+                raise ValueError(f"cannot register the finding kind {kind.KIND!r}: a table of the run's own")
+            policies.declare(kind.SEVERITY)
+            self._kinds.append(kind)
+
+    def unregister(self, kind: type[Record]) -> None:
+        """Take a kind back (and its severities): a kind made up in a test."""
+        self._kinds.remove(kind)
+        policies.withdraw(kind.SEVERITY)
+
+    def __iter__(self) -> Iterator[type[Record]]:
+        return iter(tuple(self._kinds))
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._kinds
+
+
+#: Every kind of finding, in order (`gradlog.verdict.report` registers the built-in ones)
+FINDINGS = Kinds()
+
+
+__all__ = [
+    "CELL",
+    "FINDINGS",
+    "Case",
+    "Cell",
+    "Kinds",
+    "Record",
+    "cell",
+    "format_ranges",
+    "parse_ranges",
+    "ranges",
+    "simple",
+]

@@ -8,20 +8,29 @@ import re
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from gradlog.runformat.cells import DIM_NAMES, bare_name
 from gradlog.verdict import causes
 from gradlog.verdict.judge import (
     ALERT_FINDINGS,
     NAMED_BY_TABLES,
+    Finding,
     Verdict,
+    Words,
+    by_reason,
     finding_lines,
     judge,
     never_kind,
+    nothing_measured,
+    per_tensor,
+    plural,
+    reasons_of,
     slice_kinds,
 )
-from gradlog.verdict.policy import IGNORE, SEVERITIES, WARNING, Policy
+from gradlog.verdict.ledger import NonFinite as NonFinite
+from gradlog.verdict.policy import EVENT_SLICES, IGNORE, NOTE, PROBLEM, SEVERITIES, SMALL_SHARE, WARNING, Policy
+from gradlog.verdict.precision import PrecisionLoss as PrecisionLoss
 from gradlog.verdict.records import (
     ALIASES,
     COUNT,
@@ -30,15 +39,17 @@ from gradlog.verdict.records import (
     INT,
     NAME_WITH_ALIASES,
     SHAPE,
-    SHARE,
     TEXT,
     Record,
     cell,
     ranges,
     simple,
 )
+from gradlog.verdict.records import FINDINGS as FINDINGS
 
 R = TypeVar("R", bound=Record)
+#: the verdict line's parts of one kind (`Record.verdict_parts`)
+Parts = list[tuple[str, Sequence[Finding]]]
 
 
 class Reason(str, enum.Enum):
@@ -76,6 +87,7 @@ def _reason(text: str) -> Reason:
 
 #: a reason's cell: its value; read back leniently
 REASON = simple(lambda r: r.value, _reason, plain=lambda r: r.value)
+_WHOLE = "the whole tensor never learned"
 #: index ranges a console line shows before it says how many more there are
 RANGES_SHOWN = 4
 
@@ -96,6 +108,49 @@ class NeverUpdated(Record):
     TITLE = "Never updated"
     NOUN = "tensor"
     SPARSE = False
+    #: never updated: whole tensors
+    SEVERITY: ClassVar[dict[str, tuple[str, str]]] = {
+        "never.frozen": (NOTE, "requires_grad=False on purpose (fine-tuning, adapters): the usual reason to list it"),
+        "never.frozen_suspect": (
+            PROBLEM,
+            "frozen after gradlog started, or a block frozen above the same tensor training in a lower layer: "
+            "looks like a mistake (a tensor frozen before training is a note, in a param group or not)",
+        ),
+        "never.not_in_optimizer": (PROBLEM, f"trainable but in no param group (optimizer built too early?): {_WHOLE}"),
+        "never.not_in_model": (PROBLEM, "the optimizer steps a tensor the model no longer has (a replaced head)"),
+        "never.not_registered": (
+            PROBLEM,
+            "used in forward and given a gradient, but no parameter of the model (modules in a Python list, a module "
+            f"made in forward()): no optimizer steps it, {_WHOLE}",
+        ),
+        "never.no_grad": (PROBLEM, f"no gradient ever reached it (unused module, detach, no_grad): {_WHOLE}"),
+        "never.zero_lr": (PROBLEM, f"its param group's lr is 0 (a scheduler or a typo): {_WHOLE}"),
+        "never.zero_grad": (
+            PROBLEM,
+            f"its gradient was exactly zero every time (zero_grad misplaced, dead path): {_WHOLE}",
+        ),
+        "never.nonfinite_grad": (PROBLEM, f"NaN/Inf gradients every time: {_WHOLE}"),
+        "never.below_precision": (PROBLEM, f"updates rounded away (pure bf16/fp16 weights): {_WHOLE}"),
+        "never.tiny_update": (
+            PROBLEM,
+            f"an fp32 tensor whose every update was below its resolution (a noise-level gradient, lr far too small): "
+            f"{_WHOLE}",
+        ),
+        "never.overwritten": (
+            PROBLEM,
+            "updated by the optimizer at every measured step, yet set back to the same values outside it (a reset, a "
+            f"mask applied to saved weights, a checkpoint reloaded every step): {_WHOLE}",
+        ),
+        "never.not_in_batch": (PROBLEM, f"{_WHOLE}, not only some rows"),
+        "never.padding_idx": (NOTE, "a padding row, never updated by design"),
+        "never.pruned": (
+            NOTE,
+            "pruned whole by torch.nn.utils.prune, by design (not produced today; listed for completeness)",
+        ),
+        "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
+        "never.dead_units": (PROBLEM, f"{_WHOLE} (units, stopped slices' reason: not given to whole tensors today)"),
+        "never.not_routed": (PROBLEM, f"{_WHOLE} (experts, stopped slices' reason: not given to whole tensors today)"),
+    }
 
     name: str = cell(NAME_WITH_ALIASES)
     shape: tuple[int, ...] = cell(SHAPE)  # "not materialised": a lazy module, never run
@@ -119,6 +174,29 @@ class NeverUpdated(Record):
     def policy_names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
 
+    def weighed(self, report: Any) -> bool:
+        """A run that measured no step has no evidence either way: its `unknown` tensors are listed, and the
+        verdict says "nothing measured" instead (issue 41)."""
+        return not (nothing_measured(report) and self.reason is Reason.UNKNOWN)
+
+    @classmethod
+    def verdict_parts(cls, found: Sequence[Finding], report: Any, words: Words) -> Parts:
+        """Which tensors never updated, "3 of 12 tensors never updated (no_grad 2, zero_lr 1)", or that all of
+        them were (or that nothing was measured); nothing where the diagnosis failed (the judge says so)."""
+        if report.error is not None:
+            return []
+        never = [f for f in found if f.severity != IGNORE]
+        ignored = len(found) - len(never)
+        n = report.tracked_tensors
+        if not never and nothing_measured(report):
+            return [(f"nothing measured, so no answer on the {plural(n, 'tracked tensor')}", [])]
+        if not never and not ignored:
+            return [(words.everything(n), [])]
+        if not never:
+            return [(f"{n - ignored} of {n} {words.tracked_did} ({ignored} ignored by the policy)", [])]
+        more = f", {ignored} more ignored by the policy" if ignored else ""
+        return [(f"{len(never)} of {plural(n, 'tensor')} {words.never} ({by_reason(reasons_of(never))}{more})", never)]
+
 
 @dataclass(frozen=True)
 class PartlyUpdated(Record):
@@ -134,6 +212,52 @@ class PartlyUpdated(Record):
     ABOUT = "slices that never changed"
     #: the markdown's ungrouped table cuts index ranges as the console does
     UNGROUPED_LIMIT = RANGES_SHOWN
+    #: partly updated: rows / columns / elements
+    SEVERITY: ClassVar[dict[str, tuple[str, str]]] = {
+        "partly.frozen": (NOTE, "frozen slices (not produced today; listed for completeness)"),
+        "partly.not_in_optimizer": (PROBLEM, "slices left out of the optimizer"),
+        "partly.not_in_model": (PROBLEM, "slices the model no longer has"),
+        "partly.not_registered": (PROBLEM, "slices outside the model's parameters (not produced today)"),
+        "partly.no_grad": (PROBLEM, "slices no gradient reached"),
+        "partly.zero_lr": (PROBLEM, "slices with lr 0"),
+        "partly.zero_grad": (
+            PROBLEM,
+            "dead units, filters or experts: capacity lost for good (none on the healthy GPT-2, Mixtral, ViT, ResNet "
+            "and LoRA runs of tests/test_calibrated.py)",
+        ),
+        "partly.nonfinite_grad": (PROBLEM, "slices whose gradient was NaN/Inf"),
+        "partly.below_precision": (PROBLEM, "slices whose updates rounded away (pure bf16): stale weights"),
+        "partly.tiny_update": (
+            NOTE,
+            "fp32 elements or slices whose gradient was rounding noise, so no update registered (an attention key "
+            "bias: softmax ignores it): harmless on its own; promote it where every element must learn",
+        ),
+        "partly.overwritten": (
+            PROBLEM,
+            "rows, columns or elements the optimizer moved that are back where they started at close, while the rest "
+            "of the tensor learned: a mask re-applied to saved weights (w.data[mask] = w0[mask]) outside the optimizer",
+        ),
+        "partly.not_in_batch": (
+            NOTE,
+            "ids or positions no batch contained (rare tokens, the last position under labels=input_ids): "
+            "true of most real runs and harmless; promote it for a table where every row must learn",
+        ),
+        "partly.padding_idx": (NOTE, "the embedding's padding_idx row, never updated by design"),
+        "partly.pruned": (
+            NOTE,
+            "rows, columns or elements that torch.nn.utils.prune's mask zeroes (the `<name>_orig` parameter's): no "
+            "gradient reaches them, by design",
+        ),
+        "partly.unknown": (PROBLEM, "slices never measured"),
+        "partly.dead_units": (PROBLEM, "units that never learned (stopped slices' reason: not given here today)"),
+        "partly.few_dead": (
+            NOTE,
+            f"dead units, filters or experts, at most {SMALL_SHARE:.0%} of their tensor's (counted with its stopped "
+            "ones): a few units that never fire are normal in a ReLU network (1 of 64 units of a classification head, "
+            "2 of 256 of an MLP encoder); promote it where every unit must learn",
+        ),
+        "partly.not_routed": (PROBLEM, "experts never routed to (stopped slices' reason: not given here today)"),
+    }
 
     name: str = cell(TEXT)
     dim: int | None = cell(DIM)
@@ -155,6 +279,22 @@ class PartlyUpdated(Record):
     def policy_kind(self) -> str:
         return f"partly.{self.reason}"
 
+    @classmethod
+    def judged_kinds(cls, report: Any) -> list[str | None]:
+        """Dead units weigh by their share of their tensor (`gradlog.verdict.judge.slice_kinds`)."""
+        return list(slice_kinds(report)[0])
+
+    @classmethod
+    def verdict_parts(cls, found: Sequence[Finding], report: Any, words: Words) -> Parts:
+        """Tensors partly never updated over the run, then (`gradlog.check`) in one batch."""
+        parts: Parts = []
+        for batch, what in ((False, f"partly {words.never}"), (True, "with slices this batch left at zero gradient")):
+            partly = [f for f in found if f.in_batch is batch and f.severity != IGNORE]
+            if partly:
+                tensors = len({f.name for f in partly})
+                parts.append((f"{plural(tensors, 'tensor')} {what} ({per_tensor(partly)})", partly))
+        return parts
+
 
 @dataclass(frozen=True)
 class Stalled(Record):
@@ -164,6 +304,13 @@ class Stalled(Record):
     TITLE = "Stopped learning"
     NOUN = "tensor"
     SPARSE = False
+    #: stopped learning
+    SEVERITY: ClassVar[dict[str, tuple[str, str]]] = {
+        **{
+            f"stalled.{r}": (PROBLEM, "learned, then stopped: something changed mid-run")
+            for r in (r.value for r in Reason)
+        },
+    }
 
     name: str = cell(TEXT)
     since_step: int = cell(INT)  # first optimizer step of the final quiet stretch
@@ -173,6 +320,17 @@ class Stalled(Record):
 
     def policy_kind(self) -> str:
         return f"stalled.{self.reason}"
+
+    @classmethod
+    def verdict_parts(cls, found: Sequence[Finding], report: Any, words: Words) -> Parts:
+        """ "2 tensors stopped learning (zero_grad 2), the first from step 9"."""
+        stalled = [f for f in found if f.severity != IGNORE]
+        if not stalled:
+            return []
+        names = {f.name for f in stalled}
+        first = min(s.since_step for s in report.records(cls) if s.name in names)
+        text = f"{plural(len(stalled), 'tensor')} {words.stopped} ({by_reason(reasons_of(stalled))})"
+        return [(f"{text}, the first from step {first}", stalled)]
 
 
 @dataclass(frozen=True)
@@ -186,6 +344,29 @@ class StoppedSlice(Record):
     KIND = "stopped_slices"
     TITLE = "Stopped slices"
     ABOUT = "had a gradient, then none to the end"
+    #: slices that stopped learning mid-run (rows, columns, elements, experts)
+    SEVERITY: ClassVar[dict[str, tuple[str, str]]] = {
+        "stopped.dead_units": (
+            PROBLEM,
+            "units that had a gradient and then none, in the layer's paired tensors too (ReLU units pushed dead): "
+            "capacity lost for good",
+        ),
+        "stopped.not_routed": (
+            PROBLEM,
+            "experts the router stopped choosing (router collapse): capacity lost for good",
+        ),
+        "stopped.zero_grad": (PROBLEM, "slices that had a gradient and then none while the rest of the tensor learned"),
+        "stopped.few_dead": (
+            NOTE,
+            f"units, filters or experts that stopped, at most {SMALL_SHARE:.0%} of their tensor's (counted with its "
+            f"never-active ones) and fewer than {EVENT_SLICES} at one step: a few ReLU units die in healthy runs",
+        ),
+        **{
+            f"stopped.{r}": (PROBLEM, "slices that learned, then stopped while the rest of the tensor learned")
+            for r in (r.value for r in Reason)
+            if r not in ("dead_units", "not_routed", "zero_grad")
+        },
+    }
 
     name: str = cell(TEXT)
     dim: int | None = cell(DIM)
@@ -203,6 +384,22 @@ class StoppedSlice(Record):
 
     def policy_kind(self) -> str:
         return f"stopped.{self.reason}"
+
+    @classmethod
+    def judged_kinds(cls, report: Any) -> list[str | None]:
+        """Dead units weigh by their share of their tensor (`gradlog.verdict.judge.slice_kinds`)."""
+        return list(slice_kinds(report)[1])
+
+    @classmethod
+    def verdict_parts(cls, found: Sequence[Finding], report: Any, words: Words) -> Parts:
+        """ "1 tensor with slices that stopped learning (dead_units 1), the first silent ... from step 7 on"."""
+        sliced = [f for f in found if f.severity != IGNORE]
+        if not sliced:
+            return []
+        names = {f.name for f in sliced}
+        first = min(r.since_step for r in report.records(cls) if r.name in names)
+        text = f"{plural(len(names), 'tensor')} with slices that {words.stopped} ({per_tensor(sliced)})"
+        return [(text + f", the first silent at every measured step from step {first} on", sliced)]
 
 
 @dataclass(frozen=True)
@@ -231,26 +428,6 @@ class IdleExperts(Record):
 
 
 @dataclass(frozen=True)
-class PrecisionLoss(Record):
-    """A low-precision tensor whose updates round away in part: on measured steps, `mean_frac` (and at most
-    `max_frac`) of its elements had a non-zero gradient and lr > 0, yet kept their value."""
-
-    KIND = "precision"
-    TITLE = "Updates rounded away"
-    NOUN = "tensor"
-
-    name: str = cell(TEXT)
-    dtype: str = cell(TEXT)
-    mean_frac: float = cell(SHARE)
-    max_frac: float = cell(SHARE)
-    steps: int = cell(INT)  # measured steps it was judged on
-    detail: str = cell(TEXT)
-
-    def policy_kind(self) -> str:
-        return "precision.rounded_away"
-
-
-@dataclass(frozen=True)
 class Alert(Record):
     """A warning raised during training: `step` is the optimizer step it was measured at.
 
@@ -270,17 +447,9 @@ class Alert(Record):
     reference: float | None = None
 
 
-@dataclass(frozen=True)
-class NonFinite:
-    """Where a gradient first went NaN/Inf: the step to look at first."""
-
-    step: int
-    name: str
-    count: int
-
-
-#: Every kind of finding the `Report` holds, in the order its tables are written and read (`Report.<KIND>`)
-FINDINGS: tuple[type[Record], ...] = (NeverUpdated, PartlyUpdated, Stalled, StoppedSlice, IdleExperts, PrecisionLoss)
+#: Every kind of finding the `Report` holds, in the order its tables are written and read (`Report.<KIND>`, or
+#: `Report.extra[KIND]` for a kind registered after these): a kind added later registers itself after them
+FINDINGS.register(NeverUpdated, PartlyUpdated, Stalled, StoppedSlice, IdleExperts, PrecisionLoss)
 #: what each table a person reads is called, by the `Report` field its rows come from
 TITLES = {r.KIND: r.TITLE for r in FINDINGS}
 #: The tables' columns, from the records (the console shows the never-updated table without `suspect`).
@@ -335,6 +504,8 @@ class Report:
     hint: str | None = None
     #: how much each kind of finding matters (`gradlog.verdict.policy`); None: the defaults
     policy: Policy | None = None
+    #: the records of the kinds without a field of their own (registered after the built-in ones), by `KIND`
+    extra: dict[str, list[Record]] = field(default_factory=dict)
 
     def judged(self) -> Verdict:
         """The judge's verdict on this report under its policy (`gradlog.verdict.judge`)."""
@@ -396,9 +567,18 @@ class Report:
         return judge(self).text
 
     def records(self, kind: type[R]) -> list[R]:
-        """The records of one kind of finding (`Report.<kind.KIND>`)."""
-        found: list[R] = getattr(self, kind.KIND)
-        return found
+        """The records of one kind of finding (`Report.<kind.KIND>`, or `extra[kind.KIND]`)."""
+        found = getattr(self, kind.KIND) if kind.KIND in _FIELDS else self.extra.get(kind.KIND, [])
+        return cast("list[R]", found)
+
+    def with_records(self, found: dict[type[Record], list[Record]]) -> Report:
+        """This report with the records of each kind in `found` (its field, or `extra`) replaced."""
+        own = {kind.KIND: records for kind, records in found.items() if kind.KIND in _FIELDS}
+        extra = {kind.KIND: records for kind, records in found.items() if kind.KIND not in _FIELDS}
+        out = dataclasses.replace(self, extra={**self.extra, **extra})
+        for key, records in own.items():
+            setattr(out, key, records)
+        return out
 
     def sections(self, console: bool = False, grouped: bool = False) -> list[Section]:
         """The non-empty tables a person reads, never-updated first.
@@ -457,7 +637,7 @@ class Report:
                         "tensors": list(dict.fromkeys(bare_name(r.name) for r in group)),
                         "touched": causes.touched(kind.KIND, group),
                         "kind": kinds[0],
-                        "reason": str(getattr(first, "reason", "rounded_away")),
+                        "reason": str(getattr(first, "reason", str(kinds[0]).split(".", 1)[1])),
                         "severity": min(severities, key=SEVERITIES.index),
                         "records": len(group),
                         "detail": first.detail,
@@ -502,8 +682,6 @@ class Report:
         `severity` under the policy."""
         v = judge(self)
         policy = self.policy or Policy()
-        partly_kinds, stopped_kinds = slice_kinds(self)
-        judged = {PartlyUpdated.KIND: partly_kinds, StoppedSlice.KIND: stopped_kinds}
         return {
             "healthy": v.healthy,
             "status": v.status,
@@ -515,7 +693,7 @@ class Report:
             "skipped_steps": self.skipped_steps,
             "tracked_tensors": self.tracked_tensors,
             "error": self.error,
-            **{kind.KIND: self._dicts(kind, policy, judged.get(kind.KIND)) for kind in FINDINGS},
+            **{kind.KIND: self._dicts(kind, policy) for kind in FINDINGS},
             "first_nonfinite": None if self.first_nonfinite is None else dataclasses.asdict(self.first_nonfinite),
             "hint": self.hint,
             "alerts": [a.to_dict() for a in self.alerts],
@@ -525,12 +703,13 @@ class Report:
     def __str__(self) -> str:
         return self.table()
 
-    def _dicts(self, kind: type[Record], policy: Policy, kinds: list[str] | None) -> list[dict[str, Any]]:
-        """`to_dict` of every record of `kind`, with the judge's kind of each where it has one."""
-        records = self.records(kind)
-        if kinds is None:
-            return [r.to_dict(policy) for r in records]
-        return [r.to_dict(policy, k) for r, k in zip(records, kinds)]
+    def _dicts(self, kind: type[Record], policy: Policy) -> list[dict[str, Any]]:
+        """`to_dict` of every record of `kind`, with the judge's kind of each (`Record.judged_kinds`)."""
+        return [r.to_dict(policy, k) for r, k in zip(self.records(kind), kind.judged_kinds(self))]
+
+
+#: the `Report` fields that hold a kind's records (the built-in kinds'); others are in `Report.extra`
+_FIELDS = frozenset(kind.KIND for kind in FINDINGS)
 
 
 def _count(reasons: Iterable[Reason]) -> dict[str, int]:

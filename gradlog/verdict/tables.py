@@ -21,13 +21,14 @@ from gradlog.verdict.report import FINDINGS, Alert, NeverUpdated, NonFinite, Rep
 
 # --- writing -----------------------------------------------------------------------------------------
 def table_name(kind: type[Record]) -> str:
-    """The name a kind of finding's table is written under: `gradlog/<KIND>`."""
-    return names.RUN + kind.KIND
+    """The name a kind of finding's table is written under: `gradlog/<KIND>` (`names.finding_table`)."""
+    return names.finding_table(kind.KIND)
 
 
-#: Tables written once there is something to say (most runs: never), then always: an emptied provisional
-#: table must replace the rows written before it (`Record.SPARSE`).
-SPARSE_TABLES = tuple(table_name(kind) for kind in FINDINGS if kind.SPARSE)
+def sparse_tables() -> tuple[str, ...]:
+    """Tables written once there is something to say (most runs: never), then always: an emptied provisional
+    table must replace the rows written before it (`Record.SPARSE`)."""
+    return tuple(table_name(kind) for kind in FINDINGS if kind.SPARSE)
 
 
 def written(kind: type[Record], records: Sequence[Record]) -> Table:
@@ -37,7 +38,7 @@ def written(kind: type[Record], records: Sequence[Record]) -> Table:
 
 def report_tables(report: Report) -> dict[str, Table]:
     """Every findings table of `report`, in the order they are written: the three tables, the sparse
-    ones (`SPARSE_TABLES`), the alerts when any fired, the policy when it has rules (`gradlog report`
+    ones (`sparse_tables`), the alerts when any fired, the policy when it has rules (`gradlog report`
     then judges the run as close() did). The summary is `summary_rows`."""
     out = {table_name(kind): written(kind, report.records(kind)) for kind in FINDINGS}
     if report.alerts:
@@ -210,12 +211,11 @@ def closed_report(run: RunData) -> Report | None:
     A row that cannot be read is skipped and named in `run.skipped`."""
     if names.NEVER_UPDATED not in run.tables:
         return None
-    found = {kind.KIND: read(run, kind) for kind in FINDINGS}
-    never = [r for r in found[NeverUpdated.KIND] if isinstance(r, NeverUpdated)]
+    found: dict[type[Record], list[Record]] = {kind: list(read(run, kind)) for kind in FINDINGS}
+    never = [r for r in found[NeverUpdated] if isinstance(r, NeverUpdated)]
     tracked = lenient_int(run.summary().get("tracked_tensors", ""), -1)
     summary, first = _judged_on(run)
     return Report(
-        **found,  # type: ignore[arg-type]
         policy=recorded_policy(run),
         first_nonfinite=first,
         optimizer_steps=lenient_int(summary.get("optimizer_steps", "0")),
@@ -224,4 +224,4 @@ def closed_report(run: RunData) -> Report | None:
         tracked_tensors=tracked if tracked >= 0 else len(series_names(run) | {r.name for r in never}),
         error=summary.get("error") or None,
         hint=summary.get("hint") or None,
-    )
+    ).with_records(found)
