@@ -8,7 +8,9 @@ about the same run.
 
 Each finding has a kind and a severity (`gradlog.verdict.policy`: the defaults, tuned by the report's
 policy). The run is a PROBLEM when any finding is a `problem`; warnings and notes are counted at the end
-of the line ("(2 warnings, 3 notes)"); ignored findings stay in the tables and out of the line.
+of the line ("(2 warnings, 3 notes)"); ignored findings stay in the tables and out of the line. Each kind
+of record (`gradlog.verdict.records.FINDINGS`) gives its findings' kinds and says its own part of the line
+(`Record.judged_kinds`, `Record.verdict_parts`), so a kind added later is judged with no change here.
 """
 
 from __future__ import annotations
