@@ -245,3 +245,7 @@ def test_a_kind_taken_back_leaves_no_trace() -> None:
     with pytest.raises(ValueError, match=r"unknown finding kind 'large_weights\.above'"):
         Policy({"large_weights.above": "ignore"})
     assert "large_weights" not in gradlog.Report().to_dict()
+    for taken in ("hint", "alerts", "verdict", "summary"):  # a name of the report's own, or of the run's tables
+        with pytest.raises(ValueError, match=f"'{taken}': a name of the report's own"):
+            FINDINGS.register(type("Taken", (LargeWeights,), {"KIND": taken}))
+    assert [k.KIND for k in FINDINGS] == list(WRITTEN)[:-1]

@@ -332,6 +332,8 @@ class Kinds:
 
     def __init__(self) -> None:
         self._kinds: list[type[Record]] = []
+        #: names a kind may not take: the `Report`'s other fields and `to_dict()`'s other keys
+        self.reserved: set[str] = set()
 
     def register(self, *kinds: type[Record]) -> None:
         """Add `kinds` after those registered; a `KIND` taken, or one that is not a table name
@@ -339,8 +341,8 @@ class Kinds:
         for kind in kinds:
             if kind.KIND in {k.KIND for k in self._kinds} or not names.is_table(names.finding_table(kind.KIND)):
                 raise ValueError(f"cannot register the finding kind {kind.KIND!r}: taken, or not one word")
-            if kind.KIND in (t.removeprefix(names.RUN) for t in names.TABLES):
-                raise ValueError(f"cannot register the finding kind {kind.KIND!r}: a table of the run's own")
+            if kind.KIND in self.reserved or kind.KIND in (t.removeprefix(names.RUN) for t in names.TABLES):
+                raise ValueError(f"cannot register the finding kind {kind.KIND!r}: a name of the report's own")
             policies.declare(kind.SEVERITY)
             self._kinds.append(kind)
 

@@ -710,6 +710,9 @@ class Report:
 
 #: the `Report` fields that hold a kind's records (the built-in kinds'); others are in `Report.extra`
 _FIELDS = frozenset(kind.KIND for kind in FINDINGS)
+#: a kind registered later takes none of the report's other names (its JSON keys would collide)
+FINDINGS.reserved |= {f.name for f in dataclasses.fields(Report)} - _FIELDS
+FINDINGS.reserved |= set(Report().to_dict()) - _FIELDS
 
 
 def _count(reasons: Iterable[Reason]) -> dict[str, int]:
