@@ -108,37 +108,39 @@ def pipeline(out: Path) -> None:
 
 
 def hf_trainer(out: Path) -> None:
-    """The callback refuses a Trainer run with a DeepSpeed config (ZeRO-2) before the first step."""
+    """A Trainer run with a DeepSpeed config dict (ZeRO-2, ZeRO-3) and gradlog's callback: measured, or with
+    check_first=True refused before the first step."""
     from accelerate.state import AcceleratorState
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     from gradlog.integrations.huggingface import GradlogCallback
 
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2))
-    ids = torch.randint(0, 32, (8, 8))
+    ids = torch.randint(0, 32, (8, 8), generator=torch.Generator().manual_seed(0))
     data = [{"input_ids": row, "labels": row} for row in ids]
-    args = TrainingArguments(
-        output_dir=str(out / "hf"),
-        per_device_train_batch_size=2,
-        max_steps=2,
-        report_to=[],
-        use_cpu=True,
-        logging_steps=1,
-        max_grad_norm=0.5,
-        deepspeed={
-            **_ds_config(2),
-            "train_batch_size": "auto",
-            "train_micro_batch_size_per_gpu": "auto",
-            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-        },
-    )
-    for check_first in (False, True):
+    for stage, check_first in ((2, False), (2, True), (3, False), (3, True)):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2))
+        args = TrainingArguments(
+            output_dir=str(out / "hf"),
+            per_device_train_batch_size=2,
+            max_steps=2,
+            report_to=[],
+            use_cpu=True,
+            logging_steps=1,
+            max_grad_norm=0.5,
+            deepspeed={
+                **_ds_config(stage),
+                "train_batch_size": "auto",
+                "train_micro_batch_size_per_gpu": "auto",
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+            },
+        )
         AcceleratorState._reset_state()  # one Trainer per DeepSpeed config: accelerate keeps its plugin in a singleton
         mem = gradlog.MemoryWriter()
         cb = GradlogCallback(check_first=check_first, writer=mem, every=1, print_report=False)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[cb])
-        _record(out, f"hf-zero2-check{check_first}", trainer.train)
+        case = f"hf-zero{stage}-check{check_first}"
+        _record(out, case, trainer.train)
         rank = torch.distributed.get_rank()
         steps = {
             "global_step": trainer.state.global_step,
@@ -146,7 +148,7 @@ def hf_trainer(out: Path) -> None:
             "grad_norm_total": mem.scalars.get("gradlog/grad_norm_total", []),
             "trainer_grad_norm": [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h],
         }
-        (out / f"hf-zero2-check{check_first}-steps-rank{rank}.json").write_text(json.dumps(steps))
+        (out / f"{case}-steps-rank{rank}.json").write_text(json.dumps(steps))
 
 
 if __name__ == "__main__":

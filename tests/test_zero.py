@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-1 and ZeRO-2, measured through the engine, equal a plain-PyTorch run (issue 43).
+"""DeepSpeed ZeRO-1, -2 and -3, measured through the engine, equal a plain-PyTorch run (issue 43).
 
 Two real gloo ranks on DeepSpeed's CPU accelerator (tests/zero_worker.py) train `catalogue.ZeroPlanted`
 (a frozen layer, a dead layer whose gradient is exactly zero, a layer left out of the optimizer, two
@@ -6,7 +6,10 @@ param groups, gradient clipping) with `GradLogger(engine)`; the reference is the
 clipping and global batch trained in plain PyTorch with gradlog (its clipping through
 `gradlog.clip_grad_norm_`). Before, gradlog measured rank 0's flat fp32 slice as the model's (a total
 norm of 0.13 for 0.58), counted one step per param group, and named the dead layer not_in_optimizer;
-then it refused ZeRO altogether.
+then it refused ZeRO altogether. ZeRO-3 (`-k stage3`) runs with DeepSpeed's default persistence threshold
+(every tensor of this model stays whole on every rank: before, "gradlog OK" while a frozen and a dead layer
+never changed) and with threshold 0 (every tensor shape (0,) outside forward/backward: before, 8 false
+not_in_optimizer alarms); then it was refused.
 """
 
 from __future__ import annotations
@@ -29,10 +32,25 @@ pytestmark = [
 ]
 
 
+ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
-    env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
-    return two_ranks("zero_worker.py", tmp_path_factory.mktemp("zero"), "zero", 900, env)
+def runs12(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    return two_ranks("zero_worker.py", tmp_path_factory.mktemp("zero"), "zero", 900, ENV)
+
+
+@pytest.fixture(scope="module")
+def runs3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    return two_ranks("zero_worker.py", tmp_path_factory.mktemp("zero3"), "zero3", 900, ENV)
+
+
+@pytest.fixture
+def runs(request: pytest.FixtureRequest) -> dict[str, list[Any]]:
+    """The suite the test's `case` belongs to: ZeRO-3's runs apart, so that `-k stage3` starts only those."""
+    case = str(request.node.callspec.params.get("case", ""))
+    runs: dict[str, list[Any]] = request.getfixturevalue("runs3" if case.startswith("zero3") else "runs12")
+    return runs
 
 
 def _series(run: dict[str, Any], tag: str) -> list[tuple[int, float]]:
@@ -43,7 +61,15 @@ def _close(a: float, b: float, rel: float = 2e-6) -> bool:
     return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= rel * max(abs(b), 1e-12)
 
 
-CASES = ["zero1", "zero2", "zero2-accumulate2"]  # the last: 2 micro-batches per rank and engine step
+# the third: 2 micro-batches per rank and engine step; ZeRO-3 at DeepSpeed's default persistence threshold (every
+# tensor here whole on every rank) and at threshold 0 (every tensor shape (0,) outside forward/backward)
+CASES = [
+    "zero1",
+    "zero2",
+    "zero2-accumulate2",
+    pytest.param("zero3", id="stage3-default-threshold"),
+    pytest.param("zero3-threshold0", id="stage3-threshold0"),
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -118,11 +144,21 @@ def test_zero_histograms_are_the_replicas(runs: Any, case: str) -> None:
                 assert abs(a * scale - b) <= 1e-5 * width * max(1, n), (tag, step, a * scale, b)
 
 
-def test_zero_bf16_measures_the_fp32_masters(runs: Any) -> None:
-    """bf16 weights under ZeRO-2: update ratios from the fp32 masters DeepSpeed steps (its bf16 copies would
-    be 2% off here: 0.0477 for 0.0486), gradient norms from the averaged gradients, against DeepSpeed's own
-    `safe_get_full_fp32_param` / `safe_get_full_grad`."""
-    run = runs["zero2-bf16"][0]
+def test_zero_stage3_really_partitioned_the_tensors(runs3: Any) -> None:
+    """The two ZeRO-3 runs are the cases they claim: at DeepSpeed's default threshold every tensor of the model
+    stays whole on every rank (persistent), at threshold 0 every one is shape (0,) outside forward/backward."""
+    whole = runs3["replica"][0]["weights"]
+    for rank in (0, 1):
+        assert all(math.prod(s) == len(whole[n]) for n, s in runs3["zero3"][rank]["shapes"].items())
+        assert all(s == [0] for s in runs3["zero3-threshold0"][rank]["shapes"].values())
+
+
+@pytest.mark.parametrize("stage", [2, pytest.param(3, id="stage3")])
+def test_zero_bf16_measures_the_fp32_masters(request: pytest.FixtureRequest, stage: int) -> None:
+    """bf16 weights under ZeRO-2 and ZeRO-3 (threshold 0): update ratios from the fp32 masters DeepSpeed steps
+    (its bf16 copies would be 2% off here: 0.0477 for 0.0486), gradient norms from the averaged gradients,
+    against DeepSpeed's own `safe_get_full_fp32_param` / `safe_get_full_grad`."""
+    run = request.getfixturevalue("runs3" if stage == 3 else "runs12")[f"zero{stage}-bf16"][0]
     assert run["dtype"] == "torch.bfloat16"
     for name, truth in run["truth"].items():
         grads = [v for _, v in _series(run, f"weights/grad_norm/{name}")]

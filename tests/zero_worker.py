@@ -26,12 +26,17 @@ import gradlog
 STEPS, EVERY, CLIP = 12, 2, 0.1
 
 
-def config(stage: int, clip: float = CLIP) -> dict[str, Any]:
+def config(stage: int, clip: float = CLIP, threshold: int | None = None) -> dict[str, Any]:
+    """`threshold`: ZeRO-3's `stage3_param_persistence_threshold` (None: DeepSpeed's default, 1e5 elements,
+    under which every tensor of `ZeroPlanted` stays whole on every rank; 0: every tensor is shape (0,))."""
+    zero: dict[str, Any] = {"stage": stage}
+    if threshold is not None:
+        zero["stage3_param_persistence_threshold"] = threshold
     return {
         "train_batch_size": 8,
         "train_micro_batch_size_per_gpu": 4,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": zero,
         "gradient_clipping": clip,
     }
 
@@ -41,8 +46,19 @@ def save(out: Path, case: str, payload: dict[str, Any]) -> None:
     (out / f"{case}-rank{rank}.json").write_text(json.dumps(payload))
 
 
+def whole_weights(model: nn.Module) -> dict[str, list[float]]:
+    """Every tensor's values, whole (under ZeRO-3 gathered from the ranks' partitions first)."""
+    params = list(model.named_parameters())
+    if not any(hasattr(p, "ds_id") for _, p in params):
+        return {n: p.detach().reshape(-1).tolist() for n, p in params}
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([p for _, p in params]):
+        return {n: p.detach().reshape(-1).tolist() for n, p in params}
+
+
 def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, **extra: Any) -> dict[str, Any]:
-    weights = {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
+    weights = whole_weights(model)
     hists = {
         tag: [(s, list(h.counts), h.min, h.max, h.sum, h.count, h.nonfinite) for s, h in vals]
         for tag, vals in mem.histograms.items()
@@ -57,14 +73,15 @@ def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, 
     }
 
 
-def engine_run(out: Path, stage: int, accumulate: int = 1) -> None:
+def engine_run(out: Path, stage: int, accumulate: int = 1, threshold: int | None = None) -> None:
     """`accumulate` > 1: each rank's share of the global batch in that many micro-batches (one engine.step()
-    each; DeepSpeed steps its optimizer at the last)."""
+    each; DeepSpeed steps its optimizer at the last). `threshold`: see `config`."""
     import deepspeed
 
     model = ZeroPlanted()
     size = 4 // accumulate
-    cfg = {**config(stage), "train_micro_batch_size_per_gpu": size, "gradient_accumulation_steps": accumulate}
+    cfg = {**config(stage, threshold=threshold), "train_micro_batch_size_per_gpu": size}
+    cfg["gradient_accumulation_steps"] = accumulate
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(engine, writer=mem, every=EVERY, print_report=False)
@@ -86,19 +103,21 @@ def engine_run(out: Path, stage: int, accumulate: int = 1) -> None:
         engine.backward(nn.functional.mse_loss(engine(x[:size]), y[:size]))
         engine.step()
     payload["after_close"] = {"gradlog": gl.optimizer_steps, "engine": engine.global_steps - extra["engine_steps"]}
-    save(out, f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else ""), payload)
+    shapes = {n: list(p.shape) for n, p in engine.module.named_parameters()}  # ZeRO-3: (0,) unless persistent
+    payload["shapes"] = shapes
+    case = f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else "")
+    save(out, case + (f"-threshold{threshold}" if threshold is not None else ""), payload)
 
 
-def bf16_run(out: Path, stage: int) -> None:
+def bf16_run(out: Path, stage: int, threshold: int | None = None) -> None:
     """bf16 weights: gradlog's numbers against the fp32 masters and gradients DeepSpeed assembles itself
     (`deepspeed.utils.safe_get_full_fp32_param` / `safe_get_full_grad`, one collective per tensor), every step."""
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
     model = ZeroPlanted()
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=model.groups(), config={**config(stage), "bf16": {"enabled": True}}
-    )
+    cfg = {**config(stage, threshold=threshold), "bf16": {"enabled": True}}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False)
     rank = torch.distributed.get_rank()
@@ -204,7 +223,21 @@ def zero_suite(out: Path) -> None:
     replica(out)
 
 
+def zero3_suite(out: Path) -> None:
+    """ZeRO-3 with DeepSpeed's default persistence threshold (every tensor of the model stays whole on every
+    rank) and with threshold 0 (every tensor shape (0,) outside forward/backward), and the replica."""
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    engine_run(out, 3)
+    engine_run(out, 3, threshold=0)
+    bf16_run(out, 3, threshold=0)
+    replica(out)
+
+
 if __name__ == "__main__":
     out_dir, suite = Path(sys.argv[1]), sys.argv[2]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    {"zero": zero_suite}[suite](out_dir)
+    {"zero": zero_suite, "zero3": zero3_suite}[suite](out_dir)

@@ -22,17 +22,22 @@ gradlog never imports deepspeed: everything here is read off the objects DeepSpe
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from gradlog.measure.distributed import Reducer
+from gradlog.measure.flat_shards import FlatShard, register_shard
 
-#: the ZeRO-1/2 optimizer class (deepspeed/runtime/zero/stage_1_and_2.py); stage 3 is another class
+#: the ZeRO-1/2 optimizer class (deepspeed/runtime/zero/stage_1_and_2.py)
 ZERO12 = "DeepSpeedZeroOptimizer"
+#: the ZeRO-3 optimizer class (deepspeed/runtime/zero/stage3.py)
+ZERO3 = "DeepSpeedZeroOptimizer_Stage3"
 
 
 class ZeroView(torch.optim.Optimizer):
@@ -40,7 +45,7 @@ class ZeroView(torch.optim.Optimizer):
     ZeRO group (its trained tensors, the inner group's settings), one step per ZeRO step."""
 
     def __init__(self, zero: Any, outside: list[nn.Parameter] | None = None) -> None:
-        groups = [{**_settings(inner), "params": list(params)} for params, inner in _pairs(zero)]
+        groups = [{**_settings(inner), "params": list(params)} for params, inner in self._pairs(zero)]
         super().__init__(groups, {})
         self._zero = weakref.ref(zero)
         self._step = type(zero).step  # the class's step: the instance attribute set below is ours
@@ -97,6 +102,10 @@ class ZeroView(torch.optim.Optimizer):
         if self._measuring and self._bit16:  # the post-hook reads the fp32 masters after the step
             self._show_masters(zero, self._gather(zero, grads=False))
         return out
+
+    def shown(self) -> contextlib.AbstractContextManager[None]:
+        """While gradlog reads the weights outside the step (construction, diagnosis): ZeRO-1/2's are whole."""
+        return contextlib.nullcontext()
 
     def release(self) -> None:
         """Give the ZeRO optimizer its own step back (close())."""
@@ -171,21 +180,141 @@ class ZeroView(torch.optim.Optimizer):
         for p, d in data:
             p.data = d
         for p, g in grads:
-            p.grad = g
+            if g is not None and (g.shape != p.data.shape or g.dtype != p.data.dtype):
+                # ZeRO-3 leaves a tensor outside its optimizer a whole gradient on a (0,) weight: put it back
+                # as it was (torch checks a gradient against the weight's shape only when it is assigned)
+                d, p.data = p.data, g
+                p.grad, p.data = g, d
+            else:
+                p.grad = g
 
     def _refresh(self, zero: Any) -> None:
         """The inner groups' current settings (a scheduler's lr) on the view's groups."""
         for mine, inner in zip(self.param_groups, zero.optimizer.param_groups):
             mine.update(_settings(inner))
 
+    @staticmethod
+    def _pairs(zero: Any) -> Iterator[tuple[list[nn.Parameter], dict[str, Any]]]:
+        """(trained model tensors, inner param group) per ZeRO group."""
+        yield from zip(zero.bit16_groups, zero.optimizer.param_groups)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Where this rank's part of one ZeRO-3 parameter lives: its layout (`shard`: the whole shape, which
+    elements of the flattened tensor this rank holds), and for a trained one its sub-group, its index there
+    (its gradient partition in `averaged_gradients[sub]`) and its offset in the sub-group's flat fp32 master."""
+
+    shard: FlatShard
+    sub: int = -1
+    index: int = -1
+    offset: int = 0
+
+
+class Zero3View(ZeroView):
+    """The model's parameters as the DeepSpeed ZeRO-3 optimizer trains them, measured as this rank's 1-D parts.
+
+    Under ZeRO-3 a parameter is shape (0,) outside forward and backward (whole on every rank only when it is
+    under DeepSpeed's persistence threshold), and each rank holds one contiguous slice of its flattened form:
+    `partition_numel()` elements from `rank * partition_numel()` (the last rank's padded). That is FSDP1's
+    layout, so each tensor is registered as a `FlatShard` and measured through the same code and collectives
+    (`gradlog.measure.distributed`: each element lives on one rank, sums of squares and histogram buckets add
+    up). While gradlog reads the weights (a measured step's hooks, `shown()`), every parameter's `.data` is
+    this rank's part: a trained tensor's fp32 master (`fp32_partitioned_groups_flat[sub]` at
+    `grad_position[ds_id]`), which the step updates in place, a frozen one's own partition (`ds_tensor`); and
+    on a measured step's pre-hook a trained tensor's `.grad` is its averaged gradient partition
+    (`averaged_gradients[sub]`, before clipping, unscaled). The ZeRO step itself runs with what DeepSpeed
+    left there. No collective of its own: gradlog's sharded path adds the ranks' parts."""
+
+    def __init__(self, zero: Any, parts: dict[int, tuple[nn.Parameter, Part]], outside: list[nn.Parameter]) -> None:
+        self._parts = parts
+        super().__init__(zero, outside)
+        self._bit16 = False  # the masters are shown at every measured step, whatever the weights' dtype
+
+    @staticmethod
+    def _pairs(zero: Any) -> Iterator[tuple[list[nn.Parameter], dict[str, Any]]]:
+        """(trained model tensors, inner param group) per param group (ZeRO-3 splits a group in sub-groups)."""
+        groups: dict[int, list[nn.Parameter]] = {}
+        for sub, params in enumerate(zero.fp16_groups):
+            groups.setdefault(int(zero.sub_group_to_group_id[sub]), []).extend(params)
+        for gid, inner in enumerate(zero.optimizer.param_groups):
+            yield groups.get(gid, []), inner
+
+    def step(self, closure: Any = None) -> Any:
+        """The ZeRO step between gradlog's hooks: it runs with DeepSpeed's own `.data` and `.grad`; the
+        post-hook then reads the updated fp32 masters."""
+        zero = self._zero()
+        self._restore()
+        out = self._step(zero) if closure is None else self._step(zero, closure)
+        if self._measuring:
+            self._show(zero, grads=False)
+        return out
+
+    def _whole(self, zero: Any) -> None:
+        self._show(zero, grads=True)
+
+    @contextlib.contextmanager
+    def _showing(self) -> Iterator[None]:
+        zero = self._zero()
+        if zero is None or self._data:  # gone, or already shown (inside a measured step)
+            yield
+            return
+        self._show(zero, grads=False)
+        try:
+            yield
+        finally:
+            self._restore()
+
+    def shown(self) -> contextlib.AbstractContextManager[None]:
+        """Every parameter's `.data` this rank's part of it while gradlog reads the weights outside a step
+        (construction: the first fingerprints; the diagnosis: `changed`), as it is inside measured steps."""
+        return self._showing()
+
+    def _show(self, zero: Any, grads: bool) -> None:
+        """Each parameter's `.data` (and with `grads`, a trained one's `.grad`) as this rank's part, until
+        `_restore` puts DeepSpeed's back."""
+        save = not self._data
+        for p, _ in self._parts.values():
+            if save:
+                self._grads.append((p, p.grad))
+                self._data.append((p, p.data))
+            p.grad = None
+        masters = zero.fp32_partitioned_groups_flat
+        for p, part in self._parts.values():
+            n = part.shard.numel
+            own = masters[part.sub] if part.sub >= 0 else p.ds_tensor  # type: ignore[attr-defined]
+            p.data = own.detach().reshape(-1).narrow(0, part.offset if part.sub >= 0 else 0, n)
+        if not grads:
+            return
+        averaged = getattr(zero, "averaged_gradients", None) or {}
+        scale = float(getattr(zero, "loss_scale", 1.0) or 1.0)
+        for p, part in self._parts.values():
+            partitions = averaged.get(part.sub) if part.sub >= 0 else None
+            if not partitions:  # no gradient reached this sub-group (no backward): none to show
+                continue
+            g = partitions[part.index].detach().reshape(-1).narrow(0, 0, part.shard.numel).to(torch.float32)
+            p.grad = g / scale if scale != 1.0 else g
+
+
+def layout3(zero: Any, params: list[nn.Parameter]) -> dict[int, tuple[nn.Parameter, Part]]:
+    """Each ZeRO-3 parameter's part on this rank, registered as a `FlatShard` (`gradlog.measure.flat_shards`)."""
+    where = {id(p): (sub, i) for sub, group in enumerate(zero.fp16_groups) for i, p in enumerate(group)}
+    parts: dict[int, tuple[nn.Parameter, Part]] = {}
+    for p in params:
+        group = getattr(p, "ds_process_group", None) or zero.dp_process_group
+        size = int(p.partition_numel())  # type: ignore[attr-defined]
+        start = torch.distributed.get_rank(group=group) * size
+        numel = max(0, min(size, int(p.ds_numel) - start))  # type: ignore[attr-defined]
+        shard = FlatShard(tuple(int(d) for d in p.ds_shape), start if numel else 0, numel)  # type: ignore[attr-defined]
+        register_shard(p, shard)
+        sub, index = where.get(id(p), (-1, -1))
+        offset = int(zero.grad_position[p.ds_id][1]) if sub >= 0 else 0  # type: ignore[attr-defined]
+        parts[id(p)] = (p, Part(shard, sub, index, offset))
+    return parts
+
 
 def _settings(group: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in group.items() if k != "params"}
-
-
-def _pairs(zero: Any) -> Iterator[tuple[list[nn.Parameter], dict[str, Any]]]:
-    """(trained model tensors, inner param group) per ZeRO group."""
-    yield from zip(zero.bit16_groups, zero.optimizer.param_groups)
 
 
 def _grad_fragment(p: nn.Parameter, numel: int) -> tuple[int, torch.Tensor] | None:
@@ -232,9 +361,41 @@ def missing(zero: Any) -> str | None:
     return None
 
 
+_NEEDS3 = {
+    "the ZeRO-3 optimizer": (
+        "fp16_groups",
+        "sub_group_to_group_id",
+        "fp32_partitioned_groups_flat",
+        "averaged_gradients",
+        "grad_position",
+        "dp_process_group",
+        "optimizer",
+    ),
+    "a ZeRO-3 parameter": ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "partition_numel"),
+}
+
+
+def missing3(zero: Any, params: list[nn.Parameter]) -> str | None:
+    """What this DeepSpeed version's ZeRO-3 optimizer (or one of `params`) lacks of what gradlog reads, or a
+    ZeRO-3 setup gradlog does not read (offloaded optimizer: the gradients live elsewhere); None: nothing."""
+    lacks = [a for a in _NEEDS3["the ZeRO-3 optimizer"] if not hasattr(zero, a)]
+    if lacks:
+        return f"the ZeRO-3 optimizer has no {', '.join(lacks)}"
+    for name in ("offload_optimizer", "swap_optimizer", "zenflow", "use_muon"):
+        if getattr(zero, name, False):
+            return f"{name} is on (its gradients and fp32 masters are kept where gradlog does not read them)"
+    for p in params:
+        lacks = [a for a in _NEEDS3["a ZeRO-3 parameter"] if not hasattr(p, a)]
+        if lacks:
+            return f"a parameter has no {', '.join(lacks)}"
+    return None
+
+
 def zero_stage(optimizer: Any) -> int | None:
-    """1 or 2 for a DeepSpeed ZeRO-1/2 optimizer (`DeepSpeedZeroOptimizer`), else None."""
+    """1 or 2 for a DeepSpeed ZeRO-1/2 optimizer (`DeepSpeedZeroOptimizer`), 3 for ZeRO-3's, else None."""
     for cls in type(optimizer).__mro__:
         if (cls.__module__ or "").startswith("deepspeed") and cls.__name__ == ZERO12:
             return 2 if getattr(optimizer, "partition_gradients", False) else 1
+        if (cls.__module__ or "").startswith("deepspeed") and cls.__name__ == ZERO3:
+            return 3
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -139,9 +140,10 @@ class GradLogger:
         self.failures = Failures(out.strict)
         self.rank_zero = is_rank_zero()
         selection = Selection(include, exclude)
-        self.pipeline = Pipeline(
-            model, optimizer, every, self.options, scaler, selection, self.failures, self.rank_zero
-        )
+        with zero.shown() if zero is not None else contextlib.nullcontext():  # ZeRO-3: each rank's part
+            self.pipeline = Pipeline(
+                model, optimizer, every, self.options, scaler, selection, self.failures, self.rank_zero
+            )
         self._zero = zero
         if zero is not None:
             zero.connect(self.pipeline.measures_next, self.pipeline.meter.reducer)
@@ -307,7 +309,8 @@ class GradLogger:
 
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (`Pipeline.diagnose`), judged over every segment of a resumed run."""
-        return self.pipeline.diagnose(collective, reuse, self.optimizer, self.policy, self.segments)
+        with self._zero.shown() if self._zero is not None else contextlib.nullcontext():  # ZeRO-3: each rank's part
+            return self.pipeline.diagnose(collective, reuse, self.optimizer, self.policy, self.segments)
 
     @property
     def closed(self) -> bool:
