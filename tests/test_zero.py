@@ -167,3 +167,37 @@ def test_zero_bf16_measures_the_fp32_masters(request: pytest.FixtureRequest, sta
         for (grad, ratio), g, r in zip(truth, grads, ratios):
             assert _close(g, grad, 1e-6) and _close(r, ratio, 1e-6), (name, g, grad, r, ratio)
         assert min(r for _, r in truth) > 0
+
+
+def test_zero_stage3_slices_and_tables_equal_the_replica(runs3: Any) -> None:
+    """tests/dist_worker.py's planted `Net` under ZeRO-3, every tensor partitioned (threshold 0; `gate`, one row
+    of 16, is cut between the ranks): dead units (partly updated), units silenced from step 7 (stopped slices),
+    dead_frac, zero and non-finite fractions and the tables come out of each rank's part as out of the replica's
+    whole tensors. Its per-tensor norms are checked against DeepSpeed's own `safe_get_full_grad` /
+    `safe_get_full_fp32_param` at every step rather than the replica: Adam turns the replica's different float
+    rounding of tiny gradients into updates of a whole learning rate within 2 steps (the weights part by 3e-3)."""
+    replica, ds = runs3["net-replica"][0], runs3["net-zero3"]
+    assert replica["partly"] and replica["stopped"]  # not a vacuous comparison
+    flags = [t for t in replica["scalars"] if t.startswith(("weights/dead_frac/", "weights/grad_zero_frac/"))]
+    assert any(v > 0 for t in flags for _, v in replica["scalars"][t])
+    flags += [t for t in replica["scalars"] if t.startswith("weights/grad_nonfinite/")]
+    for rank in ds:
+        assert rank["partly"] == replica["partly"]
+        assert rank["stopped"] == replica["stopped"]
+        never = {r["name"]: r["reason"] for r in rank["report"]["never_updated"]}
+        # DeepSpeed hands a trained tensor never used in forward a zero gradient (its partition), not None
+        unused = dict.fromkeys(("unused.weight", "unused.bias"), "zero_grad")
+        assert never == {r["name"]: r["reason"] for r in replica["report"]["never_updated"]} | unused
+        assert rank["report"]["stalled"] == replica["report"]["stalled"]
+    run = ds[0]  # rank 0 writes
+    assert all(run["scalars"][t] == replica["scalars"][t] for t in flags)
+    assert len(run["truth"]) == 14  # every trained tensor but `unused`
+    for name, truth in run["truth"].items():
+        series = [
+            [v for _, v in run["scalars"][f"weights/{k}/{name}"]] for k in ("grad_norm", "update_ratio", "weight_norm")
+        ]
+        assert all(len(s) == len(truth) for s in series), name
+        for i, (grad, ratio, weight) in enumerate(truth):
+            assert _close(series[0][i], grad, 1e-6), (name, i, series[0][i], grad)
+            assert math.isnan(ratio) or _close(series[1][i], ratio, 1e-5), (name, i, series[1][i], ratio)
+            assert _close(series[2][i], weight, 1e-6), (name, i, series[2][i], weight)

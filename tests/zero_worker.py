@@ -11,6 +11,7 @@ and reported, the engine's global gradient norms and step counts, and the final 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -223,6 +224,52 @@ def zero_suite(out: Path) -> None:
     replica(out)
 
 
+def planted_net(out: Path) -> None:
+    """tests/dist_worker.py's planted `Net` (dead units of `inp`, units silenced from step 7, a frozen, an unused
+    and a zero-lr layer, a 1-row `gate` cut between the ranks, a head stopped after step 0) under ZeRO-3 with
+    every tensor partitioned (threshold 0), its three param groups through a client AdamW; and its replica."""
+    import deepspeed
+    import dist_worker as W
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+    torch.manual_seed(0)
+    mem, report, n = W.train(W.Net())
+    save(out, "net-replica", W.dump(mem, report, n))
+    torch.manual_seed(0)
+    net = W.Net()
+    cfg = {**config(3, threshold=0), "zero_allow_untested_optimizer": True}
+    cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"] = W.GLOBAL_BATCH, W.GLOBAL_BATCH // 2
+    del cfg["optimizer"], cfg["gradient_clipping"]
+    engine, _, _, _ = deepspeed.initialize(model=net, optimizer=W.make_optimizer(net), config=cfg)
+    mem = gradlog.MemoryWriter()
+    hist = gradlog.HistogramOptions(every=2, bins=16)
+    gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False, histograms=hist)
+    rank, per = torch.distributed.get_rank(), W.GLOBAL_BATCH // 2
+    keep = torch.ones(16)
+    keep[list(W.STOPPED)] = 0.0
+    now = [0]
+    hook = engine.module.inp.register_forward_hook(lambda m, a, o: o * keep if now[0] >= W.STOP_AT else None)
+    trained = {n: p for n, p in engine.module.named_parameters() if p.requires_grad and "unused" not in n}
+    truth: dict[str, list[tuple[float, float, float]]] = {n: [] for n in trained}  # grad, ratio, weight after
+    for step in range(W.STEPS):
+        now[0] = step
+        x, y = W.data(step)
+        mine = slice(rank * per, (rank + 1) * per)
+        engine.backward(nn.functional.mse_loss(engine(x[mine]), y[mine]))
+        grads = {n: float(safe_get_full_grad(p).norm()) for n, p in trained.items()}
+        before = {n: safe_get_full_fp32_param(p).clone() for n, p in trained.items()}
+        engine.step()
+        gl.log(step)
+        W.stop(engine.optimizer.optimizer, step)  # the inner optimizer's groups: the view reads their lr
+        for n, p in trained.items():
+            after = safe_get_full_fp32_param(p)
+            moved, weight = float((after - before[n]).norm()), float(before[n].norm())
+            # nan: a zero-initialised bias; gradlog's weight norm is the weights' after the step
+            truth[n].append((grads[n], moved / weight if weight else math.nan, float(after.norm())))
+    hook.remove()
+    save(out, "net-zero3", {**W.dump(mem, gl.close(), 1), "truth": truth})
+
+
 def zero3_suite(out: Path) -> None:
     """ZeRO-3 with DeepSpeed's default persistence threshold (every tensor of the model stays whole on every
     rank) and with threshold 0 (every tensor shape (0,) outside forward/backward), and the replica."""
@@ -235,6 +282,7 @@ def zero3_suite(out: Path) -> None:
     engine_run(out, 3, threshold=0)
     bf16_run(out, 3, threshold=0)
     replica(out)
+    planted_net(out)
 
 
 if __name__ == "__main__":
