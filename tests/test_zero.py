@@ -201,3 +201,15 @@ def test_zero_stage3_slices_and_tables_equal_the_replica(runs3: Any) -> None:
             assert _close(series[0][i], grad, 1e-6), (name, i, series[0][i], grad)
             assert math.isnan(ratio) or _close(series[1][i], ratio, 1e-5), (name, i, series[1][i], ratio)
             assert _close(series[2][i], weight, 1e-6), (name, i, series[2][i], weight)
+
+
+@pytest.mark.parametrize("stage", [2, pytest.param(3, id="stage3")])
+def test_zero_step_deepspeed_skips_is_counted_skipped(request: pytest.FixtureRequest, stage: int) -> None:
+    """A step whose gradients are not finite is skipped by DeepSpeed (fp16 overflow takes the same path): gradlog
+    counts it as DeepSpeed does, with no update, and the next step as a normal one. Before, it was a step with an
+    update ratio of 0 and `gradlog/skipped_steps` was never written."""
+    run = request.getfixturevalue("runs3" if stage == 3 else "runs12")[f"zero{stage}-skip"][0]
+    assert run["skipped"] == run["engine_skipped"] == 1 and run["steps"] == 4
+    assert _series(run, "gradlog/skipped_steps") == [(0, 0.0), (1, 0.0), (2, 1.0), (3, 1.0)]
+    ratios = [v for _, v in _series(run, "weights/update_ratio/inp.weight")]
+    assert ratios[2] == 0 and min(ratios[:2] + ratios[3:]) > 0

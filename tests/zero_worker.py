@@ -139,6 +139,28 @@ def bf16_run(out: Path, stage: int, threshold: int | None = None) -> None:
     save(out, f"zero{stage}-bf16", {"scalars": mem.scalars, "truth": truth, "dtype": str(trained["inp.weight"].dtype)})
 
 
+def skip_run(out: Path, stage: int, threshold: int | None = None) -> None:
+    """Step 2's loss times inf: its gradients are not finite, so DeepSpeed skips that step (the weights stay,
+    `engine.skipped_steps` counts it); gradlog measures every step."""
+    import deepspeed
+
+    model = ZeroPlanted()
+    cfg = config(stage, threshold=threshold)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False)
+    rank = torch.distributed.get_rank()
+    for step in range(4):
+        x, y = ZeroPlanted.batch(step)
+        loss = nn.functional.mse_loss(engine(x[4 * rank : 4 * rank + 4]), y[4 * rank : 4 * rank + 4])
+        engine.backward(loss * math.inf if step == 2 else loss)
+        engine.step()
+        gl.log(step)
+    report = gl.close()
+    payload = {"scalars": mem.scalars, "skipped": report.skipped_steps, "steps": gl.optimizer_steps}
+    save(out, f"zero{stage}-skip", {**payload, "engine_skipped": engine.skipped_steps})
+
+
 def replica(out: Path) -> None:
     """The same model, optimizer groups, clipping and global batch in plain PyTorch, in one process."""
     model = ZeroPlanted()
@@ -221,6 +243,7 @@ def zero_suite(out: Path) -> None:
         engine_run(out, stage)
     engine_run(out, 2, accumulate=2)
     bf16_run(out, 2)
+    skip_run(out, 2)
     replica(out)
 
 
@@ -281,6 +304,7 @@ def zero3_suite(out: Path) -> None:
     engine_run(out, 3)
     engine_run(out, 3, threshold=0)
     bf16_run(out, 3, threshold=0)
+    skip_run(out, 3, threshold=0)
     replica(out)
     planted_net(out)
 

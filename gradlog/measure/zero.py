@@ -44,6 +44,9 @@ class ZeroView(torch.optim.Optimizer):
     """The model's parameters as the DeepSpeed ZeRO-1/2 optimizer `zero` trains them: one group per
     ZeRO group (its trained tensors, the inner group's settings), one step per ZeRO step."""
 
+    #: after each step `found_inf` says whether DeepSpeed skipped it (see `_skipped`)
+    _step_supports_amp_scaling = True
+
     def __init__(self, zero: Any, outside: list[nn.Parameter] | None = None) -> None:
         groups = [{**_settings(inner), "params": list(params)} for params, inner in self._pairs(zero)]
         super().__init__(groups, {})
@@ -57,6 +60,10 @@ class ZeroView(torch.optim.Optimizer):
         self._grads: list[tuple[nn.Parameter, torch.Tensor | None]] = []
         self._data: list[tuple[nn.Parameter, torch.Tensor]] = []
         self._measuring = False
+        #: whether the last ZeRO step was skipped (fp16 overflow, or a global norm that is not finite: DeepSpeed
+        #: then leaves the weights as they were), read after every step as a fused optimizer's flag is
+        #: (`gradlog.measure.amp`): gradlog counts the step as skipped, not as a step without an update
+        self.found_inf = torch.zeros(1)
         #: bf16/fp16 weights: their fp32 masters differ, and gradlog measures those (update ratios, weights)
         self._bit16 = any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"])
         #: the model's trainable tensors the ZeRO optimizer does not hold: DeepSpeed never reduces their
@@ -99,6 +106,7 @@ class ZeroView(torch.optim.Optimizer):
         zero = self._zero()
         self._restore()  # the ZeRO step runs with the weights and gradients it had (None under ZeRO-2)
         out = self._step(zero) if closure is None else self._step(zero, closure)
+        self._skipped(zero)
         if self._measuring and self._bit16:  # the post-hook reads the fp32 masters after the step
             self._show_masters(zero, self._gather(zero, grads=False))
         return out
@@ -106,6 +114,10 @@ class ZeroView(torch.optim.Optimizer):
     def shown(self) -> contextlib.AbstractContextManager[None]:
         """While gradlog reads the weights outside the step (construction, diagnosis): ZeRO-1/2's are whole."""
         return contextlib.nullcontext()
+
+    def _skipped(self, zero: Any) -> None:
+        """DeepSpeed's verdict on the step that just ran: skipped (`overflow`) or not."""
+        self.found_inf = torch.ones(1) if getattr(zero, "overflow", False) else torch.zeros(1)
 
     def release(self) -> None:
         """Give the ZeRO optimizer its own step back (close())."""
@@ -246,6 +258,7 @@ class Zero3View(ZeroView):
         zero = self._zero()
         self._restore()
         out = self._step(zero) if closure is None else self._step(zero, closure)
+        self._skipped(zero)
         if self._measuring:
             self._show(zero, grads=False)
         return out
