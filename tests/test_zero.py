@@ -213,3 +213,17 @@ def test_zero_step_deepspeed_skips_is_counted_skipped(request: pytest.FixtureReq
     assert _series(run, "gradlog/skipped_steps") == [(0, 0.0), (1, 0.0), (2, 1.0), (3, 1.0)]
     ratios = [v for _, v in _series(run, "weights/update_ratio/inp.weight")]
     assert ratios[2] == 0 and min(ratios[:2] + ratios[3:]) > 0
+
+
+def test_zero_stage3_collectives_per_measured_step(runs3: Any) -> None:
+    """ZeRO-3 adds FSDP2's collectives of statistics, never of tensors: one MAX (step check + gradient ranges)
+    and one SUM per measured step, one more MAX of the weight/update ranges on histogram steps (every 2nd); at
+    close one MAX for the never-updated table and two for the per-slice tables. Once, before the first measured
+    step, one MAX compares the ranks' settings."""
+    run = runs3["net-zero3"][0]
+    calls = [tuple(c) for c in run["collectives"]]
+    assert calls[0] == ("max", -1)  # once: the ranks' settings and table size compared, before the first step
+    assert {i for _, i in calls[1:]} == set(range(14))
+    per_step = {s: [op for op, i in calls if i == s] for s in range(14)}
+    assert per_step == {s: ["max", "max", "sum"] if s % 2 == 0 else ["max", "sum"] for s in range(14)}
+    assert run["at_close"] == ["max", "max", "max"]

@@ -267,6 +267,16 @@ def planted_net(out: Path) -> None:
     mem = gradlog.MemoryWriter()
     hist = gradlog.HistogramOptions(every=2, bins=16)
     gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False, histograms=hist)
+    calls: list[tuple[str, int]] = []  # every collective gradlog makes: (op, measured step)
+    reducer = gl.meter.reducer
+    assert reducer is not None
+    real = reducer.all_reduce
+
+    def counted(t: torch.Tensor, op: str, index: int, **kw: Any) -> None:
+        calls.append((op, index))
+        real(t, op, index, **kw)
+
+    reducer.all_reduce = counted  # type: ignore[method-assign]
     rank, per = torch.distributed.get_rank(), W.GLOBAL_BATCH // 2
     keep = torch.ones(16)
     keep[list(W.STOPPED)] = 0.0
@@ -290,7 +300,9 @@ def planted_net(out: Path) -> None:
             # nan: a zero-initialised bias; gradlog's weight norm is the weights' after the step
             truth[n].append((grads[n], moved / weight if weight else math.nan, float(after.norm())))
     hook.remove()
-    save(out, "net-zero3", {**W.dump(mem, gl.close(), 1), "truth": truth})
+    during = len(calls)
+    payload = {**W.dump(mem, gl.close(), 1), "truth": truth}
+    save(out, "net-zero3", {**payload, "collectives": calls[:during], "at_close": [op for op, _ in calls[during:]]})
 
 
 def zero3_suite(out: Path) -> None:
