@@ -101,6 +101,26 @@ def test_a_deepspeed_release_without_what_gradlog_reads_is_refused() -> None:
         gradlog.GradLogger(model, zero, writer="memory", print_report=False)
 
 
+def test_a_zero3_optimizer_gradlog_cannot_read_is_refused() -> None:
+    # ZeRO-3 of a release that renamed its internals, or with its gradients and fp32 masters offloaded where
+    # gradlog does not read them: refused before anything is hooked, naming what is missing or on
+    zero_cls = type("DeepSpeedZeroOptimizer_Stage3", (), {"__module__": "deepspeed.runtime.zero.stage3"})
+    model = nn.Linear(4, 2)
+    zero = zero_cls()
+    zero.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(NotImplementedError, match=r"Stage3: the ZeRO-3 optimizer has no fp16_groups, "):
+        gradlog.GradLogger(model, zero, writer="memory", print_report=False)
+    for name in ("fp16_groups", "sub_group_to_group_id", "fp32_partitioned_groups_flat", "averaged_gradients"):
+        setattr(zero, name, [])
+    zero.grad_position, zero.dp_process_group, zero.offload_optimizer = {}, None, True
+    with pytest.raises(NotImplementedError, match=r"offload_optimizer is on \(its gradients and fp32 masters"):
+        gradlog.GradLogger(model, zero, writer="memory", print_report=False)
+    zero.offload_optimizer = False
+    with pytest.raises(NotImplementedError, match=r"a parameter has no ds_id, ds_shape"):  # not ZeRO-3's
+        gradlog.GradLogger(model, zero, writer="memory", print_report=False)
+    assert "step" not in vars(zero)  # nothing was hooked
+
+
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
