@@ -91,6 +91,7 @@ def deepspeed_suite(out: Path) -> None:
         rank = torch.distributed.get_rank()
         (out / f"zero{stage}-trained-rank{rank}.json").write_text(json.dumps({"steps": engine.global_steps}))
     hf_trainer(out)
+    lightning_callback(out)
     pipeline(out)  # last: its engine leaves DeepSpeed's global parallel state set for a pipeline
 
 
@@ -149,6 +150,51 @@ def hf_trainer(out: Path) -> None:
             "trainer_grad_norm": [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h],
         }
         (out / f"{case}-steps-rank{rank}.json").write_text(json.dumps(steps))
+
+
+def lightning_callback(out: Path) -> None:
+    """gradlog's Lightning callback handed what Lightning's DeepSpeed strategy hands it: the LightningModule (the
+    engine's module) and the ZeRO optimizer (`trainer.optimizers`). The strategy itself runs on CUDA only, so a
+    stand-in for the Trainer carries them; the engine, its optimizer and the module are real."""
+    from types import SimpleNamespace
+
+    import deepspeed
+    import lightning
+
+    from gradlog.integrations.lightning import GradlogCallback
+
+    class Module(lightning.pytorch.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.net(x)
+            return out
+
+    rank = torch.distributed.get_rank()
+    for stage in (2, 3):
+        module = Module()
+        config = {**_ds_config(stage), "gradient_clipping": 0.01}
+        engine, opt, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+        mem = gradlog.MemoryWriter()
+        cb = GradlogCallback(writer=mem, every=1, print_report=False)
+        trainer = SimpleNamespace(optimizers=[opt], log_dir=str(out), default_root_dir=str(out), ckpt_path=None)
+        trainer.global_step, trainer.gradient_clip_val = 0, None
+        _record(out, f"lightning-zero{stage}", cb.on_fit_start, trainer, module)
+        norms = []
+        for step in range(3):
+            x = torch.randn(2, 8, generator=torch.Generator().manual_seed(10 * step + rank))
+            engine.backward(engine(x).pow(2).mean())
+            cb.on_before_optimizer_step(trainer, module, opt)
+            engine.step()
+            trainer.global_step = step + 1
+            cb.on_train_batch_end(trainer, module, None, x, step)
+            norms.append(float(engine.get_global_grad_norm()))
+        cb.on_fit_end(trainer, module)
+        payload = {"grad_norm_total": mem.scalars.get("gradlog/grad_norm_total", []), "norms": norms}
+        payload["verdict"] = cb.report.verdict if cb.report is not None else None
+        (out / f"lightning-zero{stage}-steps-rank{rank}.json").write_text(json.dumps(payload))
 
 
 if __name__ == "__main__":

@@ -179,3 +179,24 @@ def test_hf_trainer_with_a_deepspeed_config_trains_and_its_check_is_refused_befo
         ours, theirs = [v for _, v in steps[0]["grad_norm_total"]], steps[0]["trainer_grad_norm"]
         assert len(ours) == len(theirs) == 2
         assert all(abs(a - b) <= 1e-6 * b for a, b in zip(ours, theirs)), (ours, theirs)
+
+
+@pytest.mark.parametrize("stage", [2, pytest.param(3, id="stage3")])
+@pytest.mark.heavy
+@needs_dist
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
+@pytest.mark.timeout(1200)
+def test_lightning_callback_measures_what_lightnings_deepspeed_strategy_hands_it(
+    deepspeed_run: Any, stage: int
+) -> None:
+    """Lightning's DeepSpeed strategy gives the callback the LightningModule and the ZeRO optimizer. Before, the
+    callback refused them ("a DeepSpeed DeepSpeedZeroOptimizer optimizer", its fix naming `GradLogger(engine)`,
+    which a callback user cannot pass); now it measures them as `GradLogger(engine.module, engine.optimizer)`:
+    the total gradient norm is the engine's, before its clipping (Lightning's strategy needs CUDA: a stand-in
+    Trainer carries the real module and optimizer, tests/engines_worker.py)."""
+    assert [p["type"] for p in deepspeed_run[f"lightning-zero{stage}"]] == [None, None]
+    run = deepspeed_run[f"lightning-zero{stage}-steps"][0]  # rank 0 writes
+    ours = [v for _, v in run["grad_norm_total"]]
+    assert len(ours) == len(run["norms"]) == 3 and min(ours) > 0.01  # clipped by the engine, measured before
+    assert all(abs(a - b) <= 1e-6 * b for a, b in zip(ours, run["norms"])), (ours, run["norms"])
+    assert run["verdict"].startswith("gradlog OK")

@@ -43,9 +43,8 @@ _DS_WHAT = (
     "slice as the model's: wrong gradient norms, and frozen or dead layers reported as fine"
 )
 _DS_FIX = (
-    "gradlog measures ZeRO-1 and ZeRO-2 through the engine: `GradLogger(engine)` or `GradLogger(engine.module, "
-    "engine.optimizer)`; for ZeRO-3 train with PyTorch FSDP2 (`from torch.distributed.fsdp import fully_shard`) "
-    "or DDP, which gradlog measures globally"
+    "gradlog measures ZeRO-1, -2 and -3 through the engine: `GradLogger(engine)` or `GradLogger(engine.module, "
+    "engine.optimizer)` (the HF and Lightning callbacks do the latter)"
 )
 _FSDP1_WHAT = (
     "FSDP1 flattens parameters into per-rank slices, so every number would be "
@@ -246,6 +245,15 @@ def refuse_check(model: nn.Module, optimizer: Any) -> None:
             "check_first off: GradLogger(engine) measures ZeRO training itself",
         )
     refuse_unsupported(model, optimizer)
+
+
+def refuse_unmeasured(model: nn.Module, optimizer: Any = None) -> None:
+    """Raise what `GradLogger(model, optimizer)` would refuse, without hooking anything: for callbacks that must
+    refuse before the first step but start their logger later (Lightning's, after `check_first` or a restored
+    checkpoint). A DeepSpeed ZeRO engine's module with its optimizer passes, as `attach` measures it (Lightning's
+    DeepSpeed strategy hands the callback the LightningModule and the ZeRO optimizer)."""
+    if _zero_engine(model, optimizer) is None:
+        refuse_unsupported(model, optimizer)
 
 
 def attach(model: nn.Module, optimizer: Any = None) -> tuple[nn.Module, Any, ZeroView | None]:
