@@ -64,6 +64,10 @@ class ZeroView(torch.optim.Optimizer):
         #: then leaves the weights as they were), read after every step as a fused optimizer's flag is
         #: (`gradlog.measure.amp`): gradlog counts the step as skipped, not as a step without an update
         self.found_inf = torch.zeros(1)
+        #: optimizer steps counted so far by the logger (set by `connect`): the measured step's index
+        self.steps: Callable[[], int] = lambda: 0
+        #: measured step index -> DeepSpeed's clip coefficient of that step (`gradient_clipping`), until published
+        self._clips: dict[int, float] = {}
         #: bf16/fp16 weights: their fp32 masters differ, and gradlog measures those (update ratios, weights)
         self._bit16 = any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"])
         #: the model's trainable tensors the ZeRO optimizer does not hold: DeepSpeed never reduces their
@@ -77,10 +81,10 @@ class ZeroView(torch.optim.Optimizer):
 
         zero.step = self._patch = step
 
-    def connect(self, due: Callable[[], bool], reducer: Reducer | None) -> None:
+    def connect(self, due: Callable[[], bool], reducer: Reducer | None, steps: Callable[[], int]) -> None:
         """Measure the steps `due` says (the logger's next measured step); collectives through `reducer`
-        (a gloo peer that never joins raises instead of hanging)."""
-        self.due = due
+        (a gloo peer that never joins raises instead of hanging); `steps`: the logger's optimizer steps so far."""
+        self.due, self.steps = due, steps
         if reducer is not None:
             self.all_reduce = lambda t, group: reducer.all_reduce(t, "sum", -1, group=group)
 
@@ -116,8 +120,23 @@ class ZeroView(torch.optim.Optimizer):
         return contextlib.nullcontext()
 
     def _skipped(self, zero: Any) -> None:
-        """DeepSpeed's verdict on the step that just ran: skipped (`overflow`) or not."""
-        self.found_inf = torch.ones(1) if getattr(zero, "overflow", False) else torch.zeros(1)
+        """DeepSpeed's verdict on the step that just ran: skipped (`overflow`) or not; on a measured step that
+        ran, the clip coefficient it applied (`clip_coef`)."""
+        overflow = bool(getattr(zero, "overflow", False))
+        self.found_inf = torch.ones(1) if overflow else torch.zeros(1)
+        clip = float(getattr(zero, "clip_grad", 0.0) or 0.0)
+        if self._measuring and clip > 0 and not overflow:
+            # DeepSpeed divides the gradients by ((norm + 1e-6) / clip) when that exceeds 1: torch's coefficient
+            norm = float(getattr(zero, "_global_grad_norm", 0.0) or 0.0)
+            self._clips[self.steps() - 1] = min(1.0, clip / (norm + 1e-6))
+
+    def clip_coef(self, index: int) -> float | None:
+        """The clip coefficient DeepSpeed applied at measured step `index` (None: it did not clip there); the
+        entries of that step and earlier ones are dropped."""
+        coef = self._clips.get(index)
+        for k in [k for k in self._clips if k <= index]:
+            del self._clips[k]
+        return coef
 
     def release(self) -> None:
         """Give the ZeRO optimizer its own step back (close())."""

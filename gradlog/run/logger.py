@@ -146,7 +146,7 @@ class GradLogger:
             )
         self._zero = zero
         if zero is not None:
-            zero.connect(self.pipeline.measures_next, self.pipeline.meter.reducer)
+            zero.connect(self.pipeline.measures_next, self.pipeline.meter.reducer, lambda: self.pipeline.steps)
         #: this run's segment, and the earlier segments it continues (gradlog/run/resume.py); None off rank 0
         self.segments: Continuation | None
         writers, self.segments = open_run(out, log_dir, wstrict, options, self.pipeline, f"{os.getpid()}-{id(self)}")
@@ -269,6 +269,8 @@ class GradLogger:
             if m is None or not fresh:
                 return
             self._last_index = m.index
+            if self._zero is not None and m.clip_coef is None:  # DeepSpeed clipped inside its step
+                m.clip_coef = self._zero.clip_coef(m.index)
             self._publish(m, m.index if step is None else step)
 
     def _trace_after_log(self, m: Measurement | None) -> None:
