@@ -62,13 +62,15 @@ def _close(a: float, b: float, rel: float = 2e-6) -> bool:
 
 
 # the third: 2 micro-batches per rank and engine step; ZeRO-3 at DeepSpeed's default persistence threshold (every
-# tensor here whole on every rank) and at threshold 0 (every tensor shape (0,) outside forward/backward)
+# tensor here whole on every rank) and at threshold 0 (every tensor shape (0,) outside forward/backward), the
+# last with 2 micro-batches and each param group split in sub-groups
 CASES = [
     "zero1",
     "zero2",
     "zero2-accumulate2",
     pytest.param("zero3", id="stage3-default-threshold"),
     pytest.param("zero3-threshold0", id="stage3-threshold0"),
+    pytest.param("zero3-accumulate2-threshold0-subgroup100", id="stage3-accumulate2-subgroups"),
 ]
 
 
@@ -151,6 +153,8 @@ def test_zero_stage3_really_partitioned_the_tensors(runs3: Any) -> None:
     for rank in (0, 1):
         assert all(math.prod(s) == len(whole[n]) for n, s in runs3["zero3"][rank]["shapes"].items())
         assert all(s == [0] for s in runs3["zero3-threshold0"][rank]["shapes"].values())
+    # sub_group_size 100: each param group stepped as several flat fp32 partitions (one per tensor here)
+    assert runs3["zero3-accumulate2-threshold0-subgroup100"][0]["sub_groups"] > 2 == runs3["zero3"][0]["sub_groups"]
 
 
 @pytest.mark.parametrize("stage", [2, pytest.param(3, id="stage3")])

@@ -74,15 +74,20 @@ def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, 
     }
 
 
-def engine_run(out: Path, stage: int, accumulate: int = 1, threshold: int | None = None) -> None:
+def engine_run(
+    out: Path, stage: int, accumulate: int = 1, threshold: int | None = None, sub_group: int | None = None
+) -> None:
     """`accumulate` > 1: each rank's share of the global batch in that many micro-batches (one engine.step()
-    each; DeepSpeed steps its optimizer at the last). `threshold`: see `config`."""
+    each; DeepSpeed steps its optimizer at the last). `threshold`: see `config`. `sub_group`: ZeRO-3's
+    `sub_group_size` (elements per flat fp32 partition it steps at a time: small, each group is split in many)."""
     import deepspeed
 
     model = ZeroPlanted()
     size = 4 // accumulate
     cfg = {**config(stage, threshold=threshold), "train_micro_batch_size_per_gpu": size}
     cfg["gradient_accumulation_steps"] = accumulate
+    if sub_group is not None:
+        cfg["zero_optimization"]["sub_group_size"] = sub_group
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(engine, writer=mem, every=EVERY, print_report=False)
@@ -106,8 +111,10 @@ def engine_run(out: Path, stage: int, accumulate: int = 1, threshold: int | None
     payload["after_close"] = {"gradlog": gl.optimizer_steps, "engine": engine.global_steps - extra["engine_steps"]}
     shapes = {n: list(p.shape) for n, p in engine.module.named_parameters()}  # ZeRO-3: (0,) unless persistent
     payload["shapes"] = shapes
+    payload["sub_groups"] = len(getattr(engine.optimizer, "fp16_groups", []))
     case = f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else "")
-    save(out, case + (f"-threshold{threshold}" if threshold is not None else ""), payload)
+    case += f"-threshold{threshold}" if threshold is not None else ""
+    save(out, case + (f"-subgroup{sub_group}" if sub_group is not None else ""), payload)
 
 
 def bf16_run(out: Path, stage: int, threshold: int | None = None) -> None:
@@ -316,6 +323,7 @@ def zero3_suite(out: Path) -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     engine_run(out, 3)
     engine_run(out, 3, threshold=0)
+    engine_run(out, 3, accumulate=2, threshold=0, sub_group=100)
     bf16_run(out, 3, threshold=0)
     skip_run(out, 3, threshold=0)
     replica(out)
