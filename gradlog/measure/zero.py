@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-1 and ZeRO-2, measured globally through a model-facing view of the ZeRO optimizer.
+"""DeepSpeed ZeRO-1, -2 and -3, measured globally through a model-facing view of the ZeRO optimizer.
 
 Under ZeRO-1/2 every rank holds the model's weights whole (the bit16 copies, all-gathered after each
 step), but its gradients only as fragments of flat per-rank partitions: at the optimizer's step every
@@ -16,6 +16,12 @@ averaged gradients before clipping (and unscaled), as the engine's `get_global_g
 them; they are the tensors' `.grad` while gradlog's pre-hook measures, and the ZeRO step runs with the
 gradients it had. The weights before and after are the model's own (updated from the fp32 masters by
 DeepSpeed's all-gather before the view's post-hook runs). Unmeasured steps cost a counter and a flag.
+After every ZeRO step the view offers DeepSpeed's verdict (`overflow`: the step was skipped) as a fused
+optimizer's `found_inf`, and on measured steps the clip coefficient `gradient_clipping` applied.
+
+ZeRO-3 (`Zero3View`) differs in where the tensors live: each rank holds one contiguous part of every
+parameter's flattened form, so the tensors are measured as those parts (FSDP1's layout) through gradlog's
+sharded path, with no gather at all.
 
 gradlog never imports deepspeed: everything here is read off the objects DeepSpeed built.
 """
