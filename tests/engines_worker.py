@@ -91,6 +91,7 @@ def deepspeed_suite(out: Path) -> None:
         rank = torch.distributed.get_rank()
         (out / f"zero{stage}-trained-rank{rank}.json").write_text(json.dumps({"steps": engine.global_steps}))
     hf_trainer(out)
+    lightning_callback(out)
     pipeline(out)  # last: its engine leaves DeepSpeed's global parallel state set for a pipeline
 
 
@@ -108,37 +109,39 @@ def pipeline(out: Path) -> None:
 
 
 def hf_trainer(out: Path) -> None:
-    """The callback refuses a Trainer run with a DeepSpeed config (ZeRO-2) before the first step."""
+    """A Trainer run with a DeepSpeed config dict (ZeRO-2, ZeRO-3) and gradlog's callback: measured, or with
+    check_first=True refused before the first step."""
     from accelerate.state import AcceleratorState
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     from gradlog.integrations.huggingface import GradlogCallback
 
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2))
-    ids = torch.randint(0, 32, (8, 8))
+    ids = torch.randint(0, 32, (8, 8), generator=torch.Generator().manual_seed(0))
     data = [{"input_ids": row, "labels": row} for row in ids]
-    args = TrainingArguments(
-        output_dir=str(out / "hf"),
-        per_device_train_batch_size=2,
-        max_steps=2,
-        report_to=[],
-        use_cpu=True,
-        logging_steps=1,
-        max_grad_norm=0.5,
-        deepspeed={
-            **_ds_config(2),
-            "train_batch_size": "auto",
-            "train_micro_batch_size_per_gpu": "auto",
-            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-        },
-    )
-    for check_first in (False, True):
+    for stage, check_first in ((2, False), (2, True), (3, False), (3, True)):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2))
+        args = TrainingArguments(
+            output_dir=str(out / "hf"),
+            per_device_train_batch_size=2,
+            max_steps=2,
+            report_to=[],
+            use_cpu=True,
+            logging_steps=1,
+            max_grad_norm=0.5,
+            deepspeed={
+                **_ds_config(stage),
+                "train_batch_size": "auto",
+                "train_micro_batch_size_per_gpu": "auto",
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+            },
+        )
         AcceleratorState._reset_state()  # one Trainer per DeepSpeed config: accelerate keeps its plugin in a singleton
         mem = gradlog.MemoryWriter()
         cb = GradlogCallback(check_first=check_first, writer=mem, every=1, print_report=False)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[cb])
-        _record(out, f"hf-zero2-check{check_first}", trainer.train)
+        case = f"hf-zero{stage}-check{check_first}"
+        _record(out, case, trainer.train)
         rank = torch.distributed.get_rank()
         steps = {
             "global_step": trainer.state.global_step,
@@ -146,7 +149,52 @@ def hf_trainer(out: Path) -> None:
             "grad_norm_total": mem.scalars.get("gradlog/grad_norm_total", []),
             "trainer_grad_norm": [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h],
         }
-        (out / f"hf-zero2-check{check_first}-steps-rank{rank}.json").write_text(json.dumps(steps))
+        (out / f"{case}-steps-rank{rank}.json").write_text(json.dumps(steps))
+
+
+def lightning_callback(out: Path) -> None:
+    """gradlog's Lightning callback handed what Lightning's DeepSpeed strategy hands it: the LightningModule (the
+    engine's module) and the ZeRO optimizer (`trainer.optimizers`). The strategy itself runs on CUDA only, so a
+    stand-in for the Trainer carries them; the engine, its optimizer and the module are real."""
+    from types import SimpleNamespace
+
+    import deepspeed
+    import lightning
+
+    from gradlog.integrations.lightning import GradlogCallback
+
+    class Module(lightning.pytorch.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.net(x)
+            return out
+
+    rank = torch.distributed.get_rank()
+    for stage in (2, 3):
+        module = Module()
+        config = {**_ds_config(stage), "gradient_clipping": 0.01}
+        engine, opt, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+        mem = gradlog.MemoryWriter()
+        cb = GradlogCallback(writer=mem, every=1, print_report=False)
+        trainer = SimpleNamespace(optimizers=[opt], log_dir=str(out), default_root_dir=str(out), ckpt_path=None)
+        trainer.global_step, trainer.gradient_clip_val = 0, None
+        _record(out, f"lightning-zero{stage}", cb.on_fit_start, trainer, module)
+        norms = []
+        for step in range(3):
+            x = torch.randn(2, 8, generator=torch.Generator().manual_seed(10 * step + rank))
+            engine.backward(engine(x).pow(2).mean())
+            cb.on_before_optimizer_step(trainer, module, opt)
+            engine.step()
+            trainer.global_step = step + 1
+            cb.on_train_batch_end(trainer, module, None, x, step)
+            norms.append(float(engine.get_global_grad_norm()))
+        cb.on_fit_end(trainer, module)
+        payload = {"grad_norm_total": mem.scalars.get("gradlog/grad_norm_total", []), "norms": norms}
+        payload["verdict"] = cb.report.verdict if cb.report is not None else None
+        (out / f"lightning-zero{stage}-steps-rank{rank}.json").write_text(json.dumps(payload))
 
 
 if __name__ == "__main__":

@@ -101,6 +101,26 @@ def test_a_deepspeed_release_without_what_gradlog_reads_is_refused() -> None:
         gradlog.GradLogger(model, zero, writer="memory", print_report=False)
 
 
+def test_a_zero3_optimizer_gradlog_cannot_read_is_refused() -> None:
+    # ZeRO-3 of a release that renamed its internals, or with its gradients and fp32 masters offloaded where
+    # gradlog does not read them: refused before anything is hooked, naming what is missing or on
+    zero_cls = type("DeepSpeedZeroOptimizer_Stage3", (), {"__module__": "deepspeed.runtime.zero.stage3"})
+    model = nn.Linear(4, 2)
+    zero = zero_cls()
+    zero.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(NotImplementedError, match=r"Stage3: the ZeRO-3 optimizer has no fp16_groups, "):
+        gradlog.GradLogger(model, zero, writer="memory", print_report=False)
+    for name in ("fp16_groups", "sub_group_to_group_id", "fp32_partitioned_groups_flat", "averaged_gradients"):
+        setattr(zero, name, [])
+    zero.grad_position, zero.dp_process_group, zero.offload_optimizer = {}, None, True
+    with pytest.raises(NotImplementedError, match=r"offload_optimizer is on \(its gradients and fp32 masters"):
+        gradlog.GradLogger(model, zero, writer="memory", print_report=False)
+    zero.offload_optimizer = False
+    with pytest.raises(NotImplementedError, match=r"a parameter has no ds_id, ds_shape"):  # not ZeRO-3's
+        gradlog.GradLogger(model, zero, writer="memory", print_report=False)
+    assert "step" not in vars(zero)  # nothing was hooked
+
+
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
@@ -116,15 +136,9 @@ def deepspeed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[An
 @pytest.mark.timeout(1200)
 def test_deepspeed_zero_is_measured_or_refused_however_it_is_handed_over(deepspeed_run: Any, stage: int) -> None:
     runs = deepspeed_run
-    if stage == 3:
-        opt = "DeepSpeedZeroOptimizer_Stage3"
-        engine = "a DeepSpeed ZeRO-3 DeepSpeedEngine passed as the model"
-        assert_refused(runs, "zero3-engine", engine, "flat partitions")
-        assert_refused(runs, "zero3-engine-module", f"a DeepSpeed {opt} optimizer", "fully_shard")
-        assert_refused(runs, "zero3-check", f"a DeepSpeed {opt} optimizer")
-    else:  # measured (tests/test_zero.py compares the numbers with a plain-PyTorch replica)
-        assert [p["type"] for p in runs[f"zero{stage}-engine"] + runs[f"zero{stage}-engine-module"]] == [None] * 4
-        assert_refused(runs, f"zero{stage}-check", r"gradlog\.check \(check_first=True\) on a DeepSpeed ZeRO engine")
+    # measured (tests/test_zero.py compares the numbers with a plain-PyTorch replica); ZeRO-3 was refused before
+    assert [p["type"] for p in runs[f"zero{stage}-engine"] + runs[f"zero{stage}-engine-module"]] == [None] * 4
+    assert_refused(runs, f"zero{stage}-check", r"gradlog\.check \(check_first=True\) on a DeepSpeed ZeRO engine")
     mark = "ds_id" if stage == 3 else "_hp_mapping"
     # the inner torch optimizer steps flat partitions: refused, naming what to pass instead
     inner = f"DeepSpeed-managed parameters .* DeepSpeed's '{mark}'"
@@ -142,23 +156,47 @@ def test_deepspeed_pipeline_parallelism_is_refused(deepspeed_run: Any) -> None:
 
 
 @pytest.mark.parametrize("check_first", [False, True])
+@pytest.mark.parametrize("stage", [2, pytest.param(3, id="stage3")])
 @pytest.mark.heavy
 @needs_dist
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
 @pytest.mark.timeout(1200)
 def test_hf_trainer_with_a_deepspeed_config_trains_and_its_check_is_refused_before_the_first_step(
-    deepspeed_run: Any, check_first: bool
+    deepspeed_run: Any, stage: int, check_first: bool
 ) -> None:
     """Before, the callback's grad_norm_total was 0.089 for the Trainer's 0.901, 20 steps were counted for 10,
-    and check_first=True crashed the first real step ("has already been reduced")."""
+    and check_first=True crashed the first real step ("has already been reduced"; at ZeRO-3 the check's
+    restore: "size 8 vs 0")."""
+    case = f"hf-zero{stage}-check{check_first}"
     if check_first:  # refused before training starts, never a crash inside it
-        assert_refused(deepspeed_run, "hf-zero2-checkTrue", r"gradlog\.check \(check_first=True\) on a DeepSpeed ZeRO")
-        assert [p["global_step"] for p in deepspeed_run["hf-zero2-checkTrue-steps"]] == [0, 0]
-    else:  # ZeRO-2 through the callback: measured, one step per Trainer step (GPT-2 has two param groups)
-        assert [p["type"] for p in deepspeed_run["hf-zero2-checkFalse"]] == [None, None]
-        steps = deepspeed_run["hf-zero2-checkFalse-steps"]
+        assert_refused(deepspeed_run, case, r"gradlog\.check \(check_first=True\) on a DeepSpeed ZeRO")
+        assert [p["global_step"] for p in deepspeed_run[f"{case}-steps"]] == [0, 0]
+    else:  # through the callback: measured, one step per Trainer step (GPT-2 has two param groups)
+        assert [p["type"] for p in deepspeed_run[case]] == [None, None]
+        steps = deepspeed_run[f"{case}-steps"]
         assert [(p["global_step"], p["gradlog_steps"]) for p in steps] == [(2, 2), (2, 2)]
         # rank 0 writes: its total gradient norm is the Trainer's grad_norm (the engine's, before clipping)
         ours, theirs = [v for _, v in steps[0]["grad_norm_total"]], steps[0]["trainer_grad_norm"]
         assert len(ours) == len(theirs) == 2
         assert all(abs(a - b) <= 1e-6 * b for a, b in zip(ours, theirs)), (ours, theirs)
+
+
+@pytest.mark.parametrize("stage", [2, pytest.param(3, id="stage3")])
+@pytest.mark.heavy
+@needs_dist
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed not installed (pip install 'gradlog[deepspeed]')")
+@pytest.mark.timeout(1200)
+def test_lightning_callback_measures_what_lightnings_deepspeed_strategy_hands_it(
+    deepspeed_run: Any, stage: int
+) -> None:
+    """Lightning's DeepSpeed strategy gives the callback the LightningModule and the ZeRO optimizer. Before, the
+    callback refused them ("a DeepSpeed DeepSpeedZeroOptimizer optimizer", its fix naming `GradLogger(engine)`,
+    which a callback user cannot pass); now it measures them as `GradLogger(engine.module, engine.optimizer)`:
+    the total gradient norm is the engine's, before its clipping (Lightning's strategy needs CUDA: a stand-in
+    Trainer carries the real module and optimizer, tests/engines_worker.py)."""
+    assert [p["type"] for p in deepspeed_run[f"lightning-zero{stage}"]] == [None, None]
+    run = deepspeed_run[f"lightning-zero{stage}-steps"][0]  # rank 0 writes
+    ours = [v for _, v in run["grad_norm_total"]]
+    assert len(ours) == len(run["norms"]) == 3 and min(ours) > 0.01  # clipped by the engine, measured before
+    assert all(abs(a - b) <= 1e-6 * b for a, b in zip(ours, run["norms"])), (ours, run["norms"])
+    assert run["verdict"].startswith("gradlog OK")

@@ -11,6 +11,7 @@ and reported, the engine's global gradient norms and step counts, and the final 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -26,12 +27,17 @@ import gradlog
 STEPS, EVERY, CLIP = 12, 2, 0.1
 
 
-def config(stage: int, clip: float = CLIP) -> dict[str, Any]:
+def config(stage: int, clip: float = CLIP, threshold: int | None = None) -> dict[str, Any]:
+    """`threshold`: ZeRO-3's `stage3_param_persistence_threshold` (None: DeepSpeed's default, 1e5 elements,
+    under which every tensor of `ZeroPlanted` stays whole on every rank; 0: every tensor is shape (0,))."""
+    zero: dict[str, Any] = {"stage": stage}
+    if threshold is not None:
+        zero["stage3_param_persistence_threshold"] = threshold
     return {
         "train_batch_size": 8,
         "train_micro_batch_size_per_gpu": 4,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": zero,
         "gradient_clipping": clip,
     }
 
@@ -41,8 +47,19 @@ def save(out: Path, case: str, payload: dict[str, Any]) -> None:
     (out / f"{case}-rank{rank}.json").write_text(json.dumps(payload))
 
 
+def whole_weights(model: nn.Module) -> dict[str, list[float]]:
+    """Every tensor's values, whole (under ZeRO-3 gathered from the ranks' partitions first)."""
+    params = list(model.named_parameters())
+    if not any(hasattr(p, "ds_id") for _, p in params):
+        return {n: p.detach().reshape(-1).tolist() for n, p in params}
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([p for _, p in params]):
+        return {n: p.detach().reshape(-1).tolist() for n, p in params}
+
+
 def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, **extra: Any) -> dict[str, Any]:
-    weights = {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
+    weights = whole_weights(model)
     hists = {
         tag: [(s, list(h.counts), h.min, h.max, h.sum, h.count, h.nonfinite) for s, h in vals]
         for tag, vals in mem.histograms.items()
@@ -57,14 +74,20 @@ def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, 
     }
 
 
-def engine_run(out: Path, stage: int, accumulate: int = 1) -> None:
+def engine_run(
+    out: Path, stage: int, accumulate: int = 1, threshold: int | None = None, sub_group: int | None = None
+) -> None:
     """`accumulate` > 1: each rank's share of the global batch in that many micro-batches (one engine.step()
-    each; DeepSpeed steps its optimizer at the last)."""
+    each; DeepSpeed steps its optimizer at the last). `threshold`: see `config`. `sub_group`: ZeRO-3's
+    `sub_group_size` (elements per flat fp32 partition it steps at a time: small, each group is split in many)."""
     import deepspeed
 
     model = ZeroPlanted()
     size = 4 // accumulate
-    cfg = {**config(stage), "train_micro_batch_size_per_gpu": size, "gradient_accumulation_steps": accumulate}
+    cfg = {**config(stage, threshold=threshold), "train_micro_batch_size_per_gpu": size}
+    cfg["gradient_accumulation_steps"] = accumulate
+    if sub_group is not None:
+        cfg["zero_optimization"]["sub_group_size"] = sub_group
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(engine, writer=mem, every=EVERY, print_report=False)
@@ -86,19 +109,23 @@ def engine_run(out: Path, stage: int, accumulate: int = 1) -> None:
         engine.backward(nn.functional.mse_loss(engine(x[:size]), y[:size]))
         engine.step()
     payload["after_close"] = {"gradlog": gl.optimizer_steps, "engine": engine.global_steps - extra["engine_steps"]}
-    save(out, f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else ""), payload)
+    shapes = {n: list(p.shape) for n, p in engine.module.named_parameters()}  # ZeRO-3: (0,) unless persistent
+    payload["shapes"] = shapes
+    payload["sub_groups"] = len(getattr(engine.optimizer, "fp16_groups", []))
+    case = f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else "")
+    case += f"-threshold{threshold}" if threshold is not None else ""
+    save(out, case + (f"-subgroup{sub_group}" if sub_group is not None else ""), payload)
 
 
-def bf16_run(out: Path, stage: int) -> None:
+def bf16_run(out: Path, stage: int, threshold: int | None = None) -> None:
     """bf16 weights: gradlog's numbers against the fp32 masters and gradients DeepSpeed assembles itself
     (`deepspeed.utils.safe_get_full_fp32_param` / `safe_get_full_grad`, one collective per tensor), every step."""
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
     model = ZeroPlanted()
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=model.groups(), config={**config(stage), "bf16": {"enabled": True}}
-    )
+    cfg = {**config(stage, threshold=threshold), "bf16": {"enabled": True}}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False)
     rank = torch.distributed.get_rank()
@@ -117,6 +144,28 @@ def bf16_run(out: Path, stage: int) -> None:
             truth[n].append((grads[n], float((after - before[n]).norm() / before[n].norm())))
     gl.close()
     save(out, f"zero{stage}-bf16", {"scalars": mem.scalars, "truth": truth, "dtype": str(trained["inp.weight"].dtype)})
+
+
+def skip_run(out: Path, stage: int, threshold: int | None = None) -> None:
+    """Step 2's loss times inf: its gradients are not finite, so DeepSpeed skips that step (the weights stay,
+    `engine.skipped_steps` counts it); gradlog measures every step."""
+    import deepspeed
+
+    model = ZeroPlanted()
+    cfg = config(stage, threshold=threshold)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False)
+    rank = torch.distributed.get_rank()
+    for step in range(4):
+        x, y = ZeroPlanted.batch(step)
+        loss = nn.functional.mse_loss(engine(x[4 * rank : 4 * rank + 4]), y[4 * rank : 4 * rank + 4])
+        engine.backward(loss * math.inf if step == 2 else loss)
+        engine.step()
+        gl.log(step)
+    report = gl.close()
+    payload = {"scalars": mem.scalars, "skipped": report.skipped_steps, "steps": gl.optimizer_steps}
+    save(out, f"zero{stage}-skip", {**payload, "engine_skipped": engine.skipped_steps})
 
 
 def replica(out: Path) -> None:
@@ -145,7 +194,8 @@ def replica(out: Path) -> None:
 def cost(out: Path, stage: int = 2, steps: int = 20, width: int = 512) -> None:
     """Seconds per step of a 4-layer MLP (width 512: 1.05M parameters) under ZeRO-`stage`, un-monitored and
     with gradlog measuring every step (every=1), alternated twice; then the same model in plain PyTorch on
-    this rank alone (AdamW), for gradlog's own measured-step cost without ZeRO. Rank 0's wall clock."""
+    this rank alone (AdamW), for gradlog's own measured-step cost without ZeRO. Rank 0's wall clock. ZeRO-3 at
+    DeepSpeed's default persistence threshold: the 512x512 weights partitioned, the biases whole on every rank."""
     import deepspeed
 
     rank = torch.distributed.get_rank()
@@ -195,16 +245,92 @@ def zero_suite(out: Path) -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
     if os.environ.get("ZERO_COST"):  # the measured-step cost alone (a timing: not part of the tests)
-        cost(out)
+        cost(out, stage=3 if os.environ["ZERO_COST"] == "3" else 2)  # ZERO_COST=3: under ZeRO-3
         return
     for stage in (1, 2):
         engine_run(out, stage)
     engine_run(out, 2, accumulate=2)
     bf16_run(out, 2)
+    skip_run(out, 2)
     replica(out)
+
+
+def planted_net(out: Path) -> None:
+    """tests/dist_worker.py's planted `Net` (dead units of `inp`, units silenced from step 7, a frozen, an unused
+    and a zero-lr layer, a 1-row `gate` cut between the ranks, a head stopped after step 0) under ZeRO-3 with
+    every tensor partitioned (threshold 0), its three param groups through a client AdamW; and its replica."""
+    import deepspeed
+    import dist_worker as W
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+    torch.manual_seed(0)
+    mem, report, n = W.train(W.Net())
+    save(out, "net-replica", W.dump(mem, report, n))
+    torch.manual_seed(0)
+    net = W.Net()
+    cfg = {**config(3, threshold=0), "zero_allow_untested_optimizer": True}
+    cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"] = W.GLOBAL_BATCH, W.GLOBAL_BATCH // 2
+    del cfg["optimizer"], cfg["gradient_clipping"]
+    engine, _, _, _ = deepspeed.initialize(model=net, optimizer=W.make_optimizer(net), config=cfg)
+    mem = gradlog.MemoryWriter()
+    hist = gradlog.HistogramOptions(every=2, bins=16)
+    gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False, histograms=hist)
+    calls: list[tuple[str, int]] = []  # every collective gradlog makes: (op, measured step)
+    reducer = gl.meter.reducer
+    assert reducer is not None
+    real = reducer.all_reduce
+
+    def counted(t: torch.Tensor, op: str, index: int, **kw: Any) -> None:
+        calls.append((op, index))
+        real(t, op, index, **kw)
+
+    reducer.all_reduce = counted  # type: ignore[method-assign]
+    rank, per = torch.distributed.get_rank(), W.GLOBAL_BATCH // 2
+    keep = torch.ones(16)
+    keep[list(W.STOPPED)] = 0.0
+    now = [0]
+    hook = engine.module.inp.register_forward_hook(lambda m, a, o: o * keep if now[0] >= W.STOP_AT else None)
+    trained = {n: p for n, p in engine.module.named_parameters() if p.requires_grad and "unused" not in n}
+    truth: dict[str, list[tuple[float, float, float]]] = {n: [] for n in trained}  # grad, ratio, weight after
+    for step in range(W.STEPS):
+        now[0] = step
+        x, y = W.data(step)
+        mine = slice(rank * per, (rank + 1) * per)
+        engine.backward(nn.functional.mse_loss(engine(x[mine]), y[mine]))
+        grads = {n: float(safe_get_full_grad(p).norm()) for n, p in trained.items()}
+        before = {n: safe_get_full_fp32_param(p).clone() for n, p in trained.items()}
+        engine.step()
+        gl.log(step)
+        W.stop(engine.optimizer.optimizer, step)  # the inner optimizer's groups: the view reads their lr
+        for n, p in trained.items():
+            after = safe_get_full_fp32_param(p)
+            moved, weight = float((after - before[n]).norm()), float(before[n].norm())
+            # nan: a zero-initialised bias; gradlog's weight norm is the weights' after the step
+            truth[n].append((grads[n], moved / weight if weight else math.nan, float(after.norm())))
+    hook.remove()
+    during = len(calls)
+    payload = {**W.dump(mem, gl.close(), 1), "truth": truth}
+    save(out, "net-zero3", {**payload, "collectives": calls[:during], "at_close": [op for op, _ in calls[during:]]})
+
+
+def zero3_suite(out: Path) -> None:
+    """ZeRO-3 with DeepSpeed's default persistence threshold (every tensor of the model stays whole on every
+    rank) and with threshold 0 (every tensor shape (0,) outside forward/backward), and the replica."""
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    engine_run(out, 3)
+    engine_run(out, 3, threshold=0)
+    engine_run(out, 3, accumulate=2, threshold=0, sub_group=100)
+    bf16_run(out, 3, threshold=0)
+    skip_run(out, 3, threshold=0)
+    replica(out)
+    planted_net(out)
 
 
 if __name__ == "__main__":
     out_dir, suite = Path(sys.argv[1]), sys.argv[2]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    {"zero": zero_suite}[suite](out_dir)
+    {"zero": zero_suite, "zero3": zero3_suite}[suite](out_dir)

@@ -24,7 +24,7 @@ import os
 import warnings
 
 from gradlog.integrations._run import CallbackRun, RunAccess
-from gradlog.measure.engines import refuse_unsupported
+from gradlog.measure.engines import refuse_unmeasured
 
 
 class GradlogCallback(RunAccess, Callback):
@@ -61,7 +61,7 @@ class GradlogCallback(RunAccess, Callback):
         resumed = _resumed_from(trainer)
         where = resumed or trainer.log_dir or trainer.default_root_dir
         start = (pl_module, optimizers[self.optimizer_index], where)
-        refuse_unsupported(pl_module, start[1])  # before the first step, even when the logger starts later
+        refuse_unmeasured(pl_module, start[1])  # before the first step, even when the logger starts later
         self._resuming = resumed is not None
         if (self.run.check_first and self.run.check_report is None) or getattr(trainer, "ckpt_path", None):
             # the logger starts on the first batch: after the check, and after Lightning restored the

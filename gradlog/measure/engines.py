@@ -27,7 +27,7 @@ from gradlog.measure.flat_shards import (
     register,
     strategy,
 )
-from gradlog.measure.zero import ZeroView, missing, zero_stage
+from gradlog.measure.zero import Zero3View, ZeroView, layout3, missing, missing3, zero_stage
 
 #: DeepSpeed's model wrappers: the optimizer steps inside `engine.step()`, over flat partitions
 _DS_ENGINES = ("DeepSpeedEngine", "PipelineEngine", "DeepSpeedHybridEngine")
@@ -43,9 +43,8 @@ _DS_WHAT = (
     "slice as the model's: wrong gradient norms, and frozen or dead layers reported as fine"
 )
 _DS_FIX = (
-    "gradlog measures ZeRO-1 and ZeRO-2 through the engine: `GradLogger(engine)` or `GradLogger(engine.module, "
-    "engine.optimizer)`; for ZeRO-3 train with PyTorch FSDP2 (`from torch.distributed.fsdp import fully_shard`) "
-    "or DDP, which gradlog measures globally"
+    "gradlog measures ZeRO-1, -2 and -3 through the engine: `GradLogger(engine)` or `GradLogger(engine.module, "
+    "engine.optimizer)` (the HF and Lightning callbacks do the latter)"
 )
 _FSDP1_WHAT = (
     "FSDP1 flattens parameters into per-rank slices, so every number would be "
@@ -219,9 +218,9 @@ def refuse_unsupported(model: nn.Module, optimizer: Any = None) -> None:
     _check_params(model)
 
 
-def _zero12(model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any] | None:
-    """(the module trained, the ZeRO-1/2 optimizer) when gradlog is handed a DeepSpeed ZeRO-1/2 engine
-    (`GradLogger(engine)`, with or without `engine.optimizer`) or a module with its ZeRO-1/2 optimizer
+def _zero_engine(model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any] | None:
+    """(the module trained, the ZeRO optimizer) when gradlog is handed a DeepSpeed ZeRO engine (stage 1-3)
+    (`GradLogger(engine)`, with or without `engine.optimizer`) or a module with its ZeRO optimizer
     (`GradLogger(engine.module, engine.optimizer)`); None for anything else."""
     if type(model).__name__ == "DeepSpeedEngine" and _deepspeed_class(model, _DS_ENGINES):
         zero = getattr(model, "optimizer", None)
@@ -237,15 +236,24 @@ def refuse_check(model: nn.Module, optimizer: Any) -> None:
     """`refuse_unsupported` for `gradlog.check`, which also refuses DeepSpeed ZeRO-1/2: its dry step would
     have to restore ZeRO's flat fp32 partitions and optimizer state, and DeepSpeed's gradient reduction
     hooks would already have reduced the check's gradients (training's first step would then fail)."""
-    if _zero12(model, optimizer) is not None:
+    if _zero_engine(model, optimizer) is not None:
         raise _refuse(
             "gradlog.check (check_first=True) on a DeepSpeed ZeRO engine",
             "its dry step would run through ZeRO's gradient partitions and optimizer state, which it cannot "
             "restore exactly",
             "Run gradlog.check on the plain model and a torch optimizer before deepspeed.initialize, or leave "
-            "check_first off: GradLogger(engine) measures ZeRO-1/2 training itself",
+            "check_first off: GradLogger(engine) measures ZeRO training itself",
         )
     refuse_unsupported(model, optimizer)
+
+
+def refuse_unmeasured(model: nn.Module, optimizer: Any = None) -> None:
+    """Raise what `GradLogger(model, optimizer)` would refuse, without hooking anything: for callbacks that must
+    refuse before the first step but start their logger later (Lightning's, after `check_first` or a restored
+    checkpoint). A DeepSpeed ZeRO engine's module with its optimizer passes, as `attach` measures it (Lightning's
+    DeepSpeed strategy hands the callback the LightningModule and the ZeRO optimizer)."""
+    if _zero_engine(model, optimizer) is None:
+        refuse_unsupported(model, optimizer)
 
 
 def attach(model: nn.Module, optimizer: Any = None) -> tuple[nn.Module, Any, ZeroView | None]:
@@ -255,33 +263,39 @@ def attach(model: nn.Module, optimizer: Any = None) -> tuple[nn.Module, Any, Zer
     optimizer, which gradlog hooks in place of the optimizer. Everything `refuse_unsupported` refuses
     stays refused; otherwise the model and optimizer come back as given.
     """
-    found = _zero12(model, optimizer)
+    found = _zero_engine(model, optimizer)
     if found is None:
         refuse_unsupported(model, optimizer)
         return model, optimizer, None
     module, zero = found
-    lacks = missing(zero)
+    stage3 = zero_stage(zero) == 3
+    lacks = missing3(zero, list(module.parameters())) if stage3 else missing(zero)
     if lacks is not None:
         raise _refuse(
-            f"this DeepSpeed version's {type(zero).__name__}",
+            f"this DeepSpeed {type(zero).__name__}",
             f"{lacks}, which gradlog reads to rebuild each tensor's gradient from the ranks' partitions",
             "Use a DeepSpeed release gradlog is tested with (0.19), or train with FSDP2",
         )
     _check_model(module)
-    _check_params(module, allowed=("_hp_mapping",))
-    trained = {id(p) for group in zero.bit16_groups for p in group}
+    parts = layout3(zero, list(module.parameters())) if stage3 else {}  # registered: (0,) is a known part
+    _check_params(module, allowed=_DS_PARAM_MARKS if stage3 else ("_hp_mapping",))
+    groups_of = zero.fp16_groups if stage3 else zero.bit16_groups
+    trained = {id(p) for group in groups_of for p in group}
     if trained and not any(id(p) in trained for p in module.parameters()):
         raise ValueError(
             f"gradlog: the DeepSpeed {type(zero).__name__} trains none of the parameters of the "
             f"{type(module).__name__} given; pass the engine (`GradLogger(engine)`) or its own module"
         )
-    groups = {id(g) for g in getattr(zero, "real_dp_process_group", [])}
-    if len(groups) > 1:
+    groups = {id(g) for g in getattr(zero, "real_dp_process_group" if not stage3 else "sub_group_process_groups", [])}
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if len(groups) > 1 or (stage3 and torch.distributed.get_world_size(group=zero.dp_process_group) != world):
         raise _refuse(
-            "DeepSpeed ZeRO with param groups on different data-parallel groups (MoE expert parallelism)",
+            "DeepSpeed ZeRO with param groups on different data-parallel groups (MoE expert parallelism)"
+            if len(groups) > 1
+            else "DeepSpeed ZeRO-3 partitioned over fewer ranks than the world",
             "each group's gradients are partitioned over its own ranks",
             "Measure a model without expert parallelism, or train it with FSDP2",
         )
     outside = [p for p in module.parameters() if p.requires_grad and id(p) not in trained]
-    view = ZeroView(zero, outside)
+    view = Zero3View(zero, parts, outside) if stage3 else ZeroView(zero, outside)
     return module, view, view

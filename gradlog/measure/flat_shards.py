@@ -148,6 +148,12 @@ def register(model: nn.Module) -> set[int]:
     return managed
 
 
+def register_shard(p: torch.Tensor, shard: FlatShard) -> None:
+    """Record that `p`, while gradlog reads it, is this rank's 1-D part `shard` of a tensor partitioned by
+    another engine (DeepSpeed ZeRO-3, `gradlog.measure.zero`): measured and combined as an FSDP1 slice."""
+    _SHARDS[id(p)] = (weakref.ref(p), shard)
+
+
 def flat_shard(p: torch.Tensor) -> FlatShard | None:
     """`p`'s layout when it is this rank's slice of an FSDP1-sharded parameter, else None."""
     got = _SHARDS.get(id(p))

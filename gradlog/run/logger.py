@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -139,12 +140,13 @@ class GradLogger:
         self.failures = Failures(out.strict)
         self.rank_zero = is_rank_zero()
         selection = Selection(include, exclude)
-        self.pipeline = Pipeline(
-            model, optimizer, every, self.options, scaler, selection, self.failures, self.rank_zero
-        )
+        with zero.shown() if zero is not None else contextlib.nullcontext():  # ZeRO-3: each rank's part
+            self.pipeline = Pipeline(
+                model, optimizer, every, self.options, scaler, selection, self.failures, self.rank_zero
+            )
         self._zero = zero
         if zero is not None:
-            zero.connect(self.pipeline.measures_next, self.pipeline.meter.reducer)
+            zero.connect(self.pipeline.measures_next, self.pipeline.meter.reducer, lambda: self.pipeline.steps)
         #: this run's segment, and the earlier segments it continues (gradlog/run/resume.py); None off rank 0
         self.segments: Continuation | None
         writers, self.segments = open_run(out, log_dir, wstrict, options, self.pipeline, f"{os.getpid()}-{id(self)}")
@@ -267,6 +269,8 @@ class GradLogger:
             if m is None or not fresh:
                 return
             self._last_index = m.index
+            if self._zero is not None and m.clip_coef is None:  # DeepSpeed clipped inside its step
+                m.clip_coef = self._zero.clip_coef(m.index)
             self._publish(m, m.index if step is None else step)
 
     def _trace_after_log(self, m: Measurement | None) -> None:
@@ -307,7 +311,8 @@ class GradLogger:
 
     def _diagnose(self, collective: bool, reuse: bool) -> Report:
         """The pipeline's diagnosis (`Pipeline.diagnose`), judged over every segment of a resumed run."""
-        return self.pipeline.diagnose(collective, reuse, self.optimizer, self.policy, self.segments)
+        with self._zero.shown() if self._zero is not None else contextlib.nullcontext():  # ZeRO-3: each rank's part
+            return self.pipeline.diagnose(collective, reuse, self.optimizer, self.policy, self.segments)
 
     @property
     def closed(self) -> bool:
