@@ -71,6 +71,44 @@ def dying_run(writer: gradlog.Writer | str, log_dir: Path | None = None) -> tupl
     return report, stopped
 
 
+def test_a_long_layer_name_keeps_the_console_within_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    """The stopped-slices table without its detail is ~75 columns and a name: a layer named as deep models
+    name theirs (`image_encoder.backbone_stage_three.fc1`, 38) made 113-column lines. The name then has a
+    line of its own with its cells under it, every line but the verdict within the width."""
+
+    class Deep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.image_encoder = nn.ModuleDict({"backbone_stage_three": DyingUnitsCNN()})
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.image_encoder["backbone_stage_three"](x)
+            return out
+
+    torch.manual_seed(0)
+    model = Deep()
+    cnn = model.image_encoder["backbone_stage_three"]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1)
+    gen = torch.Generator().manual_seed(1)
+
+    def loss(step: int) -> torch.Tensor:
+        if step == 8:
+            cnn.kill(range(0, 9))
+        x, y = torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+        return nn.functional.cross_entropy(model(x), y)
+
+    report = train(opt, gl, STEPS, loss)
+    lines = capsys.readouterr().out.splitlines()
+    layer = "image_encoder.backbone_stage_three.fc1"
+    causes = {(r.since_step, r.indices) for r in report.stopped_slices if r.name.startswith(layer + ".")}
+    assert causes and any(len(units) >= 5 for _, units in causes)  # most of the nine killed units, at one step
+    assert max(len(ln) for ln in lines[:-1]) <= CONSOLE_WIDTH, max(lines[:-1], key=len)
+    at = [i for i, ln in enumerate(lines) if ln == layer]  # each cause's row: its name alone, its cells under it
+    rows = [re.split(r"  +", lines[i + 1].strip()) for i in at]
+    assert sorted((int(r[4]), r[3]) for r in rows) == sorted((s, format_ranges(u, 4)) for s, u in causes)
+
+
 def test_a_layers_units_are_one_finding_and_the_console_fits_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     report, stopped = dying_run(gradlog.MemoryWriter())
     out = capsys.readouterr().out

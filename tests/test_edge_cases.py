@@ -575,4 +575,4 @@ def test_never_calling_log_is_said_once_at_close():
         assert len(said) == (0 if logs else 1)
         assert ("weights/grad_norm/weight" in mem.scalars) == logs  # the per-step series; counts come at close
         if not logs:
-            assert "3 measured step(s)" in str(said[0].message) and "gl.log(step)" in str(said[0].message)
+            assert "3 measured steps, but" in str(said[0].message) and "gl.log(step)" in str(said[0].message)

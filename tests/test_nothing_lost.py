@@ -465,6 +465,49 @@ def test_a_writer_that_blocks_in_every_call_never_slows_training() -> None:
     assert gl.dropped >= 50  # every step's scalars at least: counted, not silently lost
 
 
+class Ordered(gradlog.Writer):
+    """A writer whose backend the training thread also calls (as a W&B run the user logs into: `ordered`),
+    its calls on a thread of their own; one step's flush pauses 1.5 s (what a full garbage collection of the
+    process did on a loaded machine: 0.58 s). Records when each step's flush ended."""
+
+    ordered = True
+
+    def __init__(self, pause_at: int) -> None:
+        self.pause_at, self.step = pause_at, -1
+        self.flushed: dict[int, float] = {}
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        self.step = step
+
+    def log_histogram(self, tag: str, hist: Histogram, step: int) -> None:
+        pass
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        pass
+
+    def flush(self) -> None:
+        if self.step == self.pause_at and self.step not in self.flushed:
+            threading.Event().wait(1.5)
+        self.flushed.setdefault(self.step, time.monotonic())  # the step's own flush (close() flushes again)
+
+
+def test_an_ordered_writer_has_sent_each_step_when_log_returns() -> None:
+    """Issue 41 point 1: gradlog's W&B rows and the user's own `run.log` calls must never run at once (two
+    threads logging into a W&B run lost rows). `log()` stopped waiting for such a writer after 0.5 s of one
+    call, so a pause of the W&B thread (a garbage collection) let the user's next `run.log` run beside
+    gradlog's: a step lost on a loaded machine. A pause shorter than `timeout` is waited for."""
+    model, opt = frozen_tail()
+    ordered = Ordered(pause_at=3)
+    gl = gradlog.GradLogger(model, opt, every=1, print_report=False, writer=gradlog.Output(writer=ordered))
+    returned = {}
+    for step in range(6):
+        steps(gl, model, opt, 1, start=step)
+        returned[step] = time.monotonic()
+    gl.close()
+    assert all(ordered.flushed[s] <= returned[s] for s in range(6)), (ordered.flushed, returned)
+    assert returned[3] - returned[2] >= 1.5 and gl.dropped == 0
+
+
 def test_a_slow_writer_catches_up_and_loses_nothing() -> None:
     class Slowish(Tables):
         inline = False

@@ -25,6 +25,7 @@ from tb_plugin_run import NAN_STEP, NAN_TENSOR, STALL_STEP, STALLED, STEPS, writ
 
 import gradlog
 from gradlog import Reason
+from gradlog.verdict.records import format_ranges
 from gradlog.views.tensorboard_plugin import data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -656,8 +657,11 @@ def test_the_tab_shows_one_finding_per_cause_and_no_update_for_a_layer_out_of_th
         items = [(e.get_attribute("data-kind"), e.text) for e in driver.find_elements(By.CSS_SELECTOR, "#gl-marked li")]
         assert [k for k, _ in items] == ["never_updated"] + ["stopped_slices"] * len(stopped), items
         assert items[0][1].startswith("never updated") and items[0][1].endswith("extra — extra.weight, extra.bias")
-        each = "fc1 — " + ", ".join(TOUCHED)
+        each = " — " + ", ".join(TOUCHED)
         assert all(t.startswith("slices stopped") and t.endswith(each) for _, t in items[1:]), items
+        # each cause says which units and from when: three causes of one layer are not three identical lines
+        lines = sorted(t.removeprefix("slices stopped").strip().removesuffix(each) for _, t in items[1:])
+        assert lines == sorted(f"fc1 {cause_where(units, since)}" for since, units in stopped.items()), items
         table = driver.find_element(By.ID, "gl-table-stopped_slices")
         trs = table.find_elements(By.TAG_NAME, "tr")
         rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in trs]
@@ -689,3 +693,19 @@ def test_the_tab_shows_one_finding_per_cause_and_no_update_for_a_layer_out_of_th
 
 #: the steps `test_causes.dying_run` trains
 STEPS_DYING = 40
+
+
+def cause_where(units: list[int], since: int) -> str:
+    """What the Findings list says of units of fc1 (32) that stopped at `since`, written out here."""
+    return f"unit{'s' * (len(units) > 1)} {format_ranges(units, 4)} ({len(units)} of 32) from step {since}"
+
+
+def test_each_finding_names_its_units_and_step() -> None:
+    """The overview's findings (what the tab's Findings list shows): the never-updated layer with no slices,
+    each stopped cause with its units and stop step read from the run's own gradients (`dying_run`)."""
+    from test_causes import dying_run
+
+    report, stopped = dying_run(gradlog.MemoryWriter())
+    got = data.findings(report)
+    assert [(f["table"], f["where"]) for f in got[:1]] == [("never_updated", "")]
+    assert sorted(f["where"] for f in got[1:]) == sorted(cause_where(u, s) for s, u in stopped.items())

@@ -355,3 +355,29 @@ def test_counts_meet_their_nouns_in_the_singular():
     verdict = gl.close().verdict
     assert "1 of 1 tensor never updated (zero_lr 1)" in verdict and "(1 optimizer step, 1 measured" in verdict
     assert [all_of(n, "checkpoint") for n in (1, 2, 3)] == ["the 1 checkpoint", "both checkpoints", "all 3 checkpoints"]
+
+
+def test_the_report_header_and_the_never_logged_warning_count_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gradlog report` on a run of one tensor said "(tensorboard, 1 tensors, ...)"; a logger whose log() was
+    never called warned of "1 measured step(s)" (issue 41 point 10)."""
+    import warnings
+
+    model = nn.Linear(3, 2, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for log in (True, False):
+        gl = gradlog.GradLogger(model, opt, log_dir=str(tmp_path / str(log)), every=1, print_report=False)
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if log:
+                gl.log(0)
+            gl.close()
+        said = [str(w.message) for w in caught if "never called" in str(w.message)]
+        assert len(said) == (not log)
+        assert all(w.startswith("gradlog: 1 measured step, but GradLogger.log(step)") for w in said), said
+    assert main(["report", str(tmp_path / "True")]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == f"gradlog report: {tmp_path / 'True'} (tensorboard, 1 tensor, 1 measured)", head

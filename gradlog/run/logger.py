@@ -39,6 +39,7 @@ from gradlog.run.options import (
 from gradlog.run.publishing import Failures, Publisher
 from gradlog.run.resume import Continuation, open_run
 from gradlog.verdict.alerts import Alerts
+from gradlog.verdict.judge import plural
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.located import locate, not_registered, traced_hint
 from gradlog.verdict.policy import Policy, PolicyLike
@@ -351,7 +352,7 @@ class GradLogger:
         if self._logged or report.measured_steps == 0 or not self.writers.writers:
             return
         lifecycle.warn(
-            f"gradlog: {report.measured_steps} measured step(s), but GradLogger.log(step) was never called, so "
+            f"gradlog: {plural(report.measured_steps, 'measured step')}, but GradLogger.log(step) was never called, so "
             "no series reached the writers (only the tables at close): call gl.log(step) after optimizer.step() "
             "(or gradlog.log(step) after gradlog.watch)"
         )

@@ -756,13 +756,25 @@ def format_table(columns: list[str], rows: list[list[str]], width: int | None = 
     sep = "  "
     below = width is not None and len(columns) > 1 and sum(widths) + len(sep) * (len(widths) - 1) > width
     shown = widths[:-1] if below else widths
-    out = [sep.join(c.ljust(w) for c, w in zip(columns, shown)).rstrip()]
-    out.append(sep.join("-" * w for w in shown))
+    # still too wide (a long tensor or module name): each name on a line of its own, its other cells under it
+    apart = width is not None and len(shown) > 2 and sum(shown) + len(sep) * (len(shown) - 1) > width
+    cells = (lambda r: [r[0], NAME_INDENT + line(r[1:], shown[1:])]) if apart else (lambda r: [line(r, shown)])
+    rule = sep.join("-" * w for w in (shown[1:] if apart else shown))
+    out = [*cells(columns), (NAME_INDENT if apart else "") + rule]
     for row in rows:
-        out.append(sep.join(c.ljust(w) for c, w in zip(row, shown)).rstrip())
+        out += cells(row)
         if below and width is not None and len(row) == len(columns) and row[-1]:
             out.append(wrapped(DETAIL_INDENT + row[-1], width, DETAIL_INDENT))
     return "\n".join(out)
+
+
+#: the cells under a name that has a line of its own (`format_table`)
+NAME_INDENT = "  "
+
+
+def line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    """One table line: `cells` padded to `widths`, two spaces apart (cells past `widths` are not shown)."""
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
 
 
 #: the end of a stopped slice's detail that names its peers (`gradlog.verdict.stopped_slices`)

@@ -29,7 +29,7 @@ from gradlog.verdict.alerts import (
     Alerts,
     Entry,
 )
-from gradlog.verdict.judge import Verdict, finding_lines, judge
+from gradlog.verdict.judge import Verdict, finding_lines, judge, plural
 from gradlog.verdict.policy import Policy
 from gradlog.verdict.report import (
     COLUMNS,
@@ -176,9 +176,8 @@ class Health:
     def text(self) -> str:
         """The console report: the close-time tables, the warnings, notes and skipped parts, the verdict."""
         self = escaped(dataclasses.replace(self, report=None))  # every name, cell and message came from a file
-        lines = [
-            f"gradlog report: {self.path} ({self.backend}, {self.tensors} tensors, {self.measured_steps} measured)"
-        ]
+        tensors = plural(self.tensors, "tensor")
+        lines = [f"gradlog report: {self.path} ({self.backend}, {tensors}, {self.measured_steps} measured)"]
         lines.append("")
         lines += self._never_lines()
         if self.never_updated_known:

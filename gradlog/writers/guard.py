@@ -164,14 +164,17 @@ class GuardedWriters(Writer):
         self._each("log_image", lambda w: w.log_image(tag, png, step))
 
     def flush(self) -> None:
-        """Flush every writer; wait (bounded, as `sync()`) for the `ordered` writers' threads to have sent
-        the step, so that their backend never sees gradlog's calls interleaved with the training thread's."""
+        """Flush every writer; wait for the `ordered` writers' threads to have sent the step, so that their
+        backend never sees gradlog's calls interleaved with the training thread's. Bounded by `timeout`,
+        the time after which one call counts as fallen behind (not waited for until it has caught up), not
+        by `sync()`'s patience: a W&B thread paused 0.58 s in one call (a full garbage collection of the
+        process, on a loaded machine) was left running beside the user's next `run.log`, and a row was lost."""
         self._each("flush", lambda w: w.flush())
         ordered = [lane for lane in self._lanes.values() if lane.writer.ordered]
         if ordered:
             deadline = time.monotonic() + self.timeout
             for lane in ordered:
-                lane.sync(deadline, SYNC_PATIENCE_S)
+                lane.sync(deadline, self.timeout)
             self._report_lane_errors()
 
     def sync(self, patience: float = SYNC_PATIENCE_S) -> None:

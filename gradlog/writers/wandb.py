@@ -264,8 +264,8 @@ class WandbWriter(Writer):
     `ordered`: a W&B run's rows and step are shared with the program's own `run.log` calls (on the
     training thread, into its own run or into the one gradlog started), and wandb's client is not safe
     for two threads logging at once: rows were lost or merged (issue 41). So `log()` returns only once
-    this writer's thread has sent the step (bounded like every writer: one call running longer than
-    `guard.SYNC_PATIENCE_S` is not waited for).
+    this writer's thread has sent the step (bounded like every writer: one call running longer than the
+    output's `timeout` is not waited for).
     """
 
     ordered = True

@@ -247,6 +247,47 @@ def grouped_tables(report: Any) -> dict[str, Table]:
     return out
 
 
+#: at most this many index ranges in a finding's line (the table's row has them all)
+WHERE_RANGES = 4
+
+
+def findings(report: Any) -> list[dict[str, Any]]:
+    """`Report.findings()` (one per cause) each with `where`: the slices it names and since when ("units 1, 7
+    (2 of 64) from step 55"), or "" for a whole tensor. The Findings list names a cause by its layer, so
+    without it a layer whose units died at three steps read as three identical lines."""
+    from gradlog.verdict.causes import group
+    from gradlog.verdict.report import FINDINGS
+
+    found: list[dict[str, Any]] = report.findings()
+    places: list[str] = []
+    for kind in FINDINGS:  # the causes in `Report.findings`' order
+        for records in group(kind.KIND, report.records(kind)):
+            if records[0].policy_kind() is None:
+                break
+            places.append(where(records))
+    if len(places) != len(found):  # cannot pair them up: the findings as they are
+        return found
+    return [{**f, "where": w} for f, w in zip(found, places)]
+
+
+def where(records: Sequence[Any]) -> str:
+    """What of its tensors one cause covers: the slices (`units` where the cause spans a layer's tensors) and
+    the step they stopped from; a stalled tensor's step; "" for whole tensors."""
+    from gradlog.verdict.records import format_ranges
+
+    first = records[0]
+    since = getattr(first, "since_step", None)
+    when = f"from step {since}" if isinstance(since, int) and since >= 0 else ""
+    indices = getattr(first, "indices", None)
+    if not indices:
+        return when
+    noun = "units" if len(records) > 1 else str(getattr(first, "slices", "slices"))
+    n = len(indices)
+    ranges = format_ranges(indices, WHERE_RANGES)
+    what = f"{noun if n > 1 else noun.removesuffix('s')} {ranges} ({n} of {first.total})"
+    return f"{what} {when}".strip()
+
+
 def table_titles() -> dict[str, str]:
     """The tables the tab lists under the findings, in order, by key, with their titles: the records' own
     (`gradlog.verdict.report.FINDINGS`), then the alerts."""

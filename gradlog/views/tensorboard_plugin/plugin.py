@@ -195,7 +195,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             "summary": summary,
             "tables": {k: {"columns": c, "rows": r} for k, (c, r) in shown.items()},
             "titles": data.table_titles(),
-            "findings": [] if report is None else report.findings(),
+            "findings": [] if report is None else data.findings(report),
             "marks": data.marks(tables, summary, live),
             "names": names,
             "metrics": [m for m in data.METRICS if any(t.startswith(data.metric_prefix(m)) for t in tags)],

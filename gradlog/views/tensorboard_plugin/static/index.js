@@ -266,7 +266,8 @@ class Tab {
         order.indexOf(kinds[a.table] || a.table) - order.indexOf(kinds[b.table] || b.table));
       for (const f of sorted) {
         const more = f.tensors.length > 1 ? ` — ${f.touched.join(", ")}` : "";
-        list.append(item(f.tensors[0], kinds[f.table] || f.table, f.label, more));
+        const label = f.where ? `${f.label} ${f.where}` : f.label; // which units, from when: causes of one layer differ
+        list.append(item(f.tensors[0], kinds[f.table] || f.table, label, more));
       }
       for (const [name, kind] of Object.entries(ov.marks)) if (kind === "nonfinite") list.append(item(name, kind, name, ""));
       count = list.children.length;
