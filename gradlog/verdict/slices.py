@@ -19,7 +19,7 @@ that never changed lost its update to rounding (bf16/fp16).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -297,10 +297,14 @@ def partly_updated(
     owners: Owners,
     optimizer: torch.optim.Optimizer | None,
     optimizer_steps: int,
+    sites: Mapping[int, str] | None = None,
+    between: Mapping[int, tuple[int, int]] | None = None,
 ) -> list[PartlyUpdated]:
     """One record per tensor, dim and reason, in model order; `whole` names the tensors already in
     `never_updated` (their slices are not repeated); `owners`: the tensors' owning modules, which name
-    the slices (kept from the last time the model was there when it was garbage-collected)."""
+    the slices (kept from the last time the model was there when it was garbage-collected); `sites`: where
+    a tensor was written outside the optimizer, where seen (`gradlog.measure.writes`), for slices set back;
+    `between`: two steps between which it was so written, where known."""
     candidates: list[tuple[Tracked, SliceFacts]] = []
     for row in rows:
         f = facts.get(row.index)
@@ -353,7 +357,7 @@ def partly_updated(
                 continue
             caveat = "" if in_state is not None else _caveat(ev, optimizer_steps)
             pruned = _pruned(owner, dim, changed.numel())
-            moves = (f.moved.get(dim), f.moved_at)
+            moves = (f.moved.get(dim), f.moved_at, (sites or {}).get(row.index, ""), (between or {}).get(row.index))
             out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned, moves)
     return out
 
@@ -408,7 +412,7 @@ def _records(
     ev: Evidence,
     caveat: str,
     pruned: torch.Tensor | None = None,
-    moves: tuple[torch.Tensor | None, tuple[int, ...]] = (None, ()),
+    moves: tuple[torch.Tensor | None, tuple[int, ...], str, tuple[int, int] | None] = (None, (), "", None),
 ) -> list[PartlyUpdated]:
     total = never.numel()
     noun, question = _WORDS.get(words_key(kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
@@ -462,7 +466,7 @@ def _records(
                 f"and the effective {base.rsplit('.', 1)[-1]} is zero there), by design"
             )
         elif reason is Reason.OVERWRITTEN:
-            detail = set_back_slices(what, moves[1])
+            detail = set_back_slices(what, moves[1], moves[2], moves[3])
         elif reason is Reason.NOT_IN_BATCH and not hooked:
             words = unseen_words(row.name, idx, total)
             detail = f"{words}: {head}; zero gradient at all {with_grad} measured steps with a gradient"
