@@ -335,6 +335,69 @@ def test_gpt2_mlp_units_set_back_are_named_as_units() -> None:
     assert "overwritten" in report.verdict
 
 
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_mask_applied_in_place_after_every_step_is_partly_overwritten(every: int) -> None:
+    """`a.weight.data.mul_(mask)` after every step, the mask zeroing output units 2 and 5, which were not zero
+    at the start: they are zero from the first mask on, the optimizer moves them at every step, the mask puts
+    them back to zero. At close they differ from their start (so "back where they started" cannot see them);
+    before, the verdict said OK. Now they are partly never updated, overwritten, with the steps between which
+    they were set back; with every=1 also the line (the ledger sees the tensor change between two consecutive
+    measured steps, and the write watch names the write)."""
+    model, opt, loss = mlp()
+    w = model.a.weight
+    units = [2, 5]
+    mask = torch.ones(w.shape[0], 1)
+    mask[units] = 0.0
+    assert bool((w.detach()[units] != 0).all())  # non-zero at the start: not the premasked case
+
+    seen: list[torch.Tensor] = []
+
+    def reset(step: int) -> None:
+        seen.append(w.detach().clone())  # the reference: the values after each update, before the mask
+        w.data.mul_(mask)  # planted: mul
+
+    report, same = run(model, opt, loss, reset, every=every, steps=12)
+    # by hand: the masked units moved at every update and are zero before every later step
+    assert all(bool((s[units] != 0).any(dim=1).all()) for s in seen)
+    assert bool((w.detach()[units] == 0).all()) and not same["a.weight"][-1]
+    got = partly(report)
+    assert set(got) == {("a.weight", 0)}, report.partly_updated
+    indices, reason, detail = got[("a.weight", 0)]
+    assert indices == units and reason is Reason.OVERWRITTEN
+    k, k2 = (1, 2) if every == 1 else (3, 6)  # the first two watched steps both after the first mask
+    assert detail.startswith(f"output units 2, 5 (2 of 8) updated by the optimizer at step {k}, yet their values")
+    assert f"between steps {k} and {k2}" in detail, detail
+    assert report.never_updated == [] and report.stalled == [] and not report.healthy
+    text = " ".join(str(report).split())
+    site = planted_site(test_a_mask_applied_in_place_after_every_step_is_partly_overwritten, "mul")
+    assert (f"{site} (`w.data.mul_(mask)`)" in text) == (every == 1), text
+
+
+def test_gpt2_units_masked_in_place_every_step_are_named() -> None:
+    """A real transformers GPT-2: h[1]'s MLP units 4 and 11 masked in place after every step
+    (`w.data.mul_(mask)`, the columns of Conv1D's weight); the rest of GPT-2 learns. gradlog names the columns,
+    overwritten, and the line."""
+    model = tiny_gpt2()
+    gen = torch.Generator().manual_seed(0)
+    w = model.transformer.h[1].mlp.c_fc.weight
+    units = [4, 11]
+    mask = torch.ones(1, w.shape[1])
+    mask[0, units] = 0.0
+
+    def reset(step: int) -> None:
+        w.data.mul_(mask)  # planted: gpt2 mul
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    report, _ = run(model, opt, lambda step: lm_loss(model, gen), reset, steps=5)
+    assert bool((w.detach()[:, units] == 0).all())  # the reference: zero at the end, not at the start
+    over = [p for p in report.partly_updated if p.reason is Reason.OVERWRITTEN]
+    assert [(p.name, p.dim, list(p.indices)) for p in over] == [("transformer.h.1.mlp.c_fc.weight", 1, units)]
+    assert "between steps 1 and 2" in over[0].detail
+    site = planted_site(test_gpt2_units_masked_in_place_every_step_are_named, "gpt2 mul")
+    assert f"{site} (`w.data.mul_(mask)`)" in " ".join(str(report).split())
+    assert "overwritten" in report.verdict
+
+
 # --- a resumed run keeps the set-back state -----------------------------------------------------------------------
 @pytest.mark.parametrize("ended", ["closed", "killed"])
 @pytest.mark.parametrize("fixed", [False, True])

@@ -68,6 +68,33 @@ def set_back_slices(
     )
 
 
+def set_back_again(what: str, pair: tuple[int, int], site: str = "") -> str:
+    """The detail of slices (`what`) that changed since the start, yet the optimizer's move of them at watched
+    step k was undone before watched step k' (`pair`): their values before k' were those before k, bit for bit
+    (`gradlog.measure.slice_moves`: a mask applied in place after every step, ``w.data.mul_(mask)``, zeroes
+    rows the optimizer moves away from zero again); `site`: the line that wrote the tensor, where seen."""
+    k, k2 = pair
+    at = f" at {site}" if site else ""
+    return (
+        f"{what} updated by the optimizer at step {k}, yet their values before step {k2} are those before step {k} "
+        f"(by their fingerprints): set back outside the optimizer{at} between steps {k} and {k2}, while "
+        f"the rest of the tensor learned; {_FIX_SITE_AGAIN if site else _FIX_AGAIN}"
+    )
+
+
+#: what to look for when slices are set back to a value that is not their first one
+_FIX_AGAIN = (
+    "look for a write to part of the tensor after optimizer.step(): a mask applied after every step "
+    "(w.data.mul_(mask) keeps the masked entries at zero while the optimizer keeps moving them: pruned on "
+    "purpose, use torch.nn.utils.prune, which masks in forward), or p.data[idx] = ... in the loop"
+)
+#: the same, where the write's line is known
+_FIX_SITE_AGAIN = (
+    "fix: remove that write, or if it prunes on purpose use torch.nn.utils.prune (it masks in forward, so "
+    "the optimizer no longer moves what the mask zeroes)"
+)
+
+
 def _steps(n: int) -> str:
     return f"{n} measured step{'s' if n != 1 else ''}"
 
