@@ -373,6 +373,25 @@ def test_a_mask_applied_in_place_after_every_step_is_partly_overwritten(every: i
     assert (f"{site} (`w.data.mul_(mask)`)" in text) == (every == 1), text
 
 
+def test_weights_restored_once_after_the_first_step_stay_quiet() -> None:
+    """An LR finder's pattern: one step, every weight put back (load_state_dict of a copy taken before it),
+    then training on. Every slice that step moved is back before the next: the whole tensor, once, which is
+    no slice set back while the rest learns (and no set-back streak): no record."""
+    import copy
+
+    model, opt, loss = mlp()
+    saved = copy.deepcopy(model.state_dict())
+
+    def restore(step: int) -> None:
+        if step == 0:
+            model.load_state_dict(saved)
+
+    report, same = run(model, opt, loss, restore)
+    assert same["a.weight"][0] and not any(same["a.weight"][1:])  # the reference: back once, then learning
+    assert report.partly_updated == [] and report.never_updated == [] and report.stalled == []
+    assert report.healthy, report.verdict
+
+
 def test_gpt2_units_masked_in_place_every_step_are_named() -> None:
     """A real transformers GPT-2: h[1]'s MLP units 4 and 11 masked in place after every step
     (`w.data.mul_(mask)`, the columns of Conv1D's weight); the rest of GPT-2 learns. gradlog names the columns,

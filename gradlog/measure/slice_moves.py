@@ -104,10 +104,15 @@ class SliceMoves:
             return  # elements: at consecutive steps only (see the module docstring)
         if a.rows.shape != moved[0].shape:
             return
+        same = a.rows == b.rows
+        # some slice the step moved stayed moved: a part was set back while the rest learned. Every moved one
+        # back is the whole tensor put back (a checkpoint restored once, an LR finder's weights): the ledger's
+        # streak, proven by fingerprints, judges that, not one pair of steps here (a device flag: no host read)
+        partial = (moved[0] & ~same).any()
         cols = None
         if moved[1] is not None and a.cols is not None and b.cols is not None and a.cols.shape == moved[1].shape:
-            cols = moved[1] & (a.cols == b.cols)
-        self.back.setdefault(key, []).append((was, step, moved[0] & (a.rows == b.rows), cols))
+            cols = moved[1] & (a.cols == b.cols) & partial
+        self.back.setdefault(key, []).append((was, step, moved[0] & same & partial, cols))
 
     def observe(self, step: int, keys: list[int], diffs: list[torch.Tensor]) -> None:
         """OR in the slices of `diffs` (before - after of each tensor `keys[i]`, on its device) that moved at
