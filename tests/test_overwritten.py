@@ -392,6 +392,29 @@ def test_weights_restored_once_after_the_first_step_stay_quiet() -> None:
     assert report.healthy, report.verdict
 
 
+def test_tiny_updates_of_a_deep_mlp_are_no_set_back_and_arm_no_watch() -> None:
+    """The healthy twin of the set-back findings: 40 layers at lr 1e-4, whose deep biases move by rounding noise
+    (update ratios ~1e-7). Such an element can come back to its start by itself, and a sum of squares can stay
+    bit for bit: before, `5.bias` unit 54 was 'set back outside the optimizer' (a problem), and the screen's
+    unproven streaks started the write watch on 22 tensors. Now nothing is overwritten and nothing watched."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(40)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x = torch.randn(8, 64)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, histograms=False)
+    watched = []
+    for step in range(10):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        gl.log(step)
+        opt.zero_grad()
+        watched.append(gl.pipeline.writes.active)
+    report = gl.close()
+    assert not any(watched) and not gl.pipeline.writes.sites
+    assert [p.name for p in report.partly_updated if p.reason is Reason.OVERWRITTEN] == []
+    assert "overwritten" not in report.verdict and report.never_updated == []
+
+
 def test_gpt2_units_masked_in_place_every_step_are_named() -> None:
     """A real transformers GPT-2: h[1]'s MLP units 4 and 11 masked in place after every step
     (`w.data.mul_(mask)`, the columns of Conv1D's weight); the rest of GPT-2 learns. gradlog names the columns,

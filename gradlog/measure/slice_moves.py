@@ -24,6 +24,7 @@ consecutive optimizer steps (an element moved by rounding noise may come back by
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,7 @@ class Signature:
     cols: torch.Tensor | None = None
 
 
+@functools.lru_cache(maxsize=64)  # a model repeats its shapes: built once per length (64 x <= 8 bytes each)
 def _weights(n: int, salt: int, device: torch.device) -> torch.Tensor:
     g = torch.Generator().manual_seed(0x5E7B4C + salt)
     return (torch.rand(n, generator=g, dtype=torch.float64) + 1.0).to(device)

@@ -320,7 +320,6 @@ class Ledger:
             if sb is None:
                 measured = self._ev(row).measured - 2  # before `index` (this step and `index` are counted)
                 self.set_back[row.index] = SetBack(index, m.index, max(0, measured), i)
-                self.to_watch.append(row.index)
             else:
                 sb.hits += 1
                 sb.pending = True
@@ -346,6 +345,8 @@ class Ledger:
                 sb.ref, sb.held, sb.moved_on = fp, 0, True
             else:
                 sb.held += 1
+                if sb.held == 1:  # proven by fingerprints, not only by the screen's sums (updates below their
+                    self.to_watch.append(index)  # rounding keep a sum bit for bit): where is the write?
 
     def changed(self, rows: list[Tracked], provisional: bool = False) -> dict[int, bool]:
         """Whether each tensor's value differs from its first fingerprint; keeps which slices did in

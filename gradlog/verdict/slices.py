@@ -399,7 +399,7 @@ def partly_updated(
             moves = Moves(
                 f.moved.get(dim), f.moved_at, (sites or {}).get(row.index, ""), (between or {}).get(row.index)
             )
-            moves.back, moves.back_at = back, f.back_at
+            moves.back, moves.back_at, moves.back_any = back, f.back_at, f.back.get(dim)
             out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned, moves)
     return out
 
@@ -417,6 +417,7 @@ class Moves:
     between: tuple[int, int] | None = None
     back: torch.Tensor | None = None
     back_at: tuple[int, int] | None = None
+    back_any: torch.Tensor | None = None  # `back` with the slices that never changed
 
 
 def _all_each(flags: list[torch.Tensor]) -> list[bool]:
@@ -489,6 +490,9 @@ def _records(
         rest = picked & ~pad
     by_optimizer = moves.moved
     over = rest & never & by_optimizer if by_optimizer is not None else torch.zeros_like(rest)
+    if dim is None:  # an element moved by rounding noise may come back to its start by itself over later steps:
+        # set back only where seen so at two consecutive steps (`SliceMoves.back`)
+        over &= moves.back_any if moves.back_any is not None else torch.zeros_like(over)
     if moves.back is not None:  # moved, and as they were before the next watched step: set back
         over |= rest & moves.back
     if bool(over.any()):  # moved, yet as they were
