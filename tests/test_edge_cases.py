@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 import gradlog
 import gradlog.run.diagnosing
@@ -243,8 +244,12 @@ def test_bad_input_errors_name_the_value_and_the_fix() -> None:
         gradlog.GradLogger(model, opt, every=0)
     with pytest.raises(ValueError, match=r"bins must be an integer in 1\.\.512, got 513"):
         gradlog.GradLogger(model, opt, histograms=gradlog.HistogramOptions(bins=513))
+    hooks = set(_global_optimizer_pre_hooks)
     with pytest.raises(ValueError, match=r"unknown writer 'tensorbored'; valid names are .*'memory'"):
         gradlog.GradLogger(model, opt, writer="tensorbored")
+    # a constructor that failed leaves no hook behind: its global step pre-hook ran at every optimizer step of
+    # the process afterwards (and changed a later test's count of frames dynamo compiled for a compiled step)
+    assert set(_global_optimizer_pre_hooks) == hooks and not opt._optimizer_step_pre_hooks
     with pytest.raises(TypeError, match="one GradLogger per optimizer"):
         gradlog.GradLogger(model, [opt])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"HistogramOptions\(every=7\) must be a positive multiple of every=5"):

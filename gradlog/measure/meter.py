@@ -661,6 +661,8 @@ class Meter:
                 # so its norm is taken from an fp32 difference, built and dropped per tensor.
                 low = [j for j, a in enumerate(after) if a.is_floating_point() and a.element_size() < 4]
                 exact = [_sumsq(after[j].float() - op.snapshot[j].float()) for j in low]
+                if op.dist is None:  # the values before the step, at a tensor's first measured steps only
+                    self.slice_moves.before(op.index, [op.rows[i].index for i in op.moving], op.snapshot)
                 # before - after, in place (no second copy), with the norms of after and of the difference
                 moved_weight, moved = subtract_with_sumsq(op.snapshot, after, device)
                 if op.dist is None:  # which slices the step moved, at a tensor's first measured steps only

@@ -19,6 +19,7 @@ from gradlog.measure.amp import AmpState
 from gradlog.measure.meter import Meter
 from gradlog.measure.owners import Owners
 from gradlog.measure.params import ParamTable, Tracked
+from gradlog.measure.writes import WriteWatch
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
@@ -75,6 +76,7 @@ class Diagnosis:
     collective: bool = True
     reuse: bool = False
     segments: Segments | None = None
+    writes: WriteWatch | None = None  # where flagged tensors were written outside the optimizer, where seen
 
     def report(self) -> Report:
         """The records (`records`), of a resumed run merged with the earlier segments' (`Segments.merge`),
@@ -100,7 +102,13 @@ class Diagnosis:
         evidence, spanning = self._evidence(rows)
         earlier = self.segments.set_back_before() if self.segments is not None else set()
         set_back, set_back_stalled = overwritten(
-            rows, spanning, self.ledger.back_to_start, self.ledger.set_back, earlier, self.ledger.evidence
+            rows,
+            spanning,
+            self.ledger.back_to_start,
+            self.ledger.set_back,
+            earlier,
+            self.ledger.evidence,
+            self._sites(),
         )
         never = diagnose(
             rows,
@@ -188,7 +196,20 @@ class Diagnosis:
         unjudged = {r.name for r in never}
         if self.segments is not None:
             facts, unjudged = self.segments.fold_slices(rows, facts), self.segments.never_anywhere(unjudged)
-        return partly_updated(rows, facts, spanning, unjudged, owners, self.optimizer, self.steps)
+        return partly_updated(
+            rows, facts, spanning, unjudged, owners, self.optimizer, self.steps, self._sites(), self._between()
+        )
+
+    def _sites(self) -> dict[int, str]:
+        """Where each flagged tensor was written outside the optimizer, where the write watch saw it."""
+        return self.writes.words() if self.writes is not None else {}
+
+    def _between(self) -> dict[int, tuple[int, int]]:
+        """Per tensor, two steps between which it was written outside the optimizer: the first two consecutive
+        measured steps that show it (the ledger's), else the optimizer step after which the write watch saw it."""
+        out = {index: (k, k + 1) for index, k in self.writes.after.items()} if self.writes is not None else {}
+        out.update(self.ledger.written_between)
+        return out
 
     def _stalled(self, rows: list[Tracked], never: list[NeverUpdated], set_back: list[Stalled]) -> list[Stalled]:
         """Tensors that learned and then stopped, and those set back to a value they held before (not

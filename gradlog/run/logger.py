@@ -150,7 +150,14 @@ class GradLogger:
             zero.connect(self.pipeline.measures_next, self.pipeline.meter.reducer, lambda: self.pipeline.steps)
         #: this run's segment, and the earlier segments it continues (gradlog/run/resume.py); None off rank 0
         self.segments: Continuation | None
-        writers, self.segments = open_run(out, log_dir, wstrict, options, self.pipeline, f"{os.getpid()}-{id(self)}")
+        try:
+            run_id = f"{os.getpid()}-{id(self)}"
+            writers, self.segments = open_run(out, log_dir, wstrict, options, self.pipeline, run_id)
+        except BaseException:
+            # a bad writer name or log_dir: the pipeline's hooks go with the logger that never was (its global
+            # pre-hook would otherwise run at every optimizer step in the process, holding the model alive)
+            self.pipeline.detach()
+            raise
         self.writers = GuardedWriters(writers, strict=out.strict, timeout=out.timeout)
         segs = self.segments
         rows = (lambda: segs.rows(self.table.live, self.ledger.evidence)) if segs is not None else None

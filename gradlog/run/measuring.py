@@ -21,6 +21,7 @@ from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
 from gradlog.measure.meter import Clip, Measurement, Meter
 from gradlog.measure.params import ParamTable, Selection
+from gradlog.measure.writes import WriteWatch
 from gradlog.run.diagnosing import Diagnosis, Segments
 from gradlog.run.options import Options
 from gradlog.run.publishing import Failures
@@ -114,6 +115,8 @@ class Pipeline:
         self.ledger = Ledger()
         self.ledger.fingerprint_new(self.table.live, self.table.generation)
         self.optimizer_steps = 0
+        #: the line that sets a flagged tensor back, looked for once it is flagged (`measure/writes.py`)
+        self.writes = WriteWatch(lambda: self.optimizer_steps)
         self.calls = 0  # log() calls: the step counter without an optimizer
         self.pending: Measurement | None = None  # fetched, not yet published
         self.handles: list[Any] = []
@@ -251,6 +254,7 @@ class Pipeline:
             self._global = None
         self.meter.abandon()
         self.meter.release()
+        self.writes.stop()
 
     def release_optimizer(self) -> None:
         """A closed logger keeps neither the optimizer nor its tensors alive."""
@@ -436,6 +440,10 @@ class Pipeline:
         m = self.meter.fetch()
         if m is not None:
             self.ledger.observe(m)
+            flagged, self.ledger.to_watch = set(self.ledger.to_watch), []
+            optimizer = self.optimizer
+            if flagged and not self.closed and optimizer is not None:  # look for the line that writes it
+                self.writes.watch([r for r in m.rows if r.index in flagged], optimizer)
             if self.alerts is not None:  # every rank judges the same reduced numbers; only rank 0 says so
                 self.alerts.emit = self.rank_zero
                 self.alerts.observe(m)
@@ -466,6 +474,7 @@ class Pipeline:
             collective,
             reuse,
             segments,
+            self.writes,
         ).report()
 
     def final_report(self, diagnose: Callable[[], Report], policy: Policy, strict: bool) -> Report:

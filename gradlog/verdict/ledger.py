@@ -16,6 +16,7 @@ fingerprints differ, and it is let go).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -149,8 +150,18 @@ class Ledger:
         self.set_back: dict[int, SetBack] = {}
         #: filled by `changed`: tensors updated at measured steps whose values equal their first ones (exact)
         self.back_to_start: set[int] = set()
-        #: the last measurement's rows, sums of squares before its step and which rows it updated (`_screen`)
-        self._prev: tuple[list[Tracked], torch.Tensor, torch.Tensor, int] | None = None
+        #: the last measurement's rows, sums of squares before its step, which rows it updated, its step, and
+        #: the sums of squares after it of the rows it copied (NaN elsewhere) (`_screen`)
+        self._prev: tuple[list[Tracked], torch.Tensor, torch.Tensor, int, torch.Tensor] | None = None
+        #: tracked indices newly seen written outside the optimizer (a set-back streak begun, or values changed
+        #: between consecutive steps a second time): where the write is, is worth a look (`gradlog.measure.writes`)
+        self.to_watch: list[int] = []
+        #: tracked indices whose values changed once between two consecutive steps: a one-off write (a checkpoint
+        #: restored once) is no pattern to look for; a second one is
+        self._written_once: set[int] = set()
+        #: per tracked index, the first two consecutive measured steps (k, k + 1) between which its values
+        #: changed outside the optimizer: where a set-back of some of its slices happened at the latest
+        self.written_between: dict[int, tuple[int, int]] = {}
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -196,6 +207,7 @@ class Ledger:
             ev.first_version = -1
         self.slice_changes.pop(index, None)
         self.set_back.pop(index, None)
+        self.written_between.pop(index, None)
 
     @property
     def nbytes(self) -> int:
@@ -282,13 +294,28 @@ class Ledger:
             self._prev = None
             return
         moved = upd > 0 if not m.skipped else torch.zeros(upd.shape, dtype=torch.bool)
-        prev, self._prev = self._prev, (m.rows, before, moved, m.index)
+        after = m.weight_sumsq
+        copied = torch.isfinite(upd)  # a row fingerprinted, not copied, has an update of +inf ("moved")
+        if after.device.type == "cpu" and after.shape == upd.shape:
+            after = torch.where(copied, after, torch.full_like(after, math.nan))
+        else:
+            after = torch.full(upd.shape, math.nan, dtype=upd.dtype)
+        prev, self._prev = self._prev, (m.rows, before, moved, m.index, after)
         if prev is None:
             return
-        rows, was, was_moved, index = prev
+        rows, was, was_moved, index, was_after = prev
         if rows is not m.rows and rows != m.rows:  # element identity first: a C loop over pointers
             self.set_back.clear()  # the table changed: positions differ, start again
             return
+        if m.index == index + 1:  # consecutive steps: the values the step found are those the last one left?
+            written = torch.logical_and(torch.logical_and(copied, was_moved), before != was_after)
+            written &= ~torch.isnan(was_after)
+            for i in written.nonzero().flatten().tolist():
+                key = m.rows[i].index
+                self.written_between.setdefault(key, (index, m.index))
+                if key in self._written_once:
+                    self.to_watch.append(key)
+                self._written_once.add(key)
         same = torch.logical_and(was_moved, before == was)
         hits = set(same.nonzero().flatten().tolist())
         for tracked in [k for k, sb in self.set_back.items() if sb.at not in hits]:
@@ -326,6 +353,8 @@ class Ledger:
                 sb.ref, sb.held, sb.moved_on = fp, 0, True
             else:
                 sb.held += 1
+                if sb.held == 1:  # proven by fingerprints, not only by the screen's sums (updates below their
+                    self.to_watch.append(index)  # rounding keep a sum bit for bit): where is the write?
 
     def changed(self, rows: list[Tracked], provisional: bool = False) -> dict[int, bool]:
         """Whether each tensor's value differs from its first fingerprint; keeps which slices did in

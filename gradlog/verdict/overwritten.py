@@ -32,6 +32,12 @@ _FIX = (
 )
 
 
+#: the fix where the write is known (`gradlog.measure.writes`: the detail names its line)
+_FIX_SITE = (
+    "fix: change that write so it keeps the optimizer's updates (mask the current weights, w.data.mul_(mask), "
+    "not saved ones; or use torch.nn.utils.prune), or remove it"
+)
+
 #: what to look for when some rows (columns, elements) of a tensor are set back, the others learning
 _FIX_SLICES = (
     "look for a write to part of the tensor after optimizer.step(): a mask re-applied to saved values "
@@ -40,17 +46,53 @@ _FIX_SLICES = (
 )
 
 
-def set_back_slices(what: str, moved_at: tuple[int, ...]) -> str:
+def set_back_slices(
+    what: str, moved_at: tuple[int, ...], site: str = "", between: tuple[int, int] | None = None
+) -> str:
     """The detail of slices (`what`: "output units 3, 7 (2 of 16)") whose values at close are their first
     ones although the optimizer moved them at one of the steps `moved_at` (`gradlog.measure.slice_moves`:
-    a tensor's first measured steps, where each slice's update is looked at)."""
+    a tensor's first measured steps, where each slice's update is looked at); `site`: the line that wrote
+    the tensor outside the optimizer, where seen (`gradlog.measure.writes`); `between`: two steps between
+    which it was so written (the write watch's, or two consecutive measured steps'), where known."""
     steps = ", ".join(str(s) for s in moved_at)
     when = f"at step {steps}" if len(moved_at) == 1 else f"at one or more of steps {steps}"
+    at = f" at {site}" if site else ""
+    if between is not None:
+        gap = f" between steps {between[0]} and {between[1]}"
+    else:
+        gap = f" after step {moved_at[0]}" if len(moved_at) == 1 else " after those steps"
     return (
         f"{what} never changed, although the optimizer updated them {when} (where gradlog compares each slice "
-        "before and after the step): their values are back where they started, set back outside the optimizer "
-        f"after that update, while the rest of the tensor learned; {_FIX_SLICES}"
+        f"before and after the step): their values are back where they started, set back outside the optimizer{at}"
+        f"{gap}, while the rest of the tensor learned; {_FIX_SITE if site else _FIX_SLICES}"
     )
+
+
+def set_back_again(what: str, pair: tuple[int, int], site: str = "") -> str:
+    """The detail of slices (`what`) that changed since the start, yet the optimizer's move of them at watched
+    step k was undone before watched step k' (`pair`): their values before k' were those before k, bit for bit
+    (`gradlog.measure.slice_moves`: a mask applied in place after every step, ``w.data.mul_(mask)``, zeroes
+    rows the optimizer moves away from zero again); `site`: the line that wrote the tensor, where seen."""
+    k, k2 = pair
+    at = f" at {site}" if site else ""
+    return (
+        f"{what} updated by the optimizer at step {k}, yet their values before step {k2} are those before step {k} "
+        f"(by their fingerprints): set back outside the optimizer{at} between steps {k} and {k2}, while "
+        f"the rest of the tensor learned; {_FIX_SITE_AGAIN if site else _FIX_AGAIN}"
+    )
+
+
+#: what to look for when slices are set back to a value that is not their first one
+_FIX_AGAIN = (
+    "look for a write to part of the tensor after optimizer.step(): a mask applied after every step "
+    "(w.data.mul_(mask) keeps the masked entries at zero while the optimizer keeps moving them: pruned on "
+    "purpose, use torch.nn.utils.prune, which masks in forward), or p.data[idx] = ... in the loop"
+)
+#: the same, where the write's line is known
+_FIX_SITE_AGAIN = (
+    "fix: remove that write, or if it prunes on purpose use torch.nn.utils.prune (it masks in forward, so "
+    "the optimizer no longer moves what the mask zeroes)"
+)
 
 
 def _steps(n: int) -> str:
@@ -73,10 +115,14 @@ def overwritten(
     set_back: dict[int, SetBack],
     earlier: Collection[str] = (),
     own: Mapping[int, Evidence] | None = None,
+    sites: Mapping[int, str] | None = None,
 ) -> tuple[dict[int, str], list[Stalled]]:
     """The never-updated details (by tracked index) and the stalled records of tensors set back outside the
     optimizer, in model order. A resumed run: `earlier` names the tensors the earlier segments found set back
-    (`gradlog.run.resume.Continuation.set_back_before`), `own` is this segment's evidence (`resumed_set_back`)."""
+    (`gradlog.run.resume.Continuation.set_back_before`), `own` is this segment's evidence (`resumed_set_back`).
+    `sites`: where each tensor was written outside the optimizer, where seen (`gradlog.measure.writes`):
+    the detail names the line and ends with its fix."""
+    sites = sites or {}
     never: dict[int, str] = {}
     stalled: list[Stalled] = []
     for row in rows:
@@ -86,21 +132,24 @@ def overwritten(
         sb = set_back.get(row.index)
         held = sb if _held(sb) else None
         when = f" between steps {held.since} and {held.back_at}" if held is not None else ""
+        site = sites.get(row.index)
+        at = f" at {site}" if site else ""
+        fix = _FIX_SITE if site else _FIX
         if row.index in back_to_start:
             never[row.index] = (
-                f"{_updated(ev)}, yet its values are back where they started: set back outside the optimizer"
-                f"{when or ' (after the last measured step at the latest)'}; {_FIX}"
+                f"{_updated(ev)}, yet its values are back where they started: set back outside the optimizer{at}"
+                f"{when or ' (after the last measured step at the latest)'}; {fix}"
             )
         elif held is not None and held.measured_before <= 1:
             never[row.index] = (
-                f"{_updated(ev)}, yet set back outside the optimizer{when}, and again before each of the "
-                f"{_steps(held.hits)} from {held.back_at} on: its values before them are all the same; {_FIX}"
+                f"{_updated(ev)}, yet set back outside the optimizer{at}{when}, and again before each of the "
+                f"{_steps(held.hits)} from {held.back_at} on: its values before them are all the same; {fix}"
             )
         elif held is not None:
             detail = (
-                f"updated by the optimizer at every measured step, yet set back outside it{when}, and again before "
-                f"each of the {_steps(held.hits)} from {held.back_at} on: its values before them are all the same "
-                f"(those before step {held.since}: it learned until then); {_FIX}"
+                f"updated by the optimizer at every measured step, yet set back outside it{at}{when}, and again "
+                f"before each of the {_steps(held.hits)} from {held.back_at} on: its values before them are all the "
+                f"same (those before step {held.since}: it learned until then); {fix}"
             )
             stalled.append(Stalled(row.name, held.back_at, held.since, Reason.OVERWRITTEN, detail))
     if earlier and own is not None:

@@ -19,7 +19,7 @@ that never changed lost its update to rounding (bf16/fp16).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -34,7 +34,7 @@ from gradlog.measure.slice_moves import SliceMoves
 from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import Evidence
-from gradlog.verdict.overwritten import set_back_slices
+from gradlog.verdict.overwritten import set_back_again, set_back_slices
 from gradlog.verdict.records import format_ranges
 from gradlog.verdict.report import PartlyUpdated, Reason
 from gradlog.verdict.rounding import unmoved
@@ -54,6 +54,10 @@ class SliceFacts:
     #: and those steps (empty: not watched); a slice so moved whose values never changed was set back
     moved: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
     moved_at: tuple[int, ...] = ()
+    #: per slice, moved at one watched step and as it was before it before the next (`SliceMoves.set_back`):
+    #: set back outside the optimizer, whatever its first value; and the first such pair of steps
+    back: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+    back_at: tuple[int, int] | None = None
 
 
 # what a slice is called, by owning module type and dim: (plural noun, zero-gradient question)
@@ -182,6 +186,12 @@ def slice_facts(
             if t is not None:
                 keys.append((row.index, 20 + dim))  # 20, 21: the rows and columns the optimizer moved
                 parts.append(t)
+        pairs = moves.set_back(row.index) if moves is not None and row.index in changes else []
+        for p, (_, _, back_rows, back_cols) in enumerate(pairs):
+            for dim, t in ((0, back_rows), (1, back_cols)):
+                if t is not None:
+                    keys.append((row.index, 30 + 2 * p + dim))  # 30, 31, 32, ...: set back, per pair of steps
+                    parts.append(t)
     # host vectors are used as they are (read only below); the others come over in one copy
     seen: dict[tuple[int, int | None], torch.Tensor] = {}
     away = [(key, t) for key, t in zip(keys, parts) if t.device.type != "cpu"]
@@ -216,8 +226,31 @@ def slice_facts(
                 if t is not None and t.shape != changed[d].shape:  # resized since: the evidence is stale
                     found[d] = None
         moved_at = tuple(moves.steps.get(row.index, ())) if moves is not None else ()
-        out[row.index] = SliceFacts(changed, nonzero, state, moved, moved_at)
+        back, back_at = _set_back(row.index, seen, moves.set_back(row.index) if moves is not None else [], changed)
+        out[row.index] = SliceFacts(changed, nonzero, state, moved, moved_at, back, back_at)
     return out
+
+
+def _set_back(
+    index: int,
+    seen: dict[tuple[int, int | None], torch.Tensor],
+    pairs: list[tuple[int, int, torch.Tensor, torch.Tensor | None]],
+    changed: dict[int | None, torch.Tensor],
+) -> tuple[dict[int | None, torch.Tensor | None], tuple[int, int] | None]:
+    """The slices set back at any pair of watched steps (host, by kind as `changed`), and the first pair."""
+    back: dict[int | None, torch.Tensor | None] = {}
+    first: tuple[int, int] | None = None
+    for p, (was, step, _, _) in enumerate(pairs):
+        for dim in (0, 1):
+            t = seen.get((index, 30 + 2 * p + dim))
+            d: int | None = None if dim == 0 and None in changed else dim
+            if t is None or d not in changed or t.shape != changed[d].shape:
+                continue
+            acc = back.get(d)
+            back[d] = t if acc is None else acc | t
+            if first is None and bool(t.any()):
+                first = (was, step)
+    return back, first
 
 
 def global_facts(rows: Sequence[Tracked], facts: dict[int, SliceFacts], reducer: Reducer) -> dict[int, SliceFacts]:
@@ -297,10 +330,14 @@ def partly_updated(
     owners: Owners,
     optimizer: torch.optim.Optimizer | None,
     optimizer_steps: int,
+    sites: Mapping[int, str] | None = None,
+    between: Mapping[int, tuple[int, int]] | None = None,
 ) -> list[PartlyUpdated]:
     """One record per tensor, dim and reason, in model order; `whole` names the tensors already in
     `never_updated` (their slices are not repeated); `owners`: the tensors' owning modules, which name
-    the slices (kept from the last time the model was there when it was garbage-collected)."""
+    the slices (kept from the last time the model was there when it was garbage-collected); `sites`: where
+    a tensor was written outside the optimizer, where seen (`gradlog.measure.writes`), for slices set back;
+    `between`: two steps between which it was so written, where known."""
     candidates: list[tuple[Tracked, SliceFacts]] = []
     for row in rows:
         f = facts.get(row.index)
@@ -319,6 +356,9 @@ def partly_updated(
             nz = f.nonzero.get(dim)
             if nz is not None:
                 checks.append(nz)
+            back = f.back.get(dim)
+            if back is not None:
+                checks.append(~back)
     every = iter(_all_each(checks))
     out: list[PartlyUpdated] = []
     for row, f in candidates:
@@ -329,8 +369,9 @@ def partly_updated(
         for dim in f.changed:
             all_changed = next(every)
             all_nonzero = next(every) if f.nonzero.get(dim) is not None else True
-            # every slice changed and none can be decay-only: nothing to report
-            if not (all_changed and (with_grad <= 0 or not wd > 0 or all_nonzero)):
+            none_back = next(every) if f.back.get(dim) is not None else True
+            # every slice changed and none can be decay-only or was set back: nothing to report
+            if not (all_changed and none_back and (with_grad <= 0 or not wd > 0 or all_nonzero)):
                 todo.append(dim)
         if not todo:
             continue
@@ -348,14 +389,35 @@ def partly_updated(
             if in_state is not None:  # the optimizer saw every step: a gradient at an unmeasured step shows
                 decayed &= ~in_state
             never = ~changed
-            picked = never | decayed
+            back = f.back.get(dim)
+            back = back & changed if back is not None else None  # set back to a value other than the first
+            picked = never | decayed if back is None else never | decayed | back
             if not bool(picked.any()):
                 continue
             caveat = "" if in_state is not None else _caveat(ev, optimizer_steps)
             pruned = _pruned(owner, dim, changed.numel())
-            moves = (f.moved.get(dim), f.moved_at)
+            moves = Moves(
+                f.moved.get(dim), f.moved_at, (sites or {}).get(row.index, ""), (between or {}).get(row.index)
+            )
+            moves.back, moves.back_at, moves.back_any = back, f.back_at, f.back.get(dim)
             out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned, moves)
     return out
+
+
+@dataclass
+class Moves:
+    """What the optimizer's moves say of one tensor's slices of one kind (`partly_updated`): those it moved at
+    its first watched steps and those steps, the line that wrote it outside the optimizer and two steps
+    between which it did (where known), and the slices set back to their values before a watched step (changed
+    since the start) with the first pair of steps that showed it."""
+
+    moved: torch.Tensor | None = None
+    moved_at: tuple[int, ...] = ()
+    site: str = ""
+    between: tuple[int, int] | None = None
+    back: torch.Tensor | None = None
+    back_at: tuple[int, int] | None = None
+    back_any: torch.Tensor | None = None  # `back` with the slices that never changed
 
 
 def _all_each(flags: list[torch.Tensor]) -> list[bool]:
@@ -408,14 +470,15 @@ def _records(
     ev: Evidence,
     caveat: str,
     pruned: torch.Tensor | None = None,
-    moves: tuple[torch.Tensor | None, tuple[int, ...]] = (None, ()),
+    moves: Moves | None = None,
 ) -> list[PartlyUpdated]:
     total = never.numel()
     noun, question = _WORDS.get(words_key(kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
     hooked = bool(getattr(row.param, "_backward_hooks", None))
     if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
         question = "a gradient hook on this tensor (register_hook) zeroes them?"
-    picked = never | decayed
+    moves = moves or Moves()
+    picked = never | decayed if moves.back is None else never | decayed | moves.back
     # One mask per reason (whole-tensor ops: an embedding of 800k rows is one call, not a Python loop per row),
     # in the order of each reason's first slice.
     masks: list[tuple[Reason, torch.Tensor]] = []
@@ -425,10 +488,16 @@ def _records(
         pad[padding] = True
         masks.append((Reason.PADDING_IDX, pad))
         rest = picked & ~pad
-    by_optimizer = moves[0]
-    if by_optimizer is not None and bool((rest & never & by_optimizer).any()):  # moved, yet as they were
-        masks.append((Reason.OVERWRITTEN, rest & never & by_optimizer))
-        rest = rest & ~(never & by_optimizer)
+    by_optimizer = moves.moved
+    over = rest & never & by_optimizer if by_optimizer is not None else torch.zeros_like(rest)
+    if dim is None:  # an element moved by rounding noise may come back to its start by itself over later steps:
+        # set back only where seen so at two consecutive steps (`SliceMoves.back`)
+        over &= moves.back_any if moves.back_any is not None else torch.zeros_like(over)
+    if moves.back is not None:  # moved, and as they were before the next watched step: set back
+        over |= rest & moves.back
+    if bool(over.any()):  # moved, yet as they were
+        masks.append((Reason.OVERWRITTEN, over))
+        rest = rest & ~over
     if pruned is not None and zero is not None and bool((rest & zero & pruned).any()):
         masks.append((Reason.PRUNED, rest & zero & pruned))  # no gradient there by design: the mask zeroes them
         rest = rest & ~(zero & pruned)
@@ -461,8 +530,10 @@ def _records(
                 f"{head}: pruned by torch.nn.utils.prune ({base}_mask is zero there: no gradient reaches them, "
                 f"and the effective {base.rsplit('.', 1)[-1]} is zero there), by design"
             )
+        elif reason is Reason.OVERWRITTEN and moves.back is not None and moves.back_at is not None and moved:
+            detail = set_back_again(what, moves.back_at, moves.site)
         elif reason is Reason.OVERWRITTEN:
-            detail = set_back_slices(what, moves[1])
+            detail = set_back_slices(what, moves.moved_at, moves.site, moves.between)
         elif reason is Reason.NOT_IN_BATCH and not hooked:
             words = unseen_words(row.name, idx, total)
             detail = f"{words}: {head}; zero gradient at all {with_grad} measured steps with a gradient"
