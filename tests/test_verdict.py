@@ -335,6 +335,10 @@ def test_a_logger_that_saw_no_step_says_it_measured_nothing():
     assert report.verdict == (
         "gradlog OK: nothing measured, so no answer on the 2 tracked tensors (0 optimizer steps, 0 measured)"
     )
+    # the console is that line alone: a "Never updated (2 of 2 tensors)" table of `unknown` above it read as the
+    # opposite; the records stay in to_dict() and the written tables
+    assert str(report) == report.verdict
+    assert [r["reason"] for r in report.to_dict()["never_updated"]] == ["unknown", "unknown"]
     # a finding that needs no measurement still is one: a tensor left out of the optimizer
     model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
     opt = torch.optim.SGD(model[0].parameters(), lr=0.1)

@@ -137,3 +137,22 @@ def test_the_guard_asks_every_writer_through_the_contract() -> None:
     assert guard.dropped == 4
     guard.after_fork()
     assert forked == ["counting"] and guard.writers == []
+
+
+@pytest.mark.parametrize(("count", "said"), [(1, "1 record was dropped"), (4, "4 records were dropped")])
+def test_the_dropped_records_warning_counts_in_words(count: int, said: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The close-time line about dropped records agrees with its count ('record(s) were' read wrong for one)."""
+
+    class Dropping(Minimal):
+        inline = True
+
+        @property
+        def dropped(self) -> int:
+            return count
+
+    guard = GuardedWriters([Dropping()], timeout=1.0)
+    with caplog.at_level("WARNING", logger="gradlog"):
+        guard.close()
+    assert [r.getMessage() for r in caplog.records if "dropped during this run" in r.getMessage()] == [
+        f"gradlog: {said} during this run (slow, stalled or failing writers)"
+    ]

@@ -115,5 +115,6 @@ def run_report(
             return _fail(f"cannot write the plot to {plot!r} ({type(exc).__name__}: {exc})")
         _write(f"plot written to {plot}", sys.stderr)
     if health.skipped:  # a partial report: say so, and let scripts tell it from a clean read
-        return _fail(f"{len(health.skipped)} unreadable part(s) of {path!r} skipped; the report above is partial")
+        n = len(health.skipped)
+        return _fail(f"{n} unreadable part{'' if n == 1 else 's'} of {path!r} skipped; the report above is partial")
     return OK if health.healthy else PROBLEMS

@@ -56,7 +56,8 @@ class GradlogCallback(RunAccess, Callback):
         if not 0 <= self.optimizer_index < len(optimizers):
             raise ValueError(
                 f"GradlogCallback(optimizer_index={self.optimizer_index}): configure_optimizers returned "
-                f"{len(optimizers)} optimizer(s); pass an index below {len(optimizers)}"
+                f"{len(optimizers)} optimizer{'' if len(optimizers) == 1 else 's'}; "
+                f"pass an index below {len(optimizers)}"
             )
         resumed = _resumed_from(trainer)
         where = resumed or trainer.log_dir or trainer.default_root_dir

@@ -592,11 +592,14 @@ class Report:
         limit = RANGES_SHOWN if console else None
         out = []
         for kind in FINDINGS:
-            records = self.records(kind)
+            records: Sequence[Record] = self.records(kind)
+            weighed = [r for r in self.never_updated if r.weighed(self)]
+            if console and kind is NeverUpdated:  # nothing measured: the verdict says so, no table of "unknown"
+                records = weighed
             if not records:
                 continue
             if console and kind is NeverUpdated:
-                rows = console_rows(self.never_updated)
+                rows = console_rows(weighed)
             elif grouped:
                 rows = grouped_rows(kind.KIND, records, lambda r: r.row(limit))
             else:

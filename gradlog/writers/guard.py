@@ -34,6 +34,11 @@ DEFAULT_MAX_QUEUE = 4096
 SYNC_PATIENCE_S = 0.5
 
 
+def _records(n: int, verb: str) -> str:
+    """ "1 record was lost" / "3 records were lost": a count, its noun and its verb agreeing."""
+    return f"{n} record was {verb}" if n == 1 else f"{n} records were {verb}"
+
+
 def _warn(msg: str) -> None:
     warn(msg, stacklevel=5)
 
@@ -75,7 +80,7 @@ class _Lane(Lane):
         if lost is not None:
             _warn(
                 f"gradlog: {type(self.writer).__name__} did not finish in time at close(); "
-                f"{lost} record(s) still queued or in progress are lost (dropped={self.dropped})"
+                f"{_records(lost, 'lost')} (still queued or in progress; dropped={self.dropped})"
             )
 
 
@@ -209,7 +214,7 @@ class GuardedWriters(Writer):
             lane.close_by(start + wait)
         self._report_lane_errors()
         if self.dropped:
-            msg = f"gradlog: {self.dropped} record(s) were dropped during this run (slow, stalled or failing writers)"
+            msg = f"gradlog: {_records(self.dropped, 'dropped')} during this run (slow, stalled or failing writers)"
             log.warning(msg)
 
     def after_fork(self) -> None:

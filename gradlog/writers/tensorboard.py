@@ -252,7 +252,8 @@ def _shutdown(lane: _Lane, timeout: float, emit: bool = True) -> None:
         lane.sink.problem(
             "close",
             f"gradlog: TensorBoard writing did not finish within {timeout:g} s at close() (a stalled disk?); "
-            f"{lost} queued record(s) are lost (dropped={lane.dropped + lane.sink.dropped})",
+            f"{lost} queued {'record is' if lost == 1 else 'records are'} lost "
+            f"(dropped={lane.dropped + lane.sink.dropped})",
         )
     if emit:
         _emit(lane.sink.new_problems())
