@@ -505,3 +505,20 @@ def test_an_fp32_key_bias_that_never_moved_is_a_tiny_update_note(tmp_path):
     assert "non-zero optimizer moment" in rec.detail and "master weights" not in rec.detail
     assert result.healthy
     assert main(["diff", *paths]) == 0
+
+
+def test_the_text_keeps_within_a_terminal_even_with_long_names(tmp_path):
+    """The diff's tables follow the run report's width rule: a detail that would run past 100 columns prints
+    under its row (a 112-column row came from a long module name and a never-changed detail)."""
+    name = "image_encoder.backbone_stage_three.projection"
+    a = {f"{name}.weight": torch.randn(6, 4), f"{name}.bias": torch.randn(6), "head.weight": torch.randn(2, 6)}
+    b = {k: v.clone() for k, v in a.items()}
+    b["head.weight"] += 1.0  # head learned; the long-named layer never changed; one of its rows did not either
+    b[f"{name}.weight"][1:] += 0.5
+    b[f"{name}.bias"][1:] += 0.5
+    torch.save(a, tmp_path / "a.pt")
+    torch.save(b, tmp_path / "b.pt")
+    text = diff(open_all([str(tmp_path / "a.pt"), str(tmp_path / "b.pt")])).text()
+    assert "Rows/columns/elements that never changed:" in text and f"{name}.weight" in text
+    too_wide = [line for line in text.splitlines()[:-1] if len(line) > 100]  # the verdict: one line to grep
+    assert too_wide == []

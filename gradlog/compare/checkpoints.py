@@ -30,6 +30,7 @@ from gradlog.verdict.judge import CHECKPOINT_WORDS, Verdict, all_of, finding_lin
 from gradlog.verdict.policy import Policy, PolicyLike
 from gradlog.verdict.report import (
     COLUMNS,
+    CONSOLE_WIDTH,
     PARTLY_COLUMNS,
     STALLED_COLUMNS,
     NeverUpdated,
@@ -308,13 +309,17 @@ class DiffResult:
         out += [f"  {i}: {label}" for i, label in enumerate(self.checkpoints)]
         r = self.report
         if r.never_updated:
-            out += ["", "Never changed:", format_table(COLUMNS, [x.row() for x in r.never_updated])]
+            out += ["", "Never changed:", format_table(COLUMNS, [x.row() for x in r.never_updated], CONSOLE_WIDTH)]
         if r.partly_updated:
             rows = partly_rows(r.partly_updated)
-            out += ["", "Rows/columns/elements that never changed:", format_table(PARTLY_COLUMNS, rows)]
+            out += ["", "Rows/columns/elements that never changed:", format_table(PARTLY_COLUMNS, rows, CONSOLE_WIDTH)]
         if r.stalled:
             rows = [s.row() for s in r.stalled]
-            out += ["", "Changed, then stopped (steps are checkpoint intervals):", format_table(STALLED_COLUMNS, rows)]
+            out += [
+                "",
+                "Changed, then stopped (steps are checkpoint intervals):",
+                format_table(STALLED_COLUMNS, rows, CONSOLE_WIDTH),
+            ]
         if self.nonfinite:
             rows = [
                 [a.name, f"{a.checkpoint} ({self.checkpoints[a.checkpoint]})", str(a.count)] for a in self.nonfinite
