@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import gradlog
+import gradlog.measure.bucketing as bucketing
 import gradlog.measure.meter as meter_mod
 from gradlog.measure.bucketing import _device_histogram, histogram_partials
 from gradlog.measure.meter import rotation_length
@@ -390,3 +391,36 @@ def test_a_measured_step_holds_at_most_the_budget_over_the_unmonitored_run() -> 
     assert unbudgeted - budgeted >= 0.4 * weights, (base, budgeted, unbudgeted)
     assert math.isfinite(base)
     print(f"peak RSS over the unmonitored run: budget 12 MiB {budgeted:.1f} MiB, no budget {unbudgeted:.1f} MiB")
+
+
+def test_a_sampled_histogram_takes_its_range_from_the_steps_own_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40 point 3: the sampled histograms of the gradient, the weight and the update read none of their
+    tensor's entries but the sample's: the exact range comes from the zero count's pass (gradient) and the
+    subtraction (update, copied weights), the sum of squares from the norms. Min and max exact against numpy,
+    the sum of squares the norm's, counts scaled to the tensor."""
+    read: list[int] = []  # sizes of the tensors a histogram read in full for its range and moments
+    real = bucketing._host_chunks
+    monkeypatch.setattr(bucketing, "_host_chunks", lambda x: (read.append(x.numel()), real(x))[1])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    x = torch.randn(8, 512, generator=torch.Generator().manual_seed(1))
+    mse(model, x).backward()
+    w = model[0].weight
+    before = w.detach().clone()
+    opt.step()
+    gl.log(0)
+    assert w.grad is not None
+    tensors = {"grad": w.grad.detach().clone(), "weight": w.detach().clone(), "update": w.detach() - before}
+    gl.close()
+    assert tensors["weight"].numel() > SAMPLE
+    assert [n for n in read if n > SAMPLE] == []  # no full read of a sampled tensor by the histograms
+    for kind, t in tensors.items():
+        (_, h), *_ = mem.histograms[f"weights/{kind}/0.weight"]
+        a = t.double().numpy()
+        assert (h.min, h.max) == (float(a.min()), float(a.max())), kind  # exact
+        assert h.sum_squares == pytest.approx(float((a * a).sum()), rel=1e-5), kind
+        assert h.count == a.size and h.nonfinite == 0 and sum(h.counts) == a.size, kind
+        assert abs(h.sum - float(a.sum())) <= 5 * _sum_error(t) + 1e-9, kind
