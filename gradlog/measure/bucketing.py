@@ -478,8 +478,9 @@ def histogram_partials(
     `(max(x) - x) * scale`, the same rounded numbers as negating first, without a pass that writes.
 
     `sample`: a tensor of more entries than that has its buckets counted on `sample` of them (`sample_index`:
-    fixed, uniform positions) and scaled to its number of finite values (`scale_counts`); min, max, sum, sum of
-    squares and the NaN/Inf count stay exact. A bucket holding a share q of the values is then off by about
+    fixed, uniform positions) and scaled to its number of finite values (`scale_counts`); min, max, sum of
+    squares and the NaN/Inf count stay exact (the sum too on accelerators; on the CPU it is the sample's, scaled:
+    see `_sampled_moments`). A bucket holding a share q of the values is then off by about
     sqrt(q (1 - q) / sample) of the total (docs/metrics.md). None: every entry is counted.
     """
     dt = stat_dtype(device)
