@@ -1533,18 +1533,24 @@ def growth_table(args: argparse.Namespace, device: torch.device, tmp: str, bench
         f"Residual MLPs: 8 blocks of width {'/'.join(map(str, widths))} (16 tensors), then width 32 with "
         "250/1,000/2,500 blocks; AdamW(foreach=True), batch 16; gradlog every step, MemoryWriter; then the models "
         f"above. Histogram part: hist-1 minus scalars-1 (three histograms a tensor; a tensor over {sample or 0:,} "
-        "entries is binned from a sample of that size). Sampled: tensors above the sample size.",
+        "entries is binned from a sample of that size), split into the gradients' zero count a histogram step makes "
+        "(zeros-1 minus scalars-1; NaN where zeros-1 did not run) and the histograms alone (hist-1 minus zeros-1). "
+        "Sampled: tensors above the sample size.",
         "",
         "| model | trainable parameters | tensors | sampled | scalars ms | per M params | per 1k tensors | "
-        "histogram part ms | per M params | per 1k tensors | scalars + histograms ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "histogram part ms | per M params | per 1k tensors | of which the zero count ms | histograms alone ms | "
+        "per M params | scalars + histograms ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
-    def line(name: str, n_trainable: int, n_tensors: int, sampled: int, s: float, h: float) -> str:
-        mp, kt, part = n_trainable / 1e6, n_tensors / 1e3, h - s
+    def line(name: str, n_trainable: int, n_tensors: int, sampled: int, s: float, h: float, z: float) -> str:
+        """`z`: zeros-1's ms (scalars + the zero count a histogram step makes): the histogram part's split into
+        the gradients' zero count (a verdict input, every entry read by design) and the histograms alone."""
+        mp, kt, part, zero = n_trainable / 1e6, n_tensors / 1e3, h - s, z - s
         return (
             f"| {name} | {mp:.2f}M | {n_tensors} | {sampled} | {s:.1f} | {s / mp:.2f} | {s / kt:.1f} | "
-            f"{part:.1f} | {part / mp:.3f} | {part / kt:.1f} | {h:.1f} |"
+            f"{part:.1f} | {part / mp:.3f} | {part / kt:.1f} | {zero:.1f} | {h - z:.1f} | {(h - z) / mp:.3f} | "
+            f"{h:.1f} |"
         )
 
     def n_sampled(model: nn.Module) -> int:
@@ -1556,7 +1562,7 @@ def growth_table(args: argparse.Namespace, device: torch.device, tmp: str, bench
             args,
             device,
             tmp,
-            configs=["baseline", "scalars-1", "hist-1"],
+            configs=["baseline", "scalars-1", "zeros-1", "hist-1"],
             rounds=args.growth_rounds,
             steps=3,
             quiet=True,
@@ -1564,13 +1570,13 @@ def growth_table(args: argparse.Namespace, device: torch.device, tmp: str, bench
         rows = summarise(bench.runs, bench.base)
         for run in bench.runs:
             run.mon.close()
-        s, h = _row_of(rows, "scalars-1"), _row_of(rows, "hist-1")
-        out.append(line(spec.name, bench.n_trainable, bench.n_tensors, n_sampled(bench.base.model), s, h))
+        s, h, z = _row_of(rows, "scalars-1"), _row_of(rows, "hist-1"), _row_of(rows, "zeros-1")
+        out.append(line(spec.name, bench.n_trainable, bench.n_tensors, n_sampled(bench.base.model), s, h, z))
         print(f"  growth: {spec.name} done", file=sys.stderr)
     for b in benches or []:
-        s, h = _row_of(b.rows, "scalars-1"), _row_of(b.rows, "hist-1")
+        s, h, z = _row_of(b.rows, "scalars-1"), _row_of(b.rows, "hist-1"), _row_of(b.rows, "zeros-1")
         if not (math.isnan(s) or math.isnan(h)):
-            out.append(line(b.model.name, b.n_trainable, b.n_tensors, n_sampled(b.base.model), s, h))
+            out.append(line(b.model.name, b.n_trainable, b.n_tensors, n_sampled(b.base.model), s, h, z))
     return "\n".join(out)
 
 

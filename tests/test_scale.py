@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import gradlog
+import gradlog.measure.bucketing as bucketing
 import gradlog.measure.meter as meter_mod
 from gradlog.measure.bucketing import _device_histogram, histogram_partials
 from gradlog.measure.meter import rotation_length
@@ -49,11 +50,18 @@ def _gpt2_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
+def _sum_error(x: torch.Tensor) -> float:
+    """The documented error of a sampled histogram's sum: n * std / sqrt(sample) (docs/metrics.md)."""
+    return x.numel() * x.double().std().item() / math.sqrt(SAMPLE)
+
+
 def _check_sampled(row: torch.Tensor, exact_row: torch.Tensor, x: torch.Tensor, label: str) -> None:
     """The sampled row against the exact one (the same bucketing of every entry) and against numpy."""
     counts, exact = row[:BINS].double(), exact_row[:BINS].double()
     n = x.numel()
-    assert row[BINS:].tolist() == exact_row[BINS:].tolist(), label  # min, max, sum, sum of squares, NaN/Inf: exact
+    got, want = row[BINS:].tolist(), exact_row[BINS:].tolist()
+    assert got[:2] + got[3:] == want[:2] + want[3:], label  # min, max, sum of squares, NaN/Inf: exact
+    assert abs(got[2] - want[2]) <= 5 * _sum_error(x) + 1e-9 * n, label  # the sum: the sample's, scaled
     assert row[BINS].item() == x.min().item() and row[BINS + 1].item() == x.max().item(), label
     assert counts.sum().item() == n, label  # scaled to the tensor's size, in integers
     assert counts[0] >= 1 and counts[-1] >= 1, label  # the buckets of the exact min and max hold them
@@ -141,14 +149,15 @@ def test_the_verdicts_inputs_do_not_change_with_sampling() -> None:
     differ = 0
     for key, series in exact.histograms.items():
         for (s1, h1), (s2, h2) in zip(series, sampled.histograms[key]):
-            assert s1 == s2 and (h1.min, h1.max, h1.sum, h1.sum_squares, h1.count, h1.nonfinite) == (
-                h2.min,
-                h2.max,
-                h2.sum,
-                h2.sum_squares,
-                h2.count,
-                h2.nonfinite,
-            ), key
+            assert s1 == s2 and (h1.min, h1.max, h1.count, h1.nonfinite) == (h2.min, h2.max, h2.count, h2.nonfinite)
+            if h1.count <= SAMPLE:  # not sampled: the same histogram
+                assert (h1.sum, h1.sum_squares, h1.counts) == (h2.sum, h2.sum_squares, h2.counts), key
+                continue
+            # sampled: the sum of squares is the step's norm squared (rounding apart from a dot product), the sum
+            # the sample's scaled to the tensor (within the documented error)
+            assert h2.sum_squares == pytest.approx(h1.sum_squares, rel=1e-5), key
+            std = math.sqrt(max(h1.sum_squares / h1.count - (h1.sum / h1.count) ** 2, 0.0))
+            assert abs(h2.sum - h1.sum) <= 5 * h1.count * std / math.sqrt(SAMPLE) + 1e-9, key
             differ += h1.counts != h2.counts
     assert differ > 0  # the 131,072-entry tensors were sampled
 
@@ -382,3 +391,36 @@ def test_a_measured_step_holds_at_most_the_budget_over_the_unmonitored_run() -> 
     assert unbudgeted - budgeted >= 0.4 * weights, (base, budgeted, unbudgeted)
     assert math.isfinite(base)
     print(f"peak RSS over the unmonitored run: budget 12 MiB {budgeted:.1f} MiB, no budget {unbudgeted:.1f} MiB")
+
+
+def test_a_sampled_histogram_takes_its_range_from_the_steps_own_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40 point 3: the sampled histograms of the gradient, the weight and the update read none of their
+    tensor's entries but the sample's: the exact range comes from the zero count's pass (gradient) and the
+    subtraction (update, copied weights), the sum of squares from the norms. Min and max exact against numpy,
+    the sum of squares the norm's, counts scaled to the tensor."""
+    read: list[int] = []  # sizes of the tensors a histogram read in full for its range and moments
+    real = bucketing._host_chunks
+    monkeypatch.setattr(bucketing, "_host_chunks", lambda x: (read.append(x.numel()), real(x))[1])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    x = torch.randn(8, 512, generator=torch.Generator().manual_seed(1))
+    mse(model, x).backward()
+    w = model[0].weight
+    before = w.detach().clone()
+    opt.step()
+    gl.log(0)
+    assert w.grad is not None
+    tensors = {"grad": w.grad.detach().clone(), "weight": w.detach().clone(), "update": w.detach() - before}
+    gl.close()
+    assert tensors["weight"].numel() > SAMPLE
+    assert [n for n in read if n > SAMPLE] == []  # no full read of a sampled tensor by the histograms
+    for kind, t in tensors.items():
+        (_, h), *_ = mem.histograms[f"weights/{kind}/0.weight"]
+        a = t.double().numpy()
+        assert (h.min, h.max) == (float(a.min()), float(a.max())), kind  # exact
+        assert h.sum_squares == pytest.approx(float((a * a).sum()), rel=1e-5), kind
+        assert h.count == a.size and h.nonfinite == 0 and sum(h.counts) == a.size, kind
+        assert abs(h.sum - float(a.sum())) <= 5 * _sum_error(t) + 1e-9, kind

@@ -53,6 +53,31 @@ def _moments(x: torch.Tensor) -> list[torch.Tensor]:
     return [p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()]
 
 
+#: Known moments of one tensor a sampled histogram is made of (`host_histograms`): its (min, max) where a pass
+#: the measured step made anyway took them (None: read here), and its sum of squares where the step's norms
+#: give it (None: read here).
+Known = tuple["tuple[float, float] | None", "float | None"]
+
+
+def _sampled_moments(x: torch.Tensor, known: Known | None) -> list[torch.Tensor]:
+    """`_moments` of a tensor whose buckets are counted on a sample: only what the step did not already give is
+    read, and the sum is left for the sample (0 here; `_host_row` estimates it). The exact range is the one
+    full read a sampled histogram keeps, when no pass of the step took it; the sum of squares is the norm's."""
+    rng, s2 = known if known is not None else (None, None)
+    pieces = _host_chunks(x) if rng is None or s2 is None else ()
+    if rng is None:
+        lo_hi = torch.stack([torch.stack(torch.aminmax(c)) for c in pieces]).double()
+        lo, hi = lo_hi[:, 0].min(), lo_hi[:, 1].max()  # torch's min/max keep a NaN
+    else:
+        lo, hi = torch.tensor(rng[0], dtype=torch.float64), torch.tensor(rng[1], dtype=torch.float64)
+    sumsq = (
+        torch.stack([torch.dot(c, c).double() for c in pieces]).sum()
+        if s2 is None
+        else torch.tensor(s2, dtype=torch.float64)
+    )
+    return [lo, hi, torch.zeros((), dtype=torch.float64), sumsq]
+
+
 _BUCKET_BYTES = 1 << 18  # CPU: bucketing's scratch, a float piece (and its positions, a quarter of that)
 _LANES = 8  # CPU bucketing: sets of counters for a crowded piece (see `_bucket_counts`)
 _LOCAL = threading.local()
@@ -134,6 +159,7 @@ def _host_histograms(
     moments: torch.Tensor,
     flips: list[bool] | None = None,
     sample: int | None = None,
+    known: Sequence[Known | None] | None = None,
 ) -> None:
     """CPU: small tensors in batches (`_batched_histograms`); the others one by one: min/max, sum and
     sum of squares, then the buckets, a cache-sized piece at a time (see `_bucket_counts`); the rare
@@ -141,7 +167,7 @@ def _host_histograms(
     [len(xs), bins] and `moments` [len(xs), 5] as they are made: no per-tensor results are kept and stacked.
 
     `flips[i]`: the row of `-xs[i]`, without making `-xs[i]` (contiguous floating tensors only: see
-    `histogram_partials`). `sample`: see `histogram_partials`."""
+    `histogram_partials`). `sample`: see `histogram_partials`; `known`: see `host_histograms`."""
     done = _batched_histograms(xs, bins, counts, moments, flips)
     rest = [xs[i] for i, d in enumerate(done) if not d]
     at = [i for i, d in enumerate(done) if not d]
@@ -153,12 +179,26 @@ def _host_histograms(
         # a few MB of tensors at a time: their moments in one stack and one read-back, then their buckets
         # while they are still in the last-level cache (all moments first read every tensor from memory twice)
         for run in _slices(rest, _GROUP_BYTES):
-            parts = [m for j in run if rest[j].numel() for m in _moments(rest[j])]
+            parts = [
+                m
+                for j in run
+                if rest[j].numel()
+                for m in (
+                    _sampled_moments(rest[j], known[at[j]] if known is not None else None)
+                    if _is_sampled(rest[j], sample)
+                    else _moments(rest[j])
+                )
+            ]
             host = iter(torch.stack(parts).double().tolist() if parts else [])  # stack promotes fp32 + fp64
             for j in run:
                 i = at[j]
                 flip = flips is not None and flips[i]
                 _host_row(xs[i], i, bins, (counts, moments), rows, flip, host, scratch, sample)
+
+
+def _is_sampled(x: torch.Tensor, sample: int | None) -> bool:
+    """Whether flat `x`'s histogram is counted on a sample (`sampled`)."""
+    return sample is not None and x.numel() > sample
 
 
 def _host_row(
@@ -176,7 +216,8 @@ def _host_row(
     flat tensor `x`, whose min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`,
     counted from x: its min is -max(x), its sum -sum(x) (rounding is symmetric) and its positions
     `(max(x) - x) * scale`. `sample`: the buckets are counted on that many entries (`sampled`) and scaled to x's
-    finite values; the moments stay exact."""
+    finite values; min, max and the sum of squares stay exact, and the sum is the sample's scaled to x's size
+    (`_sampled_moments` left it out: a full read for a number no verdict uses)."""
     counts, moments = out
     if x.numel() == 0:
         counts[i] = 0
@@ -186,6 +227,7 @@ def _host_row(
     if flip:
         lo, hi, s = -hi, -lo, -s
     nonfinite = 0
+    estimate = _is_sampled(x, sample)  # `_sampled_moments`: the sum is the sample's
     if not all(math.isfinite(v) for v in (lo, hi, s, s2)):  # NaN/Inf inside (or an overflowed sum)
         z = x[torch.isfinite(x)]
         if flip:
@@ -200,6 +242,7 @@ def _host_row(
         lo, hi, s, s2 = torch.stack([*torch.aminmax(z), z.sum(), torch.dot(z, z)]).double().tolist()
         lo, hi = min(lo, 0.0), max(hi, 0.0)  # NaN/Inf stand at 0 for the range, as on accelerators
         x = z
+        estimate = False  # the masked copy's sum was read in full, above
     scale = bins / (hi - lo) if hi > lo else 0.0
     if hi - lo > torch.finfo(x.dtype).max or not _finite_in(scale, x.dtype):
         x = x.double()  # x - lo would overflow x's dtype, or the scale of a subnormal range would: float64 holds both
@@ -211,6 +254,9 @@ def _host_row(
         count[bins - 1] += count[bins]
         count[bins] = 0
         count[:bins] = scale_counts(count[:bins], x.numel(), hi > lo)
+        if estimate:
+            s = float(part.sum(dtype=torch.float64)) * (x.numel() / part.numel())
+            s = -s if flip else s
     c = count.numpy()  # numpy: a torch op costs ~3 us, per tensor
     c[bins - 1] += c[bins]  # the maximum itself sits on the closed right edge
     rows[0][i] = c[:bins]
@@ -390,10 +436,19 @@ def on_host(xs: Sequence[torch.Tensor], device: torch.device) -> bool:
 
 
 def host_histograms(
-    xs: Sequence[torch.Tensor], bins: int, negate: bool = False, sample: int | None = None
+    xs: Sequence[torch.Tensor],
+    bins: int,
+    negate: bool = False,
+    sample: int | None = None,
+    known: Sequence[Known | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU tensors (`on_host`): the `histogram_partials` numbers as bucket counts [n, bins] and moments
     [n, 5] (min, max, sum, sum of squares, NaN/Inf count; float64).
+
+    `known[i]`: what the measured step already knows of `xs[i]` (as it is, before `negate`): its exact (min, max),
+    taken in a pass the step made anyway (`stats.Ranges`), and its sum of squares (the norm's). Used for the
+    tensors counted on a sample, whose histograms then read none of their entries but the sample's; a NaN or
+    Inf in them sends the tensor to the exact masked path, as before.
 
     Why apart: the counts are integers, int32 (int64 from 2^31 values in one tensor), half the memory of
     float64 rows. A measured step holds the gradient and update histograms beside the weight snapshot,
@@ -403,7 +458,7 @@ def host_histograms(
     counts = torch.empty(len(flat), bins, dtype=torch.int64 if wide else torch.int32)
     moments = torch.empty(len(flat), 5, dtype=torch.float64)
     if flat:
-        _host_histograms(flat, bins, counts, moments, flips, sample)
+        _host_histograms(flat, bins, counts, moments, flips, sample, known)
     return counts, moments
 
 
@@ -423,8 +478,9 @@ def histogram_partials(
     `(max(x) - x) * scale`, the same rounded numbers as negating first, without a pass that writes.
 
     `sample`: a tensor of more entries than that has its buckets counted on `sample` of them (`sample_index`:
-    fixed, uniform positions) and scaled to its number of finite values (`scale_counts`); min, max, sum, sum of
-    squares and the NaN/Inf count stay exact. A bucket holding a share q of the values is then off by about
+    fixed, uniform positions) and scaled to its number of finite values (`scale_counts`); min, max, sum of
+    squares and the NaN/Inf count stay exact (the sum too on accelerators; on the CPU it is the sample's, scaled:
+    see `_sampled_moments`). A bucket holding a share q of the values is then off by about
     sqrt(q (1 - q) / sample) of the total (docs/metrics.md). None: every entry is counted.
     """
     dt = stat_dtype(device)

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradlog.measure.bucketing import histogram_bucket, histogram_partials, histogram_ranges, host_histograms, on_host
+from gradlog.measure.bucketing import (
+    Known,
+    histogram_bucket,
+    histogram_partials,
+    histogram_ranges,
+    host_histograms,
+    on_host,
+)
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.fingerprint import Fingerprint, changes_all, take_all
 from gradlog.measure.flat_shards import global_numel, slice_view
@@ -31,6 +38,7 @@ from gradlog.measure.stats import (
     HostStep,
     Packer,
     Part,
+    Ranges,
     copy_with_sumsq,
     dense_values,
     hist_key,
@@ -440,8 +448,11 @@ class Meter:
         pos = [i for i, h in enumerate(has_grad) if h]
         xs = [dense_values(grads[i]) for i in pos]  # type: ignore[arg-type]
         inv = self.grad_scale() if self.grad_scale is not None else None
-        grad = self._grad_partials(xs, pos, len(rows), device, zeros, inv)
         active = self.reducer is not None and self.reducer.active(rows)
+        fuse = histograms and "grad" in self.histogram_kinds and not active and self._fuses(xs, device)
+        ranges = self._ranges(xs, device) if fuse and zeros else None
+        grad = self._grad_partials(xs, pos, len(rows), device, zeros, inv, ranges)
+        known = self._grad_known(grad, pos, inv, ranges) if fuse else None
         dist = self.reducer.open(index, rows, device, tracked=len(self.table.live)) if self.reducer and active else None
         op = _Open(
             index=index,
@@ -462,7 +473,7 @@ class Meter:
         if dist is not None:
             op.grad_pos = list(range(len(rows)))  # every rank buckets every row; fetch drops rows with no grad anywhere
             xs = [dense_values(g) if g is not None else grad.new_zeros(0) for g in grads]
-        self._grad_histogram(op, xs, inv)
+        self._grad_histogram(op, xs, inv, known)
         if snapshot:
             self._snapshot(op)
         self._open = op
@@ -480,15 +491,49 @@ class Meter:
         ]
         return [r for r, _ in picked], [float(global_numel(p)) for _, p in picked]
 
+    def _fuses(self, xs: list[torch.Tensor], device: torch.device) -> bool:
+        """Whether this step's histograms of `xs` take what the step already knows of them (`Known`): sampled
+        histograms, on the CPU (the caller checks that the step is not sharded)."""
+        return self.sample is not None and bool(xs) and on_host(xs, device)
+
+    def _ranges(self, xs: list[torch.Tensor], device: torch.device) -> Ranges | None:
+        """A `Ranges` for the tensors of `xs` whose histograms are sampled (None: none to take)."""
+        if not self._fuses(xs, device):
+            return None
+        assert self.sample is not None
+        want = [x.numel() > self.sample for x in xs]
+        return Ranges(want) if any(want) else None
+
+    @staticmethod
+    def _known(ranges: Ranges | None, sumsq: list[float] | None, n: int) -> list[Known | None]:
+        """Per tensor, the range taken in a pass of the step and the sum of squares of its norm (None: unknown)."""
+        found = ranges.found() if ranges is not None else [None] * n
+        return [(found[j], sumsq[j] if sumsq is not None else None) for j in range(n)]
+
+    def _grad_known(
+        self, grad: torch.Tensor, pos: list[int], inv: torch.Tensor | None, ranges: Ranges | None
+    ) -> list[Known | None]:
+        """The gradient histograms' `Known`: ranges from the zero count's pass, sums of squares from the norms (as
+        the optimizer sees the gradients: read before `_unclip`; left out under AMP, whose norms are unscaled)."""
+        col = grad[:, SUMSQ].tolist() if inv is None else None
+        return self._known(ranges, [col[i] for i in pos] if col is not None else None, len(pos))
+
     @staticmethod
     def _grad_partials(
-        xs: list[torch.Tensor], pos: list[int], n: int, device: torch.device, zeros: bool, inv: torch.Tensor | None
+        xs: list[torch.Tensor],
+        pos: list[int],
+        n: int,
+        device: torch.device,
+        zeros: bool,
+        inv: torch.Tensor | None,
+        ranges: Ranges | None = None,
     ) -> torch.Tensor:
         """[n, 3] sum of squares, non-zeros, NaN/Inf of the gradients `xs` (rows `pos`), unscaled by `inv` (AMP).
-        Counting zeros is a pass of its own; without it "all zero" still comes from the norm."""
+        Counting zeros is a pass of its own; without it "all zero" still comes from the norm. `ranges`: taken in
+        the zero count's pass (`norm_partials`)."""
         if not xs:
             return torch.zeros(n, 3, dtype=stat_dtype(device), device=device)
-        part = norm_partials(xs, device, zero_counts=zeros)
+        part = norm_partials(xs, device, zero_counts=zeros, ranges=ranges)
         if inv is not None:
             part[:, SUMSQ] *= inv.to(part) ** 2
         return _every_row(part, pos, n)
@@ -527,15 +572,18 @@ class Meter:
                 dist.add_flag("dead_rows", global_rows(op.rows, seen.rows, device))
         return seen.keys
 
-    def _grad_histogram(self, op: _Open, xs: list[torch.Tensor], inv: torch.Tensor | None) -> None:
+    def _grad_histogram(
+        self, op: _Open, xs: list[torch.Tensor], inv: torch.Tensor | None, known: list[Known | None] | None = None
+    ) -> None:
         """The gradient histograms due this step, unscaled by `inv` (AMP): sharded (two-phase, global range), on
-        the CPU (kept on the step, `held`) or on an accelerator (a partials block for the step's host copy)."""
+        the CPU (kept on the step, `held`) or on an accelerator (a partials block for the step's host copy).
+        `known`: `host_histograms`' (CPU)."""
         due = op.histograms and "grad" in self.histogram_kinds and bool(xs)
         h = None
         if op.dist is not None:
             h = self._dist_grad_histogram(op.dist, xs, op.histograms)
         elif due and on_host(xs, op.packer.device):
-            counts, moments = host_histograms(xs, self.bins, sample=self.sample)
+            counts, moments = host_histograms(xs, self.bins, sample=self.sample, known=known)
             if inv is not None:
                 moments[:, :3] *= inv.to(moments)
                 moments[:, 3] *= inv.to(moments) ** 2
@@ -652,11 +700,21 @@ class Meter:
         hists: list[tuple[str, list[torch.Tensor], list[int] | None]] = []  # kind, tensors, their rows
         if op.histograms and "weight" in self.histogram_kinds and weights:
             hists.append(("weight", weights, None))
+        upd_known: list[Known | None] | None = None
+        w_ranges: list[tuple[float, float] | None] | None = None  # of the weights, by row
         if op.snapshot is not None and op.before is not None:
             sums["before"] = op.before
             update = torch.zeros_like(op.before)
             if op.snapshot:
                 after = [weights[i] for i in op.moving]
+                fuse = op.histograms and op.dist is None and self._fuses(after, device)
+                u_r = self._ranges(after, device) if fuse and "update" in self.histogram_kinds else None
+                w_r = self._ranges(after, device) if fuse and "weight" in self.histogram_kinds else None
+                both = (
+                    None
+                    if u_r is None and w_r is None
+                    else (u_r or Ranges([False] * len(after)), w_r or Ranges([False] * len(after)))
+                )
                 # fp16/bf16: the difference of two values of different sign rounds in their own dtype,
                 # so its norm is taken from an fp32 difference, built and dropped per tensor.
                 low = [j for j, a in enumerate(after) if a.is_floating_point() and a.element_size() < 4]
@@ -664,7 +722,7 @@ class Meter:
                 if op.dist is None:  # the values before the step, at a tensor's first measured steps only
                     self.slice_moves.before(op.index, [op.rows[i].index for i in op.moving], op.snapshot)
                 # before - after, in place (no second copy), with the norms of after and of the difference
-                moved_weight, moved = subtract_with_sumsq(op.snapshot, after, device)
+                moved_weight, moved = subtract_with_sumsq(op.snapshot, after, device, both)
                 if op.dist is None:  # which slices the step moved, at a tensor's first measured steps only
                     self.slice_moves.observe(op.index, [op.rows[i].index for i in op.moving], op.snapshot)
                 if self.count_frozen:
@@ -673,12 +731,18 @@ class Meter:
                 if low:
                     moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
                 update = _every_row(moved, op.moving, len(op.rows))
+                if fuse:
+                    upd_known = self._known(u_r, moved.tolist(), len(after))
+                    if w_r is not None:
+                        w_ranges = [None] * len(op.rows)
+                        for j, r in zip(op.moving, w_r.found()):
+                            w_ranges[j] = r
                 if op.histograms and "update" in self.histogram_kinds:
                     # The snapshot holds before - after; the histogram is of the update, its negation. The
                     # CPU counts it without negating (one pass fewer); elsewhere it is negated in place, as
                     # the device path would otherwise make a negated copy of each tensor.
                     if op.dist is None:  # bucketed now, so the snapshot is gone before the weights are
-                        self._queue_histogram(op, "update", op.snapshot, negate=True)
+                        self._queue_histogram(op, "update", op.snapshot, negate=True, known=upd_known)
                     else:
                         torch._foreach_neg_(op.snapshot)
                         hists.append(("update", op.snapshot, op.moving))
@@ -693,7 +757,8 @@ class Meter:
             for key, t in sums.items():  # this step's own results, referenced nowhere else: no copy at fetch
                 packer.add(key, t, owned=True)
             for kind, xs, _ in hists:
-                self._queue_histogram(op, kind, xs)
+                w_known = self._weight_known(op, xs, sums["weight"], w_ranges) if kind == "weight" else None
+                self._queue_histogram(op, kind, xs, known=w_known)
             if flag is not None:
                 packer.add("skipped", flag.reshape(-1)[:1])
         else:
@@ -750,13 +815,36 @@ class Meter:
             graded_out = _every_row(stacked[:, 1].contiguous(), at, len(op.rows))
         return kept, graded_out, judged
 
-    def _queue_histogram(self, op: _Open, kind: str, xs: list[torch.Tensor], negate: bool = False) -> None:
+    def _weight_known(
+        self,
+        op: _Open,
+        weights: list[torch.Tensor],
+        sumsq: torch.Tensor,
+        ranges: list[tuple[float, float] | None] | None,
+    ) -> list[Known | None] | None:
+        """The weight histograms' `Known`: the sums of squares of the step's weight norms, and the ranges the
+        subtraction took of the copied rows (the others' are read by the histogram: no pass of the step reads
+        them piece by piece)."""
+        if not self._fuses(weights, op.packer.device) or sumsq.device.type != "cpu":
+            return None
+        col = sumsq.tolist()
+        found = ranges if ranges is not None else [None] * len(weights)
+        return [(found[i], col[i]) for i in range(len(weights))]
+
+    def _queue_histogram(
+        self,
+        op: _Open,
+        kind: str,
+        xs: list[torch.Tensor],
+        negate: bool = False,
+        known: list[Known | None] | None = None,
+    ) -> None:
         """One kind's histograms of the step: on the CPU its counts and moments are kept on the step (`held`);
         elsewhere its partials block joins the step's host copy. `negate`: of `-x` for each x (on the CPU
-        counted without negating; elsewhere `xs` are negated in place, not copied)."""
+        counted without negating; elsewhere `xs` are negated in place, not copied). `known`: `host_histograms`'."""
         device = op.packer.device
         if on_host(xs, device):
-            op.held[kind] = host_histograms(xs, self.bins, negate=negate, sample=self.sample)
+            op.held[kind] = host_histograms(xs, self.bins, negate=negate, sample=self.sample, known=known)
             return
         if negate:
             torch._foreach_neg_(xs)

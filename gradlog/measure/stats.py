@@ -8,6 +8,7 @@ combine shards before the final norms and ratios are taken. Histograms: `gradlog
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,26 +70,79 @@ def _count_dtype(t: torch.Tensor) -> torch.dtype:
     return wide
 
 
-def _nonzero_counts(group: list[torch.Tensor]) -> torch.Tensor:
+class Ranges:
+    """Exact (min, max) of some of a measured step's tensors, taken inside a pass the step makes anyway (the
+    gradients' zero count, the update's subtraction) on each cache-sized piece just after that pass read it:
+    the range of a sampled histogram (`bucketing.host_histograms`' `known`) without a read of its own from
+    memory. CPU only (`wants`): contiguous floating tensors; positions are the caller's.
+
+    Why not from the norms' pass: `_foreach_norm` reads a whole tensor in one call, and cutting it into pieces
+    would change the norms' rounding, which the verdict reads."""
+
+    def __init__(self, want: Sequence[bool]) -> None:
+        self.want = list(want)
+        self._parts: dict[int, list[torch.Tensor]] = {}
+
+    def wants(self, i: int, x: torch.Tensor) -> bool:
+        """Whether tensor i's range is taken here (else the histogram reads it)."""
+        return self.want[i] and x.is_floating_point() and x.is_contiguous() and x.device.type == "cpu"
+
+    def add(self, i: int, piece: torch.Tensor) -> None:
+        """One piece of tensor i; every piece of it must come here."""
+        self._parts.setdefault(i, []).append(torch.stack(torch.aminmax(piece)))
+
+    def found(self) -> list[tuple[float, float] | None]:
+        """Per position, (min, max) of the tensors whose pieces came (NaN where any entry was NaN), else None."""
+        out: list[tuple[float, float] | None] = [None] * len(self.want)
+        if not self._parts:
+            return out
+        keys = list(self._parts)
+        per = [torch.stack(self._parts[i]).double() for i in keys]
+        both = torch.stack([torch.stack([p[:, 0].min(), p[:, 1].max()]) for p in per]).tolist()  # NaN stays NaN
+        for i, (lo, hi) in zip(keys, both):
+            out[i] = (lo, hi)
+        return out
+
+
+PieceFn = Callable[[torch.Tensor], None]
+
+
+def _nonzero_counts(group: list[torch.Tensor], pieces: Sequence[PieceFn | None] | None = None) -> torch.Tensor:
     """Non-zero entries per tensor (NaN/Inf count as non-zero, -0.0 as zero).
 
     A fused `_foreach_norm(x, 0)` on accelerators. On the CPU both that op and `count_nonzero`
     branch per entry and slow down ~10x on gradients with many zeros (ReLU), to ~2 ns per entry;
-    see `_host_nonzero` for the branch-free count used there.
+    see `_host_nonzero` for the branch-free count used there. `pieces[i]` (CPU): called on each cache-sized
+    piece of tensor i once it is counted (`Ranges.add`).
     """
     if not host_reads_free(group[0].device):
         return torch.stack(torch._foreach_norm(group, 0, dtype=_count_dtype(group[0])))
-    return torch.tensor([_host_nonzero(g) for g in group], dtype=torch.float64)
+    fns = pieces if pieces is not None else [None] * len(group)
+    return torch.tensor([_host_nonzero(g, fn) for g, fn in zip(group, fns)], dtype=torch.float64)
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.complex64, torch.complex128)
 _COUNT_SLICE = 1 << 16  # entries compared at a time: the boolean scratch stays at 64 kB (a step's peak)
 
 
-def _host_nonzero(g: torch.Tensor) -> int:
+def _host_nonzero(g: torch.Tensor, piece: PieceFn | None = None) -> int:
     """`x != 0` into a small boolean scratch, then a count of the booleans: both passes are
-    branch-free, so the cost (~1.3 norm passes) does not depend on how many zeros there are."""
+    branch-free, so the cost (~1.3 norm passes) does not depend on how many zeros there are.
+    `piece`: called on each cache-sized piece of `g` (flat) once it is counted, while it is in cache."""
     flat = g.resolve_conj().resolve_neg().reshape(-1)
+    if piece is None:
+        return _count_nonzero(flat)
+    step = max(1, _CACHE_BYTES // flat.element_size())
+    total = 0
+    for at in range(0, flat.numel(), step):
+        part = flat[at : at + step]
+        total += _count_nonzero(part)
+        piece(part)
+    return total
+
+
+def _count_nonzero(flat: torch.Tensor) -> int:
+    """`_host_nonzero` of a flat tensor."""
     if flat.dtype in _NUMPY_DTYPES:
         a = flat.numpy()
         if a.size <= _COUNT_SLICE:
@@ -281,13 +335,18 @@ def _zero_flags(group: list[torch.Tensor], l2: torch.Tensor) -> torch.Tensor:
 
 
 def subtract_with_sumsq(
-    snapshot: list[torch.Tensor], after: list[torch.Tensor], device: torch.device
+    snapshot: list[torch.Tensor],
+    after: list[torch.Tensor],
+    device: torch.device,
+    ranges: tuple[Ranges, Ranges] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`snapshot -= after` in place (the update, negated); returns the sums of squares of `after`
     and of the difference, each [n].
 
     On the CPU a cache-sized slice at a time: each weight is read once from memory for its norm
-    and the subtraction, and the difference's norm reads from cache.
+    and the subtraction, and the difference's norm reads from cache. `ranges` (CPU): (of the differences, of
+    `after`), by position: the tensors they want are subtracted a cache-sized piece at a time, each piece's
+    range taken while it is in cache (the same differences, bit for bit).
     """
 
     def work(idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -297,7 +356,17 @@ def subtract_with_sumsq(
             a = [after[idx[j]] for j in run]
             s = [snapshot[idx[j]] for j in run]
             w_l2 += _l2(a)
-            torch._foreach_sub_(s, a)
+            fused = [k for k in range(len(run)) if ranges is not None and _fusable(ranges, idx[run[k]], s[k], a[k])]
+            if fused:
+                assert ranges is not None
+                taken = set(fused)
+                rest = [k for k in range(len(run)) if k not in taken]
+                if rest:
+                    torch._foreach_sub_([s[k] for k in rest], [a[k] for k in rest])
+                for k in fused:
+                    _subtract_pieces(s[k], a[k], idx[run[k]], ranges)
+            else:
+                torch._foreach_sub_(s, a)
             u_l2 += _l2(s)
         both = _squares(w_l2 + u_l2, device)
         return both[: len(w_l2)], both[len(w_l2) :]
@@ -306,8 +375,33 @@ def subtract_with_sumsq(
     return weight, update
 
 
+def _fusable(ranges: tuple[Ranges, Ranges], i: int, s: torch.Tensor, a: torch.Tensor) -> bool:
+    """Whether `subtract_with_sumsq` takes position i's ranges: wanted, both tensors plain and alike."""
+    return (ranges[0].wants(i, s) or ranges[1].wants(i, a)) and (
+        s.is_contiguous() and a.is_contiguous() and s.dtype == a.dtype and s.is_floating_point()
+    )
+
+
+def _subtract_pieces(s: torch.Tensor, a: torch.Tensor, i: int, ranges: tuple[Ranges, Ranges]) -> None:
+    """`s -= a` a cache-sized piece at a time, each piece's range (difference, `a`) taken from cache."""
+    sf, af = s.view(-1), a.view(-1)
+    step = max(1, _CACHE_BYTES // s.element_size())
+    diff, weight = ranges[0].want[i], ranges[1].want[i]
+    for at in range(0, sf.numel(), step):
+        sp, ap = sf[at : at + step], af[at : at + step]
+        sp.sub_(ap)
+        if diff:
+            ranges[0].add(i, sp)
+        if weight:
+            ranges[1].add(i, ap)
+
+
 def norm_partials(
-    xs: Sequence[torch.Tensor], device: torch.device, counts: bool = True, zero_counts: bool = True
+    xs: Sequence[torch.Tensor],
+    device: torch.device,
+    counts: bool = True,
+    zero_counts: bool = True,
+    ranges: Ranges | None = None,
 ) -> torch.Tensor:
     """[n, 3]: sum of squares, count of non-zero entries (NaN/Inf included), count of NaN/Inf entries.
 
@@ -316,7 +410,8 @@ def norm_partials(
     (> 0; see `_zero_flags`): counting is a full extra pass, dearer on the CPU than the norms.
 
     One fused `_foreach_norm` per (device, dtype) group for the sums of squares (fp16/bf16
-    accumulated in fp32), one more for the non-zero counts; see `_nonfinite_counts`.
+    accumulated in fp32), one more for the non-zero counts; see `_nonfinite_counts`. `ranges` (CPU, with the
+    zero counts): the wanted tensors' ranges are taken in the count's pass (`Ranges`).
     """
 
     def work(idx: list[int]) -> tuple[torch.Tensor]:
@@ -330,7 +425,8 @@ def norm_partials(
             chunk = [group[j] for j in run]
             l2 += _l2(chunk)
             if counting:
-                found.append(_nonzero_counts(chunk))
+                fns = [_adder(ranges, idx[j], group[j]) for j in run] if ranges is not None else None
+                found.append(_nonzero_counts(chunk, fns))
         l2s = torch.stack(l2)
         if counts and numeric and not counting and host_reads_free(device) and l2s.device == device:
             return (_flags_from_norms(group, l2s),)
@@ -347,6 +443,11 @@ def norm_partials(
 
     (out,) = _by_group(xs, device, (3,), work)
     return out
+
+
+def _adder(ranges: Ranges, i: int, x: torch.Tensor) -> PieceFn | None:
+    """`ranges.add` for position i where its range is wanted, else None."""
+    return functools.partial(ranges.add, i) if ranges.wants(i, x) else None
 
 
 #: The named parts of a measured step's host copy (each a field of `HostStep`). A Literal, so that mypy refuses

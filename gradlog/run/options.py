@@ -95,7 +95,8 @@ class HistogramOptions(_Spelled):
     - `overview_every`: the overview heatmap image every that many published steps (None: on histogram
       steps, at most one per 20 s; 0: never);
     - `sample`: a tensor of more entries than this has its histogram's buckets counted on that many of its
-      entries, at fixed random positions, and scaled to its size (min, max and the moments stay exact; a
+      entries, at fixed random positions, and scaled to its size (min, max, the sum of squares and the NaN/Inf
+      count stay exact, the sum is the sample's scaled; a
       bucket holding a share q is off by about sqrt(q (1 - q) / sample) of the total): the histograms' cost
       then follows the number of tensors, not of parameters. None: every entry is counted (exact).
     """
