@@ -261,3 +261,47 @@ def test_a_resumed_fsdp2_run_continues_on_every_rank(tmp_path: Path) -> None:
     assert written is not None and written.verdict == r0["verdict"]
     assert [s for s, _ in run.scalars["weights/grad_norm/main.weight"]] == list(range(0, 60, 5))
     assert [s for s, _ in run.scalars["weights/grad_norm/late.weight"]] == list(range(30, 60, 5))
+
+
+@pytest.fixture(scope="module")
+def reference_budget() -> dict[str, Any]:
+    torch.manual_seed(0)
+    copied: list[list[str]] = []
+    mem, report, n = W.train(W.Net(), budget=W.BUDGET, copied=copied)
+    return {**W.dump(mem, report, n), "copied": copied}
+
+
+def test_fsdp2_snapshot_budget_rotates_the_same_rows_on_every_rank(main_run: Any, reference_budget: Any) -> None:
+    """A snapshot_budget far below the weights' bytes under FSDP2: both ranks copy the same tensors on every step
+    (chosen from the whole tensors' sizes, with no collective of its own: the step's usual MAX and SUM), a round
+    covers every tensor the optimizer moves, and each update ratio equals the one process's at the steps both
+    measured it. The tensors not copied keep their exact "moved" evidence: the report is the one process's."""
+    _, runs = main_run
+    rank0, rank1 = runs["fsdp2-budget"]
+    assert rank0["copied"] == rank1["copied"]
+    rotation = rank0["rotation"]
+    assert rotation > 1 and rank1["rotation"] == rotation
+    assert [tuple(c) for c in rank0["collectives"]] == [tuple(c) for c in runs["fsdp2"][0]["collectives"]]
+    moving = {n for step in rank0["copied"] for n in step}
+    assert "head.weight" in moving and "frozen.weight" not in moving
+    for at in range(W.STEPS - rotation + 1):  # every tensor copied within any `rotation` consecutive steps
+        assert {n for step in rank0["copied"][at : at + rotation] for n in step} == moving, at
+    assert all(0 < len(step) < len(moving) for step in rank0["copied"])
+    assert sorted(rank0["scalars"]) == sorted(reference_budget["scalars"])
+    ratios = {t: s for t, s in reference_budget["scalars"].items() if t.startswith("weights/update_ratio/")}
+    assert ratios
+    compared = 0
+    for tag, series in rank0["scalars"].items():
+        if tag.startswith("weights/update_ratio/"):
+            want = dict(ratios[tag])
+            mine = dict(series)
+            assert max(b - a for a, b in zip([-1, *mine], [*mine, W.STEPS])) <= rotation, tag
+            both = set(mine) & set(want)
+            assert all(_close(mine[s], want[s]) for s in both), tag
+            compared += len(both)
+        elif not tag.startswith("gradlog/update"):
+            assert [s for s, _ in series] == [s for s, _ in reference_budget["scalars"][tag]], tag
+            assert all(_close(a, b) for (_, a), (_, b) in zip(series, reference_budget["scalars"][tag])), tag
+    assert compared >= W.STEPS
+    assert same_report(rank0["report"], reference_budget["report"])
+    assert same_report(rank1["report"], reference_budget["report"])
