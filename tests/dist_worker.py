@@ -371,6 +371,18 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
     gl.pipeline.handles[1].remove()
     gradlog.run.lifecycle.ACTIVE.remove(gl)
 
+    # 1b. different snapshot budgets: the ranks would copy different rows (`Meter._pick`), caught the same way
+    m, opt = sharded()
+    gl = gradlog.GradLogger(m, opt, snapshot_budget=1000 + rank, writer="memory", print_report=False)
+    try:
+        step(m, opt)
+        results["budget"] = None
+    except gradlog.DistributedMismatchError as exc:
+        results["budget"] = str(exc)
+    gl.pipeline.handles[0].remove()
+    gl.pipeline.handles[1].remove()
+    gradlog.run.lifecycle.ACTIVE.remove(gl)
+
     # 2. rank 1 drops its first measurement (a failure before its collective): the next exchange pairs
     # rank 0's step 0 with rank 1's step 1, and both ranks raise
     m, opt = sharded()

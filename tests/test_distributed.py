@@ -182,6 +182,7 @@ def test_disagreeing_ranks_get_an_error_not_a_hang(tmp_path: Path) -> None:
     r0, r1 = (p["results"] for p in runs["mismatch"])
     for r in (r0, r1):
         assert r["layout"] is not None and "every 1..2 across ranks" in r["layout"] and "same settings" in r["layout"]
+        assert r["budget"] is not None and "snapshot_budget (bytes; auto -1, None 0) 1000..1001" in r["budget"]
         assert r["index"] is not None and "step index 0 to 1" in r["index"]
     assert r0["timeout"] is not None and "never joined" in r0["timeout"]
     assert r1["timeout"] is None
