@@ -298,6 +298,10 @@ def assert_budget_rotates(
     for at in range(W.STEPS - rotation + 1):  # every tensor copied within any `rotation` consecutive steps
         assert {n for step in rank0["copied"][at : at + rotation] for n in step} == moving, at
     assert all(0 < len(step) < len(moving) for step in rank0["copied"])
+    # the budget holds the whole tensors' bytes (the ranks' pieces together), a larger tensor alone
+    size = {n: p.numel() * p.element_size() for n, p in W.Net().named_parameters()}
+    assert all(sum(size[n] for n in step) <= W.BUDGET or len(step) == 1 for step in rank0["copied"])
+    assert max(sum(size[n] for n in step) for step in rank0["copied"]) > W.BUDGET / 2  # not a vacuous bound
     tags = sorted(t for t in rank0["scalars"] if not t.endswith(apart))
     assert tags == sorted(t for t in reference["scalars"] if not t.endswith(apart))
     compared = 0
