@@ -26,6 +26,8 @@ from gradlog.measure.histogram import Histogram
 
 STEPS = 14  # 7 active then 7 quiet measured steps around STOP_AT: evidence of a stop (chance 1 / C(14, 7) < 1e-3)
 GLOBAL_BATCH = 8
+#: a snapshot_budget (bytes) of about a quarter of `Net`'s 4,640 trainable bytes: its copies rotate
+BUDGET = 1200
 
 
 class Block(nn.Module):
@@ -132,6 +134,7 @@ def dump(mem: gradlog.MemoryWriter, report: gradlog.Report, writers: int) -> dic
         "histograms": hists,
         "report": report.to_dict(),
         "partly": partly,
+        "rotation": report.update_rotation,
     }
 
 
@@ -144,10 +147,13 @@ def train(
     writers: list[gradlog.Writer] | None = None,
     shard_batch: bool = True,
     collectives: list[tuple[str, int]] | None = None,
+    budget: int | None = None,
+    copied: list[list[str]] | None = None,
 ) -> tuple[gradlog.MemoryWriter, gradlog.Report, int]:
     """STEPS optimizer steps on the global batch (this rank's slice of it when shard_batch).
 
-    `collectives` receives (op, measured step) for every all_reduce gradlog makes."""
+    `collectives` receives (op, measured step) for every all_reduce gradlog makes. `budget`: a snapshot_budget
+    in bytes (default "auto"); `copied` receives, per step, the tensors its snapshot copied (`Meter.copied`)."""
     opt = make_optimizer(model)
     mem = gradlog.MemoryWriter()
     gl = gradlog.GradLogger(
@@ -157,6 +163,7 @@ def train(
         every=1,
         print_report=False,
         histograms=gradlog.HistogramOptions(every=2, bins=16),
+        **({"snapshot_budget": budget} if budget is not None else {}),
     )
     if collectives is not None:
         reducer = gl.meter.reducer
@@ -191,6 +198,8 @@ def train(
             else:
                 nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        if copied is not None:
+            copied.append(list(gl.meter.copied))
         gl.log(step)
         opt.zero_grad()
         stop(opt, step)
@@ -282,6 +291,15 @@ def main_suite(out: str, rank: int, world: int) -> None:
     extra = {"raw_names": names, "local_rows": local_rows, "collectives": calls}
     _save(out, "fsdp2", rank, {**dump(mem, report, n), **extra})
 
+    # FSDP2 under a snapshot budget far below the weights' bytes: the copies rotate, the same rows on every rank
+    torch.manual_seed(0)
+    model = Net()
+    fully_shard(model, mesh=mesh)
+    copied: list[list[str]] = []
+    calls = []
+    mem, report, n = train(model, rank, world, collectives=calls, budget=BUDGET, copied=copied)
+    _save(out, "fsdp2-budget", rank, {**dump(mem, report, n), "copied": copied, "collectives": calls})
+
     # tensor parallel: plain DTensor parameters, sharded and replicated (the row-wise bias)
     torch.manual_seed(0)
     tp = parallelize_module(TPNet(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
@@ -349,6 +367,18 @@ def mismatch_suite(out: str, rank: int, world: int) -> None:
         results["layout"] = None
     except gradlog.DistributedMismatchError as exc:
         results["layout"] = str(exc)
+    gl.pipeline.handles[0].remove()
+    gl.pipeline.handles[1].remove()
+    gradlog.run.lifecycle.ACTIVE.remove(gl)
+
+    # 1b. different snapshot budgets: the ranks would copy different rows (`Meter._pick`), caught the same way
+    m, opt = sharded()
+    gl = gradlog.GradLogger(m, opt, snapshot_budget=1000 + rank, writer="memory", print_report=False)
+    try:
+        step(m, opt)
+        results["budget"] = None
+    except gradlog.DistributedMismatchError as exc:
+        results["budget"] = str(exc)
     gl.pipeline.handles[0].remove()
     gl.pipeline.handles[1].remove()
     gradlog.run.lifecycle.ACTIVE.remove(gl)

@@ -127,16 +127,25 @@ def planted(out: Path, rank: int, world: int) -> None:
     torch.manual_seed(0)
     mem, report, n = W.train(W.Net())
     _save(out, "net-replica", rank, W.dump(mem, report, n))
+
+    def wrap(net: nn.Module) -> nn.Module:
+        kw: dict[str, Any] = {"use_orig_params": True, "device_id": torch.device("cpu")}
+        for i, b in enumerate(net.blocks):
+            net.blocks[i] = FSDP(b, **kw)
+        net.inp = FSDP(net.inp, **kw)  # rows 0-8 on rank 0, 9-15 on rank 1
+        return FSDP(net, **kw)
+
     torch.manual_seed(0)
-    net = W.Net()
-    kw: dict[str, Any] = {"use_orig_params": True, "device_id": torch.device("cpu")}
-    for i, b in enumerate(net.blocks):
-        net.blocks[i] = FSDP(b, **kw)
-    net.inp = FSDP(net.inp, **kw)  # type: ignore[assignment]  # rows 0-8 on rank 0, 9-15 on rank 1
-    model = FSDP(net, **kw)
+    model = wrap(W.Net())
     shapes = local_shapes(model)
     mem, report, n = W.train(model, rank, world)
     _save(out, "net-fsdp1", rank, {**W.dump(mem, report, n), "local_shapes": shapes})
+    # under a snapshot budget far below the weights' bytes (test_distributed.assert_budget_rotates)
+    for name, make in (("net-replica-budget", W.Net), ("net-fsdp1-budget", lambda: wrap(W.Net()))):
+        torch.manual_seed(0)
+        copied: list[list[str]] = []
+        mem, report, n = W.train(make(), rank, world if "fsdp1" in name else 1, budget=W.BUDGET, copied=copied)
+        _save(out, name, rank, {**W.dump(mem, report, n), "copied": copied})
 
 
 def main(out: Path, suite: str) -> None:

@@ -182,6 +182,7 @@ def test_disagreeing_ranks_get_an_error_not_a_hang(tmp_path: Path) -> None:
     r0, r1 = (p["results"] for p in runs["mismatch"])
     for r in (r0, r1):
         assert r["layout"] is not None and "every 1..2 across ranks" in r["layout"] and "same settings" in r["layout"]
+        assert r["budget"] is not None and "snapshot_budget (bytes; auto -1, None 0) 1000..1001" in r["budget"]
         assert r["index"] is not None and "step index 0 to 1" in r["index"]
     assert r0["timeout"] is not None and "never joined" in r0["timeout"]
     assert r1["timeout"] is None
@@ -261,3 +262,61 @@ def test_a_resumed_fsdp2_run_continues_on_every_rank(tmp_path: Path) -> None:
     assert written is not None and written.verdict == r0["verdict"]
     assert [s for s, _ in run.scalars["weights/grad_norm/main.weight"]] == list(range(0, 60, 5))
     assert [s for s, _ in run.scalars["weights/grad_norm/late.weight"]] == list(range(30, 60, 5))
+
+
+@pytest.fixture(scope="module")
+def reference_budget() -> dict[str, Any]:
+    torch.manual_seed(0)
+    copied: list[list[str]] = []
+    mem, report, n = W.train(W.Net(), budget=W.BUDGET, copied=copied)
+    return {**W.dump(mem, report, n), "copied": copied}
+
+
+def test_fsdp2_snapshot_budget_rotates_the_same_rows_on_every_rank(main_run: Any, reference_budget: Any) -> None:
+    """A snapshot_budget far below the weights' bytes under FSDP2 (`assert_budget_rotates`), with no collective of
+    its own: the step's usual MAX and SUM."""
+    _, runs = main_run
+    rank0, rank1 = runs["fsdp2-budget"]
+    assert_budget_rotates(rank0, rank1, reference_budget)
+    assert [tuple(c) for c in rank0["collectives"]] == [tuple(c) for c in runs["fsdp2"][0]["collectives"]]
+
+
+def assert_budget_rotates(
+    rank0: dict[str, Any], rank1: dict[str, Any], reference: dict[str, Any], apart: tuple[str, ...] = ()
+) -> None:
+    """`dist_worker.train(budget=BUDGET)` on two ranks: both ranks copy the same tensors on every step (chosen from
+    the whole tensors' sizes), a round covers every tensor the optimizer moves, and each update ratio equals the
+    one process's (`reference`) at the steps both measured it (the one process copies no tensor without a
+    gradient; the ranks cannot tell and copy it on its turn). The tensors not copied keep their exact "moved"
+    evidence: every other number is the one process's, and (without `apart`) the report. `apart`: tags left out,
+    where the engine itself differs from the one process (FSDP1 gives an unused tensor a zero gradient)."""
+    assert rank0["copied"] == rank1["copied"]
+    rotation = rank0["rotation"]
+    assert rotation > 1 and rank1["rotation"] == rotation
+    moving = {n for step in rank0["copied"] for n in step}
+    assert "head.weight" in moving and "frozen.weight" not in moving
+    for at in range(W.STEPS - rotation + 1):  # every tensor copied within any `rotation` consecutive steps
+        assert {n for step in rank0["copied"][at : at + rotation] for n in step} == moving, at
+    assert all(0 < len(step) < len(moving) for step in rank0["copied"])
+    # the budget holds the whole tensors' bytes (the ranks' pieces together), a larger tensor alone
+    size = {n: p.numel() * p.element_size() for n, p in W.Net().named_parameters()}
+    assert all(sum(size[n] for n in step) <= W.BUDGET or len(step) == 1 for step in rank0["copied"])
+    assert max(sum(size[n] for n in step) for step in rank0["copied"]) > W.BUDGET / 2  # not a vacuous bound
+    tags = sorted(t for t in rank0["scalars"] if not t.endswith(apart))
+    assert tags == sorted(t for t in reference["scalars"] if not t.endswith(apart))
+    compared = 0
+    for tag in tags:
+        series, want = rank0["scalars"][tag], reference["scalars"][tag]
+        if tag.startswith("weights/update_ratio/"):
+            mine, theirs = dict(series), dict(want)
+            assert max(b - a for a, b in zip([-1, *mine], [*mine, W.STEPS])) <= rotation, tag
+            both = set(mine) & set(theirs)
+            assert all(_close(mine[s], theirs[s]) for s in both), tag
+            compared += len(both)
+        elif not tag.startswith("gradlog/update"):
+            assert [s for s, _ in series] == [s for s, _ in want], tag
+            assert all(_close(a, b) for (_, a), (_, b) in zip(series, want)), tag
+    assert compared >= W.STEPS
+    if not apart:
+        assert same_report(rank0["report"], reference["report"])
+        assert same_report(rank1["report"], reference["report"])

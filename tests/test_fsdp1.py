@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from catalogue import two_ranks
+from test_distributed import assert_budget_rotates
 
 from gradlog.measure.flat_shards import FlatShard
 
@@ -230,3 +231,29 @@ def test_fsdp1_reached_through_dot_module_is_refused(runs: Any) -> None:
 @needs_dist
 def test_fsdp1_hybrid_shard_is_refused(runs: Any) -> None:
     _refused(runs, "hybrid", "sharding_strategy HYBRID_SHARD", "once per replica", "fully_shard")
+
+
+@pytest.mark.slow
+@needs_dist
+def test_fsdp1_snapshot_budget_rotates_the_same_rows_on_every_rank(runs: Any) -> None:
+    """FSDP1's slices under a snapshot_budget far below the weights' bytes: chosen from the whole tensors' bytes
+    (a rank's slice may be empty), the same tensors copied on both ranks, each in its turn, with the one process's
+    numbers and report (`test_distributed.assert_budget_rotates`)."""
+    (rank0, rank1), replica = runs["net-fsdp1-budget"], runs["net-replica-budget"][0]
+    # FSDP1 gives `unused` a zero gradient, not None (see test_fsdp1_slices_equal_the_replica): no no_grad alert
+    apart = (
+        *UNUSED,
+        "never_updated/no_grad",
+        "never_updated/zero_grad",
+        "alerts",
+        "no_grad_tensors",
+        "zero_grad_tensors",
+    )
+    assert_budget_rotates(rank0, rank1, replica, apart=apart)
+    for rank in (rank0, rank1):
+        never = {r["name"]: r["reason"] for r in rank["report"]["never_updated"]}
+        assert never == {r["name"]: r["reason"] for r in replica["report"]["never_updated"]} | dict.fromkeys(
+            UNUSED, "zero_grad"
+        )
+        assert rank["report"]["stalled"] == replica["report"]["stalled"]
+        assert rank["partly"] == replica["partly"] and rank["stopped"] == replica["stopped"]

@@ -231,3 +231,35 @@ def test_zero_stage3_collectives_per_measured_step(runs3: Any) -> None:
     per_step = {s: [op for op, i in calls if i == s] for s in range(14)}
     assert per_step == {s: ["max", "max", "sum"] if s % 2 == 0 else ["max", "sum"] for s in range(14)}
     assert run["at_close"] == ["max", "max", "max"]
+
+
+@pytest.fixture(scope="module")
+def runs3_budget(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    return two_ranks("zero_worker.py", tmp_path_factory.mktemp("zero3b"), "zero3-budget", 900, ENV)
+
+
+def test_zero_stage3_snapshot_budget_rotates_as_the_replica(runs3_budget: Any) -> None:
+    """ZeRO-3, every tensor partitioned, under a snapshot_budget (600 bytes) below a third of the trained fp32
+    masters' bytes: each measured step copies the same tensors on both ranks as the replica copies whole (chosen
+    from the whole tensors' bytes, not a rank's part), a round of 3 measured steps covers every trained tensor,
+    and every number, the update ratios at the steps they are measured included, and the report are the
+    replica's. Before, each rank copied its part of every master on every measured step (rotation 1)."""
+    ref = runs3_budget["replica-budget600"][0]
+    ranks = runs3_budget["zero3-threshold0-budget600"]
+    assert ref["rotation"] == 3
+    trained = {n for step in ref["copied"] for n in step}
+    assert trained == {f"{m}.{k}" for m in ("inp", "dead", "out") for k in ("weight", "bias")}
+    for rank in ranks:
+        assert rank["rotation"] == 3 and rank["copied"] == ref["copied"]
+        assert rank["report"] == ref["report"]
+    for at in range(len(ref["copied"]) - 2):
+        assert {n for step in ref["copied"][at : at + 3] for n in step} == trained
+    ds = ranks[0]  # rank 0 writes
+    assert sorted(ds["scalars"]) == sorted(ref["scalars"])
+    for tag in ref["scalars"]:
+        mine, theirs = _series(ds, tag), _series(ref, tag)
+        assert [s for s, _ in mine] == [s for s, _ in theirs], tag
+        assert all(_close(a, b) for (_, a), (_, b) in zip(mine, theirs)), tag
+    for name in ("inp.weight", "dead.weight", "out.weight"):  # measured once a round: every 3rd measured step
+        steps = [s for s, _ in _series(ds, f"weights/update_ratio/{name}")]
+        assert steps and max(b - a for a, b in zip([-EVERY, *steps], [*steps, STEPS])) <= 3 * EVERY, name

@@ -25,6 +25,8 @@ from torch import nn
 import gradlog
 
 STEPS, EVERY, CLIP = 12, 2, 0.1
+#: a snapshot_budget (bytes) below a third of `ZeroPlanted`'s 1,936 trained bytes: its copies rotate over 3 steps
+BUDGET = 600
 
 
 def config(stage: int, clip: float = CLIP, threshold: int | None = None) -> dict[str, Any]:
@@ -75,11 +77,17 @@ def result(mem: gradlog.MemoryWriter, report: gradlog.Report, model: nn.Module, 
 
 
 def engine_run(
-    out: Path, stage: int, accumulate: int = 1, threshold: int | None = None, sub_group: int | None = None
+    out: Path,
+    stage: int,
+    accumulate: int = 1,
+    threshold: int | None = None,
+    sub_group: int | None = None,
+    budget: int | None = None,
 ) -> None:
     """`accumulate` > 1: each rank's share of the global batch in that many micro-batches (one engine.step()
     each; DeepSpeed steps its optimizer at the last). `threshold`: see `config`. `sub_group`: ZeRO-3's
-    `sub_group_size` (elements per flat fp32 partition it steps at a time: small, each group is split in many)."""
+    `sub_group_size` (elements per flat fp32 partition it steps at a time: small, each group is split in many).
+    `budget`: a snapshot_budget in bytes (`BUDGET`), the tensors each measured step copied saved as `copied`."""
     import deepspeed
 
     model = ZeroPlanted()
@@ -90,15 +98,18 @@ def engine_run(
         cfg["zero_optimization"]["sub_group_size"] = sub_group
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.groups(), config=cfg)
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(engine, writer=mem, every=EVERY, print_report=False)
+    gl = gradlog.GradLogger(engine, writer=mem, every=EVERY, print_report=False, **_budget(budget))
     rank = torch.distributed.get_rank()
     norms = []
+    copied: list[list[str]] = []
     for step in range(STEPS):
         x, y = ZeroPlanted.batch(step)
         for micro in range(accumulate):
             mine = slice(4 * rank + size * micro, 4 * rank + size * (micro + 1))
             engine.backward(nn.functional.mse_loss(engine(x[mine]), y[mine]))
             engine.step()
+        if step % EVERY == 0:
+            copied.append(list(gl.meter.copied))
         gl.log(step)
         norms.append(float(engine.get_global_grad_norm()))
     report = gl.close()
@@ -112,8 +123,10 @@ def engine_run(
     shapes = {n: list(p.shape) for n, p in engine.module.named_parameters()}  # ZeRO-3: (0,) unless persistent
     payload["shapes"] = shapes
     payload["sub_groups"] = len(getattr(engine.optimizer, "fp16_groups", []))
+    payload |= {"copied": copied, "rotation": report.update_rotation}
     case = f"zero{stage}" + (f"-accumulate{accumulate}" if accumulate > 1 else "")
     case += f"-threshold{threshold}" if threshold is not None else ""
+    case += f"-budget{budget}" if budget is not None else ""
     save(out, case + (f"-subgroup{sub_group}" if sub_group is not None else ""), payload)
 
 
@@ -168,15 +181,20 @@ def skip_run(out: Path, stage: int, threshold: int | None = None) -> None:
     save(out, f"zero{stage}-skip", {**payload, "engine_skipped": engine.skipped_steps})
 
 
-def replica(out: Path) -> None:
+def _budget(budget: int | None) -> dict[str, Any]:
+    return {"snapshot_budget": budget} if budget is not None else {}
+
+
+def replica(out: Path, budget: int | None = None) -> None:
     """The same model, optimizer groups, clipping and global batch in plain PyTorch, in one process."""
     model = ZeroPlanted()
     groups = model.groups()
     opt = torch.optim.AdamW(groups)
     mem = gradlog.MemoryWriter()
-    gl = gradlog.GradLogger(model, opt, writer=mem, every=EVERY, print_report=False)
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=EVERY, print_report=False, **_budget(budget))
     trained = [p for g in groups for p in g["params"]]
     norms = []
+    copied: list[list[str]] = []
     for step in range(STEPS):
         x, y = ZeroPlanted.batch(step)
         opt.zero_grad()
@@ -186,9 +204,12 @@ def replica(out: Path) -> None:
         # own), and gradlog measures none there: the replica's left-out layer has none either
         model.extra.zero_grad(set_to_none=True)
         opt.step()
+        if step % EVERY == 0:
+            copied.append(list(gl.meter.copied))
         gl.log(step)
     report = gl.close()
-    save(out, "replica", result(mem, report, model, norms=norms, steps=gl.optimizer_steps))
+    extra = {"norms": norms, "steps": gl.optimizer_steps, "copied": copied, "rotation": report.update_rotation}
+    save(out, "replica" + (f"-budget{budget}" if budget is not None else ""), result(mem, report, model, **extra))
 
 
 def cost(out: Path, stage: int = 2, steps: int = 20, width: int = 512) -> None:
@@ -330,7 +351,18 @@ def zero3_suite(out: Path) -> None:
     planted_net(out)
 
 
+def zero3_budget_suite(out: Path) -> None:
+    """ZeRO-3 (threshold 0: every tensor partitioned) under a snapshot_budget of `BUDGET` bytes, and its replica."""
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    engine_run(out, 3, threshold=0, budget=BUDGET)
+    replica(out, budget=BUDGET)
+
+
 if __name__ == "__main__":
     out_dir, suite = Path(sys.argv[1]), sys.argv[2]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    {"zero": zero_suite, "zero3": zero3_suite}[suite](out_dir)
+    {"zero": zero_suite, "zero3": zero3_suite, "zero3-budget": zero3_budget_suite}[suite](out_dir)

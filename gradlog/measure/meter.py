@@ -628,20 +628,24 @@ class Meter:
         in the budget; those that do not are fingerprinted (whether they moved stays exact: the verdict's "never
         updated", "stalled" and "updated at step s" keep their evidence) and copied on the next measured steps, in
         the tracked order, a round at a time: each tensor's update ratio is measured once every `rotation` measured
-        steps. A tensor larger than the budget is copied alone on its turn. Sharded runs copy every shard (their
-        ranks must measure the same rows)."""
-        if self.budget is None or op.dist is not None:
+        steps. A tensor larger than the budget is copied alone on its turn.
+
+        Sharded runs (`op.dist`): every rank must copy the same rows (the update histograms and sums are reduced
+        row by row), chosen with no collective: from the tensors' whole (global) byte sizes and the tracked order,
+        which every rank knows alike, never from its own piece's size or its own gradient (a rank may hold none of
+        a tensor). The budget so applies to the whole tensors: each rank holds about 1/world of it."""
+        if self.budget is None:
             return moving, []
         rows = op.rows
-        total = sum(_nbytes(local_tensor(rows[i].param)) for i in moving)
+        size = {i: self._row_bytes(op, i) for i in moving}
+        total = sum(size.values())
         limit = budget_bytes(self.budget, total)
         assert limit is not None
         if total <= limit:
             self.rotation = 1
             return moving, []
-        graded = [i for i in moving if op.has_grad[i]]
-        size = {i: _nbytes(local_tensor(rows[i].param)) for i in graded}
-        if sum(size.values()) <= limit:
+        graded = moving if op.dist is not None else [i for i in moving if op.has_grad[i]]
+        if sum(size[i] for i in graded) <= limit:
             copy = graded
             self.rotation = 1
         else:
@@ -660,6 +664,13 @@ class Meter:
             copy = sorted(take)
         taken = set(copy)
         return copy, [i for i in moving if i not in taken]
+
+    @staticmethod
+    def _row_bytes(op: _Open, i: int) -> int:
+        """A row's bytes for the snapshot budget: this process's tensor, or under `op.dist` the whole tensor's
+        (its global numel), the same number on every rank."""
+        t = local_tensor(op.rows[i].param)
+        return int(op.numel[i]) * t.element_size() if op.dist is not None else _nbytes(t)
 
     @staticmethod
     def _unclip(grad: torch.Tensor, rows: list[Tracked], clips: Sequence[Clip], packer: Packer) -> None:
@@ -748,7 +759,11 @@ class Meter:
                         hists.append(("update", op.snapshot, op.moving))
             sums["update"] = update
         if op.watched:
-            sums["changed"] = self._changed(op, weights, device)
+            changed = self._changed(op, weights, device)
+            if op.dist is None:
+                sums["changed"] = changed
+            else:  # every rank fingerprints its own piece: the tensor changed if any piece did (the SUM is > 0)
+                op.dist.add_flag("changed", changed)
         if op.dist is None:
             op.snapshot = None  # the step's one copy of the weights: released before the weight histograms
         sums["weight"] = weight if weight is not None else norm_partials(weights, device, counts=False)[:, SUMSQ]

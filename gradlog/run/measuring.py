@@ -19,7 +19,7 @@ import gradlog.run.lifecycle as lifecycle
 from gradlog.measure import once
 from gradlog.measure.amp import AmpState
 from gradlog.measure.distributed import DistributedMismatchError, Reducer
-from gradlog.measure.meter import Clip, Measurement, Meter
+from gradlog.measure.meter import Budget, Clip, Measurement, Meter
 from gradlog.measure.params import ParamTable, Selection
 from gradlog.measure.writes import WriteWatch
 from gradlog.run.diagnosing import Diagnosis, Segments
@@ -107,7 +107,7 @@ class Pipeline:
             hist.kinds,
             grad_scale=self.amp.inv_scale,
             skipped=self.amp.found_inf,
-            reducer=Reducer(self._layout(hist.bins, hist.kinds), options.output.sync_timeout),
+            reducer=Reducer(self._layout(hist.bins, hist.kinds, options.snapshot_budget), options.output.sync_timeout),
             skip_count=self.amp.count,
             sample=hist.sample,
             budget=options.snapshot_budget,
@@ -424,8 +424,9 @@ class Pipeline:
         self._begin(call, snapshot=False)
         self.meter.finish()
 
-    def _layout(self, bins: int, kinds: tuple[str, ...] | list[str]) -> dict[str, float]:
-        """Settings every rank must share under FSDP2/DTensor (compared across ranks before use)."""
+    def _layout(self, bins: int, kinds: tuple[str, ...] | list[str], budget: Budget = None) -> dict[str, float]:
+        """Settings every rank must share under FSDP2/DTensor (compared across ranks before use). The snapshot
+        budget too: the ranks copy the same rows from it (`Meter._pick`) and reduce them row by row."""
         return {
             "every": self.every,
             "histogram_every": self.histogram_every,
@@ -433,6 +434,7 @@ class Pipeline:
             "bins": bins,
             "histogram_kinds (bits)": sum(1 << i for i, k in enumerate(HISTOGRAM_KINDS) if k in kinds),
             "optimizer": self.with_optimizer,
+            "snapshot_budget (bytes; auto -1, None 0)": -1 if budget == "auto" else int(budget or 0),
         }
 
     def collect(self) -> Measurement | None:
