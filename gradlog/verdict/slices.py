@@ -478,9 +478,44 @@ def _records(
     if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
         question = "a gradient hook on this tensor (register_hook) zeroes them?"
     moves = moves or Moves()
+    embedding = kind == "embedding.weight" and not hooked
+    masks = _reason_masks(never, decayed, zero, pruned, moves, dim, padding, embedding, ev.dtype)
+    found = [(reason, m.nonzero().flatten()) for reason, m in masks]
+    found = sorted(((r, at) for r, at in found if at.numel()), key=lambda f: int(f[1][0]))
+    groups: dict[Reason, list[int]] = {r: at.tolist() for r, at in found}
+    never_in = {r: int(never[at].sum()) for r, at in found}
+    out = []
+    for reason, idx in groups.items():
+        n_never = never_in[reason]
+        moved = len(idx) - n_never
+        what = f"{noun if len(idx) > 1 else noun[:-1]} {format_ranges(idx, 8)} ({len(idx)} of {total})"
+        if moved == 0:
+            head = f"{what} never changed"
+        elif n_never == 0:
+            head = f"{what} moved only through weight decay ({wd:g})"
+        else:
+            head = f"{what} never changed ({n_never}) or moved only through weight decay ({moved}, weight_decay {wd:g})"
+        said = _Said(what, head, moved, with_grad, caveat, question, hooked)
+        detail = _detail(reason, said, row.name, idx, total, noun, ev, moves)
+        out.append(PartlyUpdated(row.name, dim, len(idx), total, tuple(idx), reason, detail))
+    return out
+
+
+def _reason_masks(
+    never: torch.Tensor,
+    decayed: torch.Tensor,
+    zero: torch.Tensor | None,
+    pruned: torch.Tensor | None,
+    moves: Moves,
+    dim: int | None,
+    padding: int | None,
+    embedding: bool,
+    dtype: str,
+) -> list[tuple[Reason, torch.Tensor]]:
+    """One mask per reason over the picked slices (whole-tensor ops: an embedding of 800k rows is one call, not
+    a Python loop per row); `embedding`: an embedding's rows with no gradient hook, whose zero rows are ids no
+    batch held."""
     picked = never | decayed if moves.back is None else never | decayed | moves.back
-    # One mask per reason (whole-tensor ops: an embedding of 800k rows is one call, not a Python loop per row),
-    # in the order of each reason's first slice.
     masks: list[tuple[Reason, torch.Tensor]] = []
     rest = picked
     if dim == 0 and padding is not None and bool(picked[padding]):
@@ -502,55 +537,55 @@ def _records(
         masks.append((Reason.PRUNED, rest & zero & pruned))  # no gradient there by design: the mask zeroes them
         rest = rest & ~(zero & pruned)
     if zero is not None:
-        unseen = kind == "embedding.weight" and dim == 0 and not hooked
+        unseen = embedding and dim == 0
         masks.append((Reason.NOT_IN_BATCH if unseen else Reason.ZERO_GRAD, rest & zero))
-        masks.append((unmoved(ev.dtype)[0], rest & ~zero))
+        masks.append((unmoved(dtype)[0], rest & ~zero))
     else:
         masks.append((Reason.UNKNOWN, rest))
-    found = [(reason, m.nonzero().flatten()) for reason, m in masks]
-    found = sorted(((r, at) for r, at in found if at.numel()), key=lambda f: int(f[1][0]))
-    groups: dict[Reason, list[int]] = {r: at.tolist() for r, at in found}
-    never_in = {r: int(never[at].sum()) for r, at in found}
-    out = []
-    for reason, idx in groups.items():
-        n_never = never_in[reason]
-        moved = len(idx) - n_never
-        what = f"{noun if len(idx) > 1 else noun[:-1]} {format_ranges(idx, 8)} ({len(idx)} of {total})"
-        if moved == 0:
-            head = f"{what} never changed"
-        elif n_never == 0:
-            head = f"{what} moved only through weight decay ({wd:g})"
-        else:
-            head = f"{what} never changed ({n_never}) or moved only through weight decay ({moved}, weight_decay {wd:g})"
-        if reason is Reason.PADDING_IDX:
-            detail = f"{head}: the embedding's padding_idx row, never updated by design"
-        elif reason is Reason.PRUNED:
-            base = row.name[: -len("_orig")] if row.name.endswith("_orig") else row.name
-            detail = (
-                f"{head}: pruned by torch.nn.utils.prune ({base}_mask is zero there: no gradient reaches them, "
-                f"and the effective {base.rsplit('.', 1)[-1]} is zero there), by design"
-            )
-        elif reason is Reason.OVERWRITTEN and moves.back is not None and moves.back_at is not None and moved:
-            detail = set_back_again(what, moves.back_at, moves.site)
-        elif reason is Reason.OVERWRITTEN:
-            detail = set_back_slices(what, moves.moved_at, moves.site, moves.between)
-        elif reason is Reason.NOT_IN_BATCH and not hooked:
-            words = unseen_words(row.name, idx, total)
-            detail = f"{words}: {head}; zero gradient at all {with_grad} measured steps with a gradient"
-            if moved:
-                detail += caveat
-        elif reason in (Reason.ZERO_GRAD, Reason.NOT_IN_BATCH):
-            detail = f"{head}; zero gradient at all {with_grad} measured steps with a gradient: {question}"
-            if reason is Reason.ZERO_GRAD:  # what the verdict weighs it by (`judge.slice_kinds`)
-                detail += f"; {share_words(len(idx), total, noun)}"
-            if moved:
-                detail += caveat
-        elif reason in (Reason.BELOW_PRECISION, Reason.TINY_UPDATE):
-            detail = (
-                f"{head}; non-zero gradient at some of {_steps(with_grad)} with a gradient, yet the {ev.dtype} values "
-                f"never changed: {unmoved(ev.dtype)[1]}"
-            )
-        else:
-            detail = f"{head}; no measured step saw a gradient for this tensor"
-        out.append(PartlyUpdated(row.name, dim, len(idx), total, tuple(idx), reason, detail))
-    return out
+    return masks
+
+
+@dataclass(frozen=True)
+class _Said:
+    """What every slice detail of one tensor draws on: the slices' words and the tensor's evidence."""
+
+    what: str
+    head: str
+    moved: int
+    with_grad: int
+    caveat: str
+    question: str
+    hooked: bool
+
+
+def _detail(
+    reason: Reason, said: _Said, name: str, idx: list[int], total: int, noun: str, ev: Evidence, moves: Moves
+) -> str:
+    """The detail of the slices `idx` kept for `reason`: what was seen and what likely caused it."""
+    head, caveat = said.head, said.caveat if said.moved else ""
+    if reason is Reason.PADDING_IDX:
+        return f"{head}: the embedding's padding_idx row, never updated by design"
+    if reason is Reason.PRUNED:
+        base = name[: -len("_orig")] if name.endswith("_orig") else name
+        return (
+            f"{head}: pruned by torch.nn.utils.prune ({base}_mask is zero there: no gradient reaches them, "
+            f"and the effective {base.rsplit('.', 1)[-1]} is zero there), by design"
+        )
+    if reason is Reason.OVERWRITTEN and moves.back is not None and moves.back_at is not None and said.moved:
+        return set_back_again(said.what, moves.back_at, moves.site)
+    if reason is Reason.OVERWRITTEN:
+        return set_back_slices(said.what, moves.moved_at, moves.site, moves.between)
+    if reason is Reason.NOT_IN_BATCH and not said.hooked:
+        words = unseen_words(name, idx, total)
+        return f"{words}: {head}; zero gradient at all {said.with_grad} measured steps with a gradient{caveat}"
+    if reason in (Reason.ZERO_GRAD, Reason.NOT_IN_BATCH):
+        detail = f"{head}; zero gradient at all {said.with_grad} measured steps with a gradient: {said.question}"
+        if reason is Reason.ZERO_GRAD:  # what the verdict weighs it by (`judge.slice_kinds`)
+            detail += f"; {share_words(len(idx), total, noun)}"
+        return detail + caveat
+    if reason in (Reason.BELOW_PRECISION, Reason.TINY_UPDATE):
+        return (
+            f"{head}; non-zero gradient at some of {_steps(said.with_grad)} with a gradient, yet the {ev.dtype} "
+            f"values never changed: {unmoved(ev.dtype)[1]}"
+        )
+    return f"{head}; no measured step saw a gradient for this tensor"
