@@ -234,8 +234,9 @@ class PartlyUpdated(Record):
         ),
         "partly.overwritten": (
             PROBLEM,
-            "rows, columns or elements the optimizer moved that are back where they started at close, while the rest "
-            "of the tensor learned: a mask re-applied to saved weights (w.data[mask] = w0[mask]) outside the optimizer",
+            "rows, columns or elements the optimizer moved that are set back outside it, while the rest of the "
+            "tensor learned: a mask re-applied to saved weights (w.data[mask] = w0[mask]) or in place after each step "
+            "(w.data.mul_(mask))",
         ),
         "partly.not_in_batch": (
             NOTE,
