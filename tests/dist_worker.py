@@ -138,6 +138,19 @@ def dump(mem: gradlog.MemoryWriter, report: gradlog.Report, writers: int) -> dic
     }
 
 
+def count_collectives(gl: gradlog.GradLogger, calls: list[tuple[str, int]]) -> None:
+    """Have `calls` receive (op, measured step) for every all_reduce gradlog makes, which still runs."""
+    reducer = gl.meter.reducer
+    assert reducer is not None
+    real = reducer.all_reduce
+
+    def counted(t: torch.Tensor, op: str, index: int, **kw: Any) -> None:
+        calls.append((op, index))
+        real(t, op, index, **kw)
+
+    reducer.all_reduce = counted  # type: ignore[method-assign]
+
+
 def train(
     model: nn.Module,
     rank: int = 0,
@@ -166,15 +179,7 @@ def train(
         **({"snapshot_budget": budget} if budget is not None else {}),
     )
     if collectives is not None:
-        reducer = gl.meter.reducer
-        assert reducer is not None
-        real = reducer.all_reduce
-
-        def counted(t: torch.Tensor, op: str, index: int) -> None:
-            collectives.append((op, index))
-            real(t, op, index)
-
-        reducer.all_reduce = counted  # type: ignore[method-assign]
+        count_collectives(gl, collectives)
     per = GLOBAL_BATCH // world if shard_batch else GLOBAL_BATCH
     lo = rank * per if shard_batch else 0
     now = [0]

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from catalogue import FrozenDeadLeftOut
+from dist_worker import count_collectives
 from torch import nn
 
 import gradlog
@@ -43,15 +44,7 @@ def train(model: nn.Module, rank: int, world: int, calls: list[tuple[str, int]] 
         model, opt, writer=mem, every=1, print_report=False, histograms=gradlog.HistogramOptions(every=2, bins=16)
     )
     if calls is not None:  # every collective gradlog makes, with its measured step
-        reducer = gl.meter.reducer
-        assert reducer is not None
-        real = reducer.all_reduce
-
-        def counted(t: torch.Tensor, op: str, index: int) -> None:
-            calls.append((op, index))
-            real(t, op, index)
-
-        reducer.all_reduce = counted  # type: ignore[method-assign]
+        count_collectives(gl, calls)
     per = GLOBAL_BATCH // world
     by_hand: list[float] = []
     for step in range(STEPS):

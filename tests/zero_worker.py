@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from catalogue import ZeroPlanted
+from dist_worker import count_collectives
 from torch import nn
 
 import gradlog
@@ -297,15 +298,7 @@ def planted_net(out: Path) -> None:
     hist = gradlog.HistogramOptions(every=2, bins=16)
     gl = gradlog.GradLogger(engine, writer=mem, every=1, print_report=False, histograms=hist)
     calls: list[tuple[str, int]] = []  # every collective gradlog makes: (op, measured step)
-    reducer = gl.meter.reducer
-    assert reducer is not None
-    real = reducer.all_reduce
-
-    def counted(t: torch.Tensor, op: str, index: int, **kw: Any) -> None:
-        calls.append((op, index))
-        real(t, op, index, **kw)
-
-    reducer.all_reduce = counted  # type: ignore[method-assign]
+    count_collectives(gl, calls)
     rank, per = torch.distributed.get_rank(), W.GLOBAL_BATCH // 2
     keep = torch.ones(16)
     keep[list(W.STOPPED)] = 0.0
