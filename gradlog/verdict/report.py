@@ -592,10 +592,10 @@ class Report:
         grouped = grouped or console
         limit = RANGES_SHOWN if console else None
         out = []
+        weighed = [r for r in self.never_updated if r.weighed(self)]  # nothing measured: no table of "unknown"
         for kind in FINDINGS:
             records: Sequence[Record] = self.records(kind)
-            weighed = [r for r in self.never_updated if r.weighed(self)]
-            if console and kind is NeverUpdated:  # nothing measured: the verdict says so, no table of "unknown"
+            if console and kind is NeverUpdated:  # the verdict says "nothing measured" instead
                 records = weighed
             if not records:
                 continue
