@@ -281,13 +281,38 @@ def test_fsdp2_snapshot_budget_rotates_the_same_rows_on_every_rank(main_run: Any
     assert [tuple(c) for c in rank0["collectives"]] == [tuple(c) for c in runs["fsdp2"][0]["collectives"]]
 
 
+def test_fsdp2_snapshot_budget_copies_no_tensor_without_a_gradient(main_run: Any, reference_budget: Any) -> None:
+    """`Net.unused` (never in forward: no gradient on any rank) and `Net.frozen` are never copied under FSDP2: the
+    ranks learn which tensors have a gradient somewhere in the pre-hook's one all_reduce(MAX), so they copy what
+    the one process copies, byte for byte on every step, and every scalar series (update ratios included, at the
+    same steps) and the report are the one process's. Before, each rank copied `unused` on its turn (it could not
+    tell that no other rank had its gradient): its 272 bytes on every fifth measured step (the 5th and 10th
+    copied 272 bytes in the one process, 544 on the ranks)."""
+    _, runs = main_run
+    size = {n: p.numel() * p.element_size() for n, p in W.Net().named_parameters()}
+    never = {"unused.weight", "unused.bias", "frozen.weight", "frozen.bias"}
+    want = [sum(size[n] for n in step) for step in reference_budget["copied"]]
+    assert not never & {n for step in reference_budget["copied"] for n in step}
+    for rank in runs["fsdp2-budget"]:
+        assert not never & {n for step in rank["copied"] for n in step}
+        assert [sum(size[n] for n in step) for step in rank["copied"]] == want
+        assert rank["copied"] == reference_budget["copied"] and rank["rotation"] == reference_budget["rotation"]
+    rank0 = runs["fsdp2-budget"][0]
+    assert sorted(rank0["scalars"]) == sorted(reference_budget["scalars"])
+    for tag, series in reference_budget["scalars"].items():
+        assert [s for s, _ in rank0["scalars"][tag]] == [s for s, _ in series], tag
+        assert all(_close(a, b) for (_, a), (_, b) in zip(rank0["scalars"][tag], series)), tag
+    assert same_report(rank0["report"], reference_budget["report"])
+
+
 def assert_budget_rotates(
     rank0: dict[str, Any], rank1: dict[str, Any], reference: dict[str, Any], apart: tuple[str, ...] = ()
 ) -> None:
     """`dist_worker.train(budget=BUDGET)` on two ranks: both ranks copy the same tensors on every step (chosen from
     the whole tensors' sizes), a round covers every tensor the optimizer moves, and each update ratio equals the
-    one process's (`reference`) at the steps both measured it (the one process copies no tensor without a
-    gradient; the ranks cannot tell and copy it on its turn). The tensors not copied keep their exact "moved"
+    one process's (`reference`) at the steps both measured it (where the engine gives a tensor the one process
+    leaves without a gradient a zero one, FSDP1's unused tensor, the ranks copy it on its turn). The tensors not
+    copied keep their exact "moved"
     evidence: every other number is the one process's, and (without `apart`) the report. `apart`: tags left out,
     where the engine itself differs from the one process (FSDP1 gives an unused tensor a zero gradient)."""
     assert rank0["copied"] == rank1["copied"]

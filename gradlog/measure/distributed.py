@@ -5,8 +5,9 @@ Each rank holds a shard of every DTensor parameter and gradient. A norm, a count
 a shard is not the tensor's: the per-rank partials must be combined. One measured step costs:
 
 - in the optimizer's step pre-hook, ONE ``all_reduce(MAX)`` of a small header (the step index, to
-  catch ranks that disagree about which step is measured) together with the gradients' histogram
-  ranges (max, and -min so that MIN rides along in the MAX);
+  catch ranks that disagree about which step is measured, and which tensors have a gradient on any
+  rank, for the weight snapshot's choice) together with the gradients' histogram ranges (max, and
+  -min so that MIN rides along in the MAX);
 - in the post-hook, on histogram steps only, ONE ``all_reduce(MAX)`` of the weight/update ranges
   (the weights after the step do not exist before it);
 - ONE ``all_reduce(SUM)`` of every sum of squares, count and histogram bucket of the step.
@@ -98,6 +99,9 @@ class DistStep:
     index: int
     owner: torch.Tensor  # [n] 1.0 where this rank's part counts, per row of the step
     device: torch.device
+    #: per row, whether this rank's part has a gradient (`Reducer.open`), made global (any rank has one) by the
+    #: pre-hook's `exchange_header`, before the snapshot is picked (`Meter._pick`)
+    has_grad: list[bool] = field(default_factory=list)
     parts: list[tuple[Key, torch.Tensor, torch.Tensor | None, tuple[int, ...]]] = field(default_factory=list)
 
     def add(self, key: Key, t: torch.Tensor, rows: Sequence[int] | None = None, keep: tuple[int, ...] = ()) -> None:
@@ -165,7 +169,7 @@ class Reducer:
             g = r.param.grad
             if g is not None and is_dtensor(g):
                 _owner(g, rank)  # raises on Partial gradients
-        return DistStep(self, index, owner, device)
+        return DistStep(self, index, owner, device, has_grad=[r.param.grad is not None for r in rows])
 
     # --- collectives ---------------------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, op: str, index: int, group: Any = None) -> None:
@@ -209,15 +213,18 @@ class Reducer:
     def exchange_header(
         self, step: DistStep, histograms: bool, grad_ranges: torch.Tensor | None
     ) -> torch.Tensor | None:
-        """The pre-hook's one all_reduce(MAX): the step index (checked equal on every rank) and, when
-        gradient histograms are configured, their [n, 2] (min, max) ranges, made global in place.
+        """The pre-hook's one all_reduce(MAX): the step index (checked equal on every rank), each row's "has a
+        gradient" flag (`step.has_grad` becomes True where any rank's part has one: what `Meter._pick` needs to
+        copy no tensor without a gradient, the same on every rank) and, when gradient histograms are configured,
+        their [n, 2] (min, max) ranges, made global in place.
 
-        The ranges travel on every measured step (neutral values when no histogram is due) so that
+        The flags and ranges travel on every measured step (neutral values when no histogram is due) so that
         the message size depends only on the checked layout, never on the step index.
         """
         call = float(step.index) if self.call is None else self.call
         head = [float(step.index), -float(step.index), float(histograms), -float(histograms), call, -call]
-        parts = [torch.tensor(head, dtype=torch.float64, device=step.device)]
+        flags = torch.tensor(step.has_grad, dtype=torch.float64, device=step.device)
+        parts = [torch.tensor(head, dtype=torch.float64, device=step.device), flags]
         if grad_ranges is not None:
             parts += [
                 grad_ranges[:, 1].to(step.device, torch.float64),
@@ -225,7 +232,9 @@ class Reducer:
             ]
         t = torch.cat(parts)
         self.all_reduce(t, "max", step.index)
-        got = t[:6].tolist()  # six numbers: a host read, on gloo already on the host
+        n = len(step.has_grad)
+        got = t[: 6 + n].tolist()  # a host read of the header and flags, on gloo already on the host
+        step.has_grad = [v > 0 for v in got[6:]]
         if got[0] != -got[1] or got[2] != -got[3]:
             raise DistributedMismatchError(
                 f"gradlog: ranks measure different optimizer steps (step index {-got[1]:g} to {got[0]:g} across "
@@ -238,8 +247,8 @@ class Reducer:
             )
         if grad_ranges is None:
             return None
-        n = grad_ranges.shape[0]
-        return torch.stack([-t[6 + n : 6 + 2 * n], t[6 : 6 + n]], dim=1)
+        at, k = 6 + n, grad_ranges.shape[0]
+        return torch.stack([-t[at + k : at + 2 * k], t[at : at + k]], dim=1)
 
     def global_ranges(self, step: DistStep, ranges: torch.Tensor) -> torch.Tensor:
         """The post-hook's all_reduce(MAX) of [n, 2] (min, max) ranges; histogram steps only."""

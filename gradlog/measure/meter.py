@@ -631,9 +631,10 @@ class Meter:
         steps. A tensor larger than the budget is copied alone on its turn.
 
         Sharded runs (`op.dist`): every rank must copy the same rows (the update histograms and sums are reduced
-        row by row), chosen with no collective: from the tensors' whole (global) byte sizes and the tracked order,
-        which every rank knows alike, never from its own piece's size or its own gradient (a rank may hold none of
-        a tensor). The budget so applies to the whole tensors: each rank holds about 1/world of it."""
+        row by row), chosen with no collective of its own: from the tensors' whole (global) byte sizes, the tracked
+        order and whether any rank's part has a gradient (`DistStep.has_grad`, made global by the pre-hook's header
+        exchange), which every rank knows alike, never from its own piece's size or its own gradient (a rank may
+        hold none of a tensor). The budget so applies to the whole tensors: each rank holds about 1/world of it."""
         if self.budget is None:
             return moving, []
         rows = op.rows
@@ -644,7 +645,8 @@ class Meter:
         if total <= limit:
             self.rotation = 1
             return moving, []
-        graded = moving if op.dist is not None else [i for i in moving if op.has_grad[i]]
+        has_grad = op.dist.has_grad if op.dist is not None else op.has_grad
+        graded = [i for i in moving if has_grad[i]]
         if sum(size[i] for i in graded) <= limit:
             copy = graded
             self.rotation = 1
