@@ -668,6 +668,14 @@ def test_the_tab_shows_one_finding_per_cause_and_no_update_for_a_layer_out_of_th
         heads = [th.text for th in table.find_elements(By.TAG_NAME, "th")]
         since = heads.index("since_step")
         assert sorted(int(r[since]) for r in rows[1:]) == sorted(stopped)  # one row per cause
+        # the table fits its pane, wrapped rather than scrolled (it was 828 px wide in a 645 px pane: nine
+        # columns, headings such as last_grad_step and dims such as "rows, elements, columns" kept on one line)
+        wide = driver.execute_script(
+            "const t = document.getElementById('gl-table-stopped_slices');"
+            "return [t.scrollWidth, document.getElementById('gl-right').clientWidth,"
+            " [...t.querySelectorAll('th')].map((th) => [th.textContent, th.getBoundingClientRect().width])];"
+        )
+        assert 0 < wide[0] <= wide[1], str(wide)
         text = driver.find_element(By.ID, "gl-right").text
         assert "stalled" not in text.lower() and "True" not in text and "False" not in text, text
         never = driver.find_element(By.ID, "gl-table-never_updated").text

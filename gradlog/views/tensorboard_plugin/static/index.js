@@ -70,7 +70,10 @@ body { font-family: Roboto, Arial, sans-serif; font-size: 13px; margin: 12px; co
 table.gl { border-collapse: collapse; font-size: 12px; }
 table.gl th, table.gl td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
 table.gl th, table.gl td.short { white-space: nowrap; }
-table.gl td.long { min-width: 10em; overflow-wrap: anywhere; }
+/* a heading or a key breaks only after its underscores (last_grad_step, dead_units), a list (rows, elements,
+   columns) at its spaces: a table of many columns fits a narrow pane */
+table.gl th.split, table.gl td.list { white-space: normal; }
+table.gl td.long { min-width: 8em; overflow-wrap: anywhere; }
 table.gl tr.sel td { background: #e3f2fd; }
 table.gl details > summary { cursor: pointer; list-style: none; }
 table.gl details > summary .more { color: #1565c0; white-space: nowrap; }
@@ -293,9 +296,10 @@ class Tab {
     const cell = (c, column) => {
       if (long.has(column)) return h("td", { class: "long" }, folded(c));
       if (column === "name") return h("td", { class: "name" }, ...breakAtDots(String(c)));
+      if (/, |_/.test(String(c))) return h("td", { class: "list" }, ...breakAfter(String(c), /(?<=_)/));
       return h("td", { class: "short" }, c);
     };
-    const head = h("tr", {}, ...t.columns.map((c) => h("th", {}, c)));
+    const head = h("tr", {}, ...t.columns.map((c) => h("th", { class: "split" }, ...breakAfter(String(c), /(?<=_)/))));
     const rows = t.rows.map((r) => {
       const cellName = (r[t.columns.indexOf("name")] || "").split(" (= ")[0];
       const name = (this.labels && this.labels[cellName]) || cellName; // a cause's row: its first tensor
@@ -501,8 +505,13 @@ class Tab {
 // A dotted tensor name as text pieces with a line-break chance after each dot
 // (layers.0.block_sparse_moe.experts.3.w1.weight wraps between its parts, never inside one).
 function breakAtDots(text) {
+  return breakAfter(text, /(?<=\.)/);
+}
+
+// `text` as pieces split by `at` (a lookbehind: the separator stays on the left), with a line-break chance between.
+function breakAfter(text, at) {
   const out = [];
-  for (const piece of text.split(/(?<=\.)/)) {
+  for (const piece of text.split(at)) {
     if (out.length) out.push(document.createElement("wbr"));
     out.push(piece);
   }
