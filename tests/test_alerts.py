@@ -12,6 +12,7 @@ from torch import nn
 
 import gradlog
 from gradlog.verdict.alerts import NO_GRAD, NONFINITE, RATIO_HIGH, RATIO_LOW, Alerts, Entry
+from gradlog.verdict.report import CONSOLE_WIDTH
 
 
 def _records(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -119,6 +120,29 @@ def test_no_grad_alert_after_patience_skips_frozen_tensors(caplog: pytest.LogCap
     assert got == [("unused.bias", NO_GRAD, 9), ("unused.weight", NO_GRAD, 9)]
     msgs = [m for m in _records(caplog) if "no gradient" in m]
     assert len(msgs) == 1 and "in 2 tensors" in msgs[0] and "unused.weight" in msgs[0] and "frozen" not in msgs[0]
+
+
+def test_an_alert_on_many_long_names_keeps_every_line_within_the_console_width(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seven unused layers with Hugging Face-long names: the first line says what and when, then each tensor
+    shown by its name with its evidence under it (both do not fit on one line), then how many more; no line wider
+    than CONSOLE_WIDTH. Before, one line of 591 characters."""
+    names = [f"encoder_layer_{i}_cross_attention_output_projection" for i in range(7)]
+    model = nn.ModuleDict({"used": nn.Linear(4, 4)} | {n: nn.Linear(4, 4, bias=False) for n in names})
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    alerts = gradlog.AlertOptions(no_grad_patience=2)
+    gl = gradlog.GradLogger(model, opt, writer="memory", every=1, print_report=False, alerts=alerts)
+    caplog.set_level(logging.WARNING, logger="gradlog")
+    train(opt, gl, 3, lambda step: model["used"](torch.randn(2, 4)).sum())
+    msgs = [m for m in _records(caplog) if "no gradient" in m]
+    assert len(msgs) == 1
+    lines = msgs[0].splitlines()
+    assert lines[0] == "gradlog alert at optimizer step 1: no gradient in 7 tensors", lines
+    assert lines[1:11:2] == [f"  {n}.weight:" for n in names[:5]], lines
+    assert lines[2:11:2] == ["    .grad was None on 2 measured steps in a row"] * 5, lines
+    assert lines[11:] == ["  and 2 more"], lines
+    assert max(map(len, lines)) <= CONSOLE_WIDTH, lines
 
 
 def test_alerts_off_logs_and_writes_nothing(caplog: pytest.LogCaptureFixture) -> None:
@@ -245,6 +269,13 @@ def test_alerts_reach_stderr_without_logging_once_per_kind() -> None:
 
     # nothing configured: the first alert of each kind on stderr
     assert part(out.stderr, "plain").count("non-finite gradient") == 1 and "weight" in part(out.stderr, "plain")
+    # what and when on the first line, each tensor's evidence on its own, the pointer to the rest last; every line
+    # within the console's width (before: one line of 214 characters)
+    lines = [line for line in part(out.stderr, "plain").splitlines() if line.strip()]
+    assert lines[0] == "gradlog alert at optimizer step 2: non-finite gradient in 2 tensors", lines
+    assert lines[1:3] == ["  weight: 16 NaN/Inf gradient entries", "  bias: 4 NaN/Inf gradient entries"], lines
+    assert lines[3] == "  (later 'nonfinite_grad' alerts: gl.alerts.fired, and the report at close)", lines
+    assert max(map(len, lines)) <= CONSOLE_WIDTH
     # alerts=False: nothing anywhere
     assert "alert" not in part(out.stderr, "off") + part(out.stdout, "off")
     # configured: through logging only

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gradlog.measure.meter import Measurement
-from gradlog.verdict.report import ALERT_COLUMNS, WARNING_KINDS, Alert
+from gradlog.verdict.report import ALERT_COLUMNS, CONSOLE_WIDTH, WARNING_KINDS, Alert, wrapped
 from gradlog.verdict.silence import MAX_CHANCE, chance
 
 log = logging.getLogger("gradlog")
@@ -616,14 +616,14 @@ class Alerts:
         configured = _logging_configured()
         for kind, step in dict.fromkeys((a.kind, a.step) for a in sorted(new, key=lambda a: KINDS.index(a.kind))):
             group = [a for a in new if a.kind == kind and a.step == step]
-            msg = _message(step, kind, group, banded=self.ratio_band is not None)
-            if step != index and index >= 0:
-                msg = msg.replace(f"at optimizer step {step}:", f"at optimizer step {step} (confirmed at {index}):")
+            confirmed = index if step != index and index >= 0 else None
+            msg = _message(step, kind, group, banded=self.ratio_band is not None, confirmed=confirmed)
             if configured:
                 log.warning("%s", msg)
             elif kind not in self._printed:  # nothing set up: the first of each kind on stderr
                 self._printed.add(kind)
-                print(f"{msg} (later '{kind}' alerts: gl.alerts.fired, and the report at close)", file=sys.stderr)
+                later = f"(later '{kind}' alerts: gl.alerts.fired, and the report at close)"
+                print(f"{msg}\n{wrapped(_INDENT + later, CONSOLE_WIDTH, _INDENT)}", file=sys.stderr)
 
 
 _HEADLINES = {
@@ -695,9 +695,24 @@ def _outliers(
 _BANDED = {RATIO_HIGH: "update ratio above the healthy band", RATIO_LOW: "update ratio below the healthy band"}
 
 
-def _message(step: int, kind: str, alerts: list[Alert], banded: bool = False) -> str:
-    shown = "; ".join(f"{a.name} ({a.detail})" for a in alerts[:_NAMES_SHOWN])
-    more = f"; and {len(alerts) - _NAMES_SHOWN} more" if len(alerts) > _NAMES_SHOWN else ""
+#: the indent of an alert's lines after its first (`_message`), and of a wrapped line's continuation beyond that
+_INDENT = "  "
+
+
+def _message(step: int, kind: str, alerts: list[Alert], banded: bool = False, confirmed: int | None = None) -> str:
+    """What and when on the first line, then each tensor named with its evidence on a line of its own (the
+    evidence under the name where both do not fit): every line within CONSOLE_WIDTH (wrapped at spaces; a tensor
+    name longer than that stays whole). On one line, two tensors' evidence made a message of 214 characters on
+    stderr, five long-named ones 591, that a terminal broke mid-word."""
     n = len(alerts)
     head = (_BANDED if banded else _HEADLINES).get(kind, _HEADLINES[kind])
-    return f"gradlog alert at optimizer step {step}: {head} in {n} tensor{'s' * (n != 1)}: {shown}{more}"
+    when = f"optimizer step {step}" + (f" (confirmed at {confirmed})" if confirmed is not None else "")
+    lines = [wrapped(f"gradlog alert at {when}: {head} in {n} tensor{'s' * (n != 1)}", CONSOLE_WIDTH, _INDENT)]
+    for a in alerts[:_NAMES_SHOWN]:
+        line = f"{_INDENT}{a.name}: {a.detail}"
+        if len(line) > CONSOLE_WIDTH:
+            line = f"{_INDENT}{a.name}:\n{wrapped(_INDENT * 2 + a.detail, CONSOLE_WIDTH, _INDENT * 2)}"
+        lines.append(line)
+    if n > _NAMES_SHOWN:
+        lines.append(f"{_INDENT}and {n - _NAMES_SHOWN} more")
+    return "\n".join(lines)
