@@ -451,7 +451,8 @@ class StepTrace:
             # the hook fires for a weight whose gradient a custom Function's backward() gave as None, with none
             if p.grad is not None:
                 self._result.accumulated.add(pid)
-                if p.grad.is_sparse or p.grad.count_nonzero().item():
+                # a plain tensor only: counting a sharded gradient's entries (a DTensor) would be a collective
+                if type(p.grad) is torch.Tensor and (p.grad.is_sparse or p.grad.count_nonzero().item()):
                     self._result.nonzero_accumulated.add(pid)
             self._after_backward = True
 
