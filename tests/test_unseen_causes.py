@@ -216,3 +216,28 @@ def test_a_hugging_face_lm_whose_labels_are_all_ignored() -> None:
     assert report.hint is not None and said in report.hint, report.hint
     assert report.hint.startswith("every trainable tensor had an all-zero grad: cut at ")
     assert "whose every target is its ignore_index" in report.hint and "fix: check the labels" in report.hint
+
+
+# --- a head replaced after the optimizer was built ----------------------------------------------------------------
+def test_a_head_replaced_after_the_optimizer_is_named_as_replaced() -> None:
+    """`model.head = nn.Linear(...)` after the optimizer was built, then gradlog started: before, the new head read
+    "in no optimizer param group (added after the optimizer was built?)" and, apart, the optimizer's two orphans
+    "not in the model passed to gradlog". Now the two records are paired by shape: head was replaced, and the fix.
+    A whole model copied after the optimizer keeps its own hint (deepcopy), unpaired."""
+    torch.manual_seed(0)
+    model = CustomFunctionLayer("ok")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    old = {id(p) for p in model.head.parameters()}
+    model.head = nn.Linear(16, 3)  # planted: replaced
+    report, same = _run(model, opt, _classify(model))
+    assert same == {"head.weight", "head.bias"}
+    got = _details(report)
+    assert {n for n, (r, _) in got.items() if r == Reason.NOT_IN_OPTIMIZER} == same
+    orphans = {n for n, (r, _) in got.items() if r == Reason.NOT_IN_MODEL}
+    assert len(orphans) == len(old) == 2
+    for name in same:
+        detail = got[name][1]
+        assert "the optimizer steps 2 tensors of the same shapes (3x16, 3) that the model no longer has" in detail
+        assert "head was replaced after the optimizer was built" in detail and "added after" not in detail, detail
+        assert "fix: build the optimizer after replacing it, or optimizer.add_param_group(" in detail
+    assert all(got[n][1].endswith("; replaced in the model by head") for n in orphans)
