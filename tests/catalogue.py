@@ -1236,3 +1236,91 @@ class FrozenDeadLeftOut(nn.Module):
         """AdamW over the trainable tensors but `left.*` (names as the model, or a wrapper of it, gives them)."""
         params = [p for n, p in model.named_parameters() if p.requires_grad and ".left." not in f".{n}."]
         return torch.optim.AdamW(params, lr=lr)
+
+
+# --- causes nobody planted before: a custom autograd.Function, a reentrant checkpoint, a term times 0 ------------
+class _LinearFn(torch.autograd.Function):
+    """A hand-written linear layer, y = x W^T + b, whose backward() is the test's to choose (`mode`: "ok" gives
+    every input its gradient, "none" returns None for the weight, "zeros" an all-zero gradient for it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, mode: str) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.mode = mode
+        return x @ w.t() + b
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        x, w = ctx.saved_tensors
+        gw = g.t() @ x
+        if ctx.mode == "none":
+            gw = None  # planted: none
+        elif ctx.mode == "zeros":
+            gw = torch.zeros_like(w)  # planted: zeros
+        return g @ w, gw, g.sum(0), None
+
+
+class CustomFunctionLayer(nn.Module):
+    """`inp` (8->16), `mid` (16->16) run through `_LinearFn` (a custom torch.autograd.Function), `head` (16->3),
+    tanh between. `mode` "none" / "zeros" plants a backward() that gives `mid.weight` None / zeros (its bias
+    still learns); "ok" is the healthy twin. Before, a weight given None was said to be "cleared between
+    backward() and step()" (torch fires the post-accumulate hook with no gradient), and the Function's forward,
+    run under no_grad by torch, would read as a torch.no_grad() block to move out of."""
+
+    def __init__(self, mode: str = "ok") -> None:
+        super().__init__()
+        self.mode = mode
+        self.inp = nn.Linear(8, 16)
+        self.mid = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inp(x))
+        h = torch.tanh(_LinearFn.apply(h, self.mid.weight, self.mid.bias, self.mode))
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+class ReentrantCheckpointed(nn.Module):
+    """A frozen embedding (`emb`, 20x16), two Linear blocks run under ``torch.utils.checkpoint`` with
+    use_reentrant=True (marked), and a `head`. As the embedding is frozen, no input of a checkpointed block
+    requires grad: the reentrant checkpoint runs the block under no_grad and its weights get none (the LoRA /
+    frozen-embedding bug Hugging Face's enable_input_require_grads() exists for). `reentrant=False` is the
+    healthy twin. Input: token ids (batch, length)."""
+
+    def __init__(self, reentrant: bool = True) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.emb = nn.Embedding(20, 16)
+        self.emb.requires_grad_(False)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = self.emb(ids).mean(1)
+        for block in self.blocks:
+            h = checkpoint(lambda t, b=block: torch.tanh(b(t)), h, use_reentrant=self.reentrant)  # planted: checkpoint
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+class TwoHeadLoss(nn.Module):
+    """A `body` and two heads, `a` (classes) and `b` (a regression), whose losses forward returns summed with the
+    weight `b_weight`: 0 (marked, `loss_a + 0 * loss_b`, a head switched off by its weight) gives `b.*` an exactly zero
+    gradient at every step; 0.5 is the healthy twin."""
+
+    def __init__(self, b_weight: float = 0.0) -> None:
+        super().__init__()
+        self.b_weight = b_weight
+        self.body = nn.Linear(8, 16)
+        self.a = nn.Linear(16, 3)
+        self.b = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.body(x))
+        loss_a = nn.functional.cross_entropy(self.a(h), y)
+        loss_b = nn.functional.mse_loss(self.b(h).squeeze(1), x[:, 0])
+        out: torch.Tensor = loss_a + self.b_weight * loss_b  # planted: times_zero
+        return out

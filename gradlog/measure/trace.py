@@ -61,6 +61,17 @@ _COMPARISONS = frozenset(
 )
 #: calls on a tensor that read no value (shapes, dtypes, devices, printing): never a cut
 _NO_VALUE = frozenset({"size", "dim", "numel", "__len__", "__repr__", "__format__", "__bool__", "stride", "__hash__"})
+#: the cuts that leave an exactly zero gradient (the others leave none): matched to weights whose gradient is zero
+ZERO_KINDS = frozenset({"zero_derivative", "times_zero", "all_ignored"})
+_MULTIPLY = frozenset({"mul", "__mul__", "__rmul__", "multiply"})
+#: losses whose targets may all be their ignore_index (a positional ignore_index is their 5th argument)
+_IGNORING_LOSSES = frozenset({"cross_entropy", "nll_loss"})
+#: in-place calls after backward() that write no value into a gradient they read
+_NO_WRITE = frozenset({"requires_grad_", "retain_grad", "share_memory_", "detach_"})
+#: torch's own autograd.Function machinery: a call under no_grad below it is a custom Function's forward (whose
+#: backward() gives the gradient) or a reentrant checkpoint's (which needs an input that requires grad)
+_FUNCTION_FILE = os.path.join(_TORCH_DIR, "autograd", "function.py")
+_CHECKPOINT_FILE = os.path.join(_TORCH_DIR, "utils", "checkpoint.py")
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,10 @@ class Site:
 class Cut:
     """A call that read a tensor requiring grad and gave nothing a gradient can flow back through (or a
     zero one): `kind` is "detach", "data", "no_grad", "inference_mode", "python" (``.item()`` and friends),
-    "integer" (an integer or boolean result: argmax, comparisons, casts) or "zero_derivative"."""
+    "integer" (an integer or boolean result: argmax, comparisons, casts), "checkpoint" (reentrant activation
+    checkpointing of a block none of whose inputs requires grad), or one of the zero-gradient kinds
+    (`ZERO_KINDS`): "zero_derivative", "times_zero" (multiplied by the number 0), "all_ignored" (a
+    cross-entropy whose every target is its ignore_index)."""
 
     kind: str
     op: str
@@ -100,6 +114,11 @@ class Cut:
             "python": f"`.{self.op}()` (a Python number: no graph back to the weights)",
             "integer": f"`{self.op}` (returns integers/booleans: not differentiable)",
             "zero_derivative": f"`{self.op}` (its gradient is zero everywhere)",
+            "checkpoint": f"`{self.op}` run by reentrant activation checkpointing (torch.utils.checkpoint, "
+            "use_reentrant=True) with no input that requires grad",
+            "times_zero": "`* 0` (multiplied by the number 0: its gradient is zero)",
+            "all_ignored": f"`{self.op}` whose every target is its ignore_index (no target counts: the loss "
+            "and its gradient are 0)",
         }
         return words.get(self.kind, f"`{self.op}`")
 
@@ -116,6 +135,11 @@ class Cut:
             "(softmax, Gumbel-softmax) or a straight-through estimator (soft + (hard - soft).detach())",
             "zero_derivative": f"{self.op} has zero gradient: use a straight-through estimator "
             f"(x + (x.{self.op.rstrip('_')}() - x).detach())",
+            "checkpoint": "pass use_reentrant=False to checkpoint() (Hugging Face: gradient_checkpointing_enable("
+            "gradient_checkpointing_kwargs={'use_reentrant': False}), or model.enable_input_require_grads())",
+            "times_zero": "a term multiplied by 0 passes no gradient: drop the factor, or give the term a weight > 0",
+            "all_ignored": "check the labels: every one is the ignore_index (-100), e.g. a padding or prompt mask "
+            "that covers every token",
         }.get(self.kind, "give it a differentiable path to the loss")
 
     def located(self) -> str:
@@ -136,14 +160,32 @@ class Foreign:
     container: str | None  # "a Python list of 6 Linear", when an attribute holds it
 
 
+@dataclass(frozen=True)
+class CustomFunction:
+    """A custom ``torch.autograd.Function`` a weight's only path to the loss runs through: its class, where its
+    backward() is defined, and which of forward's tensor arguments (1-based) leads to the weight."""
+
+    name: str
+    site: Site | None
+    argument: int
+
+
 @dataclass
 class TraceResult:
     """What one traced step found: per weight (by `id`), whether backward wrote its gradient and whether the
     optimizer then saw none (or a zero one); the cut that explains each weight that got none; the foreign
     leaves; and what the trace cost."""
 
-    #: ids of the weights backward wrote a gradient to (a post-accumulate-grad hook fired)
+    #: ids of the weights backward wrote a gradient to (a post-accumulate-grad hook fired with one there)
     accumulated: set[int] = field(default_factory=set)
+    #: ids of the weights whose gradient backward wrote had a non-zero entry
+    nonzero_accumulated: set[int] = field(default_factory=set)
+    #: id -> the last in-place call between backward() and step() that wrote the weight's gradient, and where
+    zeroed_by: dict[int, tuple[str, Site | None]] = field(default_factory=dict)
+    #: id -> its gradient hooks (register_hook), described, for weights whose gradient was zero at the step
+    hooks_of: dict[int, str] = field(default_factory=dict)
+    #: id -> the custom autograd.Function it reaches the loss through, for weights with no/zero gradient
+    function_of: dict[int, CustomFunction] = field(default_factory=dict)
     #: ids of the weights whose gradient was None at the optimizer's step (or after backward, without one)
     none_at_step: set[int] = field(default_factory=set)
     #: ids of the weights whose gradient was exactly zero at the step
@@ -162,6 +204,11 @@ class TraceResult:
     def cleared(self, pid: int) -> bool:
         """Backward wrote a gradient, and the optimizer's step saw none: cleared in between."""
         return pid in self.accumulated and pid in self.none_at_step
+
+    def zeroed(self, pid: int) -> bool:
+        """Backward wrote a non-zero gradient, and the optimizer's step saw an all-zero one: zeroed in between
+        (clipped with max_norm=0, zero_grad(set_to_none=False))."""
+        return pid in self.nonzero_accumulated and pid in self.zero_at_step
 
     def cost(self) -> str:
         return f"one traced step: {self.calls} torch calls, {self.seconds * 1e3:.0f} ms"
@@ -246,7 +293,7 @@ def _name(func: Any) -> str:
     return str(name)
 
 
-def _kind(name: str, outs: list[torch.Tensor], result: Any) -> str | None:
+def _kind(name: str, args: Any, kwargs: dict[str, Any], outs: list[torch.Tensor]) -> str | None:
     """Whether a call that read a tensor requiring grad cut the path (and how), from what it returned."""
     if name in _NO_VALUE:
         return None
@@ -257,6 +304,10 @@ def _kind(name: str, outs: list[torch.Tensor], result: Any) -> str | None:
     if name in _ZERO_DERIVATIVE and any(o.requires_grad for o in outs):
         return "zero_derivative"
     if any(o.requires_grad for o in outs):
+        if name in _MULTIPLY and any(_is_zero_number(a) for a in args):
+            return "times_zero"
+        if name in _IGNORING_LOSSES and _all_ignored(args, kwargs):
+            return "all_ignored"
         return None
     if name in ("detach", "detach_"):
         return "detach"
@@ -265,10 +316,42 @@ def _kind(name: str, outs: list[torch.Tensor], result: Any) -> str | None:
     if torch.is_inference_mode_enabled():
         return "inference_mode"
     if not torch.is_grad_enabled():
-        return "no_grad"
+        inside = _under_function()
+        return "no_grad" if inside is None else inside or None
     if not any(o.is_floating_point() or o.is_complex() for o in outs):
         return "integer"
     return "other"
+
+
+def _is_zero_number(value: Any) -> bool:
+    """The Python number 0 (a factor `0 * loss_b`), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _all_ignored(args: Any, kwargs: dict[str, Any]) -> bool:
+    """A cross-entropy / NLL call whose every target is its ignore_index: no target counts, the gradient is 0."""
+    target = args[1] if len(args) > 1 else kwargs.get("target")
+    ignore = kwargs.get("ignore_index", args[4] if len(args) > 4 else -100)
+    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() == 0:
+        return False
+    return bool((target == ignore).all())
+
+
+def _under_function() -> str | None:
+    """A call under no_grad made inside an autograd.Function's forward: "checkpoint" inside a reentrant
+    torch.utils.checkpoint (its block learns only through an input that requires grad), "" inside any other
+    Function (its forward runs under no_grad by design; its backward() gives the gradients: no cut), None
+    outside one."""
+    frame: types.FrameType | None = sys._getframe(2)
+    inside = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path == _CHECKPOINT_FILE:
+            return "checkpoint"
+        if path == _FUNCTION_FILE:
+            inside = ""
+        frame = frame.f_back
+    return inside
 
 
 class _Recorder(TorchFunctionMode):
@@ -310,6 +393,8 @@ class StepTrace:
         self._foreign: dict[int, tuple[torch.Tensor, Site | None]] = {}
         self._made: set[int] = set()  # leaves requiring grad created during the step (by a factory call)
         self._foreign_grad: set[int] = set()
+        self._functions: dict[int, Any] = {}  # the custom autograd.Function nodes the step's calls read
+        self._grad_ids: dict[int, int] | None = None  # id of a weight's gradient -> the weight's, after backward
         self._result = TraceResult()
         self._seen = 0  # torch calls seen, the wrappers' included: the cap and the order of cuts
         self._started = 0.0
@@ -362,8 +447,13 @@ class StepTrace:
 
     # --- hooks ----------------------------------------------------------------------------------------
     def _accumulated_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
-        def hook(_: torch.Tensor) -> None:
-            self._result.accumulated.add(pid)
+        def hook(p: torch.Tensor) -> None:
+            # the hook fires for a weight whose gradient a custom Function's backward() gave as None, with none
+            if p.grad is not None:
+                self._result.accumulated.add(pid)
+                # a plain tensor only: counting a sharded gradient's entries (a DTensor) would be a collective
+                if type(p.grad) is torch.Tensor and (p.grad.is_sparse or p.grad.count_nonzero().item()):
+                    self._result.nonzero_accumulated.add(pid)
             self._after_backward = True
 
         return hook
@@ -398,10 +488,14 @@ class StepTrace:
         if self._seen > MAX_CALLS:  # a step that never ends (an evaluation loop before the next step)
             self._pause()
             return
-        if self._after_backward:
-            return  # between backward() and the step: what the loop does there cuts no path from the loss
         if func is torch.Tensor.backward:
             self._after_backward = True
+            self._grad_ids = None  # the gradients as backward() left them, read at the next in-place call
+            return
+        if self._after_backward:
+            # between backward() and the step: what the loop does there cuts no path from the loss, but it may
+            # write the gradients (clip_grad_norm_, zero_grad(set_to_none=False))
+            self._grad_write(_name(func), args)
             return
         if not _wrapper_call():
             self._result.calls += 1
@@ -415,6 +509,8 @@ class StepTrace:
         if not graded:
             return
         for t in graded:
+            if isinstance(t.grad_fn, torch.autograd.function.BackwardCFunction):  # a custom Function's output
+                self._functions.setdefault(id(t.grad_fn), t.grad_fn)
             if id(t) in self.params:
                 self._result.used.add(id(t))
                 continue
@@ -423,10 +519,23 @@ class StepTrace:
                 self._handles.append(t.register_post_accumulate_grad_hook(self._foreign_hook(id(t))))  # type: ignore[no-untyped-call]
             if getattr(func, "__module__", None) == "torch.nn.init":
                 self._made.add(id(t))  # initialised during the step: a module built in forward
-        kind = _kind(name, outs, out)
+        kind = _kind(name, args, kwargs, outs)
         if kind is not None:
             cut = Cut(kind, name, user_site(), self._seen)
             self._cuts.append((cut, [t.grad_fn if t.grad_fn is not None else t for t in graded]))
+
+    def _grad_write(self, name: str, args: Any) -> None:
+        """An in-place call after backward() whose first argument holds weights' gradients: the last one per
+        weight is what the step's all-zero gradient came from, when backward() wrote a non-zero one."""
+        if not name.endswith("_") or name in _NO_WRITE or not args:
+            return
+        if self._grad_ids is None:
+            self._grad_ids = {id(p.grad): pid for pid, p in self.params.items() if p.grad is not None}
+        hit = [self._grad_ids[id(t)] for t in _tensors(args[0]) if id(t) in self._grad_ids]
+        if hit:
+            site = user_site()
+            for pid in hit:
+                self._result.zeroed_by[pid] = (name, site)
 
     def _foreign_hook(self, tid: int) -> Callable[[torch.Tensor], None]:
         def hook(_: torch.Tensor) -> None:
@@ -442,11 +551,15 @@ class StepTrace:
         # no gradient: a cut stopped backward; an exactly zero one: backward got there through a zero derivative
         none = [pid for pid in trainable if pid in res.none_at_step]
         zero = [pid for pid in trainable if pid in res.zero_at_step]
-        stops = [c for c in self._cuts if c[0].kind != "zero_derivative"]
-        flats = [c for c in self._cuts if c[0].kind == "zero_derivative"]
+        stops = [c for c in self._cuts if c[0].kind not in ZERO_KINDS]
+        flats = [c for c in self._cuts if c[0].kind in ZERO_KINDS]
         res.cut_of = {**_match(stops, none), **_match(flats, zero)}
+        uncut = [pid for pid in [*none, *zero] if pid not in res.cut_of and not res.cleared(pid)]
+        res.hooks_of = {pid: h for pid in zero if pid in uncut and (h := _hooks(self.params[pid]))}
+        res.function_of = _through_functions(list(self._functions.values()), uncut)
         res.foreign = self._named_foreign()
         self._cuts.clear()  # the autograd nodes they hold keep activations alive
+        self._functions.clear()
         return res
 
     def _named_foreign(self) -> list[Foreign]:
@@ -633,6 +746,50 @@ def _reach(node: Any, bit: dict[int, int], memo: dict[Any, int]) -> int:
             mask |= memo.get(m, 0)
         memo[n] = mask
     return memo.get(node, 0)
+
+
+def _code_site(fn: Any) -> Site | None:
+    """Where a Python function is defined: its `def` line (after any decorators), or None (a C function)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    line = code.co_firstlineno
+    while linecache.getline(code.co_filename, line).lstrip().startswith("@"):  # past the decorators
+        line += 1
+    text = linecache.getline(code.co_filename, line).split("  #")[0].strip()
+    return Site(_shown(code.co_filename), line, text if len(text) <= 80 else text[:77] + "...")
+
+
+def _hooks(p: torch.Tensor) -> str:
+    """A weight's gradient hooks (``register_hook``), described: "`<lambda>` at model.py:40 (`...`)"; "" if none."""
+    hooks = list(getattr(p, "_backward_hooks", None) or {})
+    said = []
+    for key in hooks:
+        fn = p._backward_hooks[key]  # type: ignore[index]
+        site = _code_site(getattr(fn, "func", fn))  # a functools.partial: its function
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        said.append(f"`{name}`" + (f" at {site.quoted()}" if site else ""))
+    return ", ".join(said)
+
+
+def _through_functions(nodes: list[Any], starved: list[int]) -> dict[int, CustomFunction]:
+    """For each starved weight, the first custom autograd.Function (of the user's, not torch's own) one of whose
+    inputs leads to it: its backward() gave that input no gradient, or a zero one, as nothing else cut it."""
+    if not nodes or not starved:
+        return {}
+    bit = {pid: 1 << i for i, pid in enumerate(starved)}
+    memo: dict[Any, int] = {}
+    out: dict[int, CustomFunction] = {}
+    for node in nodes:
+        cls = getattr(node, "_forward_cls", None)
+        if cls is None or str(getattr(cls, "__module__", "")).startswith("torch."):
+            continue
+        for i, (nxt, _) in enumerate(node.next_functions):
+            mask = _reach(nxt, bit, memo) if nxt is not None else 0
+            for pid, b in bit.items():
+                if mask & b and pid not in out:
+                    out[pid] = CustomFunction(cls.__qualname__, _code_site(cls.backward), i + 1)
+    return out
 
 
 def unregistered(model: nn.Module, known: set[int]) -> list[tuple[str, str, torch.Tensor]]:

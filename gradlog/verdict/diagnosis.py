@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from gradlog.measure.params import Tracked
@@ -222,4 +223,42 @@ def diagnose(
             if reason == Reason.FROZEN:
                 reason, detail, suspect = _frozen(row, ev, has_optimizer, between.get(row.index))
             out.append(NeverUpdated(row.name, row.shape, row.numel, reason, detail, row.aliases, suspect=suspect))
-    return out
+    return _replaced(out, rows)
+
+
+def _replaced(records: list[NeverUpdated], rows: Sequence[Tracked]) -> list[NeverUpdated]:
+    """A module replaced after the optimizer was built (``model.head = nn.Linear(...)``): its new tensors are in
+    no param group and the optimizer still steps the old ones, of the same shapes, which the model no longer
+    has. Where the optimizer still holds some of the model's tensors (not one built for another copy of the
+    model: `_hint` says that) and a module's tensors out of the optimizer each match such an orphan by shape,
+    both records say so, with the fix, instead of "added after the optimizer was built?"."""
+    if not any(r.in_model and r.group is not None for r in rows):
+        return records
+    orphans = [r for r in records if r.reason == Reason.NOT_IN_MODEL]
+    by_module: dict[str, list[NeverUpdated]] = {}
+    for r in records:
+        if r.reason == Reason.NOT_IN_OPTIMIZER:
+            by_module.setdefault(r.name.rsplit(".", 1)[0] if "." in r.name else r.name, []).append(r)
+    details: dict[str, str] = {}
+    for module, new in by_module.items():
+        pool = list(orphans)
+        old = []
+        for r in new:
+            match = next((o for o in pool if o.shape == r.shape), None)
+            if match is None:
+                break
+            pool.remove(match)
+            old.append(match)
+        if len(old) != len(new):
+            continue
+        orphans = pool
+        shapes = ", ".join("x".join(map(str, r.shape)) for r in new)
+        olds = ", ".join(o.name for o in old)
+        said = (
+            f"in no optimizer param group, while the optimizer steps {len(old)} tensor{'s' if len(old) > 1 else ''} "
+            f"of the same shape{'s' if len(old) > 1 else ''} ({shapes}) that the model no longer has ({olds}): "
+            f"{module} was replaced after the optimizer was built (model.{module} = ...); fix: build the optimizer "
+            f"after replacing it, or optimizer.add_param_group({{'params': model.{module}.parameters()}})"
+        )
+        details |= {r.name: said for r in new} | {o.name: f"{o.detail}; replaced in the model by {module}" for o in old}
+    return [dataclasses.replace(r, detail=details[r.name]) if r.name in details else r for r in records]

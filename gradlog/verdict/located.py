@@ -10,17 +10,28 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from gradlog.measure.trace import Foreign, TraceResult
+from gradlog.measure.trace import Foreign, Site, TraceResult
 from gradlog.verdict.report import NeverUpdated, Reason, Stalled
 
 #: the hint `gradlog.verdict.diagnosis` gives when every trainable tensor had grad None
 _NONE_HINT = "every trainable tensor had grad None"
+#: the hint `gradlog.verdict.diagnosis` gives when every trainable tensor had an all-zero grad
+_ZERO_HINT = "every trainable tensor had an all-zero grad"
 _CLEARED_FIX = "clear the gradients before backward() or after step(), never between them"
 #: the hint when a traced step saw backward() write every gradient and step() find none
 CLEARED_HINT = (
     "every trainable tensor had grad None at step(), yet backward() computed their gradients: zero_grad() "
     "called between backward() and step() cleared them; fix: call it before backward() or after step()"
 )
+
+
+def _zeroed_fix(op: str | None, site: Site | None) -> str:
+    """The fix for a gradient backward() computed and something zeroed before step(), from what wrote it last."""
+    if (site is not None and "clip_grad" in site.code) or op in ("_foreach_mul_", "mul_"):
+        return "gradient clipping with max_norm=0 scales every gradient to 0: give max_norm a positive value"
+    if op in ("zero_", "_foreach_zero_", "fill_"):
+        return f"{_CLEARED_FIX} (zero_grad(set_to_none=False) there leaves zeros)"
+    return "leave the gradients as backward() wrote them until step()"
 
 
 def cause(pid: int, trace: TraceResult) -> str | None:
@@ -30,9 +41,32 @@ def cause(pid: int, trace: TraceResult) -> str | None:
         return (
             f"{label}: backward() wrote its gradient and it was None at step(): cleared in between; fix: {_CLEARED_FIX}"
         )
+    if trace.zeroed(pid):
+        op, site = trace.zeroed_by.get(pid, (None, None))
+        by = f" by `{op}`" if op else ""
+        at = f" at {site.quoted()}" if site else ""
+        return (
+            f"{label}: backward() wrote a non-zero gradient and it was all zero at step(): set to zero in "
+            f"between{by}{at}; fix: {_zeroed_fix(op, site)}"
+        )
     cut = trace.cut_of.get(pid)
     if cut is not None:
         return f"{label}: {cut.located()}; fix: {cut.fix()}"
+    hooks = trace.hooks_of.get(pid)
+    if hooks:
+        return (
+            f"{label}: its gradient hook (register_hook) {hooks} returns an all-zero gradient; fix: return the "
+            "gradient from the hook, or remove it"
+        )
+    fn = trace.function_of.get(pid)
+    if fn is not None:
+        gave = "None" if pid in trace.none_at_step else "an all-zero gradient"
+        at = f" at {fn.site.quoted()}" if fn.site else ""
+        return (
+            f"{label}: it reaches the loss only through the custom autograd.Function `{fn.name}`, whose "
+            f"backward(){at} returns {gave} for forward's tensor argument {fn.argument}, which leads to it; fix: "
+            f"return that argument's gradient from {fn.name}.backward()"
+        )
     if trace.loss_leaf:
         return (
             f"{label}: the loss has no grad_fn (a new tensor built from numbers), so no path leads to any "
@@ -101,7 +135,7 @@ def traced_hint(
     resume are stalled); its "from the resume at step N on, " stays in front."""
     prefix, found, _ = (hint or "").partition(_NONE_HINT)
     if not found:
-        return hint
+        return _traced_zero_hint(hint, records, ids, trace)
     pids = [ids[r.name] for r in records if r.reason == Reason.NO_GRAD and r.name in ids]
     if not pids:
         return hint
@@ -115,3 +149,20 @@ def traced_hint(
     why = cause(first, trace)
     where = f": {why.split('): ', 1)[-1]}" if why else ""  # the cause without the trace's label
     return f"{prefix}{_NONE_HINT}: the loss never reached them (backward() wrote no gradient){where}"
+
+
+def _traced_zero_hint(
+    hint: str | None, records: Sequence[NeverUpdated | Stalled], ids: Mapping[str, int], trace: TraceResult
+) -> str | None:
+    """The hint "every trainable tensor had an all-zero grad: zero_grad misplaced, clipped to 0, or a constant
+    loss?" replaced by the traced answer when the trace gives every one of them the same cause (one clip call,
+    one cut): the guesses make way for it."""
+    prefix, found, _ = (hint or "").partition(_ZERO_HINT)
+    if not found:
+        return hint
+    pids = [ids[r.name] for r in records if r.reason == Reason.ZERO_GRAD and r.name in ids]
+    causes = {cause(p, trace) for p in pids}
+    if not pids or len(causes) != 1 or None in causes:
+        return hint
+    why = next(iter(causes)) or ""
+    return f"{prefix}{_ZERO_HINT}: {why.split('): ', 1)[-1]}"  # the cause without the trace's label
