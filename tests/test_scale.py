@@ -489,3 +489,22 @@ def test_a_bf16_tensor_is_sampled_before_it_is_converted(monkeypatch: pytest.Mon
         flipped = histogram_partials([x], BINS, CPU, negate=True, sample=SAMPLE)[0]
         assert torch.equal(neg[BINS : BINS + 2], flipped[BINS : BINS + 2]) and neg[BINS + 3] == flipped[BINS + 3]
         assert (neg[:BINS] - flipped[:BINS]).abs().max() <= 1, str(dtype)  # the same sample, edges rounded apart
+
+
+def test_the_device_path_samples_a_bf16_tensor_before_it_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accelerators' path (`_device_histogram`, run here on the CPU as the other tests run it) likewise
+    samples an fp16/bf16 tensor in its own dtype: the same counts as from its fp32 copy (the same sample), the
+    range and the NaN count exact, the sums (accumulated in fp32) within fp32 rounding of a float64 sum."""
+    gathered: list[torch.dtype] = []
+    real = bucketing.sampled
+    monkeypatch.setattr(bucketing, "sampled", lambda x, k: (gathered.append(x.dtype), real(x, k))[1])
+    x = (torch.randn(300_000, generator=torch.Generator().manual_seed(0)) * 0.1).to(torch.bfloat16)
+    x[7] = float("nan")
+    (flat,), _ = bucketing._histogram_inputs([x], False, SAMPLE)
+    c, m = _device_histogram(flat, BINS, SAMPLE)
+    assert gathered == [torch.bfloat16]
+    c32, m32 = _device_histogram(x.float(), BINS, SAMPLE)
+    assert torch.equal(c, c32)
+    assert torch.equal(m[:2], m32[:2]) and m[4] == m32[4] == 1  # min, max, NaN/Inf count: exact
+    z = torch.nan_to_num(x.double(), nan=0.0)
+    assert m[2:4].double().tolist() == pytest.approx([z.sum().item(), z.dot(z).item()], rel=5e-5)  # fp32 sums

@@ -403,14 +403,26 @@ def scale_counts(counts: torch.Tensor, total: torch.Tensor | int, ends: bool) ->
 
 def _device_histogram(x: torch.Tensor, bins: int, sample: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Accelerators: the same numbers without reading anything back (NaN/Inf masked with `where`). `sample`: the
-    buckets of that many entries (`sampled`), scaled to the finite values; the range and moments stay exact."""
+    buckets of that many entries (`sampled`), scaled to the finite values; the range and moments stay exact.
+    An fp16/bf16 `x` (kept so for a sample, `_histogram_inputs`): range in its own dtype (exact), sums
+    accumulated in fp32, only the sample converted."""
     if x.numel() == 0:
         return torch.zeros(bins + 1, dtype=torch.int64, device=x.device), torch.zeros(5, device=x.device)
     fin = torch.isfinite(x)
     nonfinite = x.numel() - fin.sum()
     zf = torch.where(fin, x, 0)  # NaN/Inf stand at 0 for the range and the moments
     lo, hi = torch.aminmax(zf)
+    if _low(zf):
+        lo, hi = lo.float(), hi.float()
+        norm = torch.linalg.vector_norm(zf, dtype=torch.float32)
+        sums = (zf.sum(dtype=torch.float32), norm * norm)
+    else:
+        sums = (zf.sum(), torch.dot(zf, zf))
     part = sampled(x, sample)
+    if part is not None and _low(part):
+        part = part.float()
+    elif _low(x):
+        x = x.float()  # counted in full: bucketed in fp32
     if part is not None:  # only the sample is bucketed: its own NaN/Inf are parked and taken out as below
         fin, nonfinite_all, nonfinite = torch.isfinite(part), nonfinite, part.numel() - torch.isfinite(part).sum()
         x = part
@@ -429,7 +441,7 @@ def _device_histogram(x: torch.Tensor, bins: int, sample: int | None = None) -> 
         counts[bins] = 0
         counts[:bins] = scale_counts(counts[:bins], zf.numel() - nonfinite_all, True)
         nonfinite = nonfinite_all
-    moments = torch.stack([lo, hi, zf.sum(), torch.dot(zf, zf), nonfinite.to(zf.dtype)])
+    moments = torch.stack([lo, hi, *sums, nonfinite.to(lo.dtype)])
     return counts, moments
 
 
@@ -521,7 +533,7 @@ def histogram_partials(
                 counts[i] = torch.cat([part[j, :bins], part.new_zeros(1)])
                 moments[i] = part[j, bins:]
         else:
-            flat, flips = _histogram_inputs([xs[i] for i in idx], negate)
+            flat, flips = _histogram_inputs([xs[i] for i in idx], negate, sample)
             for j, i in enumerate(idx):
                 x = flat[j].neg() if flips and flips[j] else flat[j]
                 counts[i], moments[i] = _device_histogram(x, bins, sample)
