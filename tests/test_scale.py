@@ -424,3 +424,87 @@ def test_a_sampled_histogram_takes_its_range_from_the_steps_own_passes(monkeypat
         assert h.sum_squares == pytest.approx(float((a * a).sum()), rel=1e-5), kind
         assert h.count == a.size and h.nonfinite == 0 and sum(h.counts) == a.size, kind
         assert abs(h.sum - float(a.sum())) <= 5 * _sum_error(t) + 1e-9, kind
+
+
+def test_a_weight_the_step_did_not_copy_is_read_once_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40: a weight left out of the step's snapshot budget is read once after the step, by its fingerprint
+    compare, which takes its range and its norm from each slab it has in cache: no norm of its own
+    (`norm_partials`) and no range pass of its sampled histogram (`_host_chunks`; a histogram of a tensor up to the
+    sample reads it to bucket it, as ever). Its weight norm against a norm
+    by hand (float64) to fp32 rounding; its histogram's min and max exact."""
+    normed: list[int] = []  # data pointers of the tensors a norm of `finish` read
+    read: list[int] = []  # ... and of those a histogram read in full for its range and moments
+    real_norm, real_chunks = meter_mod.norm_partials, bucketing._host_chunks
+    norm = lambda xs, *a, **k: (normed.extend(x.data_ptr() for x in xs), real_norm(xs, *a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(meter_mod, "norm_partials", norm)
+    monkeypatch.setattr(bucketing, "_host_chunks", lambda x: (read.append(x.data_ptr()), real_chunks(x))[1])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False, snapshot_budget=1 << 21)
+    mse(model, torch.randn(8, 512, generator=torch.Generator().manual_seed(1))).backward()
+    normed.clear()  # the gradients' norms, before the step
+    opt.step()
+    gl.log(0)
+    params = dict(model.named_parameters())
+    after = {n: p.detach().clone() for n, p in params.items()}
+    copied = gl.pipeline.meter.copied
+    gl.close()
+    assert copied == ["0.weight"]  # 2 MiB: the budget; every other tensor is fingerprinted
+    w = params["2.weight"]
+    assert w.numel() * w.element_size() == 2 << 20  # two of the compare's 1 MiB slabs
+    for n in params:
+        if n not in copied:
+            assert params[n].data_ptr() not in normed, n  # its norm came with the compare
+            if params[n].numel() > SAMPLE:  # a sampled histogram: its range came with the compare too
+                assert params[n].data_ptr() not in read, n
+            got = mem.scalars[f"weights/weight_norm/{n}"][0][1]
+            assert got == pytest.approx(after[n].double().norm().item(), rel=1e-6), n
+    a = after["2.weight"].double().numpy()
+    (_, h), *_ = mem.histograms["weights/weight/2.weight"]
+    assert (h.min, h.max) == (float(a.min()), float(a.max()))
+    assert h.sum_squares == pytest.approx(float((a * a).sum()), rel=2e-6)  # the norm's, squared
+    assert h.count == a.size and sum(h.counts) == a.size
+
+
+def test_a_bf16_tensor_is_sampled_before_it_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40: a bf16 (fp16) tensor counted on a sample is sampled in its own dtype and only the sample is
+    converted to fp32 (before, the whole tensor was converted first: a full fp32 copy for 65,536 values). The
+    histogram against numpy's exact one within the documented error; min, max and the sum of squares exact."""
+    gathered: list[torch.dtype] = []
+    real = bucketing.sampled
+    monkeypatch.setattr(bucketing, "sampled", lambda x, k: (gathered.append(x.dtype), real(x, k))[1])
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = (torch.randn(512, 600, generator=g) * 0.02 + torch.rand(512, 600, generator=g) ** 4).to(dtype)
+        gathered.clear()
+        row = histogram_partials([x], BINS, CPU, sample=SAMPLE)[0]
+        assert gathered == [dtype], gathered  # the sample is taken of the tensor as it is
+        flat = x.float().reshape(-1)
+        exact = histogram_partials([flat], BINS, CPU)[0]
+        _check_sampled(row, exact, flat, str(dtype))
+        # the update histogram's path (counted as its negation, without negating)
+        neg = histogram_partials([-x], BINS, CPU, sample=SAMPLE)[0]
+        flipped = histogram_partials([x], BINS, CPU, negate=True, sample=SAMPLE)[0]
+        assert torch.equal(neg[BINS : BINS + 2], flipped[BINS : BINS + 2]) and neg[BINS + 3] == flipped[BINS + 3]
+        assert (neg[:BINS] - flipped[:BINS]).abs().max() <= 1, str(dtype)  # the same sample, edges rounded apart
+
+
+def test_the_device_path_samples_a_bf16_tensor_before_it_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accelerators' path (`_device_histogram`, run here on the CPU as the other tests run it) likewise
+    samples an fp16/bf16 tensor in its own dtype: the same counts as from its fp32 copy (the same sample), the
+    range and the NaN count exact, the sums (accumulated in fp32) within fp32 rounding of a float64 sum."""
+    gathered: list[torch.dtype] = []
+    real = bucketing.sampled
+    monkeypatch.setattr(bucketing, "sampled", lambda x, k: (gathered.append(x.dtype), real(x, k))[1])
+    x = (torch.randn(300_000, generator=torch.Generator().manual_seed(0)) * 0.1).to(torch.bfloat16)
+    x[7] = float("nan")
+    (flat,), _ = bucketing._histogram_inputs([x], False, SAMPLE)
+    c, m = _device_histogram(flat, BINS, SAMPLE)
+    assert gathered == [torch.bfloat16]
+    c32, m32 = _device_histogram(x.float(), BINS, SAMPLE)
+    assert torch.equal(c, c32)
+    assert torch.equal(m[:2], m32[:2]) and m[4] == m32[4] == 1  # min, max, NaN/Inf count: exact
+    z = torch.nan_to_num(x.double(), nan=0.0)
+    assert m[2:4].double().tolist() == pytest.approx([z.sum().item(), z.dot(z).item()], rel=5e-5)  # fp32 sums

@@ -28,16 +28,25 @@ def _real(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _hist_input(x: torch.Tensor) -> torch.Tensor:
+def _hist_input(x: torch.Tensor, keep_low: bool = False) -> torch.Tensor:
+    """`x` flat and ordered; fp16/bf16 converted to fp32 (bucketed and summed in fp32), but with `keep_low`: a
+    tensor counted on a sample keeps its dtype, and only the sample is converted (`_host_row`): a full fp32 copy
+    was 2x the tensor's bytes written and read for 65,536 values."""
     x = _real(x).reshape(-1)
-    return x.float() if x.element_size() < 4 else x  # fp16/bf16: bucket and sum in fp32
+    return x.float() if x.element_size() < 4 and not keep_low else x
+
+
+def _low(x: torch.Tensor) -> bool:
+    """fp16/bf16 (kept so by `_hist_input(keep_low=True)`): bucketed and summed in fp32."""
+    return x.is_floating_point() and x.element_size() < 4
 
 
 def _host_chunks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A flat tensor in cache-sized pieces (views): the passes over one piece then read it from cache,
     and bucketing's temporaries stay piece-sized instead of the size of a huge tensor (a 200M-element
-    tensor's positions were an 800 MB float temporary). Measured on 50M floats: 0.8 s -> 0.3 s."""
-    step = max(1, _CACHE_BYTES // x.element_size())
+    tensor's positions were an 800 MB float temporary). Measured on 50M floats: 0.8 s -> 0.3 s.
+    fp16/bf16 are cut where their fp32 conversion would be: the same pieces, the same sums as before."""
+    step = max(1, _CACHE_BYTES // (4 if _low(x) else x.element_size()))
     n = x.numel()
     return (x,) if n <= step else tuple(x[i : i + step] for i in range(0, n, step))
 
@@ -70,12 +79,16 @@ def _sampled_moments(x: torch.Tensor, known: Known | None) -> list[torch.Tensor]
         lo, hi = lo_hi[:, 0].min(), lo_hi[:, 1].max()  # torch's min/max keep a NaN
     else:
         lo, hi = torch.tensor(rng[0], dtype=torch.float64), torch.tensor(rng[1], dtype=torch.float64)
-    sumsq = (
-        torch.stack([torch.dot(c, c).double() for c in pieces]).sum()
-        if s2 is None
-        else torch.tensor(s2, dtype=torch.float64)
-    )
+    if s2 is None:  # fp16/bf16: each piece converted in cache, as the whole tensor's conversion gave it
+        sumsq = torch.stack([_self_dot(c.float() if _low(c) else c) for c in pieces]).sum()
+    else:
+        sumsq = torch.tensor(s2, dtype=torch.float64)
     return [lo, hi, torch.zeros((), dtype=torch.float64), sumsq]
+
+
+def _self_dot(c: torch.Tensor) -> torch.Tensor:
+    """The sum of squares of a piece, float64."""
+    return torch.dot(c, c).double()
 
 
 _BUCKET_BYTES = 1 << 18  # CPU: bucketing's scratch, a float piece (and its positions, a quarter of that)
@@ -230,6 +243,7 @@ def _host_row(
     estimate = _is_sampled(x, sample)  # `_sampled_moments`: the sum is the sample's
     if not all(math.isfinite(v) for v in (lo, hi, s, s2)):  # NaN/Inf inside (or an overflowed sum)
         z = x[torch.isfinite(x)]
+        z = z.float() if _low(z) else z  # the masked copy, in fp32 (a kept fp16/bf16 tensor's)
         if flip:
             z.neg_()  # a masked copy already: negated in place, then bucketed as it is
             flip = False
@@ -244,11 +258,14 @@ def _host_row(
         x = z
         estimate = False  # the masked copy's sum was read in full, above
     scale = bins / (hi - lo) if hi > lo else 0.0
-    if hi - lo > torch.finfo(x.dtype).max or not _finite_in(scale, x.dtype):
+    counted = torch.float32 if _low(x) else x.dtype  # the dtype x's values are bucketed in
+    if hi - lo > torch.finfo(counted).max or not _finite_in(scale, counted):
         x = x.double()  # x - lo would overflow x's dtype, or the scale of a subnormal range would: float64 holds both
     if not math.isfinite(scale):
         scale = 0.0  # a float64 range below ~1e-306 (or above its max): every value in the first bucket
     part = sampled(x, sample)
+    if part is not None and _low(part):
+        part = part.float()  # only the sample is converted (`_hist_input`)
     count = _bucket_counts(x if part is None else part, lo, scale, bins, flip, scratch)
     if part is not None:  # the maximum folded first: the last bucket is the one that holds it
         count[bins - 1] += count[bins]
@@ -386,14 +403,26 @@ def scale_counts(counts: torch.Tensor, total: torch.Tensor | int, ends: bool) ->
 
 def _device_histogram(x: torch.Tensor, bins: int, sample: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Accelerators: the same numbers without reading anything back (NaN/Inf masked with `where`). `sample`: the
-    buckets of that many entries (`sampled`), scaled to the finite values; the range and moments stay exact."""
+    buckets of that many entries (`sampled`), scaled to the finite values; the range and moments stay exact.
+    An fp16/bf16 `x` (kept so for a sample, `_histogram_inputs`): range in its own dtype (exact), sums
+    accumulated in fp32, only the sample converted."""
     if x.numel() == 0:
         return torch.zeros(bins + 1, dtype=torch.int64, device=x.device), torch.zeros(5, device=x.device)
     fin = torch.isfinite(x)
     nonfinite = x.numel() - fin.sum()
     zf = torch.where(fin, x, 0)  # NaN/Inf stand at 0 for the range and the moments
     lo, hi = torch.aminmax(zf)
+    if _low(zf):
+        lo, hi = lo.float(), hi.float()
+        norm = torch.linalg.vector_norm(zf, dtype=torch.float32)
+        sums = (zf.sum(dtype=torch.float32), norm * norm)
+    else:
+        sums = (zf.sum(), torch.dot(zf, zf))
     part = sampled(x, sample)
+    if part is not None and _low(part):
+        part = part.float()
+    elif _low(x):
+        x = x.float()  # counted in full: bucketed in fp32
     if part is not None:  # only the sample is bucketed: its own NaN/Inf are parked and taken out as below
         fin, nonfinite_all, nonfinite = torch.isfinite(part), nonfinite, part.numel() - torch.isfinite(part).sum()
         x = part
@@ -412,17 +441,20 @@ def _device_histogram(x: torch.Tensor, bins: int, sample: int | None = None) -> 
         counts[bins] = 0
         counts[:bins] = scale_counts(counts[:bins], zf.numel() - nonfinite_all, True)
         nonfinite = nonfinite_all
-    moments = torch.stack([lo, hi, zf.sum(), torch.dot(zf, zf), nonfinite.to(zf.dtype)])
+    moments = torch.stack([lo, hi, *sums, nonfinite.to(lo.dtype)])
     return counts, moments
 
 
-def _histogram_inputs(xs: Sequence[torch.Tensor], negate: bool) -> tuple[list[torch.Tensor], list[bool] | None]:
+def _histogram_inputs(
+    xs: Sequence[torch.Tensor], negate: bool, sample: int | None = None
+) -> tuple[list[torch.Tensor], list[bool] | None]:
     """Flat values to bucket, and (`negate`) which are counted as their negation where they are bucketed.
 
     Floating tensors are negated where they are bucketed; a contiguous copy of a strided one keeps its sums
     in the order of the copy `-x` was. |-z| = |z|: a complex tensor's magnitudes need nothing; other values
-    (integers, read as float64) are negated here."""
-    flat = [_hist_input(x) for x in xs]
+    (integers, read as float64) are negated here. `sample` (CPU): fp16/bf16 tensors counted on a sample (past
+    the batched path's size too) stay in their dtype (`_hist_input`)."""
+    flat = [_hist_input(x, keep_low=_is_sampled(x, sample) and x.numel() > _BATCH_NUMEL) for x in xs]
     if not negate:
         return flat, None
     flips = [x.is_floating_point() for x in xs]
@@ -453,7 +485,7 @@ def host_histograms(
     Why apart: the counts are integers, int32 (int64 from 2^31 values in one tensor), half the memory of
     float64 rows. A measured step holds the gradient and update histograms beside the weight snapshot,
     which on a 5,000-tensor model was its peak (2.8 MB per kind as float64 rows)."""
-    flat, flips = _histogram_inputs(xs, negate)
+    flat, flips = _histogram_inputs(xs, negate, sample)
     wide = any(x.numel() >= 2**31 for x in flat)
     counts = torch.empty(len(flat), bins, dtype=torch.int64 if wide else torch.int32)
     moments = torch.empty(len(flat), 5, dtype=torch.float64)
@@ -501,7 +533,7 @@ def histogram_partials(
                 counts[i] = torch.cat([part[j, :bins], part.new_zeros(1)])
                 moments[i] = part[j, bins:]
         else:
-            flat, flips = _histogram_inputs([xs[i] for i in idx], negate)
+            flat, flips = _histogram_inputs([xs[i] for i in idx], negate, sample)
             for j, i in enumerate(idx):
                 x = flat[j].neg() if flips and flips[j] else flat[j]
                 counts[i], moments[i] = _device_histogram(x, bins, sample)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,13 +154,22 @@ def _weights_new(
 _weights_cached = functools.lru_cache(maxsize=64)(_weights_new)  # at most 64 x 512 KiB
 
 
-def _sums_cpu(x: torch.Tensor, row0: int, col0: int, modulus: int) -> tuple[torch.Tensor, torch.Tensor]:
+#: Called on each piece of a tensor's values (flat views) while the fingerprint compare has it in cache
+#: (`stats.Reads.add`): every piece of the tensor, in order, or none.
+PieceFn = Callable[[torch.Tensor], None]
+
+
+def _sums_cpu(
+    x: torch.Tensor, row0: int, col0: int, modulus: int, piece: tuple[PieceFn, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """All four sums of [R, K] int32/int16 bits as two integer matrix products per slab of rows.
 
     Rows: `slab @ [1, w]^T` gives each row's plain and weighted sum in one read of the slab; columns:
     `[1, v] @ slab` both column sums in a second read, from L2. Integer products wrap in the bits' own
     width, which is exact modulo 2**32 / 2**16 in any order. (The previous scheme, a row sum, a
     multiply into a scratch and a second row sum, then the column product, read each slab four times.)
+    `piece`: (fn, the values [R, ...] whose bits x is): fn gets each slab's values, flat, after its sums,
+    from L2 (`changes_all`).
     """
     r, k = x.shape
     itype = x.dtype
@@ -168,13 +177,18 @@ def _sums_cpu(x: torch.Tensor, row0: int, col0: int, modulus: int) -> tuple[torc
     v = _weights(row0, r, itype, x.device, modulus)[0]
     step = _slab_rows(k * x.element_size())
     if step >= r:
-        return torch.mm(x, w), torch.mm(v, x)
+        out = torch.mm(x, w), torch.mm(v, x)
+        if piece is not None:
+            piece[0](piece[1].reshape(-1))
+        return out
     rows = torch.empty(r, 2, dtype=itype, device=x.device)
     cols = torch.zeros(2, k, dtype=itype, device=x.device)
     for start in range(0, r, step):
         slab = x[start : start + step]
         torch.mm(slab, w, out=rows[start : start + step])
         cols.add_(torch.mm(v[:, start : start + step], slab))
+        if piece is not None:
+            piece[0](piece[1][start : start + step].reshape(-1))
     return rows, cols
 
 
@@ -301,15 +315,21 @@ def _signatures(
     col_offset: int = 0,
     generic: bool = False,
     lanes: tuple[torch.Tensor, int] | None = None,
+    piece: PieceFn | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows [R, 2] and columns [2, C] (residues in the modulus' width) of a non-empty local tensor with 2+ dims."""
+    """Rows [R, 2] and columns [2, C] (residues in the modulus' width) of a non-empty local tensor with 2+ dims.
+    `piece`: called on every slab of `t`'s values (contiguous `t`, CPU path only; see `changes_all`)."""
     bits, modulus = lanes or _bits(t)
     r, c = t.shape[0], t.shape[1]
     x = bits.view(r, -1)
     k = x.shape[1]
     # weight of each position in a row: its global column, then its place inside that column
     cpu = bits.device.type == "cpu" and not generic
-    rows, cols = (_sums_cpu if cpu else _sums_any)(x, row_offset, col_offset * (k // c), modulus)
+    if cpu:
+        values = (piece, t.view(r, -1)) if piece is not None and t.is_contiguous() else None
+        rows, cols = _sums_cpu(x, row_offset, col_offset * (k // c), modulus, values)
+    else:
+        rows, cols = _sums_any(x, row_offset, col_offset * (k // c), modulus)
     if k != c:
         cols = cols.view(2, c, -1).sum(2, dtype=cols.dtype)  # wraps in the same width: still exact
     return _wrap(rows, modulus), _wrap(cols, modulus)
@@ -338,10 +358,11 @@ def _scratch(dtype: torch.dtype) -> torch.Tensor:
     return buf
 
 
-def changes_since(first: Fingerprint, t: torch.Tensor) -> Changes | None:
+def changes_since(first: Fingerprint, t: torch.Tensor, piece: PieceFn | None = None) -> Changes | None:
     """Which slices of `t` changed since `first` was taken; None when `t` has another shape now.
 
-    1-D and 0-D tensors are compared with their kept bits directly (no second copy at close).
+    1-D and 0-D tensors are compared with their kept bits directly (no second copy at close). `piece`: see
+    `changes_all`.
     """
     t = local_tensor(t)
     if tuple(t.shape) != first.shape:
@@ -349,14 +370,20 @@ def changes_since(first: Fingerprint, t: torch.Tensor) -> Changes | None:
     if first.elems is None:
         if first.rows is None or first.cols is None or not t.numel():
             return compare(first, take(t))
-        rows, cols = _signatures(t)  # compared as they come out: no [C, 2] copy of the columns
+        rows, cols = _signatures(t, piece=piece)  # compared as they come out: no [C, 2] copy of the columns
         return Changes(_differ(first.rows, rows), _differ(first.cols.t(), cols, dim=0))
     bits, _ = _bits(t)
     kept = first.elems if first.elems.device == bits.device else first.elems.to(bits.device)
     if bits.device.type == "cpu" and bits.numel() and not _compiling():
         if kept.shape[1] == 1:
-            return Changes(elems=_elems_changed(bits, kept.view(-1)))
-        return Changes(elems=_elems_changed(_one_lane(bits.view(kept.shape)), _one_lane(kept)))
+            found = Changes(elems=_elems_changed(bits, kept.view(-1)))
+        else:
+            found = Changes(elems=_elems_changed(_one_lane(bits.view(kept.shape)), _one_lane(kept)))
+        if piece is not None and t.is_contiguous():  # a vector: most fit in L2, and were just compared
+            flat = t.view(-1)
+            for start in range(0, flat.numel(), _CHUNK):
+                piece(flat[start : start + _CHUNK])
+        return found
     diff = bits.view(kept.shape) != kept
     return Changes(elems=diff[:, 0] if diff.shape[1] == 1 else diff.any(1))
 
@@ -381,15 +408,22 @@ def _comparable(f: Fingerprint, t: torch.Tensor) -> bool:
     return all(x is None or x.device.type == "cpu" for x in (f.rows, f.cols, f.elems))
 
 
-def changes_all(firsts: Sequence[Fingerprint], ts: Sequence[torch.Tensor]) -> list[Changes | None]:
+def changes_all(
+    firsts: Sequence[Fingerprint], ts: Sequence[torch.Tensor], pieces: Sequence[PieceFn | None] | None = None
+) -> list[Changes | None]:
     """`changes_since` of each pair; plain CPU tensors of one shape and dtype up to 64 kB are compared many
     at a time, their signatures taken from one stack (as `take_all` does at construction): a model of
-    thousands of small layers spent close() on per-tensor calls. Same answers, slice for slice."""
+    thousands of small layers spent close() on per-tensor calls. Same answers, slice for slice.
+
+    `pieces[i]` (CPU, contiguous tensors compared one by one): called on every cache-sized piece of `ts[i]`'s
+    values (flat views, in order) right after the compare read it, so that a measured step reads a weight it
+    did not copy once (`stats.Reads`: its range and norm); a tensor compared another way gets no call."""
     out: list[Changes | None] = [None] * len(ts)
     for shape, part in _stacks(ts, [_stackable(t) and _comparable(f, t) for f, t in zip(firsts, ts)]):
         for i, ch in zip(part, _changed_stacked([firsts[i] for i in part], [ts[i] for i in part], shape)):
             out[i] = ch
-    return [ch if ch is not None else changes_since(f, t) for ch, f, t in zip(out, firsts, ts)]
+    fns = pieces if pieces is not None else [None] * len(ts)
+    return [ch if ch is not None else changes_since(f, t, fn) for ch, f, t, fn in zip(out, firsts, ts, fns)]
 
 
 def _one_lane(bits: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from gradlog.measure.stats import (
     Packer,
     Part,
     Ranges,
+    Reads,
     copy_with_sumsq,
     dense_values,
     hist_key,
@@ -715,6 +716,10 @@ class Meter:
             hists.append(("weight", weights, None))
         upd_known: list[Known | None] | None = None
         w_ranges: list[tuple[float, float] | None] | None = None  # of the weights, by row
+        # the weights not copied: compared with their fingerprints first, their range and norm taken in that read
+        reads = self._reads(op, weights, device, bool(hists)) if op.watched else None
+        changed = self._changed(op, weights, device, reads) if op.watched else None
+        read_sumsq = {op.watched[j]: v for j, v in reads.sumsq().items()} if reads is not None else {}
         if op.snapshot is not None and op.before is not None:
             sums["before"] = op.before
             update = torch.zeros_like(op.before)
@@ -740,7 +745,7 @@ class Meter:
                     self.slice_moves.observe(op.index, [op.rows[i].index for i in op.moving], op.snapshot)
                 if self.count_frozen:
                     sums["frozen"], sums["frozen_of"], op.frozen_rows = self._frozen_counts(op, device)
-                weight = self._merge(moved_weight, op.moving, weights, device)
+                weight = self._merge(moved_weight, op.moving, weights, device, read_sumsq)
                 if low:
                     moved[torch.tensor(low, device=device)] = torch.stack(exact).to(device, moved.dtype)
                 update = _every_row(moved, op.moving, len(op.rows))
@@ -760,15 +765,26 @@ class Meter:
                         torch._foreach_neg_(op.snapshot)
                         hists.append(("update", op.snapshot, op.moving))
             sums["update"] = update
-        if op.watched:
-            changed = self._changed(op, weights, device)
+        if changed is not None:
+            if reads is not None:
+                w_ranges = w_ranges if w_ranges is not None else [None] * len(op.rows)
+                for j, r in enumerate(reads.found()):
+                    if r is not None:
+                        w_ranges[op.watched[j]] = r
             if op.dist is None:
                 sums["changed"] = changed
             else:  # every rank fingerprints its own piece: the tensor changed if any piece did (the SUM is > 0)
                 op.dist.add_flag("changed", changed)
         if op.dist is None:
             op.snapshot = None  # the step's one copy of the weights: released before the weight histograms
-        sums["weight"] = weight if weight is not None else norm_partials(weights, device, counts=False)[:, SUMSQ]
+        if weight is None:
+            none = torch.zeros(0, dtype=stat_dtype(device), device=device)
+            weight = (
+                self._merge(none, [], weights, device, read_sumsq)
+                if read_sumsq
+                else norm_partials(weights, device, counts=False)[:, SUMSQ]
+            )
+        sums["weight"] = weight
         flag = self.skipped() if self.skipped is not None else None
         if op.dist is None:
             for key, t in sums.items():  # this step's own results, referenced nowhere else: no copy at fetch
@@ -786,10 +802,30 @@ class Meter:
             packer.add("skipped_total", total.reshape(-1)[:1])
         self._done = (op, packer)
 
+    def _reads(self, op: _Open, weights: list[torch.Tensor], device: torch.device, histograms: bool) -> Reads | None:
+        """What the fingerprint compare takes of the rows not copied (`stats.Reads`), on the CPU and unsharded:
+        every such row's sum of squares (its weight norm), and the range of those whose weight histogram is
+        sampled (`histograms`: a weight histogram is due)."""
+        watched = [weights[i] for i in op.watched]
+        if op.dist is not None or not on_host(watched, device):
+            return None
+        sampled = histograms and self._fuses(watched, device)
+        want = [sampled and self.sample is not None and w.numel() > self.sample for w in watched]
+        return Reads(want, [True] * len(watched))
+
     @staticmethod
-    def _changed(op: _Open, weights: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """1 where a fingerprinted row (`_pick`) changed through the step, else 0 (no host read)."""
-        found = changes_all(op.fingerprints, [weights[i] for i in op.watched])
+    def _changed(
+        op: _Open, weights: list[torch.Tensor], device: torch.device, reads: Reads | None = None
+    ) -> torch.Tensor:
+        """1 where a fingerprinted row (`_pick`) changed through the step, else 0 (no host read). `reads`: takes
+        the range and norm of each row it wants in the same read (`changes_all`'s pieces)."""
+        watched = [weights[i] for i in op.watched]
+        pieces = (
+            [functools.partial(reads.add, j) if reads.takes(j, w) else None for j, w in enumerate(watched)]
+            if reads is not None
+            else None
+        )
+        found = changes_all(op.fingerprints, watched, pieces)
         flags = [
             c.any().to(device) if c is not None else torch.ones((), dtype=torch.bool, device=device) for c in found
         ]
@@ -869,13 +905,21 @@ class Meter:
 
     @staticmethod
     def _merge(
-        moved: torch.Tensor, moving: list[int], weights: list[torch.Tensor], device: torch.device
+        moved: torch.Tensor,
+        moving: list[int],
+        weights: list[torch.Tensor],
+        device: torch.device,
+        read: dict[int, float] | None = None,
     ) -> torch.Tensor:
-        """Weight sums of squares for every row: the moving rows' came with the update, the rest
-        (frozen, not in the optimizer) get a norm of their own."""
+        """Weight sums of squares for every row: the moving rows' came with the update, those in `read` (rows not
+        copied, by row: `Reads.sumsq`) with their fingerprint compare, the rest (frozen, not in the optimizer)
+        get a norm of their own."""
         out = _every_row(moved, moving, len(weights))
-        if len(moving) < len(weights):
-            taken = set(moving)
+        if read:
+            at = list(read)
+            out += _every_row(torch.tensor([read[i] for i in at], dtype=out.dtype).to(device), at, len(weights))
+        if len(moving) + len(read or ()) < len(weights):
+            taken = set(moving) | set(read or ())
             rest = [i for i in range(len(weights)) if i not in taken]
             out += _every_row(
                 norm_partials([weights[i] for i in rest], device, counts=False)[:, SUMSQ], rest, len(weights)
