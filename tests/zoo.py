@@ -1383,6 +1383,57 @@ def recommender_sparse() -> Setup:
     return _plain(model, opt, lambda i: loss_of(batch(gen, 256)), 200, lambda: loss_of(test))
 
 
+class NeuMF(nn.Module):
+    """Neural collaborative filtering: user and item embeddings in `nn.Embedding(sparse=True)` tables, an MLP over
+    their elementwise product and both vectors (dense parameters)."""
+
+    def __init__(self, users: int = 200, items: int = 2000, dim: int = 16) -> None:
+        super().__init__()
+        self.users = nn.Embedding(users, dim, sparse=True)
+        self.items = nn.Embedding(items, dim, sparse=True)
+        self.mlp = nn.Sequential(nn.Linear(3 * dim, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, u: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        eu, ei = self.users(u), self.items(i)
+        return self.mlp(torch.cat([eu * ei, eu, ei], 1)).squeeze(1)  # type: ignore[no-any-return]
+
+
+def neumf_two_optimizers() -> Setup:
+    """NeuMF on the recommender's Zipf-like implicit feedback, trained as torch documents sparse embeddings: the
+    sparse tables stepped by `SparseAdam` (lr 1e-2), the dense MLP by `Adam` (lr 3e-3), two optimizers on one
+    model, and one `GradLogger` per optimizer, each watching the whole model (each sees the other's tensors
+    stepped by an optimizer it does not follow). Healthy: the logistic loss falls (train, held-out)."""
+    model = NeuMF()
+    taste = torch.randn(200, 4, generator=torch.Generator().manual_seed(7))
+    kind = torch.randn(2000, 4, generator=torch.Generator().manual_seed(8))
+    popularity = 1.0 / torch.arange(1, 2001, dtype=torch.float32) ** 1.1
+
+    def batch(g: torch.Generator, n: int) -> tuple[torch.Tensor, ...]:
+        u = torch.randint(0, 200, (n,), generator=g)
+        i = torch.multinomial(popularity, n, replacement=True, generator=g)
+        return u, i, ((taste[u] * kind[i]).sum(1) > 0).float()
+
+    def loss_of(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(model(b[0], b[1]), b[2])
+
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: batch(g, 512))
+    sparse = torch.optim.SparseAdam([model.users.weight, model.items.weight], lr=1e-2)
+    dense = torch.optim.Adam(model.mlp.parameters(), lr=3e-3)
+
+    def step(i: int) -> float:
+        model.train()
+        loss = loss_of(batch(gen, 256))
+        loss.backward()
+        sparse.step()
+        dense.step()
+        sparse.zero_grad()
+        dense.zero_grad()
+        return float(loss.detach())
+
+    return Setup(model, 300, _evaluator(model, lambda: loss_of(test)), step, [(model, sparse), (model, dense)])
+
+
 def accumulate_bf16_onecycle() -> Setup:
     """A transformer encoder classifier (1 layer) trained with gradient accumulation over 4 micro-batches (the optimizer
     steps once per 4 backwards, the logger logs once per optimizer step), bf16 autocast on CPU, AdamW under
@@ -1485,6 +1536,7 @@ FAMILIES: list[Callable[[], Setup]] = [
     weight_norm_mlp,
     frozen_bn_finetune,
     spectral_norm_cnn,
+    neumf_two_optimizers,
     accumulate_bf16_onecycle,
     albert_mlm,
     deberta_v2_cls,
