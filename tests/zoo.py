@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import gradlog
-from gradlog.verdict.judge import never_kind
+from gradlog.verdict.judge import never_kind, slice_kinds
 from gradlog.verdict.policy import Policy
 
 #: the least relative fall of the training metric and of the held-out evaluation a healthy run shows
@@ -101,12 +101,13 @@ def findings(report: gradlog.Report) -> list[tuple[str, str, str, str]]:
     for r in report.never_updated:
         kind = never_kind(r.reason, r.suspect)
         out.append((policy.severity(kind, (r.name, *r.aliases)), kind, r.name, r.detail))
-    for p in report.partly_updated:
-        out.append((policy.severity(f"partly.{p.reason}", p.name), f"partly.{p.reason}", p.name, p.detail))
+    partly, stopped = slice_kinds(report)  # dead units weigh by their share of the layer (`*.few_dead`)
+    for p, kind in zip(report.partly_updated, partly):
+        out.append((policy.severity(kind, p.name), kind, p.name, p.detail))
     for s in report.stalled:
         out.append((policy.severity(f"stalled.{s.reason}", s.name), f"stalled.{s.reason}", s.name, s.detail))
-    for sl in report.stopped_slices:
-        out.append((policy.severity(f"stopped.{sl.reason}", sl.name), f"stopped.{sl.reason}", sl.name, sl.detail))
+    for sl, kind in zip(report.stopped_slices, stopped):
+        out.append((policy.severity(kind, sl.name), kind, sl.name, sl.detail))
     for q in report.precision:
         out.append((policy.severity("precision.rounded_away", q.name), "precision.rounded_away", q.name, q.detail))
     for a in report.warning_alerts():
@@ -1273,6 +1274,25 @@ def weight_norm_mlp() -> Setup:
     return _plain(model, opt, loss, 150, lambda: F.cross_entropy(model(tx), ty))
 
 
+def compiled_mlp() -> Setup:
+    """A ReLU MLP on clustered vectors wrapped in `torch.compile` (the optimizer and the logger get the compiled
+    module, whose parameters are the original's under `_orig_mod.`), Adam 1e-3. Healthy: cross-entropy falls
+    (train, held-out); one of 64 ReLU units of the second layer stops firing at about step 20 (a few dead units
+    are normal: a note)."""
+    net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    model = torch.compile(net)
+    _, data = _mlp_classifier_data()
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: data(g, 256))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def loss(i: int) -> torch.Tensor:
+        x, y = data(gen, 32)
+        return F.cross_entropy(model(x), y)
+
+    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(net(tx), ty))
+
+
 def spectral_norm_cnn() -> Setup:
     """A CNN whose convolutions and head are reparametrized by `torch.nn.utils.parametrizations.spectral_norm`
     (one power iteration per training forward; `original` is the learned weight), SGD with Nesterov momentum
@@ -1537,6 +1557,7 @@ FAMILIES: list[Callable[[], Setup]] = [
     frozen_bn_finetune,
     spectral_norm_cnn,
     neumf_two_optimizers,
+    compiled_mlp,
     accumulate_bf16_onecycle,
     albert_mlm,
     deberta_v2_cls,
