@@ -1485,6 +1485,102 @@ def accumulate_bf16_onecycle() -> Setup:
     return Setup(model, steps, _evaluator(model, lambda: F.cross_entropy(model(tx), ty)), step, [(model, opt)])
 
 
+def _first_half_task(model: nn.Module, opt: torch.optim.Optimizer, steps: int, before: Callable[[int], None]) -> Setup:
+    """The `llrd` task (is the first id in the lower half?) in a hand-written loop (`_plain`) that calls
+    `before(i)` (an unfreezing) before each step's forward."""
+    gen = torch.Generator().manual_seed(1)
+    tx = held_out(lambda g: counting(g, 128, 16, 64)[0])
+    ty = first_half(tx, 0, 64)
+
+    def loss(i: int) -> torch.Tensor:
+        before(i)
+        ids, _ = counting(gen, 16, 16, 64)
+        return F.cross_entropy(model(ids), first_half(ids, 0, 64))
+
+    return _plain(model, opt, loss, steps, lambda: F.cross_entropy(model(tx), ty))
+
+
+def cosine_warmup() -> Setup:
+    """transformers' `get_cosine_schedule_with_warmup` (20 warm-up steps of 150): the lr is exactly 0 at the
+    first step and falls to ~0 at the last, AdamW 1e-3 on a 2-layer encoder classifier. Healthy: cross-entropy
+    falls (train, held-out); no tensor moves at step 0 and every one barely moves at the end, all together."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    model = Encoder(layers=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    sched = get_cosine_schedule_with_warmup(opt, 20, 150)
+    s = _first_half_task(model, opt, 150, lambda i: None)
+    inner = s.step
+    assert inner is not None
+
+    def step(i: int) -> float:
+        value = inner(i)
+        sched.step()
+        return value
+
+    s.step = step
+    return s
+
+
+def gradual_unfreeze() -> Setup:
+    """ULMFiT's gradual unfreezing: only the head trains at first, then every 30 steps one more layer from the
+    top (the embeddings last, at step 120), by `requires_grad_(True)`, the optimizer built over every parameter
+    from the start (AdamW 1e-3, as the fastai recipe does). Healthy: cross-entropy falls (train, held-out); each
+    unfrozen tensor learns from its stage on."""
+    model = Encoder(layers=3)
+    model.requires_grad_(False)
+    model.head.requires_grad_(True)
+    stages = [model.layers[2], model.layers[1], model.layers[0], nn.ModuleList([model.tokens, model.positions])]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+    def unfreeze(i: int) -> None:
+        if i and i % 30 == 0 and i // 30 <= len(stages):
+            stages[i // 30 - 1].requires_grad_(True)
+
+    return _first_half_task(model, opt, 200, unfreeze)
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic discovery of optimization algorithms"), as its paper's pseudo-code and
+    lion-pytorch write it: the update is lr x sign(beta1 m + (1 - beta1) g), so every entry moves by exactly
+    lr; decoupled weight decay."""
+
+    def __init__(self, params: Any, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), wd: float = 0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": wd})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(torch.sign(m * b1 + p.grad * (1 - b1)), alpha=-group["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+def lion_checkpointed_gpt2() -> Setup:
+    """GPT-2 (2 layers, d=32) with `gradient_checkpointing_enable()` (activations recomputed in backward),
+    causal LM with labels=input_ids, trained by Lion (lr 2e-4, weight decay 0.1: the paper's 3-10x smaller lr
+    and larger decay than AdamW's). Healthy: LM loss (train, held-out) falls."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    model = GPT2LMHeadModel(cfg)
+    model.gradient_checkpointing_enable()
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(i: int) -> Batch:
+        ids, _ = counting(gen, 8, 16, 64)
+        return {"input_ids": ids, "labels": ids}
+
+    test = held_out(lambda g: {"input_ids": (ids := counting(g, 32, 16, 64)[0]), "labels": ids})
+    opt = Lion(model.parameters(), lr=2e-4, wd=0.1)
+    return Setup(model, 150, eval_loss(model, test), hf_step(model, opt, batch), [(model, opt)])
+
+
 def frozen_bn_finetune() -> Setup:
     """Fine-tuning a CNN with its BatchNorm layers kept in eval mode (frozen running statistics, as detection
     and segmentation recipes fine-tune a backbone; the BN affine weights still train), Adagrad lr 0.05. The CNN
@@ -1558,6 +1654,8 @@ FAMILIES: list[Callable[[], Setup]] = [
     spectral_norm_cnn,
     neumf_two_optimizers,
     compiled_mlp,
+    cosine_warmup,
+    gradual_unfreeze,
     accumulate_bf16_onecycle,
     albert_mlm,
     deberta_v2_cls,
@@ -1568,6 +1666,7 @@ FAMILIES: list[Callable[[], Setup]] = [
     patchtst,
     adafactor_t5,
     bitfit_bert,
+    lion_checkpointed_gpt2,
 ]
 FAST = 7
 
