@@ -109,3 +109,31 @@ def test_a_jump_is_judged_on_the_next_measured_steps_before_it_is_dropped() -> N
     assert _replay({"w": stays}) == []
     falls = [*flat, 40.0, 24.0, 10.0, 8.0, 7.0]  # 40x: a lone tensor's jump is news from 30x (LONE_SPIKE_FACTOR)
     assert _replay({"w": falls}) == [(7, "w")]
+
+
+def _converging(steps: int, outlier: float | None) -> Alerts:
+    """Six LayerNorm gains at Adam's update size lr=1e-3 for 10 measured steps, then five of them converge (their
+    updates shrink 30% a step to ~3e-5) while the sixth keeps carrying the loss's gradient at 6e-4 (what the
+    DeBERTa classifier of tests/zoo.py shows); `outlier`: a seventh gain at that update size from the start."""
+    judge = Alerts(emit=False)
+    for step in range(steps):
+        fading = 1e-3 * 0.7 ** max(0, step - 10)
+        sizes = {f"ln{k}.weight": fading for k in range(5)} | {"ln5.weight": 6e-4 if step >= 10 else 1e-3}
+        if outlier is not None:
+            sizes["hot.weight"] = outlier
+        judge.step(
+            step,
+            [
+                Entry(key=n, name=n, grad_norm=1e-2, ratio=s, zero_start=False, vector=True, rms_update=s)
+                for n, s in sizes.items()
+            ],
+        )
+    return judge
+
+
+def test_a_tensor_still_learning_while_its_peers_converge_is_not_update_ratio_high() -> None:
+    # its update (6e-4, under the lr) is 20x its converged peers' median: a warning on the old rule
+    assert [a for a in _converging(30, None).fired if a.kind == "update_ratio_high"] == []
+    # a tensor at 30x its peers' update size from its first step is still named, against the level they held
+    named = [(a.name, a.step) for a in _converging(30, 3e-2).fired if a.kind == "update_ratio_high"]
+    assert named == [("hot.weight", 2)]

@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import gradlog
-from gradlog.verdict.judge import never_kind
+from gradlog.verdict.judge import never_kind, slice_kinds
 from gradlog.verdict.policy import Policy
 
 #: the least relative fall of the training metric and of the held-out evaluation a healthy run shows
@@ -101,12 +101,13 @@ def findings(report: gradlog.Report) -> list[tuple[str, str, str, str]]:
     for r in report.never_updated:
         kind = never_kind(r.reason, r.suspect)
         out.append((policy.severity(kind, (r.name, *r.aliases)), kind, r.name, r.detail))
-    for p in report.partly_updated:
-        out.append((policy.severity(f"partly.{p.reason}", p.name), f"partly.{p.reason}", p.name, p.detail))
+    partly, stopped = slice_kinds(report)  # dead units weigh by their share of the layer (`*.few_dead`)
+    for p, kind in zip(report.partly_updated, partly):
+        out.append((policy.severity(kind, p.name), kind, p.name, p.detail))
     for s in report.stalled:
         out.append((policy.severity(f"stalled.{s.reason}", s.name), f"stalled.{s.reason}", s.name, s.detail))
-    for sl in report.stopped_slices:
-        out.append((policy.severity(f"stopped.{sl.reason}", sl.name), f"stopped.{sl.reason}", sl.name, sl.detail))
+    for sl, kind in zip(report.stopped_slices, stopped):
+        out.append((policy.severity(kind, sl.name), kind, sl.name, sl.detail))
     for q in report.precision:
         out.append((policy.severity("precision.rounded_away", q.name), "precision.rounded_away", q.name, q.detail))
     for a in report.warning_alerts():
@@ -1067,8 +1068,558 @@ def simsiam() -> Setup:
     return _plain(model, opt, lambda i: model.loss(*views(gen, 64)), 200, lambda: model.loss(*test))
 
 
+# --- new mechanisms (issue 38's second round): shared layers, relative/ALiBi attention, +1 norms, masking,
+# --- other optimizers and schedules, accumulation, autocast, parametrizations, layer drop, sparse tables ----
+def albert_mlm() -> Setup:
+    """ALBERT (one transformer layer's weights shared by all 4 layers, factorized embeddings of size 16) masked
+    LM as BERT's, AdamW 1e-3, hand-written loop. Healthy: masked-LM loss falls (train, held-out); the shared
+    layer's tensors get the sum of 4 layers' gradients, which is how ALBERT is meant to train."""
+    from transformers import AlbertConfig, AlbertForMaskedLM
+
+    cfg = AlbertConfig(
+        vocab_size=64, embedding_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=16,
+    )  # fmt: skip
+    model = AlbertForMaskedLM(cfg)
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: _mlm_batch(g, 64, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = hf_step(model, opt, lambda i: _mlm_batch(gen, 16, 64))
+    return Setup(model, 200, eval_loss(model, test), step, [(model, opt)])
+
+
+def deberta_v2_cls() -> Setup:
+    """DeBERTa-v2 (2 layers, d=32, disentangled relative attention over shared `rel_embeddings`, no absolute
+    positions) sequence classification (is the first id in the lower half?), AdamW 1e-3, hand-written loop.
+    Healthy: cross-entropy falls (train, held-out)."""
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    cfg = DebertaV2Config(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16, relative_attention=True, position_buckets=8, max_relative_positions=16,
+        pos_att_type=["p2c", "c2p"], position_biased_input=False, num_labels=2,
+    )  # fmt: skip
+    model = DebertaV2ForSequenceClassification(cfg)
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        ids, _ = counting(g, n, 16, 64, FIRST)
+        return {"input_ids": ids, "labels": first_half(ids, FIRST, 64)}
+
+    test = held_out(lambda g: batch(g, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return Setup(model, 150, eval_loss(model, test), hf_step(model, opt, lambda i: batch(gen, 16)), [(model, opt)])
+
+
+def electra() -> Setup:
+    """ELECTRA pre-training: a small generator (masked LM) and a discriminator (replaced-token detection) that
+    share one embedding module, as the paper ties them; the generator's samples replace the masked ids, the
+    loss is generator MLM + 50 x discriminator loss, one AdamW 1e-3 over both. Healthy: the summed loss falls
+    (train, held-out with fixed masking and the generator's argmax as the replacement)."""
+    from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
+
+    common = dict(vocab_size=64, embedding_size=16, max_position_embeddings=16, num_attention_heads=2)
+    gen_cfg = ElectraConfig(hidden_size=16, num_hidden_layers=1, intermediate_size=32, **common)
+    dis_cfg = ElectraConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=64, **common)
+    model = nn.ModuleDict({"generator": ElectraForMaskedLM(gen_cfg), "discriminator": ElectraForPreTraining(dis_cfg)})
+    model["discriminator"].electra.embeddings = model["generator"].electra.embeddings
+    gen = torch.Generator().manual_seed(1)
+
+    def loss_of(b: Batch, g: torch.Generator | None) -> torch.Tensor:
+        out = model["generator"](**b)
+        chosen = b["labels"] != -100
+        logits = out.logits.detach()
+        if g is None:
+            sampled = logits.argmax(-1)
+        else:
+            sampled = torch.multinomial(logits.softmax(-1).flatten(0, 1), 1, generator=g).view(logits.shape[:2])
+        original = torch.where(chosen, b["labels"], b["input_ids"])
+        corrupted = torch.where(chosen, sampled, b["input_ids"])
+        replaced = (corrupted != original).long()
+        disc = model["discriminator"](input_ids=corrupted, labels=replaced).loss
+        return out.loss + 50 * disc  # type: ignore[no-any-return]
+
+    test = held_out(lambda g: _mlm_batch(g, 64, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return _plain(model, opt, lambda i: loss_of(_mlm_batch(gen, 16, 64), gen), 200, lambda: loss_of(test, None), 1.0)
+
+
+def pythia() -> Setup:
+    """GPT-NeoX / Pythia (2 layers, d=32, parallel attention and MLP residuals, rotary on a quarter of each
+    head) causal LM with labels=input_ids, AdamW 1e-3. Healthy: LM loss (train, held-out) falls."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    cfg = GPTNeoXConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=16, rotary_pct=0.25, use_parallel_residual=True,
+    )  # fmt: skip
+    return _causal_lm(GPTNeoXForCausalLM(cfg), 64, 150)
+
+
+def bloom() -> Setup:
+    """BLOOM (2 layers, d=32, ALiBi: no position table, a fixed per-head distance penalty; LayerNorm after the
+    embeddings) causal LM with labels=input_ids, AdamW 1e-3. Healthy: LM loss (train, held-out) falls."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    cfg = BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+    return _causal_lm(BloomForCausalLM(cfg), 64, 150)
+
+
+def gemma() -> Setup:
+    """Gemma (2 layers, d=32, tied input/output embeddings scaled by sqrt(d), RMSNorm whose gain is 1 + a weight
+    initialised at 0, GeGLU) causal LM with labels=input_ids, AdamW 2e-3. Healthy: LM loss (train, held-out)
+    falls; the zero-initialised norm weights move off 0."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    cfg = GemmaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=32,
+    )  # fmt: skip
+    return _causal_lm(GemmaForCausalLM(cfg), 64, 150, lr=2e-3)
+
+
+def patchtst() -> Setup:
+    """PatchTST (2 layers, d=32, patches of 8 of a 64-step context, channel-independent) forecasting the next 16
+    steps of noisy sums of sines (2 channels), AdamW 1e-3, hand-written loop. Healthy: MSE falls (train,
+    held-out)."""
+    from transformers import PatchTSTConfig, PatchTSTForPrediction
+
+    cfg = PatchTSTConfig(
+        num_input_channels=2, context_length=64, prediction_length=16, patch_length=8, patch_stride=8, d_model=32,
+        num_attention_heads=2, num_hidden_layers=2, ffn_dim=64, scaling="std",
+    )  # fmt: skip
+    model = PatchTSTForPrediction(cfg)
+    t = torch.arange(80, dtype=torch.float32)
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        freq = 0.05 + 0.25 * torch.rand(n, 1, 2, generator=g)
+        phase = 2 * math.pi * torch.rand(n, 1, 2, generator=g)
+        series = torch.sin(freq * t[None, :, None] + phase) + 0.1 * torch.randn(n, 80, 2, generator=g)
+        return {"past_values": series[:, :64], "future_values": series[:, 64:]}
+
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: batch(g, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return Setup(model, 150, eval_loss(model, test), hf_step(model, opt, lambda i: batch(gen, 16)), [(model, opt)])
+
+
+def adafactor_t5() -> Setup:
+    """T5 (the same tiny config as `t5`) trained with transformers' `Adafactor` as its docs recommend for T5:
+    relative step sizes min(1e-2, 1/sqrt(t)) scaled by each tensor's RMS, no lr (`lr=None, relative_step=True,
+    scale_parameter=True`), factored second moments of the matrices. Healthy: seq2seq loss falls (train, held-out)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers.optimization import Adafactor
+
+    cfg = T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+    model = T5ForConditionalGeneration(cfg)
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: _seq2seq_batch(g, 64, 64))
+    opt = Adafactor(model.parameters(), lr=None, relative_step=True, scale_parameter=True, warmup_init=False)
+    step = hf_step(model, opt, lambda i: _seq2seq_batch(gen, 8, 64))
+    return Setup(model, 150, eval_loss(model, test), step, [(model, opt)])
+
+
+def bitfit_bert() -> Setup:
+    """BitFit: a BERT sequence classifier (2 layers, d=32) whose weights are all frozen but the biases (and the
+    classifier head), AdamW 1e-2. Healthy: cross-entropy falls (train, held-out); every bias learns, the frozen
+    weights are listed as frozen (notes)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16, num_labels=2,
+    )  # fmt: skip
+    model = BertForSequenceClassification(cfg)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.endswith("bias") or name.startswith("classifier"))
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        ids, _ = counting(g, n, 16, 64, FIRST)
+        return {"input_ids": ids, "labels": first_half(ids, FIRST, 64)}
+
+    test = held_out(lambda g: batch(g, 64))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    return Setup(model, 150, eval_loss(model, test), hf_step(model, opt, lambda i: batch(gen, 16)), [(model, opt)])
+
+
+def _mlp_classifier_data(dim: int = 16, classes: int = 4) -> tuple[torch.Tensor, Callable[..., Any]]:
+    centres = 1.5 * torch.randn(classes, dim, generator=torch.Generator().manual_seed(7))
+    return centres, lambda g, n: _clusters(g, centres, n, 1.0)
+
+
+def weight_norm_mlp() -> Setup:
+    """An MLP whose linear layers are reparametrized by `torch.nn.utils.parametrizations.weight_norm` (the
+    parameters are `parametrizations.weight.original0`, the magnitude g, and `original1`, the direction v),
+    RMSprop 1e-3 on clustered vectors. Healthy: cross-entropy falls (train, held-out)."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    model = nn.Sequential(
+        weight_norm(nn.Linear(16, 64)), nn.ReLU(),
+        weight_norm(nn.Linear(64, 64)), nn.ReLU(),
+        weight_norm(nn.Linear(64, 4)),
+    )  # fmt: skip
+    _, data = _mlp_classifier_data()
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: data(g, 256))
+    opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+
+    def loss(i: int) -> torch.Tensor:
+        x, y = data(gen, 32)
+        return F.cross_entropy(model(x), y)
+
+    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(model(tx), ty))
+
+
+def compiled_mlp() -> Setup:
+    """A ReLU MLP on clustered vectors wrapped in `torch.compile` (the optimizer and the logger get the compiled
+    module, whose parameters are the original's under `_orig_mod.`), Adam 1e-3. Healthy: cross-entropy falls
+    (train, held-out); one of 64 ReLU units of the second layer stops firing at about step 20 (a few dead units
+    are normal: a note)."""
+    net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    model = torch.compile(net)
+    _, data = _mlp_classifier_data()
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: data(g, 256))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def loss(i: int) -> torch.Tensor:
+        x, y = data(gen, 32)
+        return F.cross_entropy(model(x), y)
+
+    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(net(tx), ty))
+
+
+def spectral_norm_cnn() -> Setup:
+    """A CNN whose convolutions and head are reparametrized by `torch.nn.utils.parametrizations.spectral_norm`
+    (one power iteration per training forward; `original` is the learned weight), SGD with Nesterov momentum
+    0.9, lr 0.05, on noisy class templates. Healthy: cross-entropy falls (train, held-out)."""
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    model = nn.Sequential(
+        spectral_norm(nn.Conv2d(3, 16, 3, padding=1)), nn.ReLU(),
+        spectral_norm(nn.Conv2d(16, 32, 3, stride=2, padding=1)), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), spectral_norm(nn.Linear(32, 4)),
+    )  # fmt: skip
+    tmpl = templates(4, 3, 16)
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: images(g, tmpl, 128))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+
+    def loss(i: int) -> torch.Tensor:
+        x, y = images(gen, tmpl, 32)
+        return F.cross_entropy(4 * model(x), y)
+
+    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(4 * model(tx), ty))
+
+
+class LayerDropNet(nn.Module):
+    """Residual MLP blocks each skipped whole with probability `p` while training (LayerDrop, Fan et al.;
+    stochastic depth per batch): a skipped block gets no gradient at that step."""
+
+    def __init__(self, dim: int = 16, width: int = 32, blocks: int = 6, classes: int = 4, p: float = 0.3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(dim, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+            for _ in range(blocks)
+        )
+        self.out = nn.Linear(width, classes)
+        self.p = p
+        self.gen = torch.Generator().manual_seed(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            if self.training and float(torch.rand((), generator=self.gen)) < self.p:
+                continue
+            h = h + block(h)
+        return self.out(h)  # type: ignore[no-any-return]
+
+
+def layerdrop() -> Setup:
+    """LayerDrop: 6 residual blocks each skipped whole on 30% of training steps (so each block misses whole
+    optimizer steps, up to 5 in a row), NAdam 1e-3 on clustered vectors. Healthy: cross-entropy falls (train,
+    held-out in eval mode, every block on)."""
+    model = LayerDropNet()
+    _, data = _mlp_classifier_data()
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: data(g, 256))
+    opt = torch.optim.NAdam(model.parameters(), lr=1e-3)
+
+    def loss(i: int) -> torch.Tensor:
+        x, y = data(gen, 32)
+        return F.cross_entropy(model(x), y)
+
+    return _plain(model, opt, loss, 200, lambda: F.cross_entropy(model(tx), ty))
+
+
+class Recommender(nn.Module):
+    """Matrix factorisation with biases: score(user, item) = <u, v> + b_u + b_i; 2,000 items, most of them
+    rare (Zipf-like popularity), in `nn.Embedding(sparse=True)` tables."""
+
+    def __init__(self, users: int = 200, items: int = 2000, dim: int = 16) -> None:
+        super().__init__()
+        self.users = nn.Embedding(users, dim, sparse=True)
+        self.items = nn.Embedding(items, dim, sparse=True)
+        self.user_bias = nn.Embedding(users, 1, sparse=True)
+        self.item_bias = nn.Embedding(items, 1, sparse=True)
+        nn.init.normal_(self.users.weight, std=0.1)
+        nn.init.normal_(self.items.weight, std=0.1)
+        nn.init.zeros_(self.user_bias.weight)
+        nn.init.zeros_(self.item_bias.weight)
+
+    def forward(self, u: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        dot = (self.users(u) * self.items(i)).sum(1)
+        return dot + self.user_bias(u).squeeze(1) + self.item_bias(i).squeeze(1)
+
+
+def recommender_sparse() -> Setup:
+    """A recommender on implicit feedback: item ids drawn Zipf-like (most of 2,000 items rare, many never seen),
+    one positive and one random negative item per user, logistic loss, `nn.Embedding(sparse=True)` tables stepped
+    by `torch.optim.SparseAdam` (lr 1e-2), as torch documents for sparse gradients. Healthy: the loss falls on
+    training batches and on fixed held-out pairs; the rows of items no batch held never move (notes)."""
+    model = Recommender()
+    taste = torch.randn(200, 4, generator=torch.Generator().manual_seed(7))
+    kind = torch.randn(2000, 4, generator=torch.Generator().manual_seed(8))
+    popularity = 1.0 / torch.arange(1, 2001, dtype=torch.float32) ** 1.1
+
+    def batch(g: torch.Generator, n: int) -> tuple[torch.Tensor, ...]:
+        u = torch.randint(0, 200, (n,), generator=g)
+        i = torch.multinomial(popularity, n, replacement=True, generator=g)
+        y = ((taste[u] * kind[i]).sum(1) > 0).float()
+        return u, i, y
+
+    def loss_of(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        u, i, y = b
+        return F.binary_cross_entropy_with_logits(model(u, i), y)
+
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: batch(g, 512))
+    opt = torch.optim.SparseAdam(list(model.parameters()), lr=1e-2)
+    return _plain(model, opt, lambda i: loss_of(batch(gen, 256)), 200, lambda: loss_of(test))
+
+
+class NeuMF(nn.Module):
+    """Neural collaborative filtering: user and item embeddings in `nn.Embedding(sparse=True)` tables, an MLP over
+    their elementwise product and both vectors (dense parameters)."""
+
+    def __init__(self, users: int = 200, items: int = 2000, dim: int = 16) -> None:
+        super().__init__()
+        self.users = nn.Embedding(users, dim, sparse=True)
+        self.items = nn.Embedding(items, dim, sparse=True)
+        self.mlp = nn.Sequential(nn.Linear(3 * dim, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, u: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        eu, ei = self.users(u), self.items(i)
+        return self.mlp(torch.cat([eu * ei, eu, ei], 1)).squeeze(1)  # type: ignore[no-any-return]
+
+
+def neumf_two_optimizers() -> Setup:
+    """NeuMF on the recommender's Zipf-like implicit feedback, trained as torch documents sparse embeddings: the
+    sparse tables stepped by `SparseAdam` (lr 1e-2), the dense MLP by `Adam` (lr 3e-3), two optimizers on one
+    model, and one `GradLogger` per optimizer, each watching the whole model (each sees the other's tensors
+    stepped by an optimizer it does not follow). Healthy: the logistic loss falls (train, held-out)."""
+    model = NeuMF()
+    taste = torch.randn(200, 4, generator=torch.Generator().manual_seed(7))
+    kind = torch.randn(2000, 4, generator=torch.Generator().manual_seed(8))
+    popularity = 1.0 / torch.arange(1, 2001, dtype=torch.float32) ** 1.1
+
+    def batch(g: torch.Generator, n: int) -> tuple[torch.Tensor, ...]:
+        u = torch.randint(0, 200, (n,), generator=g)
+        i = torch.multinomial(popularity, n, replacement=True, generator=g)
+        return u, i, ((taste[u] * kind[i]).sum(1) > 0).float()
+
+    def loss_of(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(model(b[0], b[1]), b[2])
+
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: batch(g, 512))
+    sparse = torch.optim.SparseAdam([model.users.weight, model.items.weight], lr=1e-2)
+    dense = torch.optim.Adam(model.mlp.parameters(), lr=3e-3)
+
+    def step(i: int) -> float:
+        model.train()
+        loss = loss_of(batch(gen, 256))
+        loss.backward()
+        sparse.step()
+        dense.step()
+        sparse.zero_grad()
+        dense.zero_grad()
+        return float(loss.detach())
+
+    return Setup(model, 300, _evaluator(model, lambda: loss_of(test)), step, [(model, sparse), (model, dense)])
+
+
+def accumulate_bf16_onecycle() -> Setup:
+    """A transformer encoder classifier (1 layer) trained with gradient accumulation over 4 micro-batches (the optimizer
+    steps once per 4 backwards, the logger logs once per optimizer step), bf16 autocast on CPU, AdamW under
+    OneCycleLR (warm-up from lr/25 to 2e-3, cosine annealing down to ~0). Healthy: cross-entropy falls (train,
+    held-out in fp32)."""
+    model = Encoder(layers=1)
+    gen = torch.Generator().manual_seed(1)
+    tx = held_out(lambda g: counting(g, 128, 16, 64)[0])
+    ty = first_half(tx, 0, 64)
+    steps = 100
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
+
+    def step(i: int) -> float:
+        model.train()
+        total = 0.0
+        for _ in range(4):
+            ids, _ = counting(gen, 8, 16, 64)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(ids).float(), first_half(ids, 0, 64)) / 4
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        return total
+
+    return Setup(model, steps, _evaluator(model, lambda: F.cross_entropy(model(tx), ty)), step, [(model, opt)])
+
+
+def _first_half_task(model: nn.Module, opt: torch.optim.Optimizer, steps: int, before: Callable[[int], None]) -> Setup:
+    """The `llrd` task (is the first id in the lower half?) in a hand-written loop (`_plain`) that calls
+    `before(i)` (an unfreezing) before each step's forward."""
+    gen = torch.Generator().manual_seed(1)
+    tx = held_out(lambda g: counting(g, 128, 16, 64)[0])
+    ty = first_half(tx, 0, 64)
+
+    def loss(i: int) -> torch.Tensor:
+        before(i)
+        ids, _ = counting(gen, 16, 16, 64)
+        return F.cross_entropy(model(ids), first_half(ids, 0, 64))
+
+    return _plain(model, opt, loss, steps, lambda: F.cross_entropy(model(tx), ty))
+
+
+def cosine_warmup() -> Setup:
+    """transformers' `get_cosine_schedule_with_warmup` (20 warm-up steps of 150): the lr is exactly 0 at the
+    first step and falls to ~0 at the last, AdamW 1e-3 on a 2-layer encoder classifier. Healthy: cross-entropy
+    falls (train, held-out); no tensor moves at step 0 and every one barely moves at the end, all together."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    model = Encoder(layers=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    sched = get_cosine_schedule_with_warmup(opt, 20, 150)
+    s = _first_half_task(model, opt, 150, lambda i: None)
+    inner = s.step
+    assert inner is not None
+
+    def step(i: int) -> float:
+        value = inner(i)
+        sched.step()
+        return value
+
+    s.step = step
+    return s
+
+
+def gradual_unfreeze() -> Setup:
+    """ULMFiT's gradual unfreezing: only the head trains at first, then every 30 steps one more layer from the
+    top (the embeddings last, at step 120), by `requires_grad_(True)`, the optimizer built over every parameter
+    from the start (AdamW 1e-3, as the fastai recipe does). Healthy: cross-entropy falls (train, held-out); each
+    unfrozen tensor learns from its stage on."""
+    model = Encoder(layers=3)
+    model.requires_grad_(False)
+    model.head.requires_grad_(True)
+    stages = [model.layers[2], model.layers[1], model.layers[0], nn.ModuleList([model.tokens, model.positions])]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+    def unfreeze(i: int) -> None:
+        if i and i % 30 == 0 and i // 30 <= len(stages):
+            stages[i // 30 - 1].requires_grad_(True)
+
+    return _first_half_task(model, opt, 200, unfreeze)
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic discovery of optimization algorithms"), as its paper's pseudo-code and
+    lion-pytorch write it: the update is lr x sign(beta1 m + (1 - beta1) g), so every entry moves by exactly
+    lr; decoupled weight decay."""
+
+    def __init__(self, params: Any, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), wd: float = 0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": wd})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(torch.sign(m * b1 + p.grad * (1 - b1)), alpha=-group["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+def lion_checkpointed_gpt2() -> Setup:
+    """GPT-2 (2 layers, d=32) with `gradient_checkpointing_enable()` (activations recomputed in backward),
+    causal LM with labels=input_ids, trained by Lion (lr 2e-4, weight decay 0.1: the paper's 3-10x smaller lr
+    and larger decay than AdamW's). Healthy: LM loss (train, held-out) falls."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    model = GPT2LMHeadModel(cfg)
+    model.gradient_checkpointing_enable()
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(i: int) -> Batch:
+        ids, _ = counting(gen, 8, 16, 64)
+        return {"input_ids": ids, "labels": ids}
+
+    test = held_out(lambda g: {"input_ids": (ids := counting(g, 32, 16, 64)[0]), "labels": ids})
+    opt = Lion(model.parameters(), lr=2e-4, wd=0.1)
+    return Setup(model, 150, eval_loss(model, test), hf_step(model, opt, batch), [(model, opt)])
+
+
+def frozen_bn_finetune() -> Setup:
+    """Fine-tuning a CNN with its BatchNorm layers kept in eval mode (frozen running statistics, as detection
+    and segmentation recipes fine-tune a backbone; the BN affine weights still train), Adagrad lr 0.05. The CNN
+    is first "pre-trained" (its running statistics gathered) on other classes' templates. Healthy: cross-entropy
+    on the new task falls (train, held-out)."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4),
+    )  # fmt: skip
+    old = templates(4, 3, 16, seed_=9)
+    with torch.no_grad():
+        model.train()
+        for _ in range(10):
+            model(images(torch.Generator().manual_seed(2), old, 64)[0])
+    tmpl = templates(4, 3, 16)
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: images(g, tmpl, 128))
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+
+    def step(i: int) -> float:
+        model.train()
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eval()
+        x, y = images(gen, tmpl, 32)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    return Setup(model, 150, _evaluator(model, lambda: F.cross_entropy(model(tx), ty)), step, [(model, opt)])
+
+
 #: every family, cheapest first: the first `FAST` run in the default test run, the rest are heavy
 FAMILIES: list[Callable[[], Setup]] = [
+    recommender_sparse,
+    layerdrop,
     actor_critic,
     gcn,
     vae,
@@ -1097,8 +1648,27 @@ FAMILIES: list[Callable[[], Setup]] = [
     clip,
     siglip,
     unet2d,
+    # the second round (issue 38): new mechanisms
+    weight_norm_mlp,
+    frozen_bn_finetune,
+    spectral_norm_cnn,
+    neumf_two_optimizers,
+    compiled_mlp,
+    cosine_warmup,
+    gradual_unfreeze,
+    accumulate_bf16_onecycle,
+    albert_mlm,
+    deberta_v2_cls,
+    electra,
+    pythia,
+    bloom,
+    gemma,
+    patchtst,
+    adafactor_t5,
+    bitfit_bert,
+    lion_checkpointed_gpt2,
 ]
-FAST = 5
+FAST = 7
 
 
 def main(argv: list[str]) -> None:

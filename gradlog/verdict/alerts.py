@@ -381,6 +381,7 @@ class Alerts:
         self._seen: set[tuple[Hashable, str]] = set()
         self._state: dict[Hashable, _State] = {}
         self._candidates_at: dict[int, int] = {}  # measured step -> tensors that became spike candidates there
+        self._levels: dict[tuple[str, str], _HeldLevel] = {}  # (role, measure) -> the highest median it held
         self._printed: set[str] = set()
 
     def counts(self) -> dict[str, int]:
@@ -567,6 +568,13 @@ class Alerts:
             if st.low >= self.ratio_patience and (e.key, RATIO_LOW) not in self._seen:
                 fire(e, RATIO_LOW, f"update ratio {r:.3g} < {b_lo:g} ({what}) for {st.low} measured steps", r, b_lo)
 
+    def _level(self, role: str, measure: str) -> _HeldLevel:
+        """The held level of a role's median update ratio ("r") or update size ("s"), made on first use."""
+        key = (role, measure)
+        if key not in self._levels:
+            self._levels[key] = _HeldLevel(self.ratio_patience)
+        return self._levels[key]
+
     def _calibrated(self, judged: list[tuple[Entry, _State, float]], fire: _Fire, noise: _Noise) -> None:
         """Each tensor against the median of its role's tensors this step, in log10, with a robust spread:
         its update ratio ‖Δw‖/‖w‖, and its update's size per entry ‖Δw‖/√n (which keeps the lr signal once
@@ -578,8 +586,11 @@ class Alerts:
         for item in judged:
             roles.setdefault(_role(item[0]), []).append(item)
         for role, group in roles.items():
-            ratio = _outliers([r for _, _, r in group], self.ratio_decades, self.ratio_min_peers)
-            size = _outliers([e.rms_update for e, _, _ in group], self.ratio_decades, self.ratio_min_peers)
+            ratio = _outliers(
+                [r for _, _, r in group], self.ratio_decades, self.ratio_min_peers, self._level(role, "r")
+            )
+            sizes = [e.rms_update for e, _, _ in group]
+            size = _outliers(sizes, self.ratio_decades, self.ratio_min_peers, self._level(role, "s"))
             if ratio is None and size is None:
                 for _, st, _ in group:  # no peers to compare with: no streak either
                     st.high = st.low = 0
@@ -590,6 +601,7 @@ class Alerts:
                     for what, o in (("update ratio", ratio), ("update size ‖Δw‖/√n", size))
                     if o
                 ]
+                mids = {what: o[3] for what, o in (("update ratio", ratio), ("update size ‖Δw‖/√n", size)) if o}
                 if size is not None and e.rms_update is not None:
                     found = _with_the_size(found, size[0][k])
                 high = [f for f in found if f[1] > 0]
@@ -605,6 +617,10 @@ class Alerts:
                         f"{value / ref:.3g}x" if value >= ref else (f"1/{ref / value:.3g} x" if value > 0 else "0 x")
                     )
                     peers = f"the median {ref:.3g} of the run's {role} tensors"
+                    if kind == RATIO_HIGH and ref > mids[what]:  # the peers' median fell: the level it held
+                        peers = (
+                            f"the level {ref:.3g} the median of the run's {role} tensors held (now {mids[what]:.3g})"
+                        )
                     detail = f"{what} {value:.3g} = {times} {peers}, for {streak} measured steps"
                     fire(e, kind, detail, value, ref)
 
@@ -674,22 +690,45 @@ def _with_the_size(
     return [f for f in found if size_out != 0 and (f[1] > 0) == (size_out > 0)]
 
 
+class _HeldLevel:
+    """The highest log10 median a role's measure held for `patience` measured steps in a row (a level, not one
+    step's kick): the reference above which a tensor is called high once its peers' median has fallen below it."""
+
+    def __init__(self, patience: int) -> None:
+        self.recent: deque[float] = deque(maxlen=patience)
+        self.peak = -math.inf
+
+    def see(self, mid: float) -> float:
+        self.recent.append(mid)
+        if len(self.recent) == self.recent.maxlen:
+            self.peak = max(self.peak, min(self.recent))
+        return self.peak
+
+
 def _outliers(
-    values: Sequence[float | None], decades: float, min_peers: int
-) -> tuple[list[float], list[float], list[float]] | None:
-    """Per value: how far out it is (decades beyond the limit, signed; 0 within), the value, and the median,
-    judged in log10 against the median and max(`decades`, RATIO_Z x 1.4826 MAD); None with too few values."""
+    values: Sequence[float | None], decades: float, min_peers: int, level: _HeldLevel | None = None
+) -> tuple[list[float], list[float], list[float], float] | None:
+    """Per value: how far out it is (decades beyond the limit, signed; 0 within), the value, and its reference,
+    judged in log10 against the median and max(`decades`, RATIO_Z x 1.4826 MAD), then the median itself; None
+    with too few values. Above the median the reference is the higher of the median and the highest level the
+    median held (`level`): when a run converges, Adam's and SGD's updates shrink in most tensors while one still
+    carries the loss's last gradient (DeBERTa's last LayerNorm at 6e-4, lr 1e-3, beside peers at 3e-5: 19x
+    their median, tests/zoo.py); a tensor is high only above what its peers did in this run, which a tensor at
+    30x its peers' lr is from its first steps."""
     logs = [math.log10(v) if v is not None and v > 0 and math.isfinite(v) else None for v in values]
     finite = [x for x in logs if x is not None]
     if len(finite) < min_peers:
         return None
     mid = median(finite)
+    top = max(mid, level.see(mid)) if level is not None else mid
     limit = max(decades, RATIO_Z * 1.4826 * median([abs(x - mid) for x in finite]))
-    out = []
+    out, refs = [], []
     for x in logs:
         d = 0.0 if x is None else x - mid
-        out.append(d - limit if d > limit else d + limit if d < -limit else 0.0)
-    return out, [v if v is not None else math.nan for v in values], [10**mid] * len(values)
+        up = 0.0 if x is None else x - top
+        out.append(up - limit if up > limit else d + limit if d < -limit else 0.0)
+        refs.append(10 ** (top if x is not None and up > limit else mid))
+    return out, [v if v is not None else math.nan for v in values], refs, 10**mid
 
 
 _BANDED = {RATIO_HIGH: "update ratio above the healthy band", RATIO_LOW: "update ratio below the healthy band"}
