@@ -393,9 +393,12 @@ def _accelerate(steps: int, **accelerator: Any) -> zoo.Setup:
     `accelerator.accumulate(model)`, `accelerator.backward` and `accelerator.clip_grad_norm_(..., 1.0)` when
     the gradients are synchronised; gradlog hooks the prepared optimizer."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(reset_partial_state=True)  # one process, several Accelerator configurations
+    # one process, several configurations: accelerate's state is process-wide, and a Trainer's leaves its own
+    # accumulation behind (then `accumulate` syncs, and the optimizer steps, on every micro-batch)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
     acc = Accelerator(cpu=True, **accelerator)
     model, opt = acc.prepare(model, torch.optim.Adam(model.parameters(), lr=1e-3))
