@@ -17,6 +17,7 @@ from catalogue import TwoLayer, loop, random_mse, train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import gradlog
+from gradlog.cli.entry import main
 from gradlog.readers.run import load, parse_markdown_table
 from gradlog.verdict.tables import closed_report
 
@@ -55,7 +56,7 @@ PLANTED = {
 
 @pytest.mark.parametrize("kind", PLANTED)
 def test_weight_decay_that_wipes_the_weights_is_a_problem_naming_the_group_the_product_and_the_fix(
-    kind: str, tmp_path: Path
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     build = PLANTED[kind]
     tensors, product, lr, wd = by_hand(build)
@@ -81,6 +82,10 @@ def test_weight_decay_that_wipes_the_weights_is_a_problem_naming_the_group_the_p
     assert rows == [r.row(written=True) for r in found]
     back = closed_report(load(str(tmp_path / "tb")))
     assert back is not None and back.weight_decay == found and back.verdict == report.verdict
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "tb")]) == 1  # `gradlog report`: the same table and verdict
+    text = capsys.readouterr().out
+    assert "Weight decay wipes the weights (4 tensors):" in text and text.rstrip().splitlines()[-1] == report.verdict
 
 
 def test_at_lr_x_weight_decay_1_a_step_forgets_the_weights_it_started_from() -> None:
