@@ -28,6 +28,7 @@ from gradlog.verdict.report import (
     Report,
     Stalled,
     StoppedSlice,
+    WeightDecayWipe,
 )
 from gradlog.writers import REGISTRY as WRITERS
 from gradlog.writers import MemoryWriter, Writer
@@ -61,6 +62,7 @@ __all__ = [
     "StoppedSlice",
     "TensorBoardWriter",
     "WandbWriter",
+    "WeightDecayWipe",
     "Writer",
     "__version__",
     "check",

@@ -32,6 +32,7 @@ from gradlog.verdict.report import (
     Reason,
     Stalled,
     StoppedSlice,
+    WeightDecayWipe,
 )
 from gradlog.verdict.tables import closed_report, sparse_tables
 
@@ -46,6 +47,7 @@ WRITTEN = {
     ],
     "experts": ["layer", "state", "experts", "idle", "total", "since_step", "reason", "detail"],
     "precision": ["name", "dtype", "mean_frac", "max_frac", "steps", "detail"],
+    "weight_decay": ["name", "group", "lr", "weight_decay", "product", "steps", "of", "since_step", "detail"],
     "alerts": ["step", "kind", "name", "detail"],
 }
 
@@ -58,6 +60,7 @@ SAMPLES: list[Record] = [
     StoppedSlice("fc.weight", 1, 2, 8, (4, 5), 12, -1, Reason.DEAD_UNITS, "died"),
     IdleExperts("moe.experts", "stopped", (1, 2, 3), 8, 7, Reason.NOT_ROUTED, "no token"),
     PrecisionLoss("w16", "torch.bfloat16", 0.125, 0.5, 7, "rounded away"),
+    WeightDecayWipe("fc.weight", 1, 0.01, 100.0, 1.0, 4, 6, 8, "wiped"),
     Alert(4, "update_ratio_high", "fc.weight", "high"),
 ]
 
@@ -66,7 +69,12 @@ def test_the_columns_are_the_run_formats() -> None:
     kinds: list[type[Record]] = [*FINDINGS, Alert]
     assert {k.KIND: k.columns(written=True) for k in kinds} == WRITTEN
     assert NeverUpdated.columns() == WRITTEN["never_updated"][:-1]  # `suspect` is written, not printed
-    assert sparse_tables() == ("gradlog/stopped_slices", "gradlog/experts", "gradlog/precision")
+    assert sparse_tables() == (
+        "gradlog/stopped_slices",
+        "gradlog/experts",
+        "gradlog/precision",
+        "gradlog/weight_decay",
+    )
 
 
 @pytest.mark.parametrize("record", SAMPLES, ids=lambda r: type(r).__name__)

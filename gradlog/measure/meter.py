@@ -24,6 +24,7 @@ from gradlog.measure.bucketing import (
     host_histograms,
     on_host,
 )
+from gradlog.measure.decay import decay_of
 from gradlog.measure.distributed import DistStep, Reducer, dead_fractions, global_rows, neutral_ranges
 from gradlog.measure.fingerprint import Fingerprint, changes_all, take_all
 from gradlog.measure.flat_shards import global_numel, slice_view
@@ -241,6 +242,9 @@ class Measurement:
     #: per row, whether its update ratio was measured this step (None: every row's was). A row left out of the
     #: step's snapshot budget that changed (`Meter._pick`) has no ratio; its `update_sumsq` is +inf ("moved")
     rated: list[bool] | None = None
+    #: per row, its param group's weight_decay where the optimizer shrinks the weights by lr x weight_decay each
+    #: step (`decay_of`: AdamW, decoupled Adam, SGD); None elsewhere (and for every row: no optimizer)
+    weight_decay: list[float | None] | None = None
 
     @functools.cached_property
     def frozen_frac(self) -> list[float | None] | None:
@@ -344,6 +348,7 @@ class _Open:
     #: rows the optimizer may move that were fingerprinted instead of copied (`Meter._pick`): whether they changed
     #: is known exactly, how much only where they did not (an update of 0)
     watched: list[int] = field(default_factory=list)
+    weight_decay: list[float | None] | None = None  # per row (`Meter._decays`)
     fingerprints: list[Fingerprint] = field(default_factory=list)
     slice_keys: list[int] = field(default_factory=list)  # tensors whose slice evidence this step updated
     # kind -> (counts, moments) of histograms made on the CPU (`bucketing.host_histograms`): no host copy to wait for
@@ -468,6 +473,7 @@ class Meter:
             numel=numel,
             dist=dist,
         )
+        op.weight_decay = self._decays(rows)
         if clips and dist is None:
             self._unclip(grad, rows, clips, op.packer)
         op.slice_keys = self._observe_slices(op, grads)
@@ -546,6 +552,14 @@ class Meter:
             lr = g.get("lr")
             group_lr.append(float(lr) if lr is not None else None)
         return [group_lr[r.group] if r.group is not None and r.group < len(group_lr) else None for r in rows]
+
+    def _decays(self, rows: list[Tracked]) -> list[float | None] | None:
+        """Each row's weight_decay now, where its group's optimizer multiplies the weights by (1 - lr x weight_decay)
+        each step (`decay_of`); None outside the optimizer or its groups of another rule. Host reads only."""
+        if self.optimizer is None:
+            return None
+        group_wd = [decay_of(self.optimizer, g) for g in self.optimizer.param_groups]
+        return [group_wd[r.group] if r.group is not None and r.group < len(group_wd) else None for r in rows]
 
     def _observe_slices(self, op: _Open, grads: list[torch.Tensor | None]) -> list[int]:
         """Per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac, queued on
@@ -1009,6 +1023,7 @@ class Meter:
             frozen_rows=op.frozen_rows if host.frozen is not None else None,
             frozen_of=_double(host.frozen_of),
             rated=rated,
+            weight_decay=op.weight_decay,
         )
 
     @staticmethod

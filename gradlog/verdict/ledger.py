@@ -80,6 +80,22 @@ class Evidence:
     frozen_steps: int = 0
     frozen_sum: float = 0.0
     frozen_max: float = 0.0
+    #: weight decay (`Measurement.weight_decay`): measured steps (not skipped) whose group's decay rule is known,
+    #: and of them those where lr x weight_decay was at least `WIPES`, the first such step, the largest product
+    #: with its lr and weight_decay, and the update ratios measured on those steps (their sum and count)
+    decay_steps: int = 0
+    wipe_steps: int = 0
+    wipe_first: int = -1
+    wipe_product: float = 0.0
+    wipe_lr: float = 0.0
+    wipe_wd: float = 0.0
+    wipe_ratio_sum: float = 0.0
+    wipe_ratio_n: int = 0
+
+
+#: the share of the weights one step's decay takes (lr x weight_decay) from which a step counts as wiping them:
+#: half the weights gone each step keeps ~2 steps of what they learned (healthy AdamW: 1e-5 to 1e-3)
+WIPES = 0.5
 
 
 @dataclass
@@ -221,6 +237,7 @@ class Ledger:
         self.skipped_steps = m.skipped_total if m.skipped_total is not None else self.skipped_steps + m.skipped
         host = m.lists
         nonzero, nonfinite, upd = host.nonzero, host.nonfinite, host.update
+        decays = m.weight_decay
         frozen = m.frozen_frac if not m.skipped else None  # a skipped step changes nothing, by design
         if frozen is not None:
             for row, frac in zip(m.rows, frozen):
@@ -252,6 +269,8 @@ class Ledger:
             if q is not None:
                 q.lr_zero += lr_zero
                 q.lr_zero_since = (m.index if q.lr_zero_since < 0 else q.lr_zero_since) if lr_zero else -1
+            if decays is not None and decays[i] is not None and not m.skipped:
+                self._decay(ev, m, i)
             if not m.has_grad[i]:
                 ev.grad_none += 1
                 if q is not None:
@@ -283,6 +302,26 @@ class Ledger:
                 if q is not None:
                     q.grad_ok += 1
         self._screen(m)
+
+    @staticmethod
+    def _decay(ev: Evidence, m: Measurement, i: int) -> None:
+        """Row i's weight decay at measured step `m` (its group's rule known): a step whose lr x weight_decay
+        is at least `WIPES` is counted with its update ratio, where measured."""
+        lr, wd = m.lr[i], m.weight_decay[i] if m.weight_decay is not None else None
+        if lr is None or wd is None:
+            return
+        ev.decay_steps += 1
+        product = lr * wd
+        if not product >= WIPES:  # NaN too
+            return
+        ev.wipe_steps += 1
+        ev.wipe_first = m.index if ev.wipe_first < 0 else ev.wipe_first
+        if product > ev.wipe_product:
+            ev.wipe_product, ev.wipe_lr, ev.wipe_wd = product, lr, wd
+        host = m.lists
+        if host.has_ratio(i) and host.ratio is not None and math.isfinite(host.ratio[i]):
+            ev.wipe_ratio_sum += host.ratio[i]
+            ev.wipe_ratio_n += 1
 
     def _screen(self, m: Measurement) -> None:
         """The set-back screen (see the module docstring): tensors updated at the previous measured step

@@ -46,6 +46,7 @@ from gradlog.verdict.records import (
     simple,
 )
 from gradlog.verdict.records import FINDINGS as FINDINGS
+from gradlog.verdict.weight_decay import WeightDecayWipe as WeightDecayWipe
 
 R = TypeVar("R", bound=Record)
 #: the verdict line's parts of one kind (`Record.verdict_parts`)
@@ -450,7 +451,7 @@ class Alert(Record):
 
 #: Every kind of finding the `Report` holds, in the order its tables are written and read (`Report.<KIND>`, or
 #: `Report.extra[KIND]` for a kind registered after these): a kind added later registers itself after them
-FINDINGS.register(NeverUpdated, PartlyUpdated, Stalled, StoppedSlice, IdleExperts, PrecisionLoss)
+FINDINGS.register(NeverUpdated, PartlyUpdated, Stalled, StoppedSlice, IdleExperts, PrecisionLoss, WeightDecayWipe)
 #: what each table a person reads is called, by the `Report` field its rows come from
 TITLES = {r.KIND: r.TITLE for r in FINDINGS}
 #: The tables' columns, from the records (the console shows the never-updated table without `suspect`).
@@ -488,6 +489,8 @@ class Report:
     experts: list[IdleExperts] = field(default_factory=list)
     #: tensors whose updates round away in part (`PrecisionLoss`)
     precision: list[PrecisionLoss] = field(default_factory=list)
+    #: tensors whose weight decay wipes them every step (`WeightDecayWipe`)
+    weight_decay: list[WeightDecayWipe] = field(default_factory=list)
     first_nonfinite: NonFinite | None = None
     optimizer_steps: int = 0
     measured_steps: int = 0
