@@ -178,3 +178,44 @@ def test_rounded_away_share_counts_only_the_elements_that_had_a_gradient() -> No
     rec = {r.name: r for r in report.precision}["wpe.weight"]
     assert rec.mean_frac == pytest.approx(mean) and rec.max_frac == pytest.approx(max(shares))
     assert "of its elements with a non-zero gradient" in rec.detail
+
+
+def test_updates_that_shrink_below_bf16_as_a_run_converges_are_a_note_not_a_problem() -> None:
+    """Pure bf16 weights at Adam's lr 1e-3 fitting a linear map: their updates register while they learn, and
+    round away once Adam's steps shrink near the fit (the calibration zoo's Lightning bf16-true run, smaller).
+    The shares by hand decide: rounded away from the first measured steps is a problem, only later a note."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)).to(torch.bfloat16)
+    target = torch.randn(8, 4, dtype=torch.bfloat16)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gl = gradlog.GradLogger(model, opt, writer=gradlog.MemoryWriter(), every=5, print_report=False)
+    params = dict(model.named_parameters())
+    shares: dict[str, list[float]] = {n: [] for n in params}
+    losses = []
+    for step in range(300):
+        x = torch.randn(64, 8, dtype=torch.bfloat16)
+        loss = (model(x) - x @ target).float().pow(2).mean()
+        loss.backward()
+        before = {n: p.detach().clone() for n, p in params.items()}
+        graded = {n: p.grad != 0 for n, p in params.items() if p.grad is not None}
+        opt.step()
+        if step % 5 == 0:
+            for n, p in params.items():
+                kept = (p.detach() == before[n]) & graded[n]
+                shares[n].append(kept.sum().item() / max(1, int(graded[n].sum())))
+        opt.zero_grad()
+        gl.log(step)
+        losses.append(loss.item())
+    report = gl.close()
+    assert sum(losses[-20:]) / 20 < 0.2 * sum(losses[:20]) / 20  # it learned
+    found = {r.name: r for r in report.precision}
+    assert found, "some tensor lost a share of its updates late in the run"
+    for name, rec in found.items():
+        first = shares[name][: min(3, max(1, len(shares[name]) // 4))]
+        early, mean = sum(first) / len(first), sum(shares[name]) / len(shares[name])
+        assert rec.early_frac == pytest.approx(early, abs=0.02) and rec.mean_frac == pytest.approx(mean, abs=0.02)
+        late = early < 0.25 or early < mean / 2
+        assert rec.policy_kind() == ("precision.rounded_late" if late else "precision.rounded_away"), name
+        assert ("registered while it learned" in rec.detail) is late
+    assert all(r.policy_kind() == "precision.rounded_late" for r in found.values()), found
+    assert report.healthy, report.verdict

@@ -46,7 +46,7 @@ WRITTEN = {
         *("since_step", "last_grad_step", "reason", "detail"),
     ],
     "experts": ["layer", "state", "experts", "idle", "total", "since_step", "reason", "detail"],
-    "precision": ["name", "dtype", "mean_frac", "max_frac", "steps", "detail"],
+    "precision": ["name", "dtype", "mean_frac", "max_frac", "steps", "detail", "early_frac"],
     "weight_decay": ["name", "group", "lr", "weight_decay", "product", "steps", "of", "since_step", "detail"],
     "alerts": ["step", "kind", "name", "detail"],
 }

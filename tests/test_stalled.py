@@ -203,14 +203,18 @@ def test_layer_dropped_from_forward_is_no_grad() -> None:
 
 
 def test_update_below_bf16_precision_from_step_k() -> None:
+    was: list[float] = []
+
     def shrink(step: int, model: GatedThree, opt: torch.optim.Optimizer) -> None:
         if step == 24:
+            was.append(opt.param_groups[1]["lr"])
             opt.param_groups[1]["lr"] = 1e-9  # an lr so small that b's bf16 update rounds away
 
     report, last_change, measured = train(60, 2, before_step=shrink, optimizer="sgd", dtype=torch.bfloat16)
     rec = by_name(report)
     assert set(rec) == {"b.weight", "b.bias"}
     assert rec["b.weight"].reason is Reason.BELOW_PRECISION and "bfloat16" in rec["b.weight"].detail
+    assert f"its lr fell from {was[0]:.3g} at step 22 to 1e-09" in rec["b.weight"].detail  # the knob named
     assert (
         (rec["b.weight"].since_step, rec["b.weight"].last_update_step)
         == (24, 22)
@@ -313,4 +317,7 @@ def test_the_ledger_keeps_counters_only() -> None:
     for cls in (Evidence, Quiet):
         for f in cls.__dataclass_fields__.values():
             allowed = ("int", "float", "str", "bool | None", "Fingerprint | None", "Quiet")  # float: frozen_sum/max
+            if f.name == "frozen_first":  # a tensor's first FIRST_SHARES rounded-away shares, no more
+                assert f.type == "tuple[float, ...]"
+                continue
             assert f.type in allowed, (cls.__name__, f.name, f.type)

@@ -34,8 +34,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import gradlog
-from gradlog.verdict.judge import never_kind, slice_kinds
 from gradlog.verdict.policy import Policy
+from gradlog.verdict.records import FINDINGS
 
 #: the least relative fall of the training metric and of the held-out evaluation a healthy run shows
 DROP = 0.15
@@ -95,21 +95,15 @@ class Outcome:
 
 
 def findings(report: gradlog.Report) -> list[tuple[str, str, str, str]]:
-    """Every finding of `report` as (severity, kind, tensor, detail), the detail being the record's own words."""
+    """Every finding of `report` as (severity, kind, tensor, detail), the detail being the record's own words:
+    every registered kind of record with the kind the verdict judges it by (`Record.judged_kinds`: dead units
+    weigh by their share of the layer, a bf16 tensor's rounding by its course), then the counted alerts."""
     policy = report.policy or Policy()
     out = []
-    for r in report.never_updated:
-        kind = never_kind(r.reason, r.suspect)
-        out.append((policy.severity(kind, (r.name, *r.aliases)), kind, r.name, r.detail))
-    partly, stopped = slice_kinds(report)  # dead units weigh by their share of the layer (`*.few_dead`)
-    for p, kind in zip(report.partly_updated, partly):
-        out.append((policy.severity(kind, p.name), kind, p.name, p.detail))
-    for s in report.stalled:
-        out.append((policy.severity(f"stalled.{s.reason}", s.name), f"stalled.{s.reason}", s.name, s.detail))
-    for sl, kind in zip(report.stopped_slices, stopped):
-        out.append((policy.severity(kind, sl.name), kind, sl.name, sl.detail))
-    for q in report.precision:
-        out.append((policy.severity("precision.rounded_away", q.name), "precision.rounded_away", q.name, q.detail))
+    for table in FINDINGS:
+        for r, kind in zip(report.records(table), table.judged_kinds(report)):
+            if kind is not None and r.weighed(report):
+                out.append((policy.severity(kind, r.policy_names()), kind, str(getattr(r, "name", "")), r.detail))
     for a in report.warning_alerts():
         detail = f"step {a.step}: {a.detail}"
         out.append((policy.severity(f"alert.{a.kind}", a.name), f"alert.{a.kind}", a.name, detail))

@@ -53,6 +53,7 @@ class Quiet:
     first_nonfinite: int = -1
     lr_zero_since: int = -1  # first step of the current unbroken run of lr 0 (-1: lr not 0 now)
     frozen_since: int = -1  # first step of the current unbroken run of requires_grad False
+    lr_low: float = math.inf  # the smallest lr > 0 of its param group since (a schedule or a knob that cut it?)
 
 
 @dataclass
@@ -74,12 +75,16 @@ class Evidence:
     trainable_at_start: bool | None = None  # requires_grad when first fingerprinted
     dtype: str = ""
     last_update: int = -1  # optimizer step of the last measured step with a non-zero update
+    last_update_lr: float = 0.0  # its param group's lr at that step (0.0: not known)
     quiet: Quiet = field(default_factory=Quiet)  # the measured steps since then
     #: updates rounded away (`Measurement.frozen_frac`): measured steps judged, the sum and the maximum of
     #: the share of elements with a non-zero gradient whose value did not change
     frozen_steps: int = 0
     frozen_sum: float = 0.0
     frozen_max: float = 0.0
+    #: the shares of its first `FIRST_SHARES` judged steps (this segment's): did the updates round away from the
+    #: start (an lr too small for the dtype) or only once they shrank (a converging run)?
+    frozen_first: tuple[float, ...] = ()  # at most FIRST_SHARES: bounded whatever the run's length
     #: weight decay (`Measurement.weight_decay`): measured steps (not skipped) whose group's decay rule is known,
     #: and of them those where lr x weight_decay was at least `WIPES`, the first such step, the largest product
     #: with its lr and weight_decay, and the update ratios measured on those steps (their sum and count)
@@ -92,6 +97,9 @@ class Evidence:
     wipe_ratio_sum: float = 0.0
     wipe_ratio_n: int = 0
 
+
+#: how many of a tensor's first judged steps keep their rounded-away share (`Evidence.frozen_first`)
+FIRST_SHARES = 3
 
 #: the share of the weights one step's decay takes (lr x weight_decay) from which a step counts as wiping them:
 #: half the weights gone each step keeps ~2 steps of what they learned (healthy AdamW: 1e-5 to 1e-3)
@@ -246,6 +254,8 @@ class Ledger:
                     ev.frozen_steps += 1
                     ev.frozen_sum += frac
                     ev.frozen_max = max(ev.frozen_max, frac)
+                    if len(ev.frozen_first) < FIRST_SHARES:
+                        ev.frozen_first = (*ev.frozen_first, frac)
         for i, row in enumerate(m.rows):
             ev = self._ev(row)
             ev.measured += 1
@@ -253,6 +263,7 @@ class Ledger:
             if moved:
                 ev.updated += 1
                 ev.last_update = m.index
+                ev.last_update_lr = m.lr[i] or 0.0
                 if ev.quiet.seen:  # every Quiet counter moves only with `seen`
                     ev.quiet = Quiet()
             q = None if moved or ev.last_update < 0 else ev.quiet
@@ -269,6 +280,9 @@ class Ledger:
             if q is not None:
                 q.lr_zero += lr_zero
                 q.lr_zero_since = (m.index if q.lr_zero_since < 0 else q.lr_zero_since) if lr_zero else -1
+                lr = m.lr[i]
+                if lr is not None and lr > 0:
+                    q.lr_low = min(q.lr_low, lr)
             if decays is not None and decays[i] is not None and not m.skipped:
                 self._decay(ev, m, i)
             if not m.has_grad[i]:

@@ -66,6 +66,8 @@ class Reason(str, enum.Enum):
     ZERO_GRAD = "zero_grad"
     NONFINITE_GRAD = "nonfinite_grad"
     BELOW_PRECISION = "below_precision"  # bf16/fp16: the update rounds away in the weights' dtype
+    #: stopped only: bf16/fp16 updates that registered at first, then shrank below the dtype's precision
+    SHRANK_BELOW_PRECISION = "shrank_below_precision"
     TINY_UPDATE = "tiny_update"  # fp32/fp64: every update below the value's resolution (a noise-level gradient)
     OVERWRITTEN = "overwritten"  # updated by the optimizer, set back to the same values outside it (a reset, a mask)
     NOT_IN_BATCH = "not_in_batch"  # slices only: embedding rows absent from every measured batch
@@ -151,6 +153,10 @@ class NeverUpdated(Record):
         "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
         "never.dead_units": (PROBLEM, f"{_WHOLE} (units, stopped slices' reason: not given to whole tensors today)"),
         "never.not_routed": (PROBLEM, f"{_WHOLE} (experts, stopped slices' reason: not given to whole tensors today)"),
+        "never.shrank_below_precision": (
+            PROBLEM,
+            f"{_WHOLE} (stopped tensors' reason: a tensor that never updated is never_updated.below_precision)",
+        ),
     }
 
     name: str = cell(NAME_WITH_ALIASES)
@@ -259,6 +265,10 @@ class PartlyUpdated(Record):
             "2 of 256 of an MLP encoder); promote it where every unit must learn",
         ),
         "partly.not_routed": (PROBLEM, "experts never routed to (stopped slices' reason: not given here today)"),
+        "partly.shrank_below_precision": (
+            PROBLEM,
+            "slices whose updates rounded away (stopped tensors' reason: not given here today)",
+        ),
     }
 
     name: str = cell(TEXT)
@@ -312,6 +322,12 @@ class Stalled(Record):
             f"stalled.{r}": (PROBLEM, "learned, then stopped: something changed mid-run")
             for r in (r.value for r in Reason)
         },
+        "stalled.shrank_below_precision": (
+            NOTE,
+            "pure bf16/fp16 weights whose updates registered while they learned, then shrank below the dtype's "
+            "precision (Adam's steps shrink as a run converges, a schedule decays lr): they learn no further; fp32 "
+            "master weights keep refining them",
+        ),
     }
 
     name: str = cell(TEXT)

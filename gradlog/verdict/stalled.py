@@ -20,6 +20,7 @@ import math
 
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence, Quiet, StepIndex
+from gradlog.verdict.precision import early_share, from_start
 from gradlog.verdict.report import Reason, Stalled
 from gradlog.verdict.rounding import unmoved
 from gradlog.verdict.silence import MAX_CHANCE, chance, evidence_words
@@ -75,6 +76,28 @@ def _reason(row: Tracked, q: Quiet, since: int, has_optimizer: bool, dtype: str)
     )
 
 
+#: an lr this many times below the one of the last update is a cut (a knob, a step schedule), not a drift
+LR_CUT = 10.0
+
+
+def _below_precision(ev: Evidence, why: str) -> tuple[Reason, str]:
+    """A bf16/fp16 tensor that stopped because its updates round away: a problem where its lr was cut since its
+    last update (the knob is named) or its updates rounded away from its first steps; a note where they
+    registered while it learned and shrank below the dtype's precision at an unchanged lr (Adam's steps
+    shrink as a run converges: the calibration zoo's Lightning bf16-true run, its 4-element head bias)."""
+    lr_then, lr_now = ev.last_update_lr, ev.quiet.lr_low
+    if lr_then > 0 and lr_now * LR_CUT <= lr_then:
+        return Reason.BELOW_PRECISION, f"{why}; its lr fell from {lr_then:.3g} at step {ev.last_update} to {lr_now:.3g}"
+    early = early_share(ev)
+    mean = ev.frozen_sum / ev.frozen_steps if ev.frozen_steps else 0.0
+    if early is None or from_start(early, mean):
+        return Reason.BELOW_PRECISION, why
+    return Reason.SHRANK_BELOW_PRECISION, (
+        f"{why}; at an unchanged lr, its first measured steps lost {early:.0%} of their updates: they registered "
+        "while it learned and shrank below the dtype's precision as it converged"
+    )
+
+
 def stalled(
     rows: list[Tracked],
     evidence: dict[int, Evidence],
@@ -95,6 +118,8 @@ def stalled(
         if quiet < need:
             continue
         reason, why = _reason(row, ev.quiet, since, has_optimizer, ev.dtype)
+        if reason is Reason.BELOW_PRECISION:
+            reason, why = _below_precision(ev, why)
         said = ""
         if reason in SILENCE_JUDGED and ev.quiet.seen:  # no per-step signal proves it: the silence must say it
             seen = ev.measured - ev.quiet.seen
