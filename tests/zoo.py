@@ -1245,6 +1245,21 @@ def _mlp_classifier_data(dim: int = 16, classes: int = 4) -> tuple[torch.Tensor,
     return centres, lambda g, n: _clusters(g, centres, n, 1.0)
 
 
+def _fit_clusters(model: nn.Module, opt: torch.optim.Optimizer, steps: int, judged: nn.Module | None = None) -> Setup:
+    """`model` trained by `opt` to classify clustered vectors (batches of 32), judged on a held-out 256 by
+    `judged` (default `model`: a compiled model's original module, say)."""
+    _, data = _mlp_classifier_data()
+    gen = torch.Generator().manual_seed(1)
+    tx, ty = held_out(lambda g: data(g, 256))
+    evaluated = model if judged is None else judged
+
+    def loss(i: int) -> torch.Tensor:
+        x, y = data(gen, 32)
+        return F.cross_entropy(model(x), y)
+
+    return _plain(model, opt, loss, steps, lambda: F.cross_entropy(evaluated(tx), ty))
+
+
 def weight_norm_mlp() -> Setup:
     """An MLP whose linear layers are reparametrized by `torch.nn.utils.parametrizations.weight_norm` (the
     parameters are `parametrizations.weight.original0`, the magnitude g, and `original1`, the direction v),
@@ -1256,16 +1271,7 @@ def weight_norm_mlp() -> Setup:
         weight_norm(nn.Linear(64, 64)), nn.ReLU(),
         weight_norm(nn.Linear(64, 4)),
     )  # fmt: skip
-    _, data = _mlp_classifier_data()
-    gen = torch.Generator().manual_seed(1)
-    tx, ty = held_out(lambda g: data(g, 256))
-    opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
-
-    def loss(i: int) -> torch.Tensor:
-        x, y = data(gen, 32)
-        return F.cross_entropy(model(x), y)
-
-    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(model(tx), ty))
+    return _fit_clusters(model, torch.optim.RMSprop(model.parameters(), lr=1e-3), 150)
 
 
 def compiled_mlp() -> Setup:
@@ -1275,16 +1281,7 @@ def compiled_mlp() -> Setup:
     are normal: a note)."""
     net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
     model = torch.compile(net)
-    _, data = _mlp_classifier_data()
-    gen = torch.Generator().manual_seed(1)
-    tx, ty = held_out(lambda g: data(g, 256))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def loss(i: int) -> torch.Tensor:
-        x, y = data(gen, 32)
-        return F.cross_entropy(model(x), y)
-
-    return _plain(model, opt, loss, 150, lambda: F.cross_entropy(net(tx), ty))
+    return _fit_clusters(model, torch.optim.Adam(model.parameters(), lr=1e-3), 150, judged=net)
 
 
 def spectral_norm_cnn() -> Setup:
@@ -1339,16 +1336,7 @@ def layerdrop() -> Setup:
     optimizer steps, up to 5 in a row), NAdam 1e-3 on clustered vectors. Healthy: cross-entropy falls (train,
     held-out in eval mode, every block on)."""
     model = LayerDropNet()
-    _, data = _mlp_classifier_data()
-    gen = torch.Generator().manual_seed(1)
-    tx, ty = held_out(lambda g: data(g, 256))
-    opt = torch.optim.NAdam(model.parameters(), lr=1e-3)
-
-    def loss(i: int) -> torch.Tensor:
-        x, y = data(gen, 32)
-        return F.cross_entropy(model(x), y)
-
-    return _plain(model, opt, loss, 200, lambda: F.cross_entropy(model(tx), ty))
+    return _fit_clusters(model, torch.optim.NAdam(model.parameters(), lr=1e-3), 200)
 
 
 class Recommender(nn.Module):
