@@ -948,6 +948,20 @@ def hf_args(output_dir: str, **kw: Any) -> Any:
 
 
 # --- helpers around a run --------------------------------------------------------------------------------
+def untraced(found: Any) -> Any:
+    """A report's dict with each detail cut before the traced step's explanation ("; traced step (..."): one
+    process, DDP and FSDP2 trace a step to name the op that zeroed a gradient; under FSDP1 and
+    DeepSpeed ZeRO the engine owns the gradients and the record says only what the measured steps showed
+    (docs/distributed.md), so sharded runs are compared with their replica on everything else."""
+    if isinstance(found, str):
+        return found.split("; traced step (", 1)[0]
+    if isinstance(found, dict):
+        return {k: untraced(v) for k, v in found.items()}
+    if isinstance(found, (list, tuple)):
+        return type(found)(untraced(v) for v in found)
+    return found
+
+
 def two_ranks(
     worker: str, out: Path, suite: str, timeout: float = 120, env: dict[str, str] | None = None
 ) -> dict[str, list[Any]]:

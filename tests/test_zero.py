@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import two_ranks
+from catalogue import two_ranks, untraced
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 STEPS, EVERY = 12, 2
@@ -123,7 +123,7 @@ def test_zero_counts_one_step_per_engine_step_and_judges_as_the_replica(runs: An
             "extra.weight": "not_in_optimizer",
             "extra.bias": "not_in_optimizer",
         }
-        assert ds["report"] == ref["report"]
+        assert untraced(ds["report"]) == untraced(ref["report"])  # the replica also names the `* 0` (traced)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -251,7 +251,7 @@ def test_zero_stage3_snapshot_budget_rotates_as_the_replica(runs3_budget: Any) -
     assert trained == {f"{m}.{k}" for m in ("inp", "dead", "out") for k in ("weight", "bias")}
     for rank in ranks:
         assert rank["rotation"] == 3 and rank["copied"] == ref["copied"]
-        assert rank["report"] == ref["report"]
+        assert untraced(rank["report"]) == untraced(ref["report"])
     for at in range(len(ref["copied"]) - 2):
         assert {n for step in ref["copied"][at : at + 3] for n in step} == trained
     ds = ranks[0]  # rank 0 writes
