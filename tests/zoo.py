@@ -355,6 +355,16 @@ def _mlm_batch(gen: torch.Generator, batch: int, vocab: int, length: int = 16) -
     return {"input_ids": inputs, "labels": labels}
 
 
+def _mlm(model: nn.Module) -> Setup:
+    """A masked LM over a 64-id vocabulary trained 200 steps by AdamW 1e-3 in the hand-written HF loop, batches
+    of 16 (`_mlm_batch`), judged on a held-out 64."""
+    gen = torch.Generator().manual_seed(1)
+    test = held_out(lambda g: _mlm_batch(g, 64, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = hf_step(model, opt, lambda i: _mlm_batch(gen, 16, 64))
+    return Setup(model, 200, eval_loss(model, test), step, [(model, opt)])
+
+
 def bert_mlm() -> Setup:
     """BERT (2 layers, d=32) masked LM: 15% of positions chosen, 80/10/10 mask/random/keep, labels -100
     elsewhere (what `DataCollatorForLanguageModeling` does), AdamW 1e-3, hand-written loop.
@@ -366,11 +376,7 @@ def bert_mlm() -> Setup:
         max_position_embeddings=16,
     )  # fmt: skip
     model = BertForMaskedLM(cfg)
-    gen = torch.Generator().manual_seed(1)
-    test = held_out(lambda g: _mlm_batch(g, 64, 64))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step = hf_step(model, opt, lambda i: _mlm_batch(gen, 16, 64))
-    return Setup(model, 200, eval_loss(model, test), step, [(model, opt)])
+    return _mlm(model)
 
 
 def roberta_mlm_trainer() -> Setup:
@@ -1075,11 +1081,7 @@ def albert_mlm() -> Setup:
         intermediate_size=64, max_position_embeddings=16,
     )  # fmt: skip
     model = AlbertForMaskedLM(cfg)
-    gen = torch.Generator().manual_seed(1)
-    test = held_out(lambda g: _mlm_batch(g, 64, 64))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step = hf_step(model, opt, lambda i: _mlm_batch(gen, 16, 64))
-    return Setup(model, 200, eval_loss(model, test), step, [(model, opt)])
+    return _mlm(model)
 
 
 def deberta_v2_cls() -> Setup:
