@@ -1361,12 +1361,9 @@ class Recommender(nn.Module):
         return dot + self.user_bias(u).squeeze(1) + self.item_bias(i).squeeze(1)
 
 
-def recommender_sparse() -> Setup:
-    """A recommender on implicit feedback: item ids drawn Zipf-like (most of 2,000 items rare, many never seen),
-    one positive and one random negative item per user, logistic loss, `nn.Embedding(sparse=True)` tables stepped
-    by `torch.optim.SparseAdam` (lr 1e-2), as torch documents for sparse gradients. Healthy: the loss falls on
-    training batches and on fixed held-out pairs; the rows of items no batch held never move (notes)."""
-    model = Recommender()
+def _implicit_feedback() -> Callable[[torch.Generator, int], tuple[torch.Tensor, ...]]:
+    """Batches of (user, item, liked) for 200 users and 2,000 items drawn Zipf-like (most items rare, many never
+    drawn): liked when the user's and the item's hidden 4-d tastes agree."""
     taste = torch.randn(200, 4, generator=torch.Generator().manual_seed(7))
     kind = torch.randn(2000, 4, generator=torch.Generator().manual_seed(8))
     popularity = 1.0 / torch.arange(1, 2001, dtype=torch.float32) ** 1.1
@@ -1374,8 +1371,18 @@ def recommender_sparse() -> Setup:
     def batch(g: torch.Generator, n: int) -> tuple[torch.Tensor, ...]:
         u = torch.randint(0, 200, (n,), generator=g)
         i = torch.multinomial(popularity, n, replacement=True, generator=g)
-        y = ((taste[u] * kind[i]).sum(1) > 0).float()
-        return u, i, y
+        return u, i, ((taste[u] * kind[i]).sum(1) > 0).float()
+
+    return batch
+
+
+def recommender_sparse() -> Setup:
+    """A recommender on implicit feedback: item ids drawn Zipf-like (most of 2,000 items rare, many never seen),
+    one positive and one random negative item per user, logistic loss, `nn.Embedding(sparse=True)` tables stepped
+    by `torch.optim.SparseAdam` (lr 1e-2), as torch documents for sparse gradients. Healthy: the loss falls on
+    training batches and on fixed held-out pairs; the rows of items no batch held never move (notes)."""
+    model = Recommender()
+    batch = _implicit_feedback()
 
     def loss_of(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
         u, i, y = b
@@ -1408,14 +1415,7 @@ def neumf_two_optimizers() -> Setup:
     model, and one `GradLogger` per optimizer, each watching the whole model (each sees the other's tensors
     stepped by an optimizer it does not follow). Healthy: the logistic loss falls (train, held-out)."""
     model = NeuMF()
-    taste = torch.randn(200, 4, generator=torch.Generator().manual_seed(7))
-    kind = torch.randn(2000, 4, generator=torch.Generator().manual_seed(8))
-    popularity = 1.0 / torch.arange(1, 2001, dtype=torch.float32) ** 1.1
-
-    def batch(g: torch.Generator, n: int) -> tuple[torch.Tensor, ...]:
-        u = torch.randint(0, 200, (n,), generator=g)
-        i = torch.multinomial(popularity, n, replacement=True, generator=g)
-        return u, i, ((taste[u] * kind[i]).sum(1) > 0).float()
+    batch = _implicit_feedback()
 
     def loss_of(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(model(b[0], b[1]), b[2])
