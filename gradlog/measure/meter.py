@@ -173,6 +173,11 @@ def _every_row(values: torch.Tensor, positions: list[int], n: int) -> torch.Tens
     return out
 
 
+def _per_row(rows: Sequence[Tracked], by_group: list[float | None]) -> list[float | None]:
+    """Each row's value of its optimizer param group (`by_group`), None for a row in no group."""
+    return [by_group[r.group] if r.group is not None and r.group < len(by_group) else None for r in rows]
+
+
 def _root(v: float) -> float:
     return math.sqrt(v) if v >= 0 else math.nan  # a sum of squares: NaN stays NaN, inf stays inf
 
@@ -551,15 +556,14 @@ class Meter:
         for g in self.optimizer.param_groups if self.optimizer is not None else []:
             lr = g.get("lr")
             group_lr.append(float(lr) if lr is not None else None)
-        return [group_lr[r.group] if r.group is not None and r.group < len(group_lr) else None for r in rows]
+        return _per_row(rows, group_lr)
 
     def _decays(self, rows: list[Tracked]) -> list[float | None] | None:
         """Each row's weight_decay now, where its group's optimizer multiplies the weights by (1 - lr x weight_decay)
         each step (`decay_of`); None outside the optimizer or its groups of another rule. Host reads only."""
         if self.optimizer is None:
             return None
-        group_wd = [decay_of(self.optimizer, g) for g in self.optimizer.param_groups]
-        return [group_wd[r.group] if r.group is not None and r.group < len(group_wd) else None for r in rows]
+        return _per_row(rows, [decay_of(self.optimizer, g) for g in self.optimizer.param_groups])
 
     def _observe_slices(self, op: _Open, grads: list[torch.Tensor | None]) -> list[int]:
         """Per-row/column evidence (tensors not yet complete only) and, on zero-count steps, dead_frac, queued on
