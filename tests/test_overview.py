@@ -138,13 +138,13 @@ def test_images_are_rate_limited_and_the_last_comes_at_close() -> None:
 
 def test_drawing_happens_off_the_training_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[str] = []
-    real = png.heatmap_png
+    real = png.heatmap_rgb
 
-    def spy(*args: object, **kw: object) -> bytes:
+    def spy(*args: object, **kw: object) -> tuple[int, int, bytes | memoryview]:
         threads.append(threading.current_thread().name)
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("gradlog.writers.overview.heatmap_png", spy)
+    monkeypatch.setattr("gradlog.writers.overview.heatmap_rgb", spy)
     mem, _ = train(3, histograms=gradlog.HistogramOptions(overview_every=1))
     # during training: the background thread (once: the 20 s limit); at close: the final one, in close()
     assert threads == ["gradlog-overview", threading.current_thread().name]
@@ -391,3 +391,22 @@ def test_the_overview_image_reads_on_its_own_names_steps_legend_and_no_update_ou
     for special in (png.NO_UPDATE, png.NO_GRAD, png.ZERO_GRAD, png.NONFINITE, *png.MARKS.values()):
         assert special in below, special  # each special colour has its swatch
     assert overview_labels.short_name("a" * 50) == "..." + "a" * 37
+
+
+def test_kept_text_renderings_draw_the_pixels_pillow_draws() -> None:
+    """The labels paste each string's rendering kept from an earlier drawing (names repeat on every overview of a
+    run): the pixels must be the ones Pillow's own `ImageDraw.text` gives, at every position and twice over."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    from gradlog.writers import overview_labels
+
+    font = ImageFont.load_default()
+    for text in ("blocks.3.attn.c_proj.weight", "1e-4.2 .. 1e-1.0", "0", "...h.11.mlp.c_fc.bias"):
+        for xy in ((0, 0), (7, 3), (31, 17)):
+            want = Image.new("RGB", (260, 40), (255, 255, 255))
+            ImageDraw.Draw(want).text(xy, text, fill=overview_labels._INK, font=font)
+            for _ in range(2):  # the first call renders, the second pastes the kept rendering
+                got = Image.new("RGB", (260, 40), (255, 255, 255))
+                overview_labels._text(got, xy, text)
+                assert got.tobytes() == want.tobytes(), (text, xy)
+        assert overview_labels._length(text) == ImageDraw.Draw(want).textlength(text, font=font)

@@ -24,7 +24,7 @@ import numpy as np
 from gradlog.measure.meter import Measurement
 from gradlog.runformat.names import OVERVIEW
 from gradlog.writers.overview_labels import label
-from gradlog.writers.png import PILLOW_HINT, has_pillow, heatmap_png, log_range
+from gradlog.writers.png import PILLOW_HINT, has_pillow, heatmap_rgb, log_range
 
 log = logging.getLogger("gradlog")
 
@@ -261,7 +261,7 @@ def _draw(
         flags[: sg.size, j] = sg
     states = np.where(flags == _NO_GRAD, 1, np.where(flags == _ZERO_GRAD, 2, 0)).astype(np.uint8)
     measured = values != _NONE
-    cells = heatmap_png(values, measured, states, row_marks)
+    cells = heatmap_rgb(values, measured, states, row_marks)
     return label(cells, names, steps, *log_range(values, measured))
 
 

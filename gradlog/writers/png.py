@@ -136,16 +136,29 @@ def heatmap_png(
     images); past that one pixel per cell. No Python float per cell (a 5,000-tensor overview's lists were
     most of a measured step's extra memory): log10 is Python's own, the rest IEEE float64 whole-array
     (numpy's rint rounds half to even, as Python's round does)."""
+    return encode_png(*heatmap_rgb(values, measured, grad_state, marks, max_width, max_height))
+
+
+def heatmap_rgb(
+    values: Any,
+    measured: Any,
+    grad_state: Any,
+    marks: Mapping[int, str] | None = None,
+    max_width: int = 320,
+    max_height: int = 800,
+) -> tuple[int, int, bytes | memoryview]:
+    """`heatmap_png`'s pixels before encoding, as (width, height, RGB bytes): the overview labels them and
+    encodes once (encoding the cells, then decoding them to add the labels, cost a third of a drawing)."""
     rows, cols = values.shape
     if rows == 0 or cols == 0:
-        return encode_png(1, 1, bytes(MISSING))
+        return 1, 1, bytes(MISSING)
     cw, ch = _cell_size(rows, cols, max_width, max_height)
     lo, hi = log_range(values, measured)
     out = np.empty((rows, cols, 3), dtype=np.uint8)
     for start in range(0, rows, _ROW_BLOCK):  # a block of rows at a time: the float temporaries stay small
         stop = min(rows, start + _ROW_BLOCK)
         out[start:stop] = _colour(values[start:stop], measured[start:stop], grad_state[start:stop], lo, hi - lo)
-    return encode_png(_STRIP + 2 + cols * cw, rows * ch, _frame(out, marks or {}, cw, ch, _STRIP))
+    return _STRIP + 2 + cols * cw, rows * ch, _frame(out, marks or {}, cw, ch, _STRIP)
 
 
 def _frame(out: Any, marks: Mapping[int, str], cw: int, ch: int, strip: int) -> memoryview:
@@ -164,4 +177,4 @@ def _frame(out: Any, marks: Mapping[int, str], cw: int, ch: int, strip: int) -> 
     return memoryview(img).cast("B")  # type: ignore[arg-type]
 
 
-__all__ = ["MARKS", "encode_png", "heatmap_png", "log_range", "scale_colour"]
+__all__ = ["MARKS", "encode_png", "heatmap_png", "heatmap_rgb", "log_range", "scale_colour"]
