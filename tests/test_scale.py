@@ -474,7 +474,7 @@ def test_a_bf16_tensor_is_sampled_before_it_is_converted(monkeypatch: pytest.Mon
     histogram against numpy's exact one within the documented error; min, max and the sum of squares exact."""
     gathered: list[torch.dtype] = []
     real = bucketing.sampled
-    monkeypatch.setattr(bucketing, "sampled", lambda x, k: (gathered.append(x.dtype), real(x, k))[1])
+    monkeypatch.setattr(bucketing, "sampled", lambda x, k, **kw: (gathered.append(x.dtype), real(x, k, **kw))[1])
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float16):
         x = (torch.randn(512, 600, generator=g) * 0.02 + torch.rand(512, 600, generator=g) ** 4).to(dtype)
@@ -497,7 +497,7 @@ def test_the_device_path_samples_a_bf16_tensor_before_it_is_converted(monkeypatc
     range and the NaN count exact, the sums (accumulated in fp32) within fp32 rounding of a float64 sum."""
     gathered: list[torch.dtype] = []
     real = bucketing.sampled
-    monkeypatch.setattr(bucketing, "sampled", lambda x, k: (gathered.append(x.dtype), real(x, k))[1])
+    monkeypatch.setattr(bucketing, "sampled", lambda x, k, **kw: (gathered.append(x.dtype), real(x, k, **kw))[1])
     x = (torch.randn(300_000, generator=torch.Generator().manual_seed(0)) * 0.1).to(torch.bfloat16)
     x[7] = float("nan")
     (flat,), _ = bucketing._histogram_inputs([x], False, SAMPLE)
@@ -508,3 +508,40 @@ def test_the_device_path_samples_a_bf16_tensor_before_it_is_converted(monkeypatc
     assert torch.equal(m[:2], m32[:2]) and m[4] == m32[4] == 1  # min, max, NaN/Inf count: exact
     z = torch.nan_to_num(x.double(), nan=0.0)
     assert m[2:4].double().tolist() == pytest.approx([z.sum().item(), z.dot(z).item()], rel=5e-5)  # fp32 sums
+
+
+def test_samples_counted_as_a_block_give_each_tensors_own_counts() -> None:
+    """The CPU path counts the samples of a measured step's tensors a block at a time (one bincount, each row
+    offset); every row must be the one counted by hand for that tensor alone: its sample's positions
+    `(v - lo) * scale` in the tensor's dtype, truncated, the maximum folded into the last bucket, then scaled to
+    the tensor's size by `scale_counts` (torch's, the accelerators' path). Sizes, dtypes (bf16 sampled in its own
+    dtype), a mostly-zero gradient, a constant tensor, and the update's negated rows, in one call."""
+    g = torch.Generator().manual_seed(3)
+    grad = torch.zeros(300, 700)
+    grad[:4] = torch.randn(4, 700, generator=g)
+    xs = [
+        torch.randn(300, 700, generator=g),
+        torch.randn(100_003, generator=g) * 1e-3 + 2,
+        grad,
+        torch.full((90_000,), -1.5),
+        (torch.randn(256, 1024, generator=g) * 0.02).bfloat16(),
+        torch.randn(70_000, generator=g).double(),
+        torch.randn(5_000, generator=g),  # counted in full: not sampled
+    ]
+    for negate in (False, True):
+        got = histogram_partials(xs, BINS, CPU, negate=negate, sample=SAMPLE)
+        for x, row in zip(xs, got):
+            v = (-x if negate else x).reshape(-1)
+            v = v.float() if v.dtype == torch.bfloat16 else v
+            lo, hi = v.double().min().item(), v.double().max().item()
+            assert row[BINS : BINS + 2].tolist() == [lo, hi]
+            if x.numel() <= SAMPLE:
+                continue
+            s = v[bucketing.sample_index(v.numel(), SAMPLE, CPU).long()].numpy()
+            dt = s.dtype.type
+            scale = BINS / (hi - lo) if hi > lo else 0.0
+            pos = ((s - dt(lo)) * dt(scale)).astype(np.int64)
+            c = np.bincount(pos, minlength=BINS + 1)
+            c[BINS - 1] += c[BINS]
+            want = bucketing.scale_counts(torch.from_numpy(c[:BINS]), x.numel(), hi > lo)
+            assert torch.equal(row[:BINS].to(torch.int64), want), (x.dtype, x.shape, negate)
