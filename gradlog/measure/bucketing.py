@@ -320,13 +320,15 @@ def _sampled_rows(items: list[_Sampled], bins: int, rows: Any, sample: int) -> N
     width = bins + 1
     for dtype, group in by_dtype.items():
         per = max(1, _SAMPLE_BLOCK_BYTES // (sample * dtype.itemsize))
-        values, positions = _sample_scratch(dtype, per, sample)
+        if width <= 256:  # bincount counts uint8 positions ~2x faster than wider ones: as many rows as fit
+            per = min(per, 256 // width)
+        values, positions = _sample_scratch(dtype, per, sample, torch.uint8 if per * width <= 256 else torch.int64)
         for start in range(0, len(group), per):
             part = group[start : start + per]
             block = values[: len(part)]
             for r, item in enumerate(part):
                 sampled(item.x, sample, out=block[r])  # only the sample is converted
-            sums = block.sum(1, dtype=torch.float64).tolist()
+            sums = block.sum(1).tolist()  # the sample's sum, in its dtype: an estimate to ~0.4% (see `_host_row`)
             a = block.numpy()
             flip = np.array([item.flip for item in part])
             if flip.any():
@@ -350,17 +352,17 @@ def _sampled_rows(items: list[_Sampled], bins: int, rows: Any, sample: int) -> N
                 rows[1][item.i] = (item.lo, item.hi, -total if item.flip else total, item.s2, 0)
 
 
-def _sample_scratch(dtype: torch.dtype, per: int, sample: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This thread's block of `per` samples of `sample` values, and their int32 positions, kept from one measured
-    step to the next (~2 MB at the default sample) instead of a fresh allocation on every step."""
-    kept: dict[tuple[torch.dtype, int, int], tuple[torch.Tensor, torch.Tensor]] = _LOCAL.__dict__.setdefault(
-        "samples", {}
+def _sample_scratch(dtype: torch.dtype, per: int, sample: int, small: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """This thread's block of `per` samples of `sample` values, and their positions (`small`), kept from one
+    measured step to the next (~1 MB at the default sample) instead of a fresh allocation on every step."""
+    kept: dict[tuple[torch.dtype, int, int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = (
+        _LOCAL.__dict__.setdefault("samples", {})
     )
-    key = (dtype, per, sample)
+    key = (dtype, per, sample, small)
     if key not in kept:
         for other in [k for k in kept if k[2] != sample]:  # another `HistogramOptions.sample` replaces the old size
             del kept[other]
-        kept[key] = (torch.empty(per, sample, dtype=dtype), torch.empty(per, sample, dtype=torch.int32))
+        kept[key] = (torch.empty(per, sample, dtype=dtype), torch.empty(per, sample, dtype=small))
     return kept[key]
 
 
