@@ -9,8 +9,10 @@ groups whose learning rates differ 1000x, gradient noise and gradient centralisa
 
 Every family is a `zoo.Setup` and runs through `zoo.run`, so the evidence of health is the zoo's own (training
 metric and a fixed held-out evaluation fall >= 15%, every trainable tensor ends different from its start),
-measured on the same run gradlog watched. `python tests/zoo_styles.py [family,...]` prints the JSON lines of
-`zoo.main` for these families.
+measured on the same run gradlog watched; `UNCHANGED_BY_DESIGN` names the tensors that end where they started
+by design (AdaLoRA's `lora_E` of a module pruned to rank 0), which the test leaves out of that check.
+`python tests/zoo_styles.py [family,...]` prints the JSON lines of `zoo.main` for these families (`MEASURED`
+included: runs documented, not asserted OK).
 """
 
 from __future__ import annotations
@@ -361,13 +363,14 @@ def _pretrained() -> dict[str, torch.Tensor]:
     """A tiny Llama (2 layers, d 32) trained 100 steps (AdamW 3e-3) on the counting streams, its own seed and
     stream: the base the adapters fine-tune further (an adapter on a random base barely learns; zoo.py's IA3
     note). Cached: built once per process, each family loads a copy."""
-    torch.manual_seed(100)
-    model = _llama()
-    gen = torch.Generator().manual_seed(101)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    step = zoo.hf_step(model, opt, lambda i: _lm_batch(gen, 8))
-    for i in range(100):
-        step(i)
+    with torch.random.fork_rng():  # the caller's global seed stream as if this never ran (cached or not)
+        torch.manual_seed(100)
+        model = _llama()
+        gen = torch.Generator().manual_seed(101)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        step = zoo.hf_step(model, opt, lambda i: _lm_batch(gen, 8))
+        for i in range(100):
+            step(i)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -633,9 +636,9 @@ class MoCo(nn.Module):
 
 
 def moco() -> zoo.Setup:
-    """MoCo on 16-d points of 8 clusters, two views by noise and random feature scaling, SGD momentum 0.9 (lr
-    0.05, weight decay 1e-4) on the query encoder only, the key encoder by momentum after each step; the
-    logger watches the whole module. Healthy: InfoNCE falls (train against the queue; held-out with each
+    """MoCo on 16-d points of 8 clusters, two views by noise (0.1) and random feature scaling (0.9-1.1), SGD
+    momentum 0.9 (lr 0.05, weight decay 1e-4) on the query encoder only, the key encoder by momentum after each
+    step; the logger watches the whole module. Healthy: InfoNCE falls (train against the queue; held-out with each
     point's other view among the 256, eval mode); the key encoder changes by momentum alone."""
     centres = 2 * torch.randn(8, 16, generator=torch.Generator().manual_seed(7))
     model = MoCo()
@@ -645,7 +648,7 @@ def moco() -> zoo.Setup:
         x, _ = zoo._clusters(g, centres, n, 0.5)
 
         def view() -> torch.Tensor:
-            return x * (0.8 + 0.4 * torch.rand(n, 16, generator=g)) + 0.3 * torch.randn(n, 16, generator=g)
+            return x * (0.9 + 0.2 * torch.rand(n, 16, generator=g)) + 0.1 * torch.randn(n, 16, generator=g)
 
         return view(), view()
 
@@ -728,6 +731,7 @@ FAMILIES: list[Callable[[], zoo.Setup]] = [
     lr_groups_1000x,
     grad_noise_centralized,
     distillation,
+    moco,
     muon_adamw,
     peft_prefix_tuning,
     peft_ia3,
@@ -741,7 +745,7 @@ FAMILIES: list[Callable[[], zoo.Setup]] = [
 ]
 FAST = 12
 #: measured and documented, not asserted OK
-MEASURED: list[Callable[[], zoo.Setup]] = [lamb, moco, peft_prompt_tuning, peft_p_tuning]
+MEASURED: list[Callable[[], zoo.Setup]] = [lamb, peft_prompt_tuning, peft_p_tuning]
 
 if __name__ == "__main__":
     import sys
