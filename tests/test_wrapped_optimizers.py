@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from catalogue import BodyHeadUnused
@@ -109,3 +111,56 @@ def test_a_wrapper_that_is_a_full_optimizer_is_measured_itself() -> None:
 def test_an_object_holding_no_optimizer_is_refused() -> None:
     with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer .*got Holder"):
         gradlog.GradLogger(BodyHeadUnused(), Holder(object()), writer="memory")  # type: ignore[arg-type]
+
+
+class SAM(torch.optim.Optimizer):
+    """SAM's common form: a full Optimizer holding its `base_optimizer` and sharing its param groups (the same
+    list), stepped by `first_step` (climb) and `second_step` (restore, then the base's step), never `step`."""
+
+    def __init__(self, params: object, rho: float = 0.05) -> None:
+        super().__init__(params, {"rho": rho})  # type: ignore[arg-type]
+        self.base_optimizer = torch.optim.SGD(self.param_groups, lr=0.1)
+        self.param_groups = self.base_optimizer.param_groups
+        self.saved: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def first_step(self) -> None:
+        params = [p for g in self.param_groups for p in g["params"]]
+        self.saved = [p.detach().clone() for p in params]
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=0.05)
+
+    @torch.no_grad()
+    def second_step(self) -> None:
+        for p, s in zip([p for g in self.param_groups for p in g["params"]], self.saved):
+            p.copy_(s)
+        self.base_optimizer.step()
+
+
+def test_sam_is_measured_through_its_base_optimizer_without_a_warning() -> None:
+    """SAM's own `step` never runs (first_step/second_step do): following SAM itself measured nothing until the
+    base's steps were noticed, with a warning that "a new optimizer (SGD)" replaced it."""
+    torch.manual_seed(0)
+    model = BodyHeadUnused()
+    opt = SAM(model.parameters())
+    mem = gradlog.MemoryWriter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+        for step in range(3):
+            x = torch.randn(4, 6)
+            model(x).pow(2).mean().backward()
+            opt.first_step()
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.second_step()
+            opt.zero_grad()
+            gl.log(step)
+        report = gl.close()
+    assert gl.optimizer is opt.base_optimizer
+    assert [s for s, _ in mem.scalars["weights/update_ratio/head.weight"]] == [0, 1, 2]
+    assert [(r.name, r.reason) for r in report.never_updated] == [
+        ("unused.weight", Reason.NO_GRAD),
+        ("unused.bias", Reason.NO_GRAD),
+    ]

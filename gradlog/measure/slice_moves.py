@@ -81,6 +81,10 @@ class SliceMoves:
         #: per tensor and pair of consecutive watched steps (k, k'), the slices moved at k whose values before k'
         #: are those before k (rows or elements, and columns; bool, on the device)
         self.back: dict[int, list[tuple[int, int, torch.Tensor, torch.Tensor | None]]] = {}
+        #: per tensor, the rows (elements) and the columns moved at one watched step and still moved before the
+        #: next (their values before it differ from those before that step): they kept an update, they learned
+        self.kept_rows: dict[int, torch.Tensor] = {}
+        self.kept_cols: dict[int, torch.Tensor] = {}
         #: per tensor, its last watched step, the signature of its values before it (`_signature`), what it moved
         self._last: dict[int, tuple[int, Signature, tuple[torch.Tensor, torch.Tensor | None] | None]] = {}
 
@@ -113,13 +117,17 @@ class SliceMoves:
         if a.rows.shape != moved[0].shape:
             return
         same = a.rows == b.rows
+        _or_in(self.kept_rows, key, moved[0] & ~same)  # moved, and not back before the next watched step
+        cols = None
+        if moved[1] is not None and a.cols is not None and b.cols is not None and a.cols.shape == moved[1].shape:
+            cols_same = a.cols == b.cols
+            _or_in(self.kept_cols, key, moved[1] & ~cols_same)
+            cols = moved[1] & cols_same
         # some slice the step moved stayed moved: a part was set back while the rest learned. Every moved one
         # back is the whole tensor put back (a checkpoint restored once, an LR finder's weights): the ledger's
         # streak, proven by fingerprints, judges that, not one pair of steps here (a device flag: no host read)
         partial = (moved[0] & ~same).any()
-        cols = None
-        if moved[1] is not None and a.cols is not None and b.cols is not None and a.cols.shape == moved[1].shape:
-            cols = moved[1] & (a.cols == b.cols) & partial
+        cols = None if cols is None else cols & partial
         self.back.setdefault(key, []).append((was, step, moved[0] & same & partial, cols))
 
     def observe(self, step: int, keys: list[int], diffs: list[torch.Tensor]) -> None:
@@ -148,11 +156,15 @@ class SliceMoves:
 
     def forget(self, key: int) -> None:
         """A tensor was freed (replaced): its evidence goes."""
-        for store in (self.rows, self.cols, self.back, self._last):
+        for store in (self.rows, self.cols, self.back, self._last, self.kept_rows, self.kept_cols):
             store.pop(key, None)
         self.steps.pop(key, None)
         self._watched.pop(key, None)
         self.full.discard(key)
+
+    def kept(self, key: int, dim: int | None) -> torch.Tensor | None:
+        """The slices of kind `dim` seen to keep an update from one watched step to the next, or None."""
+        return (self.kept_cols if dim == 1 else self.kept_rows).get(key)
 
     def get(self, key: int, dim: int | None) -> torch.Tensor | None:
         """The slices of kind `dim` (0 rows or elements, 1 columns; None: elements) seen moved, or None
@@ -163,3 +175,9 @@ class SliceMoves:
         """Per pair of watched steps (k, k'), the slices (rows or elements, columns) moved at k and the same
         before k' as before k: set back outside the optimizer between them."""
         return self.back.get(key, [])
+
+
+def _or_in(store: dict[int, torch.Tensor], key: int, flags: torch.Tensor) -> None:
+    """OR `flags` into `store[key]` (a fresh start where the shape changed)."""
+    was = store.get(key)
+    store[key] = flags if was is None or was.shape != flags.shape else was | flags

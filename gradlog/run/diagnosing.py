@@ -24,7 +24,7 @@ from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
 from gradlog.verdict.ledger import Evidence, Ledger
-from gradlog.verdict.overwritten import overwritten
+from gradlog.verdict.overwritten import overwritten, pruned_whole
 from gradlog.verdict.policy import Policy
 from gradlog.verdict.records import FINDINGS, Case, Record
 from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Report, Stalled, StoppedSlice
@@ -110,13 +110,15 @@ class Diagnosis:
             self.ledger.evidence,
             self._sites(),
         )
+        pruned = pruned_whole(rows, self.ledger.back_to_start, self.ledger.set_back, self._learned(), self._sites())
         never = diagnose(
             rows,
             evidence,
             changed,
             self.with_optimizer,
             skipped_steps=self.ledger.skipped_steps,
-            overwritten=set_back,
+            overwritten={k: v for k, v in set_back.items() if k not in pruned},
+            pruned=pruned,
         )
         partly = self._partly(rows, never, spanning, owners)
         stopped = self._stalled(rows, never, set_back_stalled)
@@ -199,6 +201,17 @@ class Diagnosis:
         return partly_updated(
             rows, facts, spanning, unjudged, owners, self.optimizer, self.steps, self._sites(), self._between()
         )
+
+    def _learned(self) -> set[int]:
+        """The tensors back where they started at close that kept an optimizer update from one watched step to
+        the next (`SliceMoves.kept`): they learned before they were set back."""
+        moves = self.meter.slice_moves
+        out = set()
+        for index in self.ledger.back_to_start:
+            kept = moves.kept(index, 0)
+            if kept is not None and bool(kept.any()):
+                out.add(index)
+        return out
 
     def _sites(self) -> dict[int, str]:
         """Where each flagged tensor was written outside the optimizer, where the write watch saw it."""

@@ -200,9 +200,11 @@ def diagnose(
     has_optimizer: bool,
     skipped_steps: int = 0,
     overwritten: Mapping[int, str] | None = None,
+    pruned: Mapping[int, str] | None = None,
 ) -> list[NeverUpdated]:
     """One record per tensor that never learned, in model order. `overwritten`: the details of tensors the
-    optimizer updated and something outside it set back (`gradlog.verdict.overwritten`), by tracked index."""
+    optimizer updated and something outside it set back (`gradlog.verdict.overwritten`), by tracked index;
+    `pruned`: those of tensors that learned and were then zeroed outside it (`overwritten.pruned_whole`)."""
     out = []
     between = _frozen_between(rows)
     for row in rows:
@@ -211,6 +213,8 @@ def diagnose(
         found: tuple[Reason, str] | None
         if moved is None:  # no fingerprint: never materialised, or first seen after the last step
             found = Reason.UNKNOWN, "never materialised (lazy or meta parameter), or first seen after the last step"
+        elif moved and pruned and row.index in pruned:
+            found = Reason.PRUNED, pruned[row.index]
         elif moved and overwritten and row.index in overwritten:
             found = Reason.OVERWRITTEN, overwritten[row.index]
         elif moved:

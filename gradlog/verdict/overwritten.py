@@ -11,6 +11,11 @@ The evidence is the ledger's (`gradlog.verdict.ledger`, its docstring says how i
   a mask that zeroes some entries once, then holds the rest at their start) is a never-updated record;
   one that began later (the tensor learned, then a checkpoint was reloaded every step) a stalled one.
 
+Set back to exactly zero after it learned (the optimizer's update of one watched step still there before the
+next, `SliceMoves.kept`, or a set-back streak that began after it learned) is a pruning during training, not a
+restore: AdaLoRA's rank allocation zeroes the singular values it drops, in place, and holds them at zero; a
+zero-initialised tensor (AdaLoRA's `lora_E`) so pruned ends where it started. `Reason.PRUNED`, a note.
+
 Healthy runs that change weights outside the optimizer change them to new values every time (weight
 clipping, max-norm renormalisation, `torch.nn.utils.prune`'s mask applied in forward to a learning
 `weight_orig`, an EMA copy outside the optimizer): no record.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from gradlog.measure.distributed import is_sharded
 from gradlog.measure.params import Tracked
 from gradlog.verdict.ledger import Evidence, SetBack
 from gradlog.verdict.report import Reason, Stalled
@@ -93,6 +99,43 @@ _FIX_SITE_AGAIN = (
     "fix: remove that write, or if it prunes on purpose use torch.nn.utils.prune (it masks in forward, so "
     "the optimizer no longer moves what the mask zeroes)"
 )
+
+
+def zeroed_after_learning(what: str, site: str = "", between: tuple[int, int] | None = None, them: str = "them") -> str:
+    """The detail of slices (`what`, `them`) or a tensor ("the tensor", "it") that learned and were then set to
+    exactly zero outside the optimizer, and are zero at close: pruned during training (where the write was
+    seen: its line, its steps)."""
+    at = f" at {site}" if site else ""
+    gap = f" between steps {between[0]} and {between[1]}" if between is not None else ""
+    return (
+        f"{what} learned (an optimizer update stayed until the next watched step), then something outside the "
+        f"optimizer{at} set {them} to exactly zero{gap}, and zero at close: pruned during training (AdaLoRA's "
+        f"rank allocation, a magnitude-pruning schedule), by design; if nothing should prune {them}, look for a "
+        "mask applied in place after optimizer.step()"
+    )
+
+
+def pruned_whole(
+    rows: Sequence[Tracked],
+    back_to_start: set[int],
+    set_back: Mapping[int, SetBack],
+    learned: Collection[int],
+    sites: Mapping[int, str] | None = None,
+) -> dict[int, str]:
+    """The details of tensors back where they started at close (`back_to_start`) that are all zero there and
+    learned before (`learned`: an update kept from one watched step to the next, or a set-back streak that
+    began after earlier measured steps): pruned whole during training, by tracked index."""
+    out: dict[int, str] = {}
+    for row in rows:
+        if row.index not in back_to_start or is_sharded(row.param):
+            continue
+        sb = set_back.get(row.index)
+        late = sb is not None and sb.measured_before > 1
+        if not (late or row.index in learned) or bool(row.param.detach().ne(0).any()):
+            continue
+        between = (sb.since, sb.back_at) if sb is not None and _held(sb) else None
+        out[row.index] = zeroed_after_learning("the tensor", (sites or {}).get(row.index, ""), between, "it")
+    return out
 
 
 def _steps(n: int) -> str:

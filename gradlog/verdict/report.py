@@ -72,7 +72,7 @@ class Reason(str, enum.Enum):
     OVERWRITTEN = "overwritten"  # updated by the optimizer, set back to the same values outside it (a reset, a mask)
     NOT_IN_BATCH = "not_in_batch"  # slices only: embedding rows absent from every measured batch
     PADDING_IDX = "padding_idx"  # slices only: an embedding's padding row, never updated by design
-    PRUNED = "pruned"  # slices only: zeroed whole by torch.nn.utils.prune's mask, never updated by design
+    PRUNED = "pruned"  # zeroed by torch.nn.utils.prune's mask (slices), or zeroed in place after learning, by design
     DEAD_UNITS = "dead_units"  # stopped slices: the same units stopped in the layer's paired tensors too
     NOT_ROUTED = "not_routed"  # experts: the router's rows for them stopped too (no token routed any more)
     UNKNOWN = "unknown"
@@ -148,7 +148,8 @@ class NeverUpdated(Record):
         "never.padding_idx": (NOTE, "a padding row, never updated by design"),
         "never.pruned": (
             NOTE,
-            "pruned whole by torch.nn.utils.prune, by design (not produced today; listed for completeness)",
+            "learned, then zeroed whole in place and held at zero, outside the optimizer (every rank of an AdaLoRA "
+            "module pruned), by design",
         ),
         "never.unknown": (PROBLEM, "never measured: gradlog cannot say it learned"),
         "never.dead_units": (PROBLEM, f"{_WHOLE} (units, stopped slices' reason: not given to whole tensors today)"),
@@ -254,7 +255,8 @@ class PartlyUpdated(Record):
         "partly.pruned": (
             NOTE,
             "rows, columns or elements that torch.nn.utils.prune's mask zeroes (the `<name>_orig` parameter's): no "
-            "gradient reaches them, by design",
+            "gradient reaches them; or that learned, then were zeroed in place outside the optimizer and held at zero "
+            "(AdaLoRA's pruned ranks): by design",
         ),
         "partly.unknown": (PROBLEM, "slices never measured"),
         "partly.dead_units": (PROBLEM, "units that never learned (stopped slices' reason: not given here today)"),

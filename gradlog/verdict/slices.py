@@ -34,7 +34,7 @@ from gradlog.measure.slice_moves import SliceMoves
 from gradlog.runformat.cells import DIM_NAMES
 from gradlog.verdict.experts import is_fused_experts
 from gradlog.verdict.ledger import Evidence
-from gradlog.verdict.overwritten import set_back_again, set_back_slices
+from gradlog.verdict.overwritten import set_back_again, set_back_slices, zeroed_after_learning
 from gradlog.verdict.records import format_ranges
 from gradlog.verdict.report import PartlyUpdated, Reason
 from gradlog.verdict.rounding import unmoved
@@ -58,6 +58,8 @@ class SliceFacts:
     #: set back outside the optimizer, whatever its first value; and the first such pair of steps
     back: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
     back_at: tuple[int, int] | None = None
+    #: per slice, moved at one watched step and still moved before the next (`SliceMoves.kept`): it learned
+    kept: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
 
 # what a slice is called, by owning module type and dim: (plural noun, zero-gradient question)
@@ -186,6 +188,10 @@ def slice_facts(
             if t is not None:
                 keys.append((row.index, 20 + dim))  # 20, 21: the rows and columns the optimizer moved
                 parts.append(t)
+            t = moves.kept(row.index, dim) if moves is not None else None
+            if t is not None:
+                keys.append((row.index, 40 + dim))  # 40, 41: those that kept an update to the next watched step
+                parts.append(t)
         pairs = moves.set_back(row.index) if moves is not None and row.index in changes else []
         for p, (_, _, back_rows, back_cols) in enumerate(pairs):
             for dim, t in ((0, back_rows), (1, back_cols)):
@@ -214,20 +220,22 @@ def slice_facts(
             nonzero: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 0))}
             state: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 10))}
             moved: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 20))}
+            kept: dict[int | None, torch.Tensor | None] = {None: seen.get((row.index, 40))}
         elif ch.rows is not None and ch.cols is not None:
             changed = {0: ch.rows, 1: ch.cols}
             nonzero = {0: seen.get((row.index, 0)), 1: seen.get((row.index, 1))}
             state = {0: seen.get((row.index, 10)), 1: seen.get((row.index, 11))}
             moved = {0: seen.get((row.index, 20)), 1: seen.get((row.index, 21))}
+            kept = {0: seen.get((row.index, 40)), 1: seen.get((row.index, 41))}
         else:
             continue
-        for found in (nonzero, state, moved):
+        for found in (nonzero, state, moved, kept):
             for d, t in list(found.items()):
                 if t is not None and t.shape != changed[d].shape:  # resized since: the evidence is stale
                     found[d] = None
         moved_at = tuple(moves.steps.get(row.index, ())) if moves is not None else ()
         back, back_at = _set_back(row.index, seen, moves.set_back(row.index) if moves is not None else [], changed)
-        out[row.index] = SliceFacts(changed, nonzero, state, moved, moved_at, back, back_at)
+        out[row.index] = SliceFacts(changed, nonzero, state, moved, moved_at, back, back_at, kept)
     return out
 
 
@@ -400,6 +408,7 @@ def partly_updated(
                 f.moved.get(dim), f.moved_at, (sites or {}).get(row.index, ""), (between or {}).get(row.index)
             )
             moves.back, moves.back_at, moves.back_any = back, f.back_at, f.back.get(dim)
+            moves.zeroed = _zeroed_after_learning(row.param, dim, f.kept.get(dim), picked)
             out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned, moves)
     return out
 
@@ -418,6 +427,8 @@ class Moves:
     back: torch.Tensor | None = None
     back_at: tuple[int, int] | None = None
     back_any: torch.Tensor | None = None  # `back` with the slices that never changed
+    #: slices that kept an update of the optimizer's for a while (`SliceFacts.kept`) and are exactly zero at close
+    zeroed: torch.Tensor | None = None
 
 
 def _all_each(flags: list[torch.Tensor]) -> list[bool]:
@@ -437,6 +448,25 @@ def _caveat(ev: Evidence, optimizer_steps: int) -> str:
     if ev.measured and optimizer_steps > ev.measured:
         return f" ({ev.measured} of {optimizer_steps} optimizer steps measured: use every=1 to rule out rare use)"
     return ""
+
+
+def _zeroed_after_learning(
+    param: torch.Tensor, dim: int | None, kept: torch.Tensor | None, picked: torch.Tensor
+) -> torch.Tensor | None:
+    """The slices of kind `dim` that kept an optimizer update for a while (`kept`) and whose values are all
+    exactly zero at close, among the `picked` ones; None where none could be (one host read of the tensor,
+    only then)."""
+    if kept is None or kept.shape != picked.shape or not bool((kept & picked).any()) or is_sharded(param):
+        return None
+    zero = param.detach() == 0
+    if dim is None:
+        flags = zero.reshape(-1)
+    elif dim == 0:
+        flags = zero.reshape(zero.shape[0], -1).all(1)
+    else:
+        flags = zero.reshape(zero.shape[0], zero.shape[1], -1).all(2).all(0)
+    flags = flags.cpu()
+    return flags & kept if flags.shape == kept.shape else None
 
 
 def _pruned(owner: Owner | None, dim: int | None, n: int) -> torch.Tensor | None:
@@ -530,6 +560,10 @@ def _reason_masks(
         over &= moves.back_any if moves.back_any is not None else torch.zeros_like(over)
     if moves.back is not None:  # moved, and as they were before the next watched step: set back
         over |= rest & moves.back
+    if moves.zeroed is not None and bool((over & moves.zeroed).any()):  # learned, then zeroed: pruned
+        masks.append((Reason.PRUNED, over & moves.zeroed))
+        rest = rest & ~(over & moves.zeroed)
+        over = over & ~moves.zeroed
     if bool(over.any()):  # moved, yet as they were
         masks.append((Reason.OVERWRITTEN, over))
         rest = rest & ~over
@@ -565,6 +599,8 @@ def _detail(
     head, caveat = said.head, said.caveat if said.moved else ""
     if reason is Reason.PADDING_IDX:
         return f"{head}: the embedding's padding_idx row, never updated by design"
+    if reason is Reason.PRUNED and moves.zeroed is not None and bool(moves.zeroed[idx].all()):
+        return zeroed_after_learning(said.what, moves.site, moves.between)
     if reason is Reason.PRUNED:
         base = name[: -len("_orig")] if name.endswith("_orig") else name
         return (
