@@ -299,17 +299,19 @@ def check_tab(folder: Path, what: str) -> None:
 
 
 def check_resume(folder: Path, what: str) -> None:
-    """The training script's `GradLogger(resume=True)` on the damaged run: never raises, and trains on."""
+    """The training script's `GradLogger(resume=True)` on the damaged run: never raises, and trains on,
+    measuring (it continues the run, or warns once and starts a new one: either is allowed)."""
     torch.manual_seed(1)
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a new run instead of a continuation is warned about: allowed
-        gl = gradlog.GradLogger(
-            model, opt, writer=gradlog.Output("memory", resume=True), log_dir=str(folder), every=1, print_report=False
-        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = gradlog.Output("tensorboard", resume=True)
+        gl = gradlog.GradLogger(model, opt, writer=out, log_dir=str(folder), every=1, print_report=False)
         report = train(opt, gl, 2, lambda step: model(torch.randint(0, 10, (3,))).pow(2).mean())
-    assert report.measured_steps == 2, what
+    failed = [str(w.message) for w in caught if "failed" in str(w.message)]
+    assert failed == [] and report.error is None, (what, failed, report.error)
+    assert report.measured_steps >= 2, (what, report.verdict)
 
 
 def run_case(src: Path, decoded: list[Any], mutate: Mutation, work: Path, tab: bool, resume: bool) -> None:
@@ -418,6 +420,23 @@ def test_a_step_count_beyond_int64_is_not_continued_from(real_run: tuple[Path, l
         report = train(opt, gl, 2, lambda step: model(torch.randint(0, 10, (3,))).pow(2).mean())
     assert [str(w.message) for w in caught] == []
     assert report.optimizer_steps == 11 + 2 and report.measured_steps == 6 + 2, report.verdict
+
+
+def test_a_segment_counter_beyond_int64_starts_a_new_run(real_run: tuple[Path, list[Any]], tmp_path: Path) -> None:
+    """A `gradlog/segment` counter of 30 digits is no count gradlog wrote: the run is not continued (one warning
+    naming the cell, a new run beside it), as for a counter that is not a number (docs/resume.md)."""
+    i, j, text = _only(real_run[1], "gradlog/segment")
+    columns, _rows = parse_markdown_table(text)
+    run = _case(real_run, tmp_path, cell_mutation(i, j, 0, columns.index("measured"), "9" * 30))
+    torch.manual_seed(1)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with pytest.warns(RuntimeWarning, match=r"its 'measured' cell of 'emb.weight' is '9{30}', not a number"):
+        gl = gradlog.GradLogger(
+            model, opt, writer=gradlog.Output("tensorboard", resume=True), log_dir=str(run), every=1, print_report=False
+        )
+    report = train(opt, gl, 2, lambda step: model(torch.randint(0, 10, (3,))).pow(2).mean())
+    assert report.optimizer_steps == 2 and report.measured_steps == 2, report.verdict
 
 
 # --- the fuzzer ----------------------------------------------------------------------------------------
