@@ -16,7 +16,8 @@ every reader entry point runs on it:
   raises; it continues the run or warns once and starts a new one, and training goes on.
 
 Each case runs under a CPU-time alarm (a hang fails it). The default run takes a seeded sample of a few
-seconds; `-m heavy` sweeps every table cell with every odd value.
+seconds; `-m heavy` sweeps every table cell with every odd value. A W&B run file (built by
+tests/test_untrusted_runs.py's writer) gets the same treatment in its history, summary and table files.
 """
 
 from __future__ import annotations
@@ -461,3 +462,81 @@ def test_fuzzed_records_every_mutation(real_run: tuple[Path, list[Any]], tmp_pat
     """Every mutation (about 4,000): the report on each, the tab on every 4th, a resume on every 8th (about 20
     minutes on a busy 2-core machine)."""
     assert _sweep(real_run, tmp_path, n=None, seed=0) > 1000
+
+
+# --- W&B: the same odd values in a run file's history, summary, config and table files -------------------
+#: JSON values where gradlog writes numbers, strings and table-file references.
+ODD_JSON = [
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e400",
+    "9" * 30,
+    "-1",
+    "null",
+    "true",
+    '"²"',
+    "[1, 2]",
+    '{"a": 1}',
+    '{"_type": "table-file", "path": 5}',
+    '{"_type": "table-file", "path": ["a"]}',
+    '{"_type": "table-file"}',
+    "[" * 200 + "]" * 200,
+    '"' + "x" * 10000 + '"',
+]
+#: A table file's whole text.
+ODD_TABLE_FILES = [
+    '{"columns": 5, "data": []}',
+    '{"columns": ["name"], "data": [[1, 2, 3]]}',
+    '{"columns": ["name", "shape"], "data": [[NaN, Infinity], [null, true], [{"a": 1}, [1]]]}',
+    '{"columns": [], "data": [[]]}',
+    '{"columns": [{"a": 1}], "data": [[{"b": 2}]]}',
+    "[]",
+    '"x"',
+    "[" * 5000,
+]
+
+
+def wandb_mutations() -> list[tuple[str, dict[str, Any]]]:
+    """(what, keyword arguments of test_untrusted_runs.wandb_run) for every odd value in every place."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for key in ("weights/grad_norm/w", "gradlog/step"):
+        for value in ODD_JSON:
+            rows = [
+                {"gradlog/step": str(s), "weights/grad_norm/w": "1.0", "weights/update_ratio/w": "0.001"}
+                for s in range(8)
+            ]
+            rows[3][key] = value
+            out.append((f"history {key} = {value[:20]}", {"rows": rows}))
+    for key in ("gradlog/verdict", "gradlog/measured_steps", "gradlog/optimizer_steps", "gradlog/as_of_step"):
+        out += [(f"summary {key} = {v[:20]}", {"summary": {key: v}}) for v in ODD_JSON]
+    out += [(f"table file {t[:20]}", {"table_files": {"media/table/never.table.json": t}}) for t in ODD_TABLE_FILES]
+    return out
+
+
+def _wandb_case(folder: Path, what: str, kwargs: dict[str, Any]) -> None:
+    from test_untrusted_runs import wandb_run
+
+    from gradlog.run.resume import find_earlier_wandb
+
+    shutil.rmtree(folder, ignore_errors=True)
+    wandb_run(folder / "wandb" / "offline-run-20260101_000000-abc", **kwargs)
+    with cpu_alarm(what):
+        check_report(folder / "wandb", what)
+        found = find_earlier_wandb(str(folder))  # what a resume reads first: an Earlier or why not, no raise
+        assert not isinstance(found, str) or "holds no W&B run" not in found, (what, found)
+
+
+def test_fuzzed_wandb_values(tmp_path: Path) -> None:
+    """A seeded sample of odd JSON values in a W&B run file and its table files: the report and a resume's
+    reading answer every time."""
+    pytest.importorskip("wandb")
+    for what, kwargs in random.Random(5).sample(wandb_mutations(), 16):
+        _wandb_case(tmp_path / "case", what, kwargs)
+
+
+@pytest.mark.heavy
+def test_fuzzed_wandb_values_every_mutation(tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    for what, kwargs in wandb_mutations():
+        _wandb_case(tmp_path / "case", what, kwargs)
