@@ -22,7 +22,7 @@ import torch
 from gradlog.measure.params import Tracked
 from gradlog.run.lifecycle import warn
 from gradlog.runformat import names
-from gradlog.runformat.cells import parse_shape, shape_cell, table_cells
+from gradlog.runformat.cells import parse_shape, shape_cell, table_cells, whole_number
 from gradlog.runformat.rundata import BadRun, RunData
 from gradlog.runformat.tb_run import is_event_file, read_folder, run_key
 from gradlog.runformat.wandb_run import read_segments, runs_in
@@ -30,7 +30,7 @@ from gradlog.verdict.ledger import Evidence
 from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Reason, Report, Stalled, StoppedSlice
 from gradlog.verdict.slices import SliceFacts
 from gradlog.verdict.stopped_slices import cut
-from gradlog.verdict.tables import closed_report
+from gradlog.verdict.tables import closed_report, series_steps
 from gradlog.writers import Writer, make_writers, route_options, writer_names
 
 if TYPE_CHECKING:
@@ -96,10 +96,18 @@ def _counts(cells: dict[str, str]) -> Evidence:
     for c in names.SEGMENT_COUNTS:
         text = cells[c]
         try:
-            values[c] = float(text) if c in ("frozen_sum", "frozen_max") else int(text)
+            values[c] = float(text) if c in ("frozen_sum", "frozen_max") else _count(text)
         except ValueError:
-            raise ValueError(f"its {c!r} cell of {cells['name']!r} is {text!r}, not a number") from None
+            raise ValueError(f"its {c!r} cell of {cells['name']!r} is {text[:40]!r}, not a number") from None
     return Evidence(**values)
+
+
+def _count(text: str) -> int:
+    """A whole count (`whole_number`); ValueError for anything else ("²", "1e3", 5,000 digits)."""
+    value = whole_number(text)
+    if value is None or value < 0:
+        raise ValueError(text)
+    return value
 
 
 def summed(ev: Evidence, before: Evidence) -> Evidence:
@@ -320,24 +328,45 @@ def find_earlier_wandb(log_dir: str) -> Earlier | str:
 
 
 def _read_earlier(read: Callable[[], RunData], log_dir: str, run_id: str) -> Earlier | str:
-    """The earlier run's report, segment count and `gradlog/segment` table, as `read` returns the run."""
+    """The earlier run's report, segment count and `gradlog/segment` table, as `read` returns the run.
+
+    The earlier run's files are read at `GradLogger()`, inside the training script: damage there (a cell no
+    reader expected, an overflow) must cost the continuation, never the run, so whatever the reading raises
+    becomes the reason a new run starts (the caller warns once)."""
     try:
-        run = read()
+        return _earlier_from(read(), log_dir, run_id)
     except BadRun as exc:
         return f"{log_dir!r} cannot be read as one gradlog run ({exc})"
+    except Exception as exc:  # a damaged run file: a new run starts beside it, with the reason said
+        return f"the run in {log_dir!r} cannot be read ({type(exc).__name__}: {exc})"
+
+
+def _earlier_from(run: RunData, log_dir: str, run_id: str) -> Earlier | str:
+    """`_read_earlier` on the run read back."""
     report = closed_report(run)
     table = run.tables.get(names.SEGMENT)
     if report is None or table is None:
         return f"the run in {log_dir!r} wrote no gradlog/segment table (it was killed before its first table)"
     summary = run.summary()
-    if run.provisional_step is not None and not summary.get("optimizer_steps", "").isdigit():
-        report.optimizer_steps = run.provisional_step + 1
-    segments = int(summary["segment"]) if summary.get("segment", "").isdigit() else 1
+    if whole_number(summary.get("optimizer_steps", "")) is None:  # not written yet, or damaged
+        report.optimizer_steps = _steps_taken(run)
+    segment = whole_number(summary.get("segment", ""))
+    segments = segment if segment is not None and segment >= 0 else 1
     try:
         shapes, last, counts = _segment_table(*table)
     except ValueError as exc:
         return f"the run in {log_dir!r} has an unreadable gradlog/segment table ({exc})"
     return Earlier(log_dir, run_id, report, segments, shapes, last, counts)
+
+
+def _steps_taken(run: RunData) -> int:
+    """The earlier run's optimizer steps when its summary does not say (it never closed, or the cell is
+    damaged: 10**30 would overflow every event step of this segment): as of its provisional tables, else
+    one past its last measured step."""
+    if run.provisional_step is not None:
+        return run.provisional_step + 1
+    steps = series_steps(run)
+    return max(steps) + 1 if steps else 0
 
 
 def _segment_table(
@@ -352,8 +381,8 @@ def _segment_table(
         if shape is None or not cells["name"]:
             continue
         shapes[cells["name"]] = shape
-        step = cells["last_update_step"] or "-1"
-        last[cells["name"]] = int(step) if step.lstrip("-").isdigit() else -1
+        step = whole_number(cells["last_update_step"])
+        last[cells["name"]] = step if step is not None else -1
         counts[cells["name"]] = _counts(cells)
     return shapes, last, counts
 

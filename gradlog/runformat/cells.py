@@ -65,6 +65,20 @@ def parse_shape(cell: str) -> tuple[int, ...] | None:
         return None
 
 
+#: The largest magnitude a step or count read from a run file may have: what an int64 event step holds.
+_INT64_DIGITS = 18
+
+
+def whole_number(text: str) -> int | None:
+    """A step or count cell read from a run file: an optional "-" and ASCII digits that fit an int64, else
+    None. `str.isdigit` is not enough: "²" and "٣" pass it and `int("²")` raises; "--5".lstrip("-") passes
+    it too. A 5,000-digit cell would cost int() time and a 30-digit one overflows the arrays it goes into."""
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= _INT64_DIGITS):
+        return None
+    return int(text)
+
+
 def summary_value(text: str) -> Any:
     """A summary cell as W&B stores it: numbers and booleans show better as themselves."""
     if text in ("True", "False"):

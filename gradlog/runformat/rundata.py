@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradlog.runformat import names, tags
+from gradlog.runformat.cells import whole_number
 from gradlog.runformat.points import Series
 
 Table = tuple[list[str], list[list[str]]]
@@ -72,8 +73,8 @@ def settle_provisional(run: RunData) -> RunData:
         return run
     for n, table in provisional.items():
         run.tables[names.final(n)] = table
-    step = run.summary().get("as_of_step", "")
-    run.provisional_step = int(step) if step.lstrip("-").isdigit() else -1
+    step = whole_number(run.summary().get("as_of_step", ""))
+    run.provisional_step = step if step is not None else -1
     return run
 
 

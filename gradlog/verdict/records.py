@@ -82,11 +82,14 @@ def cell(format_: Cell, shown: bool = True, **kwargs: Any) -> Any:
 
 
 def lenient_int(text: str, default: int = 0) -> int:
-    """A count from a cell: a damaged one reads as `default` (the row is still worth reading)."""
+    """A count from a cell: a damaged one reads as `default` (the row is still worth reading), and so does one
+    beyond an int64 (no step or count gradlog writes is: a table from disk is untrusted, and such a count
+    overflows the event steps and arrays it goes into)."""
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         return default
+    return value if -(2**63) <= value < 2**63 else default
 
 
 _DIMS = {v: k for k, v in DIM_NAMES.items()}
@@ -168,7 +171,9 @@ def parse_ranges(text: str, limit: int | None = None) -> tuple[int, ...]:
         a = int(lo)
         b = int(hi) if sep else a
         if b < a:
-            raise ValueError(f"bad index range {part!r}")
+            raise ValueError(f"bad index range {part[:40]!r}")
+        if a < 0 or b >= 2**63:  # the int64 indices every slice table is built from; int() takes "-0" and "+5"
+            raise ValueError(f"index range {part[:40]!r} is outside 0..2**63-1")
         if limit is not None and len(out) + (b - a + 1) > limit:
             raise ValueError(f"index range {part[:40]!r} holds more than {limit} indices")
         out.extend(range(a, b + 1))

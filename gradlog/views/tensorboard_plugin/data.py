@@ -375,7 +375,10 @@ def packed_matrices(points: Sequence[tuple[int, Any]], n: int) -> tuple[list[int
     steps = sorted(by_step)
     full = np.full((len(PACKED), n, len(steps)), NOT_MEASURED, dtype=np.float32)
     for j, step in enumerate(steps):
-        arr = np.asarray(by_step[step], dtype=np.float32).reshape(len(PACKED), -1)
+        try:  # a damaged step (not numbers, not a whole row per metric) stays not measured
+            arr = np.asarray(by_step[step], dtype=np.float32).reshape(len(PACKED), -1)
+        except (ValueError, TypeError):
+            continue
         m = min(n, arr.shape[1])
         full[:, :m, j] = arr[:, :m]
     return steps, {metric: full[i] for i, metric in enumerate(PACKED)}

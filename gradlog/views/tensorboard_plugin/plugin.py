@@ -106,16 +106,14 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         wanted = list(listing.get(run, {}))
         if not wanted:
             return {}
-        got = self._provider.read_tensors(
-            ctx,
-            experiment_id=eid,
-            plugin_name=plugin,
-            downsample=1,
-            run_tag_filter=provider.RunTagFilter(runs=[run], tags=wanted),
-        )
+        got = dict(_tensors(self._provider, ctx, eid, plugin, 1, provider.RunTagFilter(runs=[run], tags=wanted)))
+        if not got:  # a damaged tag: read them one at a time, so that it loses itself and not the others
+            for tag in wanted:
+                one = _tensors(self._provider, ctx, eid, plugin, 1, provider.RunTagFilter(runs=[run], tags=[tag]))
+                got = {run: {**got.get(run, {}), **one.get(run, {})}}
         out = {}
         for tag, points in got.get(run, {}).items():
-            if points:
+            if points and points[-1].numpy.size:
                 value = points[-1].numpy
                 raw = value.item() if value.shape == () else value.reshape(-1)[0]
                 out[tag] = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
@@ -132,14 +130,10 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         tags = [t for t in listing.get(run, {}) if t.startswith(PACK_TAG)]
         if not tags or not names:
             return None
-        got = self._provider.read_tensors(
-            ctx,
-            experiment_id=eid,
-            plugin_name=PLUGIN_NAME,
-            downsample=_ALL,
-            run_tag_filter=provider.RunTagFilter(runs=[run], tags=tags),
-        )
+        got = _tensors(self._provider, ctx, eid, PLUGIN_NAME, _ALL, provider.RunTagFilter(runs=[run], tags=tags))
         points = [(d.step, d.numpy) for pts in got.get(run, {}).values() for d in pts]
+        if not points:  # unreadable (a damaged event file): the per-tensor scalars say the same, slower
+            return None
         return data.packed_matrices(points, len(names))
 
     def _tables(self, ctx: RequestContext, eid: str, run: str) -> dict[str, data.Table]:
@@ -200,7 +194,7 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
             "names": names,
             "metrics": [m for m in data.METRICS if any(t.startswith(data.metric_prefix(m)) for t in tags)],
             "scales": data.METRICS,
-            "run_level": {t: pts[-1] for t, pts in run_level.items() if pts},
+            "run_level": {t: [pts[-1][0], _json_float(pts[-1][1])] for t, pts in run_level.items() if pts},
         }
         return _respond(request, json.dumps(body, allow_nan=False, default=str), "application/json")
 
@@ -241,6 +235,26 @@ class GradlogPlugin(base_plugin.TBPlugin):  # type: ignore[misc]  # tensorboard 
         series = self._read(ctx, eid, run, list(wanted))
         body = {wanted[t]: [[s, _json_float(v)] for s, v in pts] for t, pts in series.items()}
         return _respond(request, json.dumps(body, allow_nan=False), "application/json")
+
+
+def _tensors(
+    source: provider.DataProvider,
+    ctx: RequestContext,
+    eid: str,
+    plugin: str,
+    downsample: int,
+    tags: provider.RunTagFilter,
+) -> Mapping[str, Mapping[str, Sequence[Any]]]:
+    """`read_tensors`, empty where TensorBoard cannot convert what a run file holds: its reader turns every
+    point into an array as it is read, and a damaged or crafted tensor (a shape its values do not fill, a
+    dtype it does not know) raises there. The tab then shows what else it has instead of an error 500."""
+    try:
+        got: Mapping[str, Mapping[str, Sequence[Any]]] = source.read_tensors(
+            ctx, experiment_id=eid, plugin_name=plugin, downsample=downsample, run_tag_filter=tags
+        )
+    except (ValueError, TypeError):
+        return {}
+    return got
 
 
 def _wsgi(handler: Callable[[wrappers.Request], wrappers.Response]) -> Callable[..., Any]:
