@@ -1449,3 +1449,27 @@ class SaturatedGate(nn.Module):
         h = torch.relu(self.a(x))
         out: torch.Tensor = self.head(h * torch.sigmoid(self.gate(x)) + h)
         return out
+
+
+class _NoGradEncoder(nn.Linear):
+    """A Linear whose forward a decorator runs under no_grad (marked): what it computes has no graph."""
+
+    @torch.no_grad()  # planted: decorator
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = super().forward(x)  # planted: call
+        return out
+
+
+class DecoratedEncoder(nn.Module):
+    """`enc` (8->8) then `head` (8->3). `decorated=True` makes `enc` a `_NoGradEncoder`, whose forward carries
+    ``@torch.no_grad()``: `enc.*` get grad None at every step, cut inside that forward by the decorator, not by a
+    ``with`` block; False (a plain Linear) is the healthy twin."""
+
+    def __init__(self, decorated: bool = True) -> None:
+        super().__init__()
+        self.enc = _NoGradEncoder(8, 8) if decorated else nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.relu(self.enc(x)))
+        return out

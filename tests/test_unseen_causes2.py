@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import DeadLayer, GatedBranch, IdsByMicroBatch, LooseParameters, SaturatedGate, planted_site
+from catalogue import (
+    DeadLayer,
+    DecoratedEncoder,
+    GatedBranch,
+    IdsByMicroBatch,
+    LooseParameters,
+    SaturatedGate,
+    planted_site,
+)
 from torch import nn
 
 import gradlog
@@ -316,6 +324,28 @@ def test_a_sam_like_second_pass_is_not_a_cleared_accumulation() -> None:
 
     report, same, _ = _run(model, opt, step)
     assert not same and report.healthy and not report.accumulation, report.table()
+
+
+# --- a forward decorated with @torch.no_grad() ----------------------------------------------------------------
+@pytest.mark.parametrize("decorated", [True, False])
+def test_a_forward_decorated_with_no_grad_names_the_decorator(decorated: bool) -> None:
+    """Before: "cut at <forward's line> by `linear` run under torch.no_grad(); fix: move this call out of the
+    torch.no_grad() block": there is no block, the decorator is the cause. Now the decorator's line, and its fix."""
+    torch.manual_seed(0)
+    model = DecoratedEncoder(decorated)
+    report, same, _ = _run(model, torch.optim.SGD(model.parameters(), lr=0.1), _classify(model))
+    if not decorated:
+        assert not same and report.healthy, report.table()
+        return
+    assert same == {"enc.weight", "enc.bias"}
+    got = _details(report)
+    assert set(got) == same and {r for r, _ in got.values()} == {Reason.NO_GRAD}
+    encoder = type(model.enc)  # catalogue's _NoGradEncoder
+    call, deco = planted_site(encoder, "call"), planted_site(encoder, "decorator")
+    for _, detail in got.values():
+        assert f"{call} (`out: torch.Tensor = super().forward(x)`) by `linear` run under torch.no_grad()" in detail
+        assert "(by the decorator at " in detail and f"{deco} (`@torch.no_grad()`))" in detail, detail
+        assert "fix: remove `@torch.no_grad()` from this function" in detail and "block" not in detail
 
 
 # --- found right before, and no test had them ---------------------------------------------------------------------

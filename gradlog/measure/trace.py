@@ -113,6 +113,7 @@ class Cut:
     site: Site | None
     seq: int = 0  # its place among the step's torch calls: the last cut is the nearest the loss
     module: str = ""  # the innermost module of the model whose forward made the call ("3 (ReLU)"), "" outside one
+    decorator: Site | None = None  # the @torch.no_grad() / @torch.inference_mode() line the call ran under
 
     def what(self) -> str:
         """The cut in words: "`.detach()`", "`linear` under torch.no_grad()"."""
@@ -137,13 +138,18 @@ class Cut:
             "where_unchosen": f"`{self.op}`{self._in()} whose condition chose the other branch everywhere (this "
             "branch's gradient is zero)",
         }
-        return words.get(self.kind, f"`{self.op}`")
+        said = words.get(self.kind, f"`{self.op}`")
+        if self.decorator is not None and self.kind in ("no_grad", "inference_mode"):
+            said += f" (by the decorator at {self.decorator.quoted()})"
+        return said
 
     def _in(self) -> str:
         return f" in module `{self.module}`" if self.module else ""
 
     def fix(self) -> str:
         """What to change there, in one line."""
+        if self.decorator is not None and self.kind in ("no_grad", "inference_mode"):
+            return f"remove `{self.decorator.code}` from this function: it runs every call in it without a graph"
         return {
             "detach": "remove the .detach() (a straight-through estimator keeps a path: x + (q - x).detach())",
             "data": "use the tensor itself, not its .data",
@@ -250,6 +256,31 @@ def user_site(skip: Iterable[str] = ()) -> Site | None:
     """The user's line: from the caller outwards, the first frame outside torch and gradlog (and `skip`),
     preferring one outside installed libraries (site-packages), so that a cut inside a Hugging Face model
     under the user's torch.no_grad() names the user's call, not transformers' line."""
+    frame = _user_frame(skip)
+    if frame is None:
+        return None
+    path = frame.f_code.co_filename
+    code = linecache.getline(path, frame.f_lineno).split("  #")[0].strip()  # the statement, not its comment
+    code = code if len(code) <= 80 else code[:77] + "..."
+    return Site(_shown(path), frame.f_lineno, code)
+
+
+def grad_decorator() -> Site | None:
+    """The ``@torch.no_grad()`` / ``@torch.inference_mode()`` line that decorates the user's function now running
+    (the frame `user_site` names), or None: a cut under it comes from the decorator, not from a block."""
+    frame = _user_frame(())
+    if frame is None:
+        return None
+    path, line = frame.f_code.co_filename, frame.f_code.co_firstlineno  # a decorated def's first decorator
+    while (text := linecache.getline(path, line).split("#")[0].strip()).startswith("@"):
+        if "no_grad" in text or "inference_mode" in text:
+            return Site(_shown(path), line, text)
+        line += 1
+    return None
+
+
+def _user_frame(skip: Iterable[str]) -> types.FrameType | None:
+    """The first frame outside torch and gradlog (and `skip`), preferring one outside installed libraries."""
     frame: types.FrameType | None = sys._getframe(1)
     dirs = (_TORCH_DIR, _GRADLOG_DIR, *skip)
     fallback: types.FrameType | None = None
@@ -260,13 +291,7 @@ def user_site(skip: Iterable[str] = ()) -> Site | None:
                 break
             fallback = fallback or frame
         frame = frame.f_back
-    frame = frame or fallback
-    if frame is None:
-        return None
-    path = frame.f_code.co_filename
-    code = linecache.getline(path, frame.f_lineno).split("  #")[0].strip()  # the statement, not its comment
-    code = code if len(code) <= 80 else code[:77] + "..."
-    return Site(_shown(path), frame.f_lineno, code)
+    return frame or fallback
 
 
 #: the distributed wrappers' own code (DDP, FSDP, DTensor's sharding, collectives): its calls are no part of the step
@@ -604,7 +629,8 @@ class StepTrace:
             if kind == "where_unchosen":  # only the branch the condition never chose gets the zero gradient
                 side = args[_where_unchosen(args, kwargs) or 0]
                 graded = [side] if isinstance(side, torch.Tensor) and side.requires_grad else []
-            cut = Cut(kind, name, user_site(), self._seen, self._module_now())
+            deco = grad_decorator() if kind in ("no_grad", "inference_mode") else None
+            cut = Cut(kind, name, user_site(), self._seen, self._module_now(), deco)
             self._cuts.append((cut, [t.grad_fn if t.grad_fn is not None else t for t in graded]))
             if kind == "dead_relu":
                 self._dead[id(outs[0])] = (outs[0], cut)
