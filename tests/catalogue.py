@@ -1473,3 +1473,28 @@ class DecoratedEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(torch.relu(self.enc(x)))
         return out
+
+
+class PaddedTokens(nn.Module):
+    """Token embeddings (`emb`, 20x8) averaged into a `head` (8->3), with `padding_idx` (marked). `batch(step)`:
+    16 sequences of 6 ids where id 1 is a frequent real token (every other position) and id 0 pads the last 0-2
+    positions. padding_idx=1 plants the bug (a real token's row never learns, said "by design"); padding_idx=0,
+    the true padding, is the healthy twin (its row is the note)."""
+
+    def __init__(self, padding_idx: int = 1) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8, padding_idx=padding_idx)  # planted: padding_idx
+        self.head = nn.Linear(8, 3)
+
+    @staticmethod
+    def batch(step: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(step)
+        ids = torch.randint(2, 20, (16, 6), generator=gen)
+        ids[:, ::2] = 1
+        for row, pad in enumerate(torch.randint(0, 3, (16,), generator=gen).tolist()):
+            ids[row, 6 - pad :] = 0
+        return ids
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.emb(ids).mean(1))
+        return out

@@ -21,6 +21,7 @@ from catalogue import (
     GatedBranch,
     IdsByMicroBatch,
     LooseParameters,
+    PaddedTokens,
     SaturatedGate,
     planted_site,
 )
@@ -234,6 +235,29 @@ def test_an_exponential_decay_that_vanishes_the_updates_is_named(gamma: float) -
         assert "times below its start, so the updates vanish: check its factor" in rec.detail
 
 
+@pytest.mark.parametrize("warmup", [1e7, 5.0])
+def test_a_warm_up_longer_than_the_run_names_its_lambda(warmup: float) -> None:
+    """AdamW 1e-3 under `LambdaLR(lambda s: min(1, s / 1e7))`: after 30 steps the lr is 3e-9 and most entries'
+    updates round away (`partly.tiny_update` notes, the verdict OK as before). Before, each note ended "or the lr
+    far too small"; now it names the LambdaLR's lambda by its line and how far it holds the lr below its start.
+    A 5-step warm-up is the healthy twin (no record)."""
+    torch.manual_seed(0)
+    model = DeadLayer(0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / warmup))  # planted: warmup
+    report, same, _ = _run(model, opt, _classify(model), lambda s: sched.step())
+    assert not same and report.healthy
+    tiny = [r for r in report.partly_updated if r.reason == Reason.TINY_UPDATE]
+    if warmup < 10:
+        assert not tiny, report.table()
+        return
+    assert tiny
+    for rec in tiny:
+        assert "its lr comes from LambdaLR(lr_lambda at " in rec.detail, rec.detail
+        assert f"{_site_here('warmup')} (`sched = torch.optim.lr_scheduler.LambdaLR(" in rec.detail
+        assert "times below its start, so the updates vanish: check its factor (a warm-up longer" in rec.detail
+
+
 # --- a second optimizer that is never stepped ---------------------------------------------------------------------
 @pytest.mark.parametrize("stepped", [False, True])
 def test_a_layer_in_a_second_optimizer_never_stepped_is_named(stepped: bool) -> None:
@@ -346,6 +370,33 @@ def test_a_forward_decorated_with_no_grad_names_the_decorator(decorated: bool) -
         assert f"{call} (`out: torch.Tensor = super().forward(x)`) by `linear` run under torch.no_grad()" in detail
         assert "(by the decorator at " in detail and f"{deco} (`@torch.no_grad()`))" in detail, detail
         assert "fix: remove `@torch.no_grad()` from this function" in detail and "block" not in detail
+
+
+# --- padding_idx set to a frequent real token ---------------------------------------------------------------
+@pytest.mark.parametrize("padding_idx", [1, 0])
+def test_a_real_token_as_padding_idx_is_said_with_its_evidence(padding_idx: int) -> None:
+    """`nn.Embedding(padding_idx=1)` where 1 is half of every sequence's tokens. Before: the note "the embedding's
+    padding_idx row, never updated by design" (true of padding, not of a real token). Now the same note adds what
+    the first batch showed: id 1's share and the sequences it sat inside, and the fix. padding_idx=0, the ids that
+    do pad the sequences' ends, keeps the plain note."""
+    torch.manual_seed(0)
+    model = PaddedTokens(padding_idx)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(s: int) -> None:
+        ids = model.batch(s)
+        nn.functional.cross_entropy(model(ids), ids[:, 1] % 3).backward()
+
+    report, _, _ = _run(model, opt, step)
+    (rec,) = report.partly_updated
+    assert rec.reason == Reason.PADDING_IDX and rec.indices == (padding_idx,) and report.healthy
+    if padding_idx == 0:
+        assert rec.detail.endswith("never updated by design"), rec.detail
+        return
+    share = float((model.batch(0) == 1).float().mean())  # the first batch, counted here
+    said = f"; but id 1 was {share:.0%} of the first batch's ids and sat between other ids in 16 of 16 sequences"
+    assert said in rec.detail, rec.detail
+    assert "fix: pass the padding id your tokenizer uses" in rec.detail
 
 
 # --- found right before, and no test had them ---------------------------------------------------------------------

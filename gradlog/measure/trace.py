@@ -1001,9 +1001,13 @@ class PassWatch:
             register_module_forward_pre_hook(self._forward),
             register_optimizer_step_pre_hook(self._stepping),
         ]
-        for pid, p in self._params.items():
-            if p.requires_grad and p.is_leaf:
-                self._handles.append(p.register_post_accumulate_grad_hook(self._wrote(pid)))
+        try:
+            for pid, p in self._params.items():
+                if p.requires_grad and p.is_leaf:
+                    self._handles.append(p.register_post_accumulate_grad_hook(self._wrote(pid)))
+        except Exception:  # a tensor that takes no hook: no watch, and nothing left behind
+            self.close()
+            raise
 
     def _wrote(self, pid: int) -> Callable[[torch.Tensor], None]:
         def hook(p: torch.Tensor) -> None:
@@ -1064,4 +1068,64 @@ class PassWatch:
         self.done = True
         for h in self._handles:
             h.remove()
+        self._handles.clear()
+
+
+@dataclass(frozen=True)
+class PaddingUse:
+    """How the first batch used an embedding's padding_idx: its share of the ids, and in how many of the
+    sequences (rows of 2-D or deeper ids) it sat between other ids, where padding never sits."""
+
+    padding_idx: int
+    share: float
+    inside: int  # sequences with the padding id between two other ids
+    rows: int
+
+
+def padding_use(ids: Any, padding_idx: int) -> PaddingUse | None:
+    """`PaddingUse` of one batch of ids; None for ids it cannot read (floats, an empty batch, one sequence)."""
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dim() < 2 or not ids.numel():
+        return None
+    with torch.no_grad():
+        rows = ids.reshape(-1, ids.shape[-1])
+        pad = rows == padding_idx
+        pos = torch.arange(rows.shape[1], device=rows.device).expand_as(rows)
+        big = rows.shape[1]
+        first = torch.where(~pad, pos, big).min(1).values.unsqueeze(1)
+        last = torch.where(~pad, pos, -1).max(1).values.unsqueeze(1)
+        inside = int((pad & (pos > first) & (pos < last)).any(1).sum())
+        return PaddingUse(padding_idx, float(pad.float().mean()), inside, rows.shape[0])
+
+
+class PaddingWatch:
+    """The first forward of each embedding of the model with a padding_idx: how its batch used that id
+    (`found`, by module name). Its row never learns by design, which is right for padding and wrong for a
+    real token: padding sits at a sequence's start or end, a token between others is a real one. One forward
+    pre-hook per such embedding, removed after its first call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.found: dict[str, PaddingUse] = {}
+        self._handles: dict[str, RemovableHandle] = {}
+        for name, m in model.named_modules():
+            pad = getattr(m, "padding_idx", None)
+            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and isinstance(pad, int):
+                self._handles[name] = m.register_forward_pre_hook(self._first(name, pad))
+
+    def _first(self, name: str, pad: int) -> Callable[[nn.Module, Any], None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            handle = self._handles.pop(name, None)
+            if handle is not None:
+                handle.remove()  # a module's own hook dict, not the one torch iterates now (a copy is taken)
+            try:
+                use = padding_use(args[0] if args else None, pad)  # torch keeps it >= 0 (a negative one counted)
+            except Exception:  # advice: ids it cannot read say nothing
+                return
+            if use is not None:
+                self.found[name] = use
+
+        return hook
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.remove()
         self._handles.clear()

@@ -19,7 +19,7 @@ from gradlog.measure.engines import attach
 from gradlog.measure.meter import Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
-from gradlog.measure.trace import OnceTrace, PassWatch, starved
+from gradlog.measure.trace import OnceTrace, PaddingWatch, PassWatch, starved
 from gradlog.run.lifecycle import clip_grad_norm_, close, log
 from gradlog.run.measuring import IDLE_LOG_CALLS, Pipeline
 from gradlog.run.options import (
@@ -41,6 +41,7 @@ from gradlog.run.resume import Continuation, open_run
 from gradlog.verdict.accumulation import AccumulationCleared, from_passes
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.judge import plural
+from gradlog.verdict.knobs import explain_padding
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.located import locate, not_registered, traced_hint
 from gradlog.verdict.policy import Policy, PolicyLike
@@ -173,8 +174,13 @@ class GradLogger:
         self._registration = lifecycle.register(self, model)
         #: one step traced for the report's causes: the cut's line, tensors outside the model (issue 39)
         self._once = OnceTrace(model, optimizer)
+        #: how the first batch used each embedding's padding_idx (a real token as padding: bugs3)
+        self._padding = PaddingWatch(model)
         #: the first optimizer step's backward() passes, for gradients cleared between them (bugs3)
-        self._passes = PassWatch(optimizer, self.pipeline.steps) if optimizer is not None else None
+        self._passes: PassWatch | None = None
+        if optimizer is not None:
+            with contextlib.suppress(Exception):  # advice: a tensor that takes no hook leaves the run unwatched
+                self._passes = PassWatch(optimizer, self.pipeline.steps)
         if zero is not None:
             self._once.disable()
             if self._passes is not None:  # ZeRO moves the gradients between backward() and step() too
@@ -389,7 +395,13 @@ class GradLogger:
 
     def _cleared_passes(self, report: Report) -> Report:
         """The report with the accumulation whose gradients were cleared between passes, where the first optimizer
-        step showed one (`gradlog.measure.trace.PassWatch`)."""
+        step showed one (`gradlog.measure.trace.PassWatch`), and the evidence against a padding_idx row that the
+        first batch used as a real token (`PaddingWatch`)."""
+        self._padding.close()
+        if self._padding.found:
+            report = dataclasses.replace(
+                report, partly_updated=explain_padding(report.partly_updated, self._padding.found)
+            )
         watch = self._passes
         if watch is None:
             return report

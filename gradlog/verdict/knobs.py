@@ -1,5 +1,6 @@
 """The knob behind a record: the learning-rate scheduler that set a param group's lr to 0 (or far below its
-start), and the other optimizer that holds a tensor left out of the one gradlog watches.
+start), the other optimizer that holds a tensor left out of the one gradlog watches, and an embedding's
+padding_idx that the batches use as a real token.
 
 A record that says "lr of param group 0 is 0 since step 10 (a scheduler?)" leaves the user to guess which
 scheduler and which of its arguments; one that says "in no optimizer param group (added after the optimizer was
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from gradlog.measure.trace import _code_site
+from gradlog.measure.trace import PaddingUse, _code_site
 from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Reason, Stalled
 
 R = TypeVar("R", NeverUpdated, Stalled, PartlyUpdated)
@@ -194,4 +195,24 @@ def explain_left_out(
             "gradlog watches (a GradLogger watches one optimizer: give the other its own)"
         )
         out.append(dataclasses.replace(rec, detail=detail + said))
+    return out
+
+
+def explain_padding(records: Sequence[PartlyUpdated], found: Mapping[str, PaddingUse]) -> list[PartlyUpdated]:
+    """`records` with the evidence against a `padding_idx` row that the first batch used as a real token: its id
+    between other ids in at least half of the sequences (and two), where padding never sits. `found`: the
+    embedding's module name -> how the first batch used its padding id (`gradlog.measure.trace.PaddingWatch`)."""
+    out = []
+    for rec in records:
+        use = found.get(rec.name.rsplit(".", 1)[0]) if rec.reason == Reason.PADDING_IDX else None
+        if use is None or use.inside < 2 or 2 * use.inside < use.rows:
+            out.append(rec)
+            continue
+        said = (
+            f"; but id {use.padding_idx} was {use.share:.0%} of the first batch's ids and sat between other ids in "
+            f"{use.inside} of {use.rows} sequences, where padding never sits (it fills a sequence's start or end): "
+            f"if {use.padding_idx} is a real token, padding_idx={use.padding_idx} keeps its row from learning; fix: "
+            "pass the padding id your tokenizer uses (tokenizer.pad_token_id)"
+        )
+        out.append(dataclasses.replace(rec, detail=rec.detail + said))
     return out
