@@ -1338,3 +1338,163 @@ class TwoHeadLoss(nn.Module):
         loss_b = nn.functional.mse_loss(self.b(h).squeeze(1), x[:, 0])
         out: torch.Tensor = loss_a + self.b_weight * loss_b  # planted: times_zero
         return out
+
+
+# --- bugs3: more causes no test planted (tests/test_unseen_causes2.py) ----------------------------------------
+class GatedBranch(nn.Module):
+    """`a` (8->8) and a branch `b` (8->8) summed into `head` (8->3); `cut` says how forward silences the branch,
+    each on its own marked line: "where" (``torch.where`` whose condition is True everywhere: `b` is never
+    chosen), "dropout" (``nn.Dropout(p=1.0)``: every element dropped), "mask" (a mask built with the wrong
+    comparison, all zeros), or "none", the healthy twin (the same where, dropout p=0.1 and mask, chosen right).
+    With a cut, `b.weight` and `b.bias` get an exactly zero gradient at every step; the rest learns."""
+
+    def __init__(self, cut: str = "none") -> None:
+        super().__init__()
+        self.cut = cut
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+        self.drop = nn.Dropout(1.0 if cut == "dropout" else 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.relu(self.a(x)), self.b(x)
+        if self.cut == "where":
+            h = torch.where(x.abs() < 1e6, a, b)  # planted: where
+        elif self.cut == "dropout":
+            h = a + self.drop(b)  # planted: dropout
+        elif self.cut == "mask":
+            h = a + b * (x > 1e6).float()  # planted: mask
+        else:
+            h = torch.where(x > 0, a, b) + self.drop(b) * (x > 0).float()
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+class DeadLayer(nn.Module):
+    """`inp` (8->16), ReLU, `mid` (16->16), ReLU, `head` (16->3). `bias` initialises `mid.bias` (marked): -100
+    drives every `mid` unit below 0 for inputs of this scale, so the ReLU after it outputs zeros only: `inp.*` and
+    `mid.*` get a zero gradient through it and `head.weight` reads only zeros (`head.bias` learns); 0 is the
+    healthy twin."""
+
+    def __init__(self, bias: float = -100.0) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.mid = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+        with torch.no_grad():
+            self.mid.bias.fill_(bias)  # planted: bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.relu(self.mid(torch.relu(self.inp(x)))))
+        return out
+
+
+class IdsByMicroBatch(nn.Module):
+    """An embedding (`emb`, 40x8) and a `head` (8->3) for gradient accumulation over 4 micro-batches, micro-batch m
+    holding ids 10m..10m+9 only (`ids(step, m)`): with ``zero_grad()`` inside the accumulation loop only micro-batch
+    3's gradient reaches step(), so rows 0-29 never change although every id was in a batch; with it once per
+    optimizer step (the healthy twin) every row learns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(40, 8)
+        self.head = nn.Linear(8, 3)
+
+    @staticmethod
+    def ids(step: int, micro: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(step * 4 + micro)
+        return torch.randint(micro * 10, micro * 10 + 10, (16,), generator=gen)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.emb(ids))
+        return out
+
+
+class LooseParameters(nn.Module):
+    """Two 8x8 matrices applied in turn, then a `head` (8->3). `holder` "list" or "dict" plants the bug: the matrices
+    are nn.Parameters in a plain Python list (`ws[0]`, `ws[1]`) or dict (`ws['a']`, `ws['b']`), used and given
+    gradients but no parameters of the model (`not_registered`); "parameterlist" is the healthy twin."""
+
+    def __init__(self, holder: str = "parameterlist") -> None:
+        super().__init__()
+        made = [nn.Parameter(torch.randn(8, 8) * 0.3) for _ in range(2)]
+        if holder == "list":
+            self.ws: Any = made  # planted: list
+        elif holder == "dict":
+            self.ws = {"a": made[0], "b": made[1]}  # planted: dict
+        else:
+            self.ws = nn.ParameterList(made)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.ws.values() if isinstance(self.ws, dict) else self.ws:
+            x = torch.relu(x @ w)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+class SaturatedGate(nn.Module):
+    """`a` (8->16) gated by sigmoid(`gate`(x)) plus a residual, then `head`: `gate.bias` at `bias` (-40, marked)
+    saturates the sigmoid, whose derivative (~4e-18) leaves `gate.*` gradients far below fp32's resolution of their
+    values under SGD (`tiny_update`); bias 0 is the healthy twin."""
+
+    def __init__(self, bias: float = -40.0) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.gate = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 3)
+        nn.init.constant_(self.gate.bias, bias)  # planted: saturated
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        out: torch.Tensor = self.head(h * torch.sigmoid(self.gate(x)) + h)
+        return out
+
+
+class _NoGradEncoder(nn.Linear):
+    """A Linear whose forward a decorator runs under no_grad (marked): what it computes has no graph."""
+
+    @torch.no_grad()  # planted: decorator
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = super().forward(x)  # planted: call
+        return out
+
+
+class DecoratedEncoder(nn.Module):
+    """`enc` (8->8) then `head` (8->3). `decorated=True` makes `enc` a `_NoGradEncoder`, whose forward carries
+    ``@torch.no_grad()``: `enc.*` get grad None at every step, cut inside that forward by the decorator, not by a
+    ``with`` block; False (a plain Linear) is the healthy twin."""
+
+    def __init__(self, decorated: bool = True) -> None:
+        super().__init__()
+        self.enc = _NoGradEncoder(8, 8) if decorated else nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.relu(self.enc(x)))
+        return out
+
+
+class PaddedTokens(nn.Module):
+    """Token embeddings (`emb`, 20x8) averaged into a `head` (8->3), with `padding_idx` (marked). `batch(step)`:
+    16 sequences of 6 ids where id 1 is a frequent real token (every other position) and id 0 pads the last 0-2
+    positions. padding_idx=1 plants the bug (a real token's row never learns, said "by design"); padding_idx=0,
+    the true padding, is the healthy twin (its row is the note)."""
+
+    def __init__(self, padding_idx: int = 1) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8, padding_idx=padding_idx)  # planted: padding_idx
+        self.head = nn.Linear(8, 3)
+
+    @staticmethod
+    def batch(step: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(step)
+        ids = torch.randint(2, 20, (16, 6), generator=gen)
+        ids[:, ::2] = 1
+        for row, pad in enumerate(torch.randint(0, 3, (16,), generator=gen).tolist()):
+            ids[row, 6 - pad :] = 0
+        return ids
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.emb(ids).mean(1))
+        return out

@@ -21,6 +21,7 @@ import gradlog
 from gradlog.cli.entry import main
 from gradlog.readers.run import load, parse_markdown_table
 from gradlog.runformat.cells import table_cells
+from gradlog.verdict.accumulation import AccumulationCleared
 from gradlog.verdict.policy import DEFAULTS, Policy
 from gradlog.verdict.records import FINDINGS, INT, SHARE, TEXT, Case, Record, cell, ranges
 from gradlog.verdict.report import (
@@ -48,6 +49,7 @@ WRITTEN = {
     "experts": ["layer", "state", "experts", "idle", "total", "since_step", "reason", "detail"],
     "precision": ["name", "dtype", "mean_frac", "max_frac", "steps", "detail", "early_frac"],
     "weight_decay": ["name", "group", "lr", "weight_decay", "product", "steps", "of", "since_step", "detail"],
+    "accumulation": ["name", "step", "passes", "cleared", "detail"],
     "alerts": ["step", "kind", "name", "detail"],
 }
 
@@ -61,6 +63,7 @@ SAMPLES: list[Record] = [
     IdleExperts("moe.experts", "stopped", (1, 2, 3), 8, 7, Reason.NOT_ROUTED, "no token"),
     PrecisionLoss("w16", "torch.bfloat16", 0.125, 0.5, 7, "rounded away"),
     WeightDecayWipe("fc.weight", 1, 0.01, 100.0, 1.0, 4, 6, 8, "wiped"),
+    AccumulationCleared("train.py:41", 0, 4, 3, "cleared"),
     Alert(4, "update_ratio_high", "fc.weight", "high"),
 ]
 
@@ -74,6 +77,7 @@ def test_the_columns_are_the_run_formats() -> None:
         "gradlog/experts",
         "gradlog/precision",
         "gradlog/weight_decay",
+        "gradlog/accumulation",
     )
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
@@ -62,8 +63,16 @@ _COMPARISONS = frozenset(
 #: calls on a tensor that read no value (shapes, dtypes, devices, printing): never a cut
 _NO_VALUE = frozenset({"size", "dim", "numel", "__len__", "__repr__", "__format__", "__bool__", "stride", "__hash__"})
 #: the cuts that leave an exactly zero gradient (the others leave none): matched to weights whose gradient is zero
-ZERO_KINDS = frozenset({"zero_derivative", "times_zero", "all_ignored"})
-_MULTIPLY = frozenset({"mul", "__mul__", "__rmul__", "multiply"})
+ZERO_KINDS = frozenset(
+    {"zero_derivative", "times_zero", "all_ignored", "dead_relu", "all_dropped", "zero_mask", "where_unchosen"}
+)
+_MULTIPLY = frozenset({"mul", "__mul__", "__rmul__", "multiply", "mul_", "__imul__"})
+#: activations whose derivative is 0 wherever their output is 0: an all-zero output passes no gradient back
+_RELU = frozenset({"relu", "relu_", "relu6"})
+#: calls whose gradient to a weight is the product of the other input: an all-zero input gives it a zero one
+_PRODUCTS = frozenset({"linear", "conv1d", "conv2d", "conv3d", "matmul", "mm", "bmm", "einsum", *_MULTIPLY})
+#: dropout calls (torch.nn.functional's): with p >= 1 every element is dropped and the gradient is zero
+_DROPOUT = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
 #: losses whose targets may all be their ignore_index (a positional ignore_index is their 5th argument)
 _IGNORING_LOSSES = frozenset({"cross_entropy", "nll_loss"})
 #: in-place calls after backward() that write no value into a gradient they read
@@ -103,6 +112,8 @@ class Cut:
     op: str
     site: Site | None
     seq: int = 0  # its place among the step's torch calls: the last cut is the nearest the loss
+    module: str = ""  # the innermost module of the model whose forward made the call ("3 (ReLU)"), "" outside one
+    decorator: Site | None = None  # the @torch.no_grad() / @torch.inference_mode() line the call ran under
 
     def what(self) -> str:
         """The cut in words: "`.detach()`", "`linear` under torch.no_grad()"."""
@@ -119,11 +130,26 @@ class Cut:
             "times_zero": "`* 0` (multiplied by the number 0: its gradient is zero)",
             "all_ignored": f"`{self.op}` whose every target is its ignore_index (no target counts: the loss "
             "and its gradient are 0)",
+            "dead_relu": f"`{self.op}`{self._in()} none of whose outputs was positive (every unit dead: its inputs "
+            "were all <= 0, where a ReLU passes no gradient back, and a weight that reads its zero output gets none)",
+            "all_dropped": f"`{self.op}`{self._in()} with p >= 1 (every element dropped: its gradient is zero)",
+            "zero_mask": f"`{self.op}`{self._in()} by an all-zero tensor (a mask with no non-zero entry: the "
+            "product's gradient is zero)",
+            "where_unchosen": f"`{self.op}`{self._in()} whose condition chose the other branch everywhere (this "
+            "branch's gradient is zero)",
         }
-        return words.get(self.kind, f"`{self.op}`")
+        said = words.get(self.kind, f"`{self.op}`")
+        if self.decorator is not None and self.kind in ("no_grad", "inference_mode"):
+            said += f" (by the decorator at {self.decorator.quoted()})"
+        return said
+
+    def _in(self) -> str:
+        return f" in module `{self.module}`" if self.module else ""
 
     def fix(self) -> str:
         """What to change there, in one line."""
+        if self.decorator is not None and self.kind in ("no_grad", "inference_mode"):
+            return f"remove `{self.decorator.code}` from this function: it runs every call in it without a graph"
         return {
             "detach": "remove the .detach() (a straight-through estimator keeps a path: x + (q - x).detach())",
             "data": "use the tensor itself, not its .data",
@@ -140,6 +166,11 @@ class Cut:
             "times_zero": "a term multiplied by 0 passes no gradient: drop the factor, or give the term a weight > 0",
             "all_ignored": "check the labels: every one is the ignore_index (-100), e.g. a padding or prompt mask "
             "that covers every token",
+            "dead_relu": "the layer in front drives every unit below 0 (a large negative bias or init, an lr that "
+            "overshot): re-initialise it (bias 0), lower the lr, or use a leaky activation",
+            "all_dropped": "give dropout a p below 1 (p is the share dropped, not kept)",
+            "zero_mask": "check the mask: it is zero everywhere (a wrong dtype, comparison or index?)",
+            "where_unchosen": "check the condition: it has one value everywhere, so the other branch never counts",
         }.get(self.kind, "give it a differentiable path to the loss")
 
     def located(self) -> str:
@@ -225,6 +256,31 @@ def user_site(skip: Iterable[str] = ()) -> Site | None:
     """The user's line: from the caller outwards, the first frame outside torch and gradlog (and `skip`),
     preferring one outside installed libraries (site-packages), so that a cut inside a Hugging Face model
     under the user's torch.no_grad() names the user's call, not transformers' line."""
+    frame = _user_frame(skip)
+    if frame is None:
+        return None
+    path = frame.f_code.co_filename
+    code = linecache.getline(path, frame.f_lineno).split("  #")[0].strip()  # the statement, not its comment
+    code = code if len(code) <= 80 else code[:77] + "..."
+    return Site(_shown(path), frame.f_lineno, code)
+
+
+def grad_decorator() -> Site | None:
+    """The ``@torch.no_grad()`` / ``@torch.inference_mode()`` line that decorates the user's function now running
+    (the frame `user_site` names), or None: a cut under it comes from the decorator, not from a block."""
+    frame = _user_frame(())
+    if frame is None:
+        return None
+    path, line = frame.f_code.co_filename, frame.f_code.co_firstlineno  # a decorated def's first decorator
+    while (text := linecache.getline(path, line).split("#")[0].strip()).startswith("@"):
+        if "no_grad" in text or "inference_mode" in text:
+            return Site(_shown(path), line, text)
+        line += 1
+    return None
+
+
+def _user_frame(skip: Iterable[str]) -> types.FrameType | None:
+    """The first frame outside torch and gradlog (and `skip`), preferring one outside installed libraries."""
     frame: types.FrameType | None = sys._getframe(1)
     dirs = (_TORCH_DIR, _GRADLOG_DIR, *skip)
     fallback: types.FrameType | None = None
@@ -235,13 +291,7 @@ def user_site(skip: Iterable[str] = ()) -> Site | None:
                 break
             fallback = fallback or frame
         frame = frame.f_back
-    frame = frame or fallback
-    if frame is None:
-        return None
-    path = frame.f_code.co_filename
-    code = linecache.getline(path, frame.f_lineno).split("  #")[0].strip()  # the statement, not its comment
-    code = code if len(code) <= 80 else code[:77] + "..."
-    return Site(_shown(path), frame.f_lineno, code)
+    return frame or fallback
 
 
 #: the distributed wrappers' own code (DDP, FSDP, DTensor's sharding, collectives): its calls are no part of the step
@@ -308,7 +358,40 @@ def _kind(name: str, args: Any, kwargs: dict[str, Any], outs: list[torch.Tensor]
             return "times_zero"
         if name in _IGNORING_LOSSES and _all_ignored(args, kwargs):
             return "all_ignored"
+        return _zero_gradient(name, args, kwargs, outs)
+    return _cut_kind(name, outs)
+
+
+def _zero_gradient(name: str, args: Any, kwargs: dict[str, Any], outs: list[torch.Tensor]) -> str | None:
+    """A differentiable call whose gradient back to its inputs is exactly zero at this step, seen from its
+    values: a ReLU none of whose outputs is positive (every unit dead), dropout with p >= 1, a product with an
+    all-zero tensor (a mask of zeros), a `torch.where` whose condition is all one value (the other branch)."""
+    if name in _RELU:
+        return "dead_relu" if outs[0].numel() and not bool(outs[0].any()) else None
+    if name in _DROPOUT:
+        p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+        training = kwargs.get("training", args[2] if len(args) > 2 else True)
+        return "all_dropped" if isinstance(p, (int, float)) and p >= 1 and training else None
+    if name in _MULTIPLY:
+        factors = [a for a in args[:2] if isinstance(a, torch.Tensor) and not a.requires_grad]
+        return "zero_mask" if any(f.numel() and not bool(f.any()) for f in factors) else None
+    if name == "where" and _where_unchosen(args, kwargs) is not None:
+        return "where_unchosen"
+    return None
+
+
+def _where_unchosen(args: Any, kwargs: dict[str, Any]) -> int | None:
+    """`torch.where(cond, a, b)` whose condition is all True (2: `b` is never chosen) or all False (1: `a`)."""
+    cond = args[0] if args else kwargs.get("condition")
+    if not isinstance(cond, torch.Tensor) or cond.dtype != torch.bool or not cond.numel() or len(args) < 3:
         return None
+    if bool(cond.all()):
+        return 2
+    return 1 if not bool(cond.any()) else None
+
+
+def _cut_kind(name: str, outs: list[torch.Tensor]) -> str | None:
+    """How a call that returned nothing requiring grad cut the path."""
     if name in ("detach", "detach_"):
         return "detach"
     if name == "data":
@@ -401,6 +484,9 @@ class StepTrace:
         self._stepped = False
         self._recording = False
         self._after_backward = False  # backward() began: later calls (a copy of the weights, logging) are no cut
+        self._names = {id(m): name for name, m in model.named_modules() if name}
+        self._stack: list[nn.Module] = []  # the modules whose forward is running, innermost last
+        self._dead: dict[int, tuple[torch.Tensor, Cut]] = {}  # a dead ReLU's all-zero output (held) -> its cut
         self.active = False
 
     # --- start and stop -------------------------------------------------------------------------------
@@ -419,6 +505,8 @@ class StepTrace:
         # a global pre-hook runs before every per-optimizer one (gradlog's own measuring included): the mode
         # is off before anything reads the weights for the step
         self._handles.append(register_optimizer_step_pre_hook(self._step_pre_hook))
+        self._handles.append(register_module_forward_pre_hook(self._entered))
+        self._handles.append(register_module_forward_hook(self._left, always_call=True))
         self._mode.__enter__()  # type: ignore[no-untyped-call]
         self._recording = True
         self.active = True
@@ -457,6 +545,23 @@ class StepTrace:
             self._after_backward = True
 
         return hook
+
+    def _entered(self, module: nn.Module, *_: Any) -> None:
+        self._stack.append(module)
+
+    def _left(self, module: nn.Module, *_: Any) -> None:
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+
+    def _module_now(self) -> str:
+        """The innermost module of the model whose forward is running: "drop (Dropout(p=1.0, inplace=False))"
+        for a module without children, "blocks.0 (Block)" for one with; "" outside the model's submodules."""
+        for m in reversed(self._stack):
+            name = self._names.get(id(m))
+            if name is not None:
+                said = repr(m) if not next(m.children(), None) else type(m).__name__
+                return f"{name} ({said if len(said) <= 60 else type(m).__name__})"
+        return ""
 
     def _pause(self) -> None:
         if self._recording:
@@ -521,8 +626,20 @@ class StepTrace:
                 self._made.add(id(t))  # initialised during the step: a module built in forward
         kind = _kind(name, args, kwargs, outs)
         if kind is not None:
-            cut = Cut(kind, name, user_site(), self._seen)
+            if kind == "where_unchosen":  # only the branch the condition never chose gets the zero gradient
+                side = args[_where_unchosen(args, kwargs) or 0]
+                graded = [side] if isinstance(side, torch.Tensor) and side.requires_grad else []
+            deco = grad_decorator() if kind in ("no_grad", "inference_mode") else None
+            cut = Cut(kind, name, user_site(), self._seen, self._module_now(), deco)
             self._cuts.append((cut, [t.grad_fn if t.grad_fn is not None else t for t in graded]))
+            if kind == "dead_relu":
+                self._dead[id(outs[0])] = (outs[0], cut)
+        elif self._dead and name in _PRODUCTS:
+            # a weight multiplied by a dead ReLU's all-zero output gets a zero gradient from it: the same cause
+            held = [self._dead[id(t)][1] for t in inputs if id(t) in self._dead]
+            weights = [t for t in graded if id(t) in self.params]
+            if held and weights:
+                self._cuts.append((held[0], weights))
 
     def _grad_write(self, name: str, args: Any) -> None:
         """An in-place call after backward() whose first argument holds weights' gradients: the last one per
@@ -559,6 +676,7 @@ class StepTrace:
         res.function_of = _through_functions(list(self._functions.values()), uncut)
         res.foreign = self._named_foreign()
         self._cuts.clear()  # the autograd nodes they hold keep activations alive
+        self._dead.clear()
         self._functions.clear()
         return res
 
@@ -840,3 +958,174 @@ def _held(path: str, value: Any) -> Iterator[tuple[str, torch.Tensor, str]]:
                 yield f"{item_path}.{pname}", p, container
         elif isinstance(v, torch.Tensor):
             yield item_path, v, container
+
+
+#: steps of other optimizers after which the pass watch gives up waiting for its own (hooks cost a call each)
+MAX_OTHER_STEPS = 16
+
+
+@dataclass(frozen=True)
+class ClearedPasses:
+    """The first optimizer step of a run took `passes` backward() passes (gradient accumulation) and the
+    gradients were cleared before `cleared` of the later ones: only the last pass's gradient reached step().
+    `site`: the user's backward() line; `step`: the optimizer step (0-based, of the run)."""
+
+    passes: int
+    cleared: int
+    site: Site | None
+    step: int
+
+
+class PassWatch:
+    """Watches the backward() passes up to the first optimizer step gradlog sees (its own `optimizer`): a
+    post-accumulate-grad hook on each trainable tensor marks a pass; a forward pre-hook of every module finds
+    whether the tensors the last pass wrote have lost their gradient since (``zero_grad()``: None, or zeros for
+    one tensor under ``set_to_none=False``). A step of another optimizer in between (a GAN's other half
+    consumed what its backward wrote into these tensors) starts the count again. At that first step, every pass
+    but the last cleared is the accumulation bug (`result`); the hooks go at the next `close()` (the logger's
+    next log()). A healthy run pays one hook call per tensor and pass, and one check per forward, for one
+    optimizer step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, steps: int) -> None:
+        self._optimizer = weakref.ref(optimizer)
+        self._steps = steps
+        self._params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
+        self._written: dict[int, int] = {}  # tensors the pass since the last forward wrote -> their _version then
+        self.passes = 0
+        self.cleared = 0
+        self.site: Site | None = None
+        self.result: ClearedPasses | None = None
+        self._others = 0  # steps of other optimizers seen before its own
+        self.done = False  # the first step came (or the watch failed): the hooks do nothing and go at `close()`
+        self._handles: list[RemovableHandle] = [  # any module's forward: a loop may call the model's parts
+            register_module_forward_pre_hook(self._forward),
+            register_optimizer_step_pre_hook(self._stepping),
+        ]
+        try:
+            for pid, p in self._params.items():
+                if p.requires_grad and p.is_leaf:
+                    self._handles.append(p.register_post_accumulate_grad_hook(self._wrote(pid)))
+        except Exception:  # a tensor that takes no hook: no watch, and nothing left behind
+            self.close()
+            raise
+
+    def _wrote(self, pid: int) -> Callable[[torch.Tensor], None]:
+        def hook(p: torch.Tensor) -> None:
+            if self.done:
+                return
+            if not self._written:
+                self.site = user_site()
+            self._written[pid] = p._version
+
+        return hook
+
+    def _pass_ended(self) -> None:
+        """A pass wrote since the last check: count it, and whether its gradients are gone now. Weights written
+        in place since (SAM's perturbation, a hand-written update) used that gradient: the count starts again."""
+        if not self._written:
+            return
+        held = [(self._params[pid], version) for pid, version in self._written.items()]
+        self._written = {}
+        if any(p._version != version for p, version in held):
+            self.passes = self.cleared = 0
+            return
+        self.passes += 1
+        first = held[0][0].grad
+        if all(p.grad is None for p, _ in held) or (first is not None and not first.is_sparse and not first.any()):
+            self.cleared += 1
+
+    def _forward(self, module: nn.Module, args: Any) -> None:
+        if self.done:
+            return
+        try:
+            self._pass_ended()
+        except Exception:  # advice: a gradient it cannot read ends the watch
+            self.done = True
+
+    def _stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self.done:
+            return
+        if optimizer is not self._optimizer():
+            self.passes = self.cleared = 0  # another optimizer consumed the passes so far
+            self._written = {}
+            self._others += 1
+            self.done = self._others >= MAX_OTHER_STEPS  # its own never steps (a loop that replaced it)
+            return
+        self.done = True  # the hooks go at the next `close()`: torch is iterating over this one's dict now
+        try:
+            self._pass_ended()
+        except Exception:  # advice: a gradient it cannot read says nothing
+            return
+        if self.passes >= 2 and self.cleared == self.passes - 1:
+            self.result = ClearedPasses(self.passes, self.cleared, self.site, self._steps)
+
+    @property
+    def hooked(self) -> bool:
+        return bool(self._handles)
+
+    def close(self) -> None:
+        """Remove every hook (never from inside one of them: torch iterates over the hooks' dicts)."""
+        self.done = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+@dataclass(frozen=True)
+class PaddingUse:
+    """How the first batch used an embedding's padding_idx: its share of the ids, and in how many of the
+    sequences (rows of 2-D or deeper ids) it sat between other ids, where padding never sits."""
+
+    padding_idx: int
+    share: float
+    inside: int  # sequences with the padding id between two other ids
+    rows: int
+
+
+def padding_use(ids: Any, padding_idx: int) -> PaddingUse | None:
+    """`PaddingUse` of one batch of ids; None for ids it cannot read (floats, an empty batch, one sequence)."""
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dim() < 2 or not ids.numel():
+        return None
+    with torch.no_grad():
+        rows = ids.reshape(-1, ids.shape[-1])
+        pad = rows == padding_idx
+        pos = torch.arange(rows.shape[1], device=rows.device).expand_as(rows)
+        big = rows.shape[1]
+        first = torch.where(~pad, pos, big).min(1).values.unsqueeze(1)
+        last = torch.where(~pad, pos, -1).max(1).values.unsqueeze(1)
+        inside = int((pad & (pos > first) & (pos < last)).any(1).sum())
+        return PaddingUse(padding_idx, float(pad.float().mean()), inside, rows.shape[0])
+
+
+class PaddingWatch:
+    """The first forward of each embedding of the model with a padding_idx: how its batch used that id
+    (`found`, by module name). Its row never learns by design, which is right for padding and wrong for a
+    real token: padding sits at a sequence's start or end, a token between others is a real one. One forward
+    pre-hook per such embedding, removed after its first call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.found: dict[str, PaddingUse] = {}
+        self._handles: dict[str, RemovableHandle] = {}
+        for name, m in model.named_modules():
+            pad = getattr(m, "padding_idx", None)
+            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and isinstance(pad, int):
+                self._handles[name] = m.register_forward_pre_hook(self._first(name, pad))
+
+    def _first(self, name: str, pad: int) -> Callable[[nn.Module, Any], None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            handle = self._handles.pop(name, None)
+            if handle is not None:
+                handle.remove()  # a module's own hook dict, not the one torch iterates now (a copy is taken)
+            try:
+                use = padding_use(args[0] if args else None, pad)  # torch keeps it >= 0 (a negative one counted)
+            except Exception:  # advice: ids it cannot read say nothing
+                return
+            if use is not None:
+                self.found[name] = use
+
+        return hook
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.remove()
+        self._handles.clear()

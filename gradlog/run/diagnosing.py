@@ -23,6 +23,7 @@ from gradlog.measure.writes import WriteWatch
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
+from gradlog.verdict.knobs import explain_left_out, explain_lr
 from gradlog.verdict.ledger import Evidence, Ledger
 from gradlog.verdict.overwritten import overwritten, pruned_whole
 from gradlog.verdict.policy import Policy
@@ -122,6 +123,7 @@ class Diagnosis:
         )
         partly = self._partly(rows, never, spanning, owners)
         stopped = self._stalled(rows, never, set_back_stalled)
+        never, stopped, partly = self._knobs(rows, never, stopped, partly)
         whole = {r.name for r in never} | {r.name for r in stopped}
         slices, silent = self._slices_in_time(owners, whole, resumed_after)
         report = Report(
@@ -234,6 +236,19 @@ class Diagnosis:
         )
         reported = names | {r.name for r in stopped}
         return _in_model_order(rows, stopped, [s for s in set_back if s.name not in reported])
+
+    def _knobs(
+        self, rows: list[Tracked], never: list[NeverUpdated], stopped: list[Stalled], partly: list[PartlyUpdated]
+    ) -> tuple[list[NeverUpdated], list[Stalled], list[PartlyUpdated]]:
+        """The records with the knob behind them named (`verdict.knobs`): the scheduler that set their group's lr
+        to 0 or far below its start, the other optimizer that holds a tensor left out of this one."""
+        opt = self.optimizer
+        if opt is None:
+            return never, stopped, partly
+        groups = {r.name: r.group for r in rows}
+        params = {r.name: p for r in rows if (p := r.held()) is not None}
+        never = explain_left_out(explain_lr(never, groups, opt, self.steps), params, opt)
+        return never, explain_lr(stopped, groups, opt, self.steps), explain_lr(partly, groups, opt, self.steps)
 
     def _slices_in_time(
         self, owners: Owners, whole: set[str], resumed_after: int | None

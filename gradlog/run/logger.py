@@ -19,7 +19,7 @@ from gradlog.measure.engines import attach
 from gradlog.measure.meter import Measurement, Meter
 from gradlog.measure.optimizers import steppable
 from gradlog.measure.params import NameFilter, ParamTable, Selection
-from gradlog.measure.trace import OnceTrace, starved
+from gradlog.measure.trace import OnceTrace, PaddingWatch, PassWatch, starved
 from gradlog.run.lifecycle import clip_grad_norm_, close, log
 from gradlog.run.measuring import IDLE_LOG_CALLS, Pipeline
 from gradlog.run.options import (
@@ -38,12 +38,14 @@ from gradlog.run.options import (
 )
 from gradlog.run.publishing import Failures, Publisher
 from gradlog.run.resume import Continuation, open_run
+from gradlog.verdict.accumulation import AccumulationCleared, from_passes
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.judge import plural
+from gradlog.verdict.knobs import explain_padding
 from gradlog.verdict.ledger import Ledger
 from gradlog.verdict.located import locate, not_registered, traced_hint
 from gradlog.verdict.policy import Policy, PolicyLike
-from gradlog.verdict.report import Report
+from gradlog.verdict.report import Reason, Report
 from gradlog.writers import WriterSpec
 from gradlog.writers.guard import GuardedWriters
 from gradlog.writers.overview import Overview
@@ -172,8 +174,18 @@ class GradLogger:
         self._registration = lifecycle.register(self, model)
         #: one step traced for the report's causes: the cut's line, tensors outside the model (issue 39)
         self._once = OnceTrace(model, optimizer)
+        #: how the first batch used each embedding's padding_idx (a real token as padding: bugs3)
+        self._padding = PaddingWatch(model)
+        #: the first optimizer step's backward() passes, for gradients cleared between them (bugs3)
+        self._passes: PassWatch | None = None
+        if optimizer is not None:
+            with contextlib.suppress(Exception):  # advice: a tensor that takes no hook leaves the run unwatched
+                self._passes = PassWatch(optimizer, self.pipeline.steps)
         if zero is not None:
             self._once.disable()
+            if self._passes is not None:  # ZeRO moves the gradients between backward() and step() too
+                self._passes.close()
+                self._passes = None
 
     # --- what the pipeline holds, for reading (tests, integrations, the curious) -------------------
     @property
@@ -272,6 +284,8 @@ class GradLogger:
         with lifecycle.LogCall():
             m = self.pipeline.take()
             fresh = m is not None and m.index != self._last_index
+            if self._passes is not None and self._passes.done and self._passes.hooked:
+                self._passes.close()  # its hooks, after the first step (not from inside torch's loop over them)
             if self._once.state in ("waiting", "tracing"):
                 self._trace_after_log(m if fresh else None)
             if m is None or not fresh:
@@ -367,6 +381,7 @@ class GradLogger:
     def _traced(self, report: Report) -> Report:
         """The report with what the run's one traced step found (nothing when no step was traced)."""
         result = self._once.close(self.pipeline.steps)
+        report = self._cleared_passes(report)
         if result is None or report.error is not None:
             return report
         ids = {row.name: id(row.param) for row in self.table.live}
@@ -377,6 +392,30 @@ class GradLogger:
             never_updated=locate(report.never_updated, ids, result) + outside,
             tracked_tensors=report.tracked_tensors + len(outside),
         )
+
+    def _cleared_passes(self, report: Report) -> Report:
+        """The report with the accumulation whose gradients were cleared between passes, where the first optimizer
+        step showed one (`gradlog.measure.trace.PassWatch`), and the evidence against a padding_idx row that the
+        first batch used as a real token (`PaddingWatch`)."""
+        self._padding.close()
+        if self._padding.found:
+            report = dataclasses.replace(
+                report, partly_updated=explain_padding(report.partly_updated, self._padding.found)
+            )
+        watch = self._passes
+        if watch is None:
+            return report
+        watch.close()
+        if watch.result is None or report.error is not None:
+            return report
+        said = "; zero_grad() cleared earlier micro-batches' gradients (Gradients cleared between backward() passes):"
+        said += " ids only they held are among these"
+        partly = [
+            dataclasses.replace(r, detail=r.detail + said) if r.reason == Reason.NOT_IN_BATCH else r
+            for r in report.partly_updated
+        ]
+        report = dataclasses.replace(report, partly_updated=partly)
+        return report.with_records({AccumulationCleared: [from_passes(watch.result)]})
 
     def where(self) -> str | None:
         """Where this run's files went, and the commands that read them (None for memory-only writers)."""

@@ -27,6 +27,8 @@ CLEARED_HINT = (
 
 def _zeroed_fix(op: str | None, site: Site | None) -> str:
     """The fix for a gradient backward() computed and something zeroed before step(), from what wrote it last."""
+    if (site is not None and "clip_grad_value" in site.code) or op in ("_foreach_clamp_max_", "clamp_", "clamp_max_"):
+        return "clip_grad_value_ with clip_value=0 clamps every gradient to 0: give clip_value a positive value"
     if (site is not None and "clip_grad" in site.code) or op in ("_foreach_mul_", "mul_"):
         return "gradient clipping with max_norm=0 scales every gradient to 0: give max_norm a positive value"
     if op in ("zero_", "_foreach_zero_", "fill_"):

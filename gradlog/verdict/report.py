@@ -12,6 +12,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 from gradlog.runformat.cells import DIM_NAMES, bare_name
 from gradlog.verdict import causes
+from gradlog.verdict.accumulation import AccumulationCleared as AccumulationCleared
 from gradlog.verdict.judge import (
     ALERT_FINDINGS,
     NAMED_BY_TABLES,
@@ -469,7 +470,9 @@ class Alert(Record):
 
 #: Every kind of finding the `Report` holds, in the order its tables are written and read (`Report.<KIND>`, or
 #: `Report.extra[KIND]` for a kind registered after these): a kind added later registers itself after them
-FINDINGS.register(NeverUpdated, PartlyUpdated, Stalled, StoppedSlice, IdleExperts, PrecisionLoss, WeightDecayWipe)
+FINDINGS.register(
+    NeverUpdated, PartlyUpdated, Stalled, StoppedSlice, IdleExperts, PrecisionLoss, WeightDecayWipe, AccumulationCleared
+)
 #: what each table a person reads is called, by the `Report` field its rows come from
 TITLES = {r.KIND: r.TITLE for r in FINDINGS}
 #: The tables' columns, from the records (the console shows the never-updated table without `suspect`).
@@ -509,6 +512,7 @@ class Report:
     precision: list[PrecisionLoss] = field(default_factory=list)
     #: tensors whose weight decay wipes them every step (`WeightDecayWipe`)
     weight_decay: list[WeightDecayWipe] = field(default_factory=list)
+    accumulation: list[AccumulationCleared] = field(default_factory=list)
     first_nonfinite: NonFinite | None = None
     optimizer_steps: int = 0
     measured_steps: int = 0
