@@ -997,14 +997,20 @@ class PassWatch:
         self.result: ClearedPasses | None = None
         self._others = 0  # steps of other optimizers seen before its own
         self.done = False  # the first step came (or the watch failed): the hooks do nothing and go at `close()`
-        self._handles: list[RemovableHandle] = [  # any module's forward: a loop may call the model's parts
+        # The two global hooks stay until `close()` (inert after the first step): removing one mid-run changed
+        # what a compiled optimizer.step() or model had been compiled against, and it compiled again (a compiled
+        # step: 10 frames against 8 without gradlog). The step hook is untraced, as gradlog's own; the forward
+        # hook returns at once while dynamo traces it (an untraced one breaks a fullgraph=True model's graph).
+        untraced: Callable[[Callable[..., Any]], Any] = torch.compiler.disable  # untyped in torch
+        self._global: list[RemovableHandle] = [  # any module's forward: a loop may call the model's parts
             register_module_forward_pre_hook(self._forward),
-            register_optimizer_step_pre_hook(self._stepping),
+            register_optimizer_step_pre_hook(untraced(self._stepping)),
         ]
+        self._handles: list[RemovableHandle] = []
         try:
             for pid, p in self._params.items():
                 if p.requires_grad and p.is_leaf:
-                    self._handles.append(p.register_post_accumulate_grad_hook(self._wrote(pid)))
+                    self._handles.append(p.register_post_accumulate_grad_hook(untraced(self._wrote(pid))))
         except Exception:  # a tensor that takes no hook: no watch, and nothing left behind
             self.close()
             raise
@@ -1035,7 +1041,7 @@ class PassWatch:
             self.cleared += 1
 
     def _forward(self, module: nn.Module, args: Any) -> None:
-        if self.done:
+        if torch.compiler.is_compiling() or self.done:  # traced into a compiled graph: nothing
             return
         try:
             self._pass_ended()
@@ -1063,12 +1069,20 @@ class PassWatch:
     def hooked(self) -> bool:
         return bool(self._handles)
 
-    def close(self) -> None:
-        """Remove every hook (never from inside one of them: torch iterates over the hooks' dicts)."""
+    def release(self) -> None:
+        """Remove the per-tensor hooks (never from inside one of them: torch iterates over the hooks' dicts); the
+        two global ones stay, inert, until `close()`."""
         self.done = True
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    def close(self) -> None:
+        """Remove every hook."""
+        self.release()
+        for h in self._global:
+            h.remove()
+        self._global.clear()
 
 
 @dataclass(frozen=True)
@@ -1101,10 +1115,11 @@ class PaddingWatch:
     """The first forward of each embedding of the model with a padding_idx: how its batch used that id
     (`found`, by module name). Its row never learns by design, which is right for padding and wrong for a
     real token: padding sits at a sequence's start or end, a token between others is a real one. One forward
-    pre-hook per such embedding, removed after its first call."""
+    pre-hook per such embedding: it looks at the first call and returns at once after it (removed at close)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.found: dict[str, PaddingUse] = {}
+        self._seen: set[str] = set()  # embeddings whose first forward was looked at
         self._handles: dict[str, RemovableHandle] = {}
         for name, m in model.named_modules():
             pad = getattr(m, "padding_idx", None)
@@ -1113,9 +1128,11 @@ class PaddingWatch:
 
     def _first(self, name: str, pad: int) -> Callable[[nn.Module, Any], None]:
         def hook(module: nn.Module, args: Any) -> None:
-            handle = self._handles.pop(name, None)
-            if handle is not None:
-                handle.remove()  # a module's own hook dict, not the one torch iterates now (a copy is taken)
+            # traced into a compiled model: nothing (and the hook stays until close(): removing it changed what
+            # the model was compiled against, and it compiled again)
+            if torch.compiler.is_compiling() or name in self.found or name in self._seen:
+                return
+            self._seen.add(name)
             try:
                 use = padding_use(args[0] if args else None, pad)  # torch keeps it >= 0 (a negative one counted)
             except Exception:  # advice: ids it cannot read say nothing

@@ -285,7 +285,7 @@ class GradLogger:
             m = self.pipeline.take()
             fresh = m is not None and m.index != self._last_index
             if self._passes is not None and self._passes.done and self._passes.hooked:
-                self._passes.close()  # its hooks, after the first step (not from inside torch's loop over them)
+                self._passes.release()  # its hooks, after the first step (not from inside torch's loop over them)
             if self._once.state in ("waiting", "tracing"):
                 self._trace_after_log(m if fresh else None)
             if m is None or not fresh:
@@ -350,6 +350,8 @@ class GradLogger:
         local = self._registration.gone  # the model was garbage-collected: the other ranks are not there
         self._registration.detach()
         self.pipeline.detach()
+        if self._passes is not None:
+            self._passes.close()  # its result stays for the report
         if self._zero is not None:
             self._zero.release()
         # report() itself when collective: a subclass or a wrapper of report() then decides the final answer
