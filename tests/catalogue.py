@@ -1498,3 +1498,25 @@ class PaddedTokens(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(self.emb(ids).mean(1))
         return out
+
+
+# --- zoo4: an input feature no batch sets ---------------------------------------------------------------------
+class MeanScaledInputs(nn.Module):
+    """What transformers' time-series models (TimeSeriesTransformer, Informer, Autoformer) feed their first layer:
+    the values divided by their mean absolute value, with log1p(|loc|) and log(scale) appended as features; under
+    mean scaling loc is always 0, so input feature `self.zero_feature` of `inp` is 0 in every batch (by design: the
+    column has nothing to learn from). Tanh after it, so no unit of the model is ever dead. Input (batch, 4)."""
+
+    zero_feature = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, 16)
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().mean(1, keepdim=True).clamp_min(1e-10)
+        loc = torch.zeros_like(scale)  # mean scaling has no location
+        features = torch.cat([x / scale, loc.abs().log1p(), scale.log()], 1)
+        out: torch.Tensor = self.out(torch.tanh(self.inp(features)))
+        return out

@@ -537,7 +537,8 @@ def test_column_evidence_after_every_row_had_a_gradient_keeps_accumulating() -> 
     assert torch.equal(evidence.cols[row.index], seen) and bool(seen[10] & seen[20]) and not bool(seen[150:].any())
     report = gl.close()
     cols = [r for r in report.partly_updated if r.name == "weight" and r.dim == 1]
-    assert len(cols) == 1 and cols[0].indices == tuple(range(150, 200)) and cols[0].reason is Reason.ZERO_GRAD
+    # inputs the data never sets, with no dead unit upstream: an input no batch held (a note), not dead units
+    assert len(cols) == 1 and cols[0].indices == tuple(range(150, 200)) and cols[0].reason is Reason.NOT_IN_BATCH
 
 
 @pytest.mark.parametrize("shape", [(300, 7), (50, 9, 3, 3), (1, 40)])
@@ -584,3 +585,46 @@ def test_gpt2_conv1d_dead_units_are_named_as_units() -> None:
     assert got[("c_fc", None)].detail.startswith("units 0-7 (8 of 128) never changed")
     assert got[("c_proj", 0)].detail.startswith("input features 0-7 (8 of 128) never changed")
     assert "dead units" in got[("c_fc", 1)].detail
+
+
+def test_an_input_feature_no_batch_sets_is_a_note_like_an_unseen_id() -> None:
+    """A layer's input column that is zero in every batch while no watched unit is dead (transformers' Informer
+    feeds log1p(|loc|), 0 under its default mean scaling: the zoo's `informer` read PROBLEM, "16.7% of the layer's
+    input features", on a healthy run) is `not_in_batch`, a note worded as the input no batch set, not dead units.
+    The zero column is found from the gradients the test reads and from the weights' copy."""
+    torch.manual_seed(0)
+    model = catalogue.MeanScaledInputs()
+    start = copy.deepcopy(model)
+    spy = ZeroGradRows(model.inp.weight, 1)
+
+    def batch(gen: torch.Generator) -> torch.Tensor:
+        return torch.randn(16, 4, generator=gen) + 2
+
+    report, _, _ = run(model, torch.optim.Adam(model.parameters(), lr=1e-2), batch, spy=spy)
+    zero = (model.zero_feature,)
+    assert spy.zero == unchanged(start.inp.weight, model.inp.weight, 1) == zero
+    assert records(report) == {("inp.weight", 1, zero, Reason.NOT_IN_BATCH)}
+    detail = report.partly_updated[0].detail
+    assert detail.startswith("input feature 4 (1 of 6) never changed; zero gradient at all 10 measured steps")
+    assert "the layer's input was zero there in every measured batch" in detail
+    assert "no dead unit that gradlog watches feeds it" in detail and "dead units upstream" not in detail
+    assert report.healthy and set(report.severities()) == {"note"}, report.verdict
+
+
+def test_input_channels_zeroed_by_dead_filters_before_a_flatten_stay_dead_units() -> None:
+    """The input columns of a Linear after a flatten are blocks of a conv's filters: dead filters upstream (bias
+    -100 before the ReLU) zero whole blocks, and those columns stay `zero_grad` (dead units), weighed as such,
+    though their count (filters x positions) is not the filters' count. Columns from the weights' copy."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 2))
+    with torch.no_grad():
+        model[0].bias[[1, 4]] = -100.0
+    start = copy.deepcopy(model)
+    report, _, _ = run(
+        model, torch.optim.Adam(model.parameters(), lr=1e-2), lambda g: torch.randn(8, 3, 6, 6, generator=g)
+    )
+    cols = unchanged(start[3].weight, model[3].weight, 1)
+    assert cols == (*range(16, 32), *range(64, 80))
+    assert ("3.weight", 1, cols, Reason.ZERO_GRAD) in records(report)
+    assert ("0.weight", 0, (1, 4), Reason.ZERO_GRAD) in records(report)
+    assert not report.healthy

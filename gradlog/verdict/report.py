@@ -249,8 +249,9 @@ class PartlyUpdated(Record):
         ),
         "partly.not_in_batch": (
             NOTE,
-            "ids or positions no batch contained (rare tokens, the last position under labels=input_ids): "
-            "true of most real runs and harmless; promote it for a table where every row must learn",
+            "ids or positions no batch contained (rare tokens, the last position under labels=input_ids), or a "
+            "layer's input features no batch set with no dead unit upstream: true of most real runs and harmless; "
+            "promote it for a table where every row must learn",
         ),
         "partly.padding_idx": (NOTE, "the embedding's padding_idx row, never updated by design"),
         "partly.pruned": (

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -369,6 +370,7 @@ def partly_updated(
                 checks.append(~back)
     every = iter(_all_each(checks))
     out: list[PartlyUpdated] = []
+    made: list[tuple[tuple[Any, ...], list[PartlyUpdated]]] = []  # each tensor's `_records` arguments and records
     for row, f in candidates:
         ev = evidence.get(row.index, Evidence())
         with_grad = ev.measured - ev.grad_none
@@ -409,8 +411,37 @@ def partly_updated(
             )
             moves.back, moves.back_at, moves.back_any = back, f.back_at, f.back.get(dim)
             moves.zeroed = _zeroed_after_learning(row.param, dim, f.kept.get(dim), picked)
-            out += _records(row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned, moves)
+            args = (row, dim, kind, padding, never, decayed, zero, with_grad, wd, ev, caveat, pruned, moves)
+            made.append((args, _records(*args)))
+    absent = _absent_inputs([(a[2], r) for a, found in made for r in found])
+    for args, found in made:
+        if any(id(r) in absent for r in found):
+            found = _records(*args, absent=True)
+        out += found
     return out
+
+
+#: the (kind, dim) of a layer's units (`words_key`): the slices a dead unit zeroes in its own layer
+_UNIT_DIMS = frozenset({("linear.weight", 0), ("linear.bias", None), ("conv.weight", 0), ("conv.bias", None)})
+#: the (kind, dim) of a layer's inputs: zero where the input is zero in every batch
+_INPUT_DIMS = frozenset({("linear.weight", 1), ("conv.weight", 1)})
+
+
+def _absent_inputs(found: Sequence[tuple[str, PartlyUpdated]]) -> set[int]:
+    """The `id`s of the zero-gradient input-feature (or input-channel) records that no dead unit gradlog watches
+    can explain: the run has no zero-gradient units whose count divides the layer's input count (a dead unit
+    zeroes the next layer's column, or its block of columns after a flatten). Such a column's input was zero in
+    every measured batch because the data, or the model's own preprocessing, never sets that feature (transformers'
+    time-series models feed log1p(|loc|), which is 0 under their default mean scaling): a linear layer on it is
+    an embedding whose id never came (`one_hot(ids) @ W` is `Embedding(ids)`), as harmless as that."""
+    units = {r.total for kind, r in found if r.reason is Reason.ZERO_GRAD and words_key(kind, r.dim) in _UNIT_DIMS}
+    return {
+        id(r)
+        for kind, r in found
+        if r.reason is Reason.ZERO_GRAD
+        and words_key(kind, r.dim) in _INPUT_DIMS
+        and not any(r.total % n == 0 for n in units if n)
+    }
 
 
 @dataclass
@@ -501,15 +532,25 @@ def _records(
     caveat: str,
     pruned: torch.Tensor | None = None,
     moves: Moves | None = None,
+    absent: bool = False,
 ) -> list[PartlyUpdated]:
+    """One tensor's records of dim `dim`; `absent`: its zero-gradient slices are inputs no batch set
+    (`_absent_inputs`), said and weighed as ids no batch held."""
     total = never.numel()
     noun, question = _WORDS.get(words_key(kind, dim), (DIM_NAMES[dim], "no gradient ever reached them"))
     hooked = bool(getattr(row.param, "_backward_hooks", None))
     if hooked:  # a tensor hook (register_hook) rewrites the gradient: the likeliest thing to zero slices
         question = "a gradient hook on this tensor (register_hook) zeroes them?"
+    absent = absent and not hooked
+    if absent:
+        question = (
+            "the layer's input was zero there in every measured batch, and no dead unit that gradlog watches "
+            "feeds it (a feature the data, or the model's own preprocessing, never sets: like an id no batch "
+            f"held, the {noun} have nothing to learn from)"
+        )
     moves = moves or Moves()
     embedding = kind == "embedding.weight" and not hooked
-    masks = _reason_masks(never, decayed, zero, pruned, moves, dim, padding, embedding, ev.dtype)
+    masks = _reason_masks(never, decayed, zero, pruned, moves, dim, padding, embedding, ev.dtype, absent)
     found = [(reason, m.nonzero().flatten()) for reason, m in masks]
     found = sorted(((r, at) for r, at in found if at.numel()), key=lambda f: int(f[1][0]))
     groups: dict[Reason, list[int]] = {r: at.tolist() for r, at in found}
@@ -525,7 +566,7 @@ def _records(
             head = f"{what} moved only through weight decay ({wd:g})"
         else:
             head = f"{what} never changed ({n_never}) or moved only through weight decay ({moved}, weight_decay {wd:g})"
-        said = _Said(what, head, moved, with_grad, caveat, question, hooked)
+        said = _Said(what, head, moved, with_grad, caveat, question, hooked, embedding)
         detail = _detail(reason, said, row.name, idx, total, noun, ev, moves)
         out.append(PartlyUpdated(row.name, dim, len(idx), total, tuple(idx), reason, detail))
     return out
@@ -541,10 +582,11 @@ def _reason_masks(
     padding: int | None,
     embedding: bool,
     dtype: str,
+    absent: bool = False,
 ) -> list[tuple[Reason, torch.Tensor]]:
     """One mask per reason over the picked slices (whole-tensor ops: an embedding of 800k rows is one call, not
     a Python loop per row); `embedding`: an embedding's rows with no gradient hook, whose zero rows are ids no
-    batch held."""
+    batch held; `absent`: a layer's inputs that no batch set (`_absent_inputs`), the same."""
     picked = never | decayed if moves.back is None else never | decayed | moves.back
     masks: list[tuple[Reason, torch.Tensor]] = []
     rest = picked
@@ -571,7 +613,7 @@ def _reason_masks(
         masks.append((Reason.PRUNED, rest & zero & pruned))  # no gradient there by design: the mask zeroes them
         rest = rest & ~(zero & pruned)
     if zero is not None:
-        unseen = embedding and dim == 0
+        unseen = (embedding and dim == 0) or absent
         masks.append((Reason.NOT_IN_BATCH if unseen else Reason.ZERO_GRAD, rest & zero))
         masks.append((unmoved(dtype)[0], rest & ~zero))
     else:
@@ -590,6 +632,7 @@ class _Said:
     caveat: str
     question: str
     hooked: bool
+    embedding: bool = True  # an embedding's rows: ids (`unseen_words`), not a dense layer's inputs
 
 
 def _detail(
@@ -611,7 +654,7 @@ def _detail(
         return set_back_again(said.what, moves.back_at, moves.site)
     if reason is Reason.OVERWRITTEN:
         return set_back_slices(said.what, moves.moved_at, moves.site, moves.between)
-    if reason is Reason.NOT_IN_BATCH and not said.hooked:
+    if reason is Reason.NOT_IN_BATCH and not said.hooked and said.embedding:
         words = unseen_words(name, idx, total)
         return f"{words}: {head}; zero gradient at all {said.with_grad} measured steps with a gradient{caveat}"
     if reason in (Reason.ZERO_GRAD, Reason.NOT_IN_BATCH):
