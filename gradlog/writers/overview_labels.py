@@ -1,7 +1,7 @@
 """Words around the overview's cells, so the image reads on its own in TensorBoard's Images tab or W&B:
 tensor names right of the rows, the steps under the columns, a title and a legend of every colour.
 
-The cells keep their place (top-left at 0, 0; `png.heatmap_png`'s pixels unchanged): the labels go right
+The cells keep their place (top-left at 0, 0; `png.heatmap_rgb`'s pixels unchanged): the labels go right
 of and below them, so a reader that knows the cell size still finds each cell where it was.
 """
 

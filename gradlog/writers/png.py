@@ -121,22 +121,9 @@ def _colour(v: Any, given: Any, g: Any, lo: float, span: float) -> Any:
     return out
 
 
-def heatmap_png(
-    values: Any,
-    measured: Any,
-    grad_state: Any,
-    marks: Mapping[int, str] | None = None,
-    max_width: int = 320,
-    max_height: int = 800,
-) -> bytes:
-    """The heatmap of numpy arrays ([rows, cols]: float64 values, bool "measured", uint8 gradient states
-    0 / 1 "none" / 2 "zero") as a PNG: a marker strip for the rows in `marks` (row -> kind in MARKS), then
-    the cells on a log colour scale (`_colour`), each cell a few pixels wide and high. The cells fit
-    `max_width` x `max_height` where they can (TensorBoard's image card is ~350 px wide and crops wider
-    images); past that one pixel per cell. No Python float per cell (a 5,000-tensor overview's lists were
-    most of a measured step's extra memory): log10 is Python's own, the rest IEEE float64 whole-array
-    (numpy's rint rounds half to even, as Python's round does)."""
-    return encode_png(*heatmap_rgb(values, measured, grad_state, marks, max_width, max_height))
+def heatmap_png(*args: Any, **kwargs: Any) -> bytes:
+    """`heatmap_rgb`'s image as PNG bytes (the same arguments)."""
+    return encode_png(*heatmap_rgb(*args, **kwargs))
 
 
 def heatmap_rgb(
@@ -147,8 +134,14 @@ def heatmap_rgb(
     max_width: int = 320,
     max_height: int = 800,
 ) -> tuple[int, int, bytes | memoryview]:
-    """`heatmap_png`'s pixels before encoding, as (width, height, RGB bytes): the overview labels them and
-    encodes once (encoding the cells, then decoding them to add the labels, cost a third of a drawing)."""
+    """The heatmap of numpy arrays ([rows, cols]: float64 values, bool "measured", uint8 gradient states
+    0 / 1 "none" / 2 "zero") as (width, height, RGB bytes): a marker strip for the rows in `marks` (row -> kind in
+    MARKS), then the cells on a log colour scale (`_colour`), each cell a few pixels wide and high. The cells fit
+    `max_width` x `max_height` where they can (TensorBoard's image card is ~350 px wide and crops wider
+    images); past that one pixel per cell. No Python float per cell (a 5,000-tensor overview's lists were
+    most of a measured step's extra memory): log10 is Python's own, the rest IEEE float64 whole-array
+    (numpy's rint rounds half to even, as Python's round does). The overview labels these pixels and encodes
+    once (encoding the cells, then decoding them to add the labels, cost a third of a drawing)."""
     rows, cols = values.shape
     if rows == 0 or cols == 0:
         return 1, 1, bytes(MISSING)
