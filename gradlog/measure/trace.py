@@ -989,7 +989,9 @@ class PassWatch:
     def __init__(self, optimizer: torch.optim.Optimizer, steps: int) -> None:
         self._optimizer = weakref.ref(optimizer)
         self._steps = steps
-        self._params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
+        # weakly, and only until the first step (`release`): a parameter the loop replaces, or a model that is
+        # gone, must be freed (test_nothing_lost)
+        self._params = {id(p): weakref.ref(p) for g in optimizer.param_groups for p in g["params"]}
         self._written: dict[int, int] = {}  # tensors the pass since the last forward wrote -> their _version then
         self.passes = 0
         self.cleared = 0
@@ -1008,9 +1010,11 @@ class PassWatch:
         ]
         self._handles: list[RemovableHandle] = []
         try:
-            for pid, p in self._params.items():
-                if p.requires_grad and p.is_leaf:
+            for pid, ref in self._params.items():
+                p = ref()
+                if p is not None and p.requires_grad and p.is_leaf:
                     self._handles.append(p.register_post_accumulate_grad_hook(untraced(self._wrote(pid))))
+            p = None
         except Exception:  # a tensor that takes no hook: no watch, and nothing left behind
             self.close()
             raise
@@ -1030,8 +1034,11 @@ class PassWatch:
         in place since (SAM's perturbation, a hand-written update) used that gradient: the count starts again."""
         if not self._written:
             return
-        held = [(self._params[pid], version) for pid, version in self._written.items()]
+        refs = [(self._params[pid](), version) for pid, version in self._written.items() if pid in self._params]
+        held = [(p, version) for p, version in refs if p is not None]
         self._written = {}
+        if not held:
+            return
         if any(p._version != version for p, version in held):
             self.passes = self.cleared = 0
             return
@@ -1076,6 +1083,8 @@ class PassWatch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._params.clear()
+        self._written = {}
 
     def close(self) -> None:
         """Remove every hook."""
