@@ -25,6 +25,7 @@ from catalogue import (
     SaturatedGate,
     planted_site,
 )
+from test_unseen_causes import _classify, _details
 from torch import nn
 
 import gradlog
@@ -65,24 +66,6 @@ def _run(
     same = {n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p.detach(), start[n])}
     console = capsys.readouterr().out if capsys is not None else ""
     return report, same, console
-
-
-def _batch(s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(s)
-    x = torch.randn(32, 8, generator=gen)
-    return x, (x[:, :3].sum(1) > 0).long() + (x[:, 3] > 1).long()
-
-
-def _classify(model: nn.Module) -> Callable[[int], None]:
-    def step(s: int) -> None:
-        x, y = _batch(s)
-        nn.functional.cross_entropy(model(x), y).backward()
-
-    return step
-
-
-def _details(report: gradlog.Report) -> dict[str, tuple[Reason, str]]:
-    return {r.name: (r.reason, r.detail) for r in report.never_updated}
 
 
 # --- a branch silenced by where, dropout p=1, an all-zero mask ----------------------------------------------------
