@@ -339,6 +339,72 @@ def test_step_records_hold_tensorboard_histograms_and_float32_scalars() -> None:
     assert [v.simple_value for e in events[:3] for v in e.summary.value] == [0.5] + [float(i) for i in range(2500)]
 
 
+def _proto_histogram(h: gradlog.Histogram) -> Any:
+    """What a `Histogram` is as a `HistogramProto`, built with protobuf's own classes (the reference the hand
+    encoder is checked against): TensorBoard's bucket convention, degenerate rows as its histogram op writes them."""
+    from tensorboard.compat.proto import summary_pb2
+
+    if h.count == 0:
+        return summary_pb2.HistogramProto(bucket_limit=[0.0], bucket=[0.0])
+    out = summary_pb2.HistogramProto(min=h.min, max=h.max, num=h.count, sum=h.sum, sum_squares=h.sum_squares)
+    if h.max > h.min:
+        out.bucket_limit.extend([*h.edges[1:-1], h.max])
+        out.bucket.extend(h.counts)
+    else:
+        out.bucket_limit.append(h.max)
+        out.bucket.append(float(h.count))
+    return out
+
+
+def test_hand_encoded_events_are_the_bytes_protobuf_writes() -> None:
+    """The step's scalars and histogram blocks are encoded by hand (numpy, wire bytes): every record parses
+    with TensorBoard's protobuf classes and serializes back to the same bytes (canonical: field order, proto3
+    zero omission, -0.0 kept, negative steps), and each value equals what protobuf builds from the same numbers."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from gradlog.measure.histogram import Histograms
+    from gradlog.writers import tb_format
+
+    rng = np.random.default_rng(5)
+    specials = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-320, 1e308]
+    for bins in (1, 2, 15, 16, 64, 512):
+        n = 40
+        counts = rng.integers(0, 1000, (n, bins)).astype(np.int32)
+        counts[3] = 0  # no finite value
+        counts[4, 1:] = 0  # a constant tensor's one bucket (max == min below)
+        moments = np.sort(rng.normal(size=(n, 2)), axis=1)
+        moments = np.concatenate([moments, rng.normal(size=(n, 2)) * 10, rng.integers(0, 3, (n, 1))], axis=1)
+        moments[4, 1] = moments[4, 0]
+        for i in range(5, n):  # zeros and odd values in every field of some rows
+            if rng.random() < 0.4:
+                moments[i, rng.integers(0, 4)] = specials[rng.integers(0, len(specials))]
+        as_float = rng.random() < 0.5  # counts that come as floats, some fractional or negative (read as 0)
+        block = torch.from_numpy(counts.astype(np.float64) + (rng.random((n, bins)) - 0.3 if as_float else 0))
+        hists = Histograms.of(block if as_float else torch.from_numpy(counts), torch.from_numpy(moments), range(n))
+        tags = [("" if i == 7 else f"gradlog/grad/layer{i}.weight" + "é" * (i * 3)) for i in range(n)]
+        for step, wall in ((0, 0.0), (7, -0.0), (-3, 12.5), (2**40, 1.5e9)):
+            out = tb_format.Events()
+            out.scalars(step, wall, [("a", 1.25), ("b", -0.0), ("", 3.0)])
+            out.histograms(step, wall, tags, hists)
+            out.value(step, wall, tb_format.text_value("t", "| a |"))
+            out.histogram(step, wall, "one", next(iter(hists.values())))
+            out.end()
+            (record,) = out.records
+            got = event_pb2.Event.FromString(record)
+            assert got.SerializeToString() == record
+            assert (got.step, got.wall_time) == (step, wall)
+            values = list(got.summary.value)
+            assert [v.tag for v in values] == ["a", "b", "", *tags, "t", "one"]
+            expected = [_proto_histogram(h) for h in hists.values()]
+            for v, want in zip(values[3 : 3 + n], expected):
+                assert v.WhichOneof("value") == "histo"
+                assert v.histo.SerializeToString() == want.SerializeToString()
+            assert values[-1].histo.SerializeToString() == expected[0].SerializeToString()
+            reference = summary_pb2.Summary.Value(tag="t")
+            reference.CopyFrom(tb_format.text_value("t", "| a |"))
+            assert values[-2] == reference
+
+
 # --- the real server ----------------------------------------------------------------------------------
 
 

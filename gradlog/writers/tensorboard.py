@@ -155,9 +155,7 @@ def _encode(fmt: Any, items: list[_Item]) -> list[bytes]:
         if kind == "s":
             out.scalars(step, wall, payload)
         elif kind == "H":
-            tags, hists = payload
-            for tag, h in zip(tags, hists.values()):
-                out.histogram(step, wall, tag, h)
+            out.histograms(step, wall, *payload)
         elif kind == "h":
             out.histogram(step, wall, *payload)
         elif kind == "i":
