@@ -181,6 +181,38 @@ class Stack(nn.Module):
         return self.frozen(x)
 
 
+def test_a_histogram_counted_in_full_has_the_sum_of_squares_by_hand() -> None:
+    """A tensor at or under the sample size is counted in full; its histogram's sum of squares comes from the
+    step's norm (not a second dot product over the same values), as a sampled one's does: within float rounding of
+    the sums by hand of the gradient, the weight and the update (from copies taken at the step), and the gradient's
+    and weight's logged norms squared."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mem = gradlog.MemoryWriter()
+    gl = gradlog.GradLogger(model, opt, writer=mem, every=1, print_report=False)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(3):
+        x, y = torch.randn(16, 64, generator=gen), torch.randn(16, 4, generator=gen)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+        by_hand = {n: {"grad": float((p.grad.double() ** 2).sum())} for n, p in model.named_parameters()}
+        opt.step()
+        for n, p in model.named_parameters():
+            by_hand[n]["weight"] = float((p.detach().double() ** 2).sum())
+            by_hand[n]["update"] = float(((p.detach().double() - before[n]) ** 2).sum())
+        gl.log(step)
+    gl.close()
+    for name, sums in by_hand.items():
+        for kind, want in sums.items():
+            _, h = mem.histograms[f"weights/{kind}/{name}"][-1]
+            assert h.sum_squares == pytest.approx(want, rel=1e-5), (kind, name)
+            if kind != "update":
+                _, norm = mem.scalars[f"weights/{kind}_norm/{name}"][-1]
+                assert h.sum_squares == pytest.approx(norm**2, rel=1e-6), (kind, name)
+
+
 def test_rotation_measures_every_tensors_update_ratio_within_the_promised_steps() -> None:
     torch.manual_seed(0)
     model = Stack()

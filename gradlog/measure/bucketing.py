@@ -52,15 +52,25 @@ def _host_chunks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (x,) if n <= step else tuple(x[i : i + step] for i in range(0, n, step))
 
 
-def _moments(x: torch.Tensor) -> list[torch.Tensor]:
-    """min, max, sum and sum of squares of a flat tensor (four 0-dim tensors), a cache-sized piece at a time.
+def _moments(x: torch.Tensor, squares: bool = True) -> list[torch.Tensor]:
+    """min, max, sum and sum of squares of a flat tensor (four 0-dim tensors), a cache-sized piece at a time;
+    without `squares`, the first three (the step's norm gave the sum of squares: `_known_squares`).
 
     Left unstacked: the caller stacks every tensor's at once (a stack per tensor cost more than the sums)."""
     pieces = _host_chunks(x)
     if len(pieces) == 1:
-        return [*torch.aminmax(x), x.sum(), torch.dot(x, x)]
+        return [*torch.aminmax(x), x.sum(), torch.dot(x, x)] if squares else [*torch.aminmax(x), x.sum()]
     p = torch.stack([torch.stack([*torch.aminmax(c), c.sum(), torch.dot(c, c)]) for c in pieces]).double()
-    return [p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()]
+    return [p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum()][: 4 if squares else 3]
+
+
+def _known_squares(x: torch.Tensor, known: Known | None) -> float | None:
+    """The sum of squares of a tensor counted in full that the step's norm gave (`host_histograms`' `known`), or
+    None where it must be read here. The norm's square, not a second dot product over the same values: they agree
+    to float rounding (the sum of squares is the norm's for a sampled histogram too)."""
+    if known is None or known[1] is None or not math.isfinite(known[1]):
+        return None
+    return known[1] if len(_host_chunks(x)) == 1 else None
 
 
 #: Known moments of one tensor a sampled histogram is made of (`host_histograms`): its (min, max) where a pass
@@ -193,22 +203,27 @@ def _host_histograms(
         # a few MB of tensors at a time: their moments in one stack and one read-back, then their buckets
         # while they are still in the last-level cache (all moments first read every tensor from memory twice)
         for run in _slices(rest, _GROUP_BYTES):
-            parts = [
-                m
-                for j in run
-                if rest[j].numel()
-                for m in (
-                    _sampled_moments(rest[j], known[at[j]] if known is not None else None)
-                    if _is_sampled(rest[j], sample)
-                    else _moments(rest[j])
-                )
-            ]
+            squares: dict[int, float] = {}  # by j: a tensor counted in full whose sum of squares the step's norm gave
+            parts: list[torch.Tensor] = []
+            for j in run:
+                x, kn = rest[j], known[at[j]] if known is not None else None
+                if not x.numel():
+                    continue
+                if _is_sampled(x, sample):
+                    parts += _sampled_moments(x, kn)
+                    continue
+                s2 = _known_squares(x, kn)
+                if s2 is not None:
+                    squares[j] = s2
+                parts += _moments(x, squares=s2 is None)
             host = iter(torch.stack(parts).double().tolist() if parts else [])  # stack promotes fp32 + fp64
             deferred: list[_Sampled] = []
             for j in run:
                 i = at[j]
                 flip = flips is not None and flips[i]
-                _host_row(xs[i], i, bins, (counts, moments), rows, flip, host, scratch, sample, deferred)
+                _host_row(
+                    xs[i], i, bins, (counts, moments), rows, flip, host, scratch, sample, deferred, squares.get(j)
+                )
             if deferred:
                 assert sample is not None
                 _sampled_rows(deferred, bins, rows, sample)
@@ -244,9 +259,11 @@ def _host_row(
     scratch: _Scratch,
     sample: int | None = None,
     deferred: list[_Sampled] | None = None,
+    squares: float | None = None,
 ) -> None:
     """Row `i` of `out` (counts, moments; written through `rows`, their numpy views) for the
-    flat tensor `x`, whose min, max, sum and sum of squares `host` yields next. `flip`: the row of `-x`,
+    flat tensor `x`, whose min, max, sum and sum of squares `host` yields next (`squares`: the sum of squares
+    is that, and `host` yields the other three). `flip`: the row of `-x`,
     counted from x: its min is -max(x), its sum -sum(x) (rounding is symmetric) and its positions
     `(max(x) - x) * scale`. `sample`: the buckets are counted on that many entries (`sampled`) and scaled to x's
     finite values; min, max and the sum of squares stay exact, and the sum is the sample's scaled to x's size
@@ -257,7 +274,8 @@ def _host_row(
         counts[i] = 0
         moments[i] = 0.0
         return
-    lo, hi, s, s2 = (next(host) for _ in range(4))
+    lo, hi, s = next(host), next(host), next(host)
+    s2 = next(host) if squares is None else squares
     if flip:
         lo, hi, s = -hi, -lo, -s
     nonfinite = 0
@@ -400,16 +418,15 @@ def _bucket_counts(
     # one is counted as the last piece of the previous one was, on this thread (a tensor of one piece, like
     # a Linear(256, 256), would otherwise never leave the slow count)
     crowded = lanes > 1 and bool(getattr(_LOCAL, "crowded", False))
+    if a.size <= step and not crowded:  # one piece, spread out (most tensors): its counts are the total
+        pos = _positions(a, edge, mul, flip, fbuf, pbuf)
+        one = torch.bincount(torch.from_numpy(pos), minlength=width)
+        _LOCAL.crowded = lanes > 1 and int(np.maximum.reduce(one.numpy())) * 4 > a.size
+        return one
     total = np.zeros(width, dtype=np.int64)  # numpy: each torch op here cost ~3 us, per piece and per tensor
     for start in range(0, a.size, step):
         part = a[start : start + step]
-        f, pos = fbuf[: part.size], pbuf[: part.size]
-        if flip:
-            np.subtract(edge, part, out=f)
-        else:
-            np.subtract(part, edge, out=f)
-        np.multiply(f, mul, out=f)
-        np.copyto(pos, f, casting="unsafe")  # truncation, as torch's conversion; 0 <= f <= bins (+ rounding)
+        pos = _positions(part, edge, mul, flip, fbuf, pbuf)
         if crowded:
             q = fbuf.view(np.int16)[: part.size]  # the float scratch is free again: int16 fits in it
             np.add(_lane_offsets(step, lanes, width)[: part.size], pos, out=q, dtype=np.int16)
@@ -420,6 +437,22 @@ def _bucket_counts(
         crowded = lanes > 1 and int(got.max()) * 4 > part.size  # a quarter of the piece in one bucket
     _LOCAL.crowded = crowded
     return torch.from_numpy(total)
+
+
+def _positions(
+    part: np.ndarray[Any, Any], edge: Any, mul: Any, flip: bool, fbuf: np.ndarray[Any, Any], pbuf: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """The bucket positions of a piece (`_bucket_counts`), in the scratch: `(part - edge) * mul` (`flip`:
+    `(edge - part) * mul`) truncated to the positions' integers, as torch's conversion truncates; 0 <= f <= bins
+    (+ rounding)."""
+    f, pos = fbuf[: part.size], pbuf[: part.size]
+    if flip:
+        np.subtract(edge, part, out=f)
+    else:
+        np.subtract(part, edge, out=f)
+    np.multiply(f, mul, out=f)
+    np.copyto(pos, f, casting="unsafe")
+    return pos
 
 
 def _lane_offsets(step: int, lanes: int, width: int) -> np.ndarray[Any, Any]:

@@ -504,15 +504,15 @@ class Meter:
         return [r for r, _ in picked], [float(global_numel(p)) for _, p in picked]
 
     def _fuses(self, xs: list[torch.Tensor], device: torch.device) -> bool:
-        """Whether this step's histograms of `xs` take what the step already knows of them (`Known`): sampled
-        histograms, on the CPU (the caller checks that the step is not sharded)."""
-        return self.sample is not None and bool(xs) and on_host(xs, device)
+        """Whether this step's histograms of `xs` take what the step already knows of them (`Known`): on the CPU
+        (the caller checks that the step is not sharded), the norms' sums of squares for every histogram, sampled or
+        not (so a tensor counted in full has the same histogram whatever `sample` is), the ranges for sampled ones."""
+        return bool(xs) and on_host(xs, device)
 
     def _ranges(self, xs: list[torch.Tensor], device: torch.device) -> Ranges | None:
         """A `Ranges` for the tensors of `xs` whose histograms are sampled (None: none to take)."""
-        if not self._fuses(xs, device):
+        if self.sample is None or not self._fuses(xs, device):
             return None
-        assert self.sample is not None
         want = [x.numel() > self.sample for x in xs]
         return Ranges(want) if any(want) else None
 
