@@ -340,6 +340,38 @@ class BertClassifier(nn.Module):
         return nn.functional.cross_entropy(self.head(h[:, 0]), labels)
 
 
+def test_a_compiled_model_compiles_as_often_with_gradlog_as_without() -> None:
+    """torch.compile(model) with an Embedding, gradlog on the optimizer: the first forward's hooks (which watch
+    for modules made inside `forward`) are traced into the compiled forward; registering or removing a hook there
+    was a graph break and 7 compiled frames against 1 without gradlog. Now the same frames, no graph break, and
+    the run is measured (every tensor learned)."""
+    from torch._dynamo.utils import counters
+
+    def run(with_gradlog: bool) -> tuple[int, int, gradlog.Report | None]:
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(50, 16), nn.Flatten(), nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 2))
+        compiled = torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        gl = gradlog.GradLogger(model, opt, every=2, writer="memory", print_report=False) if with_gradlog else None
+        gen = torch.Generator().manual_seed(1)
+        for i in range(6):
+            x, y = torch.randint(0, 50, (32, 4), generator=gen), torch.randint(0, 2, (32,), generator=gen)
+            opt.zero_grad()
+            nn.functional.cross_entropy(compiled(x), y).backward()
+            opt.step()
+            if gl is not None:
+                gl.log(i)
+        report = gl.close() if gl is not None else None
+        return int(counters["frames"]["total"]), sum(counters["graph_break"].values()), report
+
+    base, base_breaks, _ = run(False)
+    frames, breaks, report = run(True)
+    assert (frames, breaks) == (base, base_breaks) == (1, 0), (frames, breaks, base, base_breaks)
+    assert report is not None and not report.never_updated and report.measured_steps == 3
+
+
 def test_bert_detached_features_and_its_healthy_twin() -> None:
     g = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 3, (4,), generator=g))

@@ -742,7 +742,11 @@ class OnceTrace:
             ]
 
     def _first_forward(self, module: nn.Module, args: Any) -> None:
-        """Before the model's first forward: count the parameters any module registers until it returns."""
+        """Before the model's first forward: count the parameters any module registers until it returns. Inside a
+        forward that torch.compile traces, nothing: a hook registered or removed there is a graph break (two more
+        compiled frames on a small model); such a model's modules made inside `forward` go unseen by this hook."""
+        if torch.compiler.is_compiling():
+            return
         register = torch.nn.modules.module.register_module_parameter_registration_hook
         self._first.append(register(self._registered))
 
@@ -752,7 +756,10 @@ class OnceTrace:
 
     def _first_forward_done(self, module: nn.Module, args: Any, output: Any) -> None:
         """After the first forward: every hook of it goes; parameters made during it arm the trace (modules
-        built inside `forward` are made again at every call, and the traced step names them)."""
+        built inside `forward` are made again at every call, and the traced step names them). Traced by
+        torch.compile: nothing (see `_first_forward`); the hooks stay, inert, until an eager forward or close."""
+        if torch.compiler.is_compiling():
+            return
         self._unhook_first()
         if self.made_in_forward:
             self.arm()
