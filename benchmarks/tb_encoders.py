@@ -4,17 +4,18 @@ A real `GradLogger(model, opt, every=1, writer="tensorboard")` on the overhead b
 and MLP (400 tensors) trains a few steps; the TensorBoard writer's queue items of the last measured step
 are captured (scalars, the packed heatmap row, the grad/weight/update histogram blocks) and encoded:
 
-- Event records: `gradlog.writers.tb_format` (TensorBoard's protobuf classes, each value added in place to
-  the open Event) against the same records from `Summary.Value` objects copied into a `Summary`, and from
-  the hand `struct` encoder it replaced (`git show 1aac06c:gradlog/writers/tb_format.py`, `--old-format`);
-  all decode to equal `Event` messages (checked here).
+- Event records: `gradlog.writers.tb_format` (wire bytes: a step's scalars and each histogram block laid out
+  with numpy, the few other values as protobuf messages) against the same records from `Summary.Value`
+  objects copied into a `Summary`, and, with `--old-format`, from an earlier `tb_format` module file (such as
+  the per-value `struct` encoder of 1aac06c, or the protobuf-in-place one before 0fd7337); all decode to equal
+  `Event` messages (checked here).
 - TFRecord framing: `gradlog.writers.tfrecord.frames` (the `crc32c` package) against TensorBoard's own
   `RecordWriter` (its `masked_crc32c`, pure Python when TensorFlow is not installed).
 - The overview PNG: gradlog's zlib encoder (`gradlog.writers.png.encode_png`) against Pillow's, on the same
   pixels of overview heatmaps of 77 to 5,000 tensors.
 
 Best of `--repeat` timings, in one process. Run:
-    git show 1aac06c:gradlog/writers/tb_format.py > /tmp/old_tb_format.py
+    git show 0fd7337^:gradlog/writers/tb_format.py > /tmp/old_tb_format.py
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/tb_encoders.py --old-format /tmp/old_tb_format.py
 """
 
@@ -166,9 +167,17 @@ def records_table(repeat: int, tmp: str, old_format: str | None) -> None:
     from tensorboard.summary.writer.record_writer import RecordWriter
 
     hand = load(old_format, "old_tb_format") if old_format else None
+    events_cls = getattr(hand, "Events", None)
+    if events_cls is not None and not hasattr(events_cls, "histograms"):  # before histogram blocks were encoded whole
+
+        def histograms(self: Any, step: int, wall: float, tags: Sequence[str], hists: Any) -> None:
+            for tag, h in zip(tags, hists.values()):
+                self.histogram(step, wall, tag, h)
+
+        events_cls.histograms = histograms
     objects = value_objects()
-    print("| model | values (scalars / histograms) | hand `struct` encoder ms | `Summary.Value` objects ms |", end="")
-    print(" added in place (gradlog) ms | in place / hand | bytes | frames (crc32c) ms | TB RecordWriter ms | x |")
+    print("| model | values (scalars / histograms) | --old-format encoder ms | `Summary.Value` objects ms |", end="")
+    print(" gradlog ms | gradlog / old | bytes | frames (crc32c) ms | TB RecordWriter ms | x |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in ("gpt", "mlp"):
         items = step_items(name, tmp)
@@ -181,9 +190,14 @@ def records_table(repeat: int, tmp: str, old_format: str | None) -> None:
             lambda: _encode(tb_format, items),  # noqa: B023
             lambda: grouped(objects, items, per_value),  # noqa: B023
         ]
-        if hand is not None:
-            assert [event_pb2.Event.FromString(r) for r in grouped(hand, items, per_value)] == events
-            fns.append(lambda: grouped(hand, items, per_value))  # noqa: B023
+        if hand is not None:  # an `Events` module is driven as gradlog's, a per-value one through `grouped`
+            old: Callable[[], list[bytes]] = (
+                (lambda: _encode(hand, items))  # noqa: B023
+                if hasattr(hand, "Events")
+                else (lambda: grouped(hand, items, per_value))  # noqa: B023
+            )
+            assert [event_pb2.Event.FromString(r) for r in old()] == events
+            fns.append(old)
         t_new, t_objects, *t_hand = interleaved(fns, repeat)
         hand_ms, ratio = (f"{t_hand[0]:.2f}", f"{t_new / t_hand[0]:.2f}x") if t_hand else ("-", "-")
         t_frames = best(lambda: tfrecord.frames(records), repeat)  # noqa: B023
