@@ -318,6 +318,27 @@ def test_one_tensor_jumping_alone_needs_three_times_the_factor_but_tensors_jumpi
     assert sorted(run([*calm, 15.0, 1.0, 1.0], [*calm, 15.0, 1.0, 1.0])) == [("a", 6), ("b", 6)]  # together
 
 
+def test_a_layers_weight_and_bias_jumping_together_are_one_lone_jump() -> None:
+    """The Perceiver's decoder query (tests/zoo5.py, healthy) had its weight and bias jump 24x for one step and
+    come back: one layer's jump (the bias's gradient sums the weight's error signals), named only from 30x as
+    one tensor's is. The same jump in two layers is shared and named from 10x."""
+    calm = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95]
+    jump, quiet = [*calm, 24.0, 1.0, 1.0], [*calm, 1.0, 1.0, 1.0]
+
+    def run(names: list[str], norms: list[list[float]]) -> list[tuple[str, int]]:
+        judge = Alerts(emit=False)
+        for step, row in enumerate(zip(*norms)):
+            judge.step(step, [Entry(key=n, name=n, grad_norm=g) for n, g in zip(names, row)])
+        judge.finish()
+        return sorted((al.name, al.step) for al in judge.fired if al.kind == "grad_norm_spike")
+
+    one_layer = ["dec.q.weight", "dec.q.bias", "enc.k.weight"]
+    assert run(one_layer, [jump, jump, quiet]) == []
+    assert run(one_layer, [[*calm, 40.0, 1.0, 1.0], jump, quiet]) == [("dec.q.weight", 6)]  # 40x: news alone
+    two_layers = ["dec.q.weight", "enc.k.weight", "enc.v.weight"]
+    assert run(two_layers, [jump, jump, quiet]) == [("dec.q.weight", 6), ("enc.k.weight", 6)]
+
+
 def test_a_noisy_norm_is_judged_against_its_own_step_to_step_changes() -> None:
     """A norm that swings 10x from step to step (LoRA's A early on) needs more than 10x to be news: the limit is
     5 robust spreads of its log10 changes, and the alert says so."""

@@ -120,9 +120,11 @@ SPIKE_Z = 5.0
 #: tensor that fell most (named, at step 20), 10-22% on the three others (not named).
 SPIKE_CONFIRM = 3
 SPIKE_FALLBACK = 0.25
-#: A tensor that jumps alone (no other tensor past its own limit at that measured step) is named only from this
-#: many times the factor (30x at the default 10). Healthy tiny-batch runs show lone one-step jumps of 13-15x in
-#: one tensor that come back at once (RoBERTa's layer-0 query under Trainer, DistilBERT's layer-0 FFN bias
+#: A tensor that jumps alone (no tensor of another layer past its own limit at that measured step) is named only
+#: from this many times the factor (30x at the default 10). A layer's weight and bias are one: the Perceiver's
+#: decoder query weight and bias jumped 24x together for one step on a healthy run (tests/zoo5.py), the bias's
+#: gradient being the sum of the weight's error signals. Healthy tiny-batch runs show lone one-step jumps of
+#: 13-15x in one tensor that come back at once (RoBERTa's layer-0 query under Trainer, DistilBERT's layer-0 FFN bias
 #: with a hard batch: tests/zoo.py); what breaks a run moves many tensors at once (a garbage batch, a lr kick:
 #: 4 tensors past 10x on GPT-2) or one layer far more (a layer's gradient x100).
 LONE_SPIKE_FACTOR = 3.0
@@ -225,6 +227,14 @@ def _no_grad_evidence(st: _State) -> str | None:
     if p >= MAX_CHANCE:
         return None
     return f", after a gradient at {st.with_grad} of the {st.judged} before (chance {p:.1g} at a steady rate)"
+
+
+def _layer(name: str) -> str:
+    """The layer a tensor belongs to, for telling a lone jump from a shared one (`LONE_SPIKE_FACTOR`): its
+    module's name (`dec.q.weight` and `dec.q.bias` are one layer, whose bias gradient is the sum of the weight
+    gradient's error signals: they jump together by construction); a tensor with no module prefix is its own."""
+    module, dot, _ = name.rpartition(".")
+    return module if dot else name
 
 
 @dataclass
@@ -380,7 +390,7 @@ class Alerts:
         self.fired: list[Alert] = []
         self._seen: set[tuple[Hashable, str]] = set()
         self._state: dict[Hashable, _State] = {}
-        self._candidates_at: dict[int, int] = {}  # measured step -> tensors that became spike candidates there
+        self._candidates_at: dict[int, set[str]] = {}  # measured step -> layers with a spike candidate there
         self._levels: dict[tuple[str, str], _HeldLevel] = {}  # (role, measure) -> the highest median it held
         self._printed: set[str] = set()
 
@@ -501,7 +511,7 @@ class Alerts:
             if found is not None and not noise(g):
                 ref, what, limit = found
                 st.pending = _Candidate(index, e, g, math.log10(ref), what, math.log10(limit))
-                self._candidates_at[index] = self._candidates_at.get(index, 0) + 1
+                self._candidates_at.setdefault(index, set()).add(_layer(e.name))
         st.remember(x)
 
     def _settle(self, c: _Candidate, fire: _Fire) -> None:
@@ -516,7 +526,7 @@ class Alerts:
         if not c.spike():
             return None
         ref, limit = 10**c.ref, 10**c.limit
-        alone = self._candidates_at.get(c.step, 0) < 2
+        alone = len(self._candidates_at.get(c.step, ())) < 2
         if alone and c.norm / ref < LONE_SPIKE_FACTOR * max(limit, self.spike_factor):
             return None  # one tensor's lone jump within 30x: seen in healthy runs (LONE_SPIKE_FACTOR)
         noisy = f"; its steps vary enough that only > {limit:.3g}x counts" if limit > self.spike_factor else ""
