@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from gradlog.measure.trace import Foreign, Site, TraceResult
+from gradlog.measure.trace import BUFFER, Foreign, Site, TraceResult
 from gradlog.verdict.report import NeverUpdated, Reason, Stalled
 
 #: the hint `gradlog.verdict.diagnosis` gives when every trainable tensor had grad None
@@ -25,6 +25,17 @@ CLEARED_HINT = (
 )
 
 
+def _step_first(trace: TraceResult) -> str:
+    """The loop's order, where step() comes before backward() in it: what clears the gradient in between."""
+    if not trace.step_before_backward() or trace.step_site is None or trace.backward_site is None:
+        return ""
+    return (
+        f": the loop calls step() at {trace.step_site.quoted()} before backward() at "
+        f"{trace.backward_site.quoted()}, so each step() finds the gradient the next iteration's zero_grad() "
+        "cleared (or none yet); fix: call step() after backward() (zero_grad(), forward, backward(), step())"
+    )
+
+
 def _zeroed_fix(op: str | None, site: Site | None) -> str:
     """The fix for a gradient backward() computed and something zeroed before step(), from what wrote it last."""
     if (site is not None and "clip_grad_value" in site.code) or op in ("_foreach_clamp_max_", "clamp_", "clamp_max_"):
@@ -36,13 +47,13 @@ def _zeroed_fix(op: str | None, site: Site | None) -> str:
     return "leave the gradients as backward() wrote them until step()"
 
 
-def cause(pid: int, trace: TraceResult) -> str | None:
-    """What the traced step says kept one weight from a gradient, ending with the fix; None: it cannot say."""
+def cause(pid: int, trace: TraceResult, name: str | None = None) -> str | None:
+    """What the traced step says kept one weight from a gradient, ending with the fix; None: it cannot say.
+    `name`: the weight's name in the model, where known (a slot forward filled with another tensor)."""
     label = trace.label()
     if trace.cleared(pid):
-        return (
-            f"{label}: backward() wrote its gradient and it was None at step(): cleared in between; fix: {_CLEARED_FIX}"
-        )
+        said = f"{label}: backward() wrote its gradient and it was None at step(): cleared in between"
+        return said + (_step_first(trace) or f"; fix: {_CLEARED_FIX}")
     if trace.zeroed(pid):
         op, site = trace.zeroed_by.get(pid, (None, None))
         by = f" by `{op}`" if op else ""
@@ -74,6 +85,15 @@ def cause(pid: int, trace: TraceResult) -> str | None:
             f"{label}: the loss has no grad_fn (a new tensor built from numbers), so no path leads to any "
             "weight; fix: return the loss tensor the model's outputs computed"
         )
+    held, swap_site = trace.swapped.get(name or "", (pid, None))
+    if pid not in trace.used and pid in trace.none_at_step and held != pid:
+        where = f", swapped in at {swap_site.quoted()}" if swap_site is not None else ""
+        return (
+            f"{label}: its module ran with another tensor in its place{where} ({name}: torch.func.functional_call "
+            "or another stateless call swaps in the tensors it is given), so backward() gave that tensor the "
+            "gradient and no torch call read this one, which the optimizer steps; fix: pass the model's own "
+            "parameters (dict(model.named_parameters())), or build the optimizer over the tensors you pass"
+        )
     if pid not in trace.used and pid in trace.none_at_step:
         return (
             f"{label}: no torch call read it, so it is unused in forward; fix: call its module in forward(), "
@@ -88,7 +108,9 @@ def locate(records: Sequence[NeverUpdated], ids: Mapping[str, int], trace: Trace
     out = []
     for rec in records:
         pid = ids.get(rec.name)
-        why = None if pid is None or rec.reason not in (Reason.NO_GRAD, Reason.ZERO_GRAD) else cause(pid, trace)
+        why = (
+            None if pid is None or rec.reason not in (Reason.NO_GRAD, Reason.ZERO_GRAD) else cause(pid, trace, rec.name)
+        )
         if why is None:
             out.append(rec)
             continue
@@ -113,6 +135,14 @@ def _detail(f: Foreign) -> str:
     head = f"used in the traced step{used} and given a gradient, but not a parameter of the model"
     if f.container is not None and f.path is not None:
         attr = f.path.split("[")[0]
+        if f.container == BUFFER:
+            short = attr.rsplit(".", 1)[-1]
+            return (
+                f"{head}: {attr} is {f.container}: it requires grad, so backward() gives it a gradient, but buffers "
+                "are not in parameters(), so no optimizer steps it; fix: register it as a parameter "
+                f"(self.{short} = nn.Parameter(...), or self.register_parameter('{short}', ...)), or keep it a "
+                "buffer without requires_grad if it is not meant to learn"
+            )
         if f.container.startswith("a plain tensor"):
             return (
                 f"{head}: {attr} is {f.container}, so no optimizer sees it; "
@@ -142,13 +172,16 @@ def traced_hint(
     if not pids:
         return hint
     if all(trace.cleared(p) for p in pids):
-        return prefix + CLEARED_HINT
+        order = _step_first(trace)
+        return prefix + (
+            f"{_NONE_HINT} at step(), yet backward() computed their gradients{order}" if order else CLEARED_HINT
+        )
     if any(p in trace.accumulated for p in pids):
         return hint
     cuts = [trace.cut_of[p] for p in pids if p in trace.cut_of]
     nearest = max(cuts, key=lambda c: c.seq) if cuts else None  # the cut nearest the loss
     first = next((p for p in pids if trace.cut_of.get(p) is nearest), pids[0])
-    why = cause(first, trace)
+    why = cause(first, trace, next((n for n, p in ids.items() if p == first), None))
     where = f": {why.split('): ', 1)[-1]}" if why else ""  # the cause without the trace's label
     return f"{prefix}{_NONE_HINT}: the loss never reached them (backward() wrote no gradient){where}"
 
