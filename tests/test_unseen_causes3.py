@@ -266,3 +266,45 @@ def test_an_embedding_with_max_norm_is_healthy() -> None:
 
     report, same = _run(model, opt, loop)
     assert not same and report.healthy and not report.never_updated and not report.partly_updated, report.table()
+
+
+# --- param groups built by a name test that misses every bias -----------------------------------------------------
+@pytest.mark.parametrize("suffix", ["Bias", "bias"])
+def test_biases_a_name_filter_left_out_of_the_optimizer_are_one_finding(suffix: str) -> None:
+    """Decay and no-decay groups built from named_parameters(), the second with a typo ("Bias"): every bias is in
+    no group. Before: 3 findings, one per module, each guessing "added after the optimizer was built?" (they were
+    made with the weights the optimizer holds). Now one finding naming the filter and the attribute; the right
+    name test (the twin) learns."""
+    torch.manual_seed(0)
+    model = DeadLayer(0.0)
+    decay = [p for n, p in model.named_parameters() if not n.endswith("bias")]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith(suffix)]  # planted: filter
+    opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-2)
+    report, same = _run(model, opt, _loop(model, opt))
+    if suffix == "bias":
+        assert not same and report.healthy, report.table()
+        return
+    biases = {"inp.bias", "mid.bias", "head.bias"}
+    assert same == biases
+    got = _details(report)
+    assert set(got) == biases and {r for r, _ in got.values()} == {Reason.NOT_IN_OPTIMIZER} and not report.healthy
+    for _, detail in got.values():
+        assert "added after the optimizer was built" not in detail, detail
+        assert "left out by name: every `bias` of 3 modules (inp.bias, mid.bias, head.bias) is in none" in detail
+        assert "while their modules' other tensors are in param group 0" in detail
+        assert "fix: check the name test that builds the param groups" in detail
+    assert "(30 optimizer steps, 6 measured; 1 problem)" in report.verdict, report.verdict
+    assert "inp, mid, head" in report.table() and "3 tensors (inp.bias, mid.bias, head.bias)" in report.table()
+
+
+def test_a_parameter_added_to_one_module_after_the_optimizer_keeps_its_guess() -> None:
+    """One tensor left out (registered on a module after the optimizer was built): no filter explains one name in
+    one module, so the record keeps "added after the optimizer was built?"."""
+    torch.manual_seed(0)
+    model = DeadLayer(0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.mid.extra = nn.Parameter(torch.zeros(16))
+    report, _ = _run(model, opt, _loop(model, opt))
+    got = _details(report)
+    assert set(got) == {"mid.extra"} and got["mid.extra"][0] == Reason.NOT_IN_OPTIMIZER
+    assert "(added after the optimizer was built?)" in got["mid.extra"][1]
