@@ -1569,3 +1569,37 @@ class LearnedScale(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(torch.relu(self.inp(x)) * self.scale)
         return out
+
+
+class GainMadeInForward(DeadLayer):
+    """DeadLayer(0) (healthy) times a per-unit `gain` that forward makes anew at every call (marked:
+    ``self.gain = nn.Parameter(torch.ones(16))``), as a user who meant it to learn writes it in the wrong method:
+    the optimizer holds the first one (when `warm`: one forward ran before it was built) or none, forward reads a
+    new one each step, and no `gain` ever learns. `made_in="init"` is the healthy twin (made once in __init__)."""
+
+    def __init__(self, made_in: str = "forward") -> None:
+        super().__init__(0.0)
+        self.made_in = made_in
+        if made_in == "init":
+            self.gain = nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.made_in == "forward":
+            self.gain = nn.Parameter(torch.ones(16))  # planted: gain
+        out: torch.Tensor = self.head(torch.relu(self.mid(torch.relu(self.inp(x)))) * self.gain)
+        return out
+
+
+class FreezesInForward(DeadLayer):
+    """DeadLayer(0) (healthy) whose forward calls ``self.mid.requires_grad_(False)`` at every call when `freeze`
+    (marked): a freeze meant for a later phase, written in the wrong place. `mid.*` never gets a gradient, though
+    it required grad when the optimizer and gradlog started; False is the healthy twin."""
+
+    def __init__(self, freeze: bool = True) -> None:
+        super().__init__(0.0)
+        self.freeze = freeze
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.freeze:
+            self.mid.requires_grad_(False)  # planted: freeze
+        return super().forward(x)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import DeadLayer, LearnedScale, SaturatedBranch, planted_site
+from catalogue import DeadLayer, FreezesInForward, GainMadeInForward, LearnedScale, SaturatedBranch, planted_site
 from test_unseen_causes import _batch, _classify, _details
 from torch import nn
 
@@ -47,7 +47,9 @@ def _run(
         loop(s)
         gl.log(s)
     report = gl.close()
-    same = {n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p.detach(), start[n])}
+    same = {
+        n for n, p in model.named_parameters() if n in start and p.requires_grad and torch.equal(p.detach(), start[n])
+    }
     return report, same
 
 
@@ -308,3 +310,55 @@ def test_a_parameter_added_to_one_module_after_the_optimizer_keeps_its_guess() -
     got = _details(report)
     assert set(got) == {"mid.extra"} and got["mid.extra"][0] == Reason.NOT_IN_OPTIMIZER
     assert "(added after the optimizer was built?)" in got["mid.extra"][1]
+
+
+# --- an nn.Parameter made again in every forward -------------------------------------------------------------------
+@pytest.mark.parametrize(("made_in", "warm"), [("forward", True), ("forward", False), ("init", False)])
+def test_a_parameter_made_in_every_forward_is_one_finding_with_its_line(made_in: str, warm: bool) -> None:
+    """`self.gain = nn.Parameter(torch.ones(16))` inside forward. Before: two records for one cause, `gain`
+    not_in_model ("its module was replaced or deleted after the optimizer was built") and `gain` unknown ("never
+    materialised (lazy or meta parameter), or first seen after the last step") when a forward ran before the
+    optimizer was built; without one, only `gain` unknown (the same words, wrong: it is in no param group). Now one
+    record naming the line and the fix; made once in __init__ (the twin) it learns."""
+    torch.manual_seed(0)
+    model = GainMadeInForward(made_in)
+    if warm:
+        model(torch.zeros(2, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = getattr(model, "gain", None)
+    report, _ = _run(model, opt, _loop(model, opt))
+    if made_in == "init":
+        assert report.healthy and not report.never_updated, report.table()
+        return
+    assert model.gain is not first and torch.equal(model.gain.detach(), torch.ones(16))  # never learned
+    gains = [r for r in report.never_updated if r.name == "gain"]
+    assert len(gains) == 1 and len(report.never_updated) == 1 and not report.healthy, report.table()
+    assert gains[0].reason == (Reason.NOT_IN_MODEL if warm else Reason.NOT_IN_OPTIMIZER)
+    detail = gains[0].detail
+    site = planted_site(GainMadeInForward, "gain")
+    assert "forward makes a new nn.Parameter `gain` at every call at " in detail and f"{site} (`self.gain = " in detail
+    assert "fix: create it once in __init__ and only use it in forward" in detail, detail
+
+
+# --- requires_grad_(False) inside forward -------------------------------------------------------------------------
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_freeze_inside_forward_names_its_line(freeze: bool) -> None:
+    """`self.mid.requires_grad_(False)` in forward. Before: `frozen` (suspect, a problem) "requires_grad was True
+    when gradlog started and is False now ...: a freeze meant for another layer, or for later in training?", no
+    place. Now the same record, one finding for the layer, with the line that freezes it at every step; without
+    the call (the twin) it learns."""
+    torch.manual_seed(0)
+    model = FreezesInForward(freeze)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    report, same = _run(model, opt, _loop(model, opt))
+    if not freeze:
+        assert not same and report.healthy, report.table()
+        return
+    got = _details(report)
+    assert set(got) == {"mid.weight", "mid.bias"} and {r for r, _ in got.values()} == {Reason.FROZEN}
+    assert not report.healthy and "(30 optimizer steps, 6 measured; 1 problem)" in report.verdict, report.verdict
+    site = planted_site(FreezesInForward, "freeze")
+    for _, detail in got.values():
+        assert "frozen during the run, before it ever updated" in detail
+        assert "set to requires_grad=False at " in detail and f"{site} (`self.mid.requires_grad_(False)`)" in detail
+        assert "which runs at every step" in detail and "fix: freeze it once before training" in detail

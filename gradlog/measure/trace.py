@@ -42,7 +42,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+    register_module_parameter_registration_hook,
+)
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
@@ -270,6 +274,11 @@ class TraceResult:
     foreign: list[Foreign] = field(default_factory=list)
     #: the loss had no grad_fn: it was rebuilt as a new leaf (or never required grad); its cut, where one is known
     loss_leaf: bool = False
+    #: a parameter's name -> where the traced step registered it anew on the model's module (an nn.Parameter
+    #: made in forward: a new tensor at every call, never the one the optimizer steps)
+    remade: dict[str, Site | None] = field(default_factory=dict)
+    #: id -> where the traced step set the weight's requires_grad to False (``requires_grad_(False)`` in forward)
+    frozen_by: dict[int, Site | None] = field(default_factory=dict)
     #: where the traced step's backward() and the optimizer's step() were called from
     backward_site: Site | None = None
     step_site: Site | None = None
@@ -529,6 +538,16 @@ def _cut_kind(name: str, outs: list[torch.Tensor]) -> str | None:
     return "other"
 
 
+def _freezes(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """``t.requires_grad_(False)`` or ``t.requires_grad = False``: a call that turns a tensor's gradient off."""
+    name = getattr(func, "__name__", "")
+    if name == "requires_grad_":
+        flag = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+        return flag is False
+    owner = getattr(func, "__self__", None)
+    return name == "__set__" and getattr(owner, "__name__", "") == "requires_grad" and len(args) > 1 and not args[1]
+
+
 def _is_zero_number(value: Any) -> bool:
     """The Python number 0 (a factor `0 * loss_b`), not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
@@ -635,6 +654,7 @@ class StepTrace:
         # is off before anything reads the weights for the step
         self._handles.append(register_optimizer_step_pre_hook(self._step_pre_hook))
         self._handles.append(register_module_forward_pre_hook(self._entered))
+        self._handles.append(register_module_parameter_registration_hook(self._registered))
         self._handles.append(register_module_forward_hook(self._left, always_call=True))
         self._mode.__enter__()  # type: ignore[no-untyped-call]
         self._recording = True
@@ -686,6 +706,13 @@ class StepTrace:
             if t is not None and id(t) not in self._stepped_ids and t.requires_grad:
                 self._result.swapped.setdefault(prefix + pname, (id(t), self._call_site))
 
+    def _registered(self, module: nn.Module, name: str, param: Any) -> None:
+        """A parameter registered on a module of the model during the step (``self.w = nn.Parameter(...)`` in
+        forward): the model's tensor of that name is new at every call."""
+        prefix = self._prefixes.get(id(module))
+        if prefix is not None and param is not None and self._recording:
+            self._result.remade.setdefault(prefix + name, user_site())
+
     def _left(self, module: nn.Module, *_: Any) -> None:
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
@@ -731,6 +758,8 @@ class StepTrace:
         if self._seen > MAX_CALLS:  # a step that never ends (an evaluation loop before the next step)
             self._pause()
             return
+        if args and isinstance(args[0], torch.Tensor) and id(args[0]) in self.params and _freezes(func, args, kwargs):
+            self._result.frozen_by.setdefault(id(args[0]), user_site())
         if func is torch.Tensor.backward:
             self._result.backward_site = self._result.backward_site or user_site()
             self._after_backward = True
@@ -871,6 +900,9 @@ class OnceTrace:
         known = {id(p) for p in model.parameters()}
         if optimizer is not None:
             known |= {id(p) for g in optimizer.param_groups for p in g["params"]}
+        #: ids of the model's tensors that required grad at the start: one frozen since arms the trace, which
+        #: then names the line that freezes it, where that line runs at every step (in forward)
+        self.trainable = frozenset(id(p) for p in model.parameters() if p.requires_grad)
         #: the first forward's hooks and, during it, the global parameter-registration hook (`_first_forward`)
         self._first: list[RemovableHandle] = []
         self.made_in_forward = 0  # parameters registered during the model's first forward
@@ -881,6 +913,18 @@ class OnceTrace:
                 model.register_forward_pre_hook(self._first_forward),
                 model.register_forward_hook(self._first_forward_done, always_call=True),
             ]
+
+    def refrozen(self) -> bool:
+        """A tensor of the model that required grad at the start and is frozen now, while the optimizer holds it
+        (measured steps leave frozen tensors out, so `starved` cannot see it): the trace names the line that
+        freezes it, where that line runs at every step. One pass over the parameters, at the first measured
+        step only."""
+        model = self._model()
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        if model is None or optimizer is None:
+            return False
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        return any(not p.requires_grad and id(p) in self.trainable and id(p) in held for p in model.parameters())
 
     def _first_forward(self, module: nn.Module, args: Any) -> None:
         """Before the model's first forward: count the parameters any module registers until it returns."""

@@ -103,11 +103,22 @@ def cause(pid: int, trace: TraceResult, name: str | None = None) -> str | None:
 
 
 def locate(records: Sequence[NeverUpdated], ids: Mapping[str, int], trace: TraceResult) -> list[NeverUpdated]:
-    """`records` with the traced cause in the detail of each no-gradient or zero-gradient one (`ids`: tensor
-    name -> `id` of the parameter); the other records as they were."""
+    """`records` with the traced cause in the detail of each no-gradient or zero-gradient one, and the line that
+    froze each frozen one the traced step froze again (`ids`: tensor name -> `id` of the parameter); the other
+    records as they were."""
     out = []
     for rec in records:
         pid = ids.get(rec.name)
+        if pid is not None and rec.reason == Reason.FROZEN and pid in trace.frozen_by:
+            site = trace.frozen_by[pid]
+            at = f" at {site.quoted()}" if site is not None else ""
+            said = (
+                f"; {trace.label()}: set to requires_grad=False{at}, which runs at every step (inside forward or "
+                "the loop), so it never trains; fix: freeze it once before training if that is meant, or remove "
+                "that call"
+            )
+            out.append(dataclasses.replace(rec, detail=rec.detail + said))
+            continue
         why = (
             None if pid is None or rec.reason not in (Reason.NO_GRAD, Reason.ZERO_GRAD) else cause(pid, trace, rec.name)
         )
@@ -116,6 +127,37 @@ def locate(records: Sequence[NeverUpdated], ids: Mapping[str, int], trace: Trace
             continue
         evidence = rec.detail.split(": unused in forward")[0]  # the guesses make way for the traced answer
         out.append(dataclasses.replace(rec, detail=f"{evidence}; {why}"))
+    return out
+
+
+def remade(records: Sequence[NeverUpdated], trace: TraceResult) -> list[NeverUpdated]:
+    """`records` with one record per parameter forward makes anew at every call (``self.gain =
+    nn.Parameter(...)`` in forward), saying so with the line: the optimizer's first tensor of that name
+    (`not_in_model`) where there is one, else the model's latest; the other records of that name (the latest
+    one, first seen after the last step or in no param group) are the same cause and go."""
+    kinds = (Reason.NOT_IN_MODEL, Reason.UNKNOWN, Reason.NOT_IN_OPTIMIZER)
+    named = {r.name for r in records if r.name in trace.remade and r.reason in kinds}
+    keep = {
+        n: next((r for r in records if r.name == n and r.reason == Reason.NOT_IN_MODEL), None)
+        or next(r for r in records if r.name == n and r.reason in kinds)
+        for n in named
+    }
+    out: list[NeverUpdated] = []
+    for rec in records:
+        if rec.name not in named or rec.reason not in kinds:
+            out.append(rec)
+        elif rec is keep[rec.name]:
+            site = trace.remade[rec.name]
+            at = f" at {site.quoted()}" if site is not None else ""
+            said = (
+                f"{trace.label()}: forward makes a new nn.Parameter `{rec.name}` at every call{at}: the tensor "
+                "the optimizer holds (if any) is not the one forward reads, and each new one is in no param group "
+                "and replaced at the next call, so none ever learns; fix: create it once in __init__ and only use "
+                "it in forward"
+            )
+            # the model's latest tensor of the name, where the optimizer holds none: it is in no param group
+            reason = Reason.NOT_IN_OPTIMIZER if rec.reason == Reason.UNKNOWN else rec.reason
+            out.append(dataclasses.replace(rec, reason=reason, detail=said))
     return out
 
 
