@@ -1603,3 +1603,28 @@ class FreezesInForward(DeadLayer):
         if self.freeze:
             self.mid.requires_grad_(False)  # planted: freeze
         return super().forward(x)
+
+
+class CutInForward(DeadLayer):
+    """DeadLayer(0) (healthy) whose forward cuts `inp` and `mid` off the loss on one marked line, as a user writes
+    it by mistake: "argmax" (a hard choice fed to an embedding, no straight-through estimator), "compare" (a
+    ``> 0`` gate), "tensor" (``torch.tensor(h)``: a copy with no graph), or "none", the healthy twin. With a cut,
+    `inp.*` and `mid.*` get no gradient; the head learns (and `codes`, the embedding argmax and the twin read)."""
+
+    def __init__(self, cut: str = "none") -> None:
+        super().__init__(0.0)
+        self.cut = cut
+        self.codes = nn.Embedding(16, 16) if cut in ("argmax", "none") else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.mid(torch.relu(self.inp(x)))
+        if self.cut == "argmax" and self.codes is not None:
+            h = self.codes(h.argmax(-1))  # planted: argmax
+        elif self.cut == "compare":
+            h = (h > 0).float() * x.sum(1, keepdim=True)  # planted: compare
+        elif self.cut == "tensor":
+            h = torch.tensor(h)  # planted: tensor
+        elif self.codes is not None:
+            h = torch.relu(h) + self.codes(x.abs().argmax(-1))
+        out: torch.Tensor = self.head(h)
+        return out

@@ -18,12 +18,21 @@ from typing import Any
 
 import pytest
 import torch
-from catalogue import DeadLayer, FreezesInForward, GainMadeInForward, LearnedScale, SaturatedBranch, planted_site
+from catalogue import (
+    CutInForward,
+    DeadLayer,
+    FreezesInForward,
+    GainMadeInForward,
+    LearnedScale,
+    SaturatedBranch,
+    planted_site,
+)
 from test_unseen_causes import _batch, _classify, _details
 from torch import nn
 
 import gradlog
 from gradlog import Reason
+from gradlog.verdict.weight_decay import WeightDecayWipe
 
 STEPS = 30
 
@@ -362,3 +371,76 @@ def test_a_freeze_inside_forward_names_its_line(freeze: bool) -> None:
         assert "frozen during the run, before it ever updated" in detail
         assert "set to requires_grad=False at " in detail and f"{site} (`self.mid.requires_grad_(False)`)" in detail
         assert "which runs at every step" in detail and "fix: freeze it once before training" in detail
+
+
+# --- right before, kept: cuts in forward -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cut", "said"),
+    [
+        ("argmax", "by `argmax` (returns integers/booleans: not differentiable)"),
+        ("compare", "by `gt` (returns integers/booleans: not differentiable)"),
+        ("tensor", "by `tensor`"),
+        ("none", ""),
+    ],
+)
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
+def test_a_non_differentiable_op_in_forward_is_named_by_its_line(cut: str, said: str) -> None:
+    """An argmax without a straight-through estimator, a `> 0` gate, `torch.tensor(h)`: `no_grad` on inp.* and
+    mid.*, each naming the line and the op (already right; a guard)."""
+    torch.manual_seed(0)
+    model = CutInForward(cut)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    report, same = _run(model, opt, _loop(model, opt))
+    if cut == "none":
+        assert not same and report.healthy and not report.never_updated, report.table()
+        return
+    cut_off = {"inp.weight", "inp.bias", "mid.weight", "mid.bias"}
+    got = _details(report)
+    assert same >= cut_off and set(got) == cut_off and {r for r, _ in got.values()} == {Reason.NO_GRAD}
+    site = planted_site(CutInForward, cut)
+    for _, detail in got.values():
+        assert f"{site} (`" in detail and said in detail, detail
+
+
+@pytest.mark.parametrize("bug", ["loss_leaf", "data_assign", "weight_decay"])
+def test_loop_bugs_gradlog_already_named_stay_named(bug: str) -> None:
+    """A loss rebuilt as `.detach().requires_grad_()` (no_grad on all, the line and `.detach()`), the weight's
+    `.data` replaced by its initial copy after every step (`overwritten`, the line), an AdamW group with
+    weight_decay 100 at lr 1e-2 (`weight_decay.wipes`): already right; guards."""
+    torch.manual_seed(0)
+    model = DeadLayer(0.0)
+    if bug == "weight_decay":
+        rest = [p for n, p in model.named_parameters() if not n.startswith("mid.")]
+        groups: list[dict[str, Any]] = [{"params": model.mid.parameters(), "weight_decay": 100.0}, {"params": rest}]
+        opt = torch.optim.AdamW(groups, lr=1e-2)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    init = model.mid.weight.detach().clone()
+
+    def loop(s: int) -> None:
+        opt.zero_grad()
+        x, y = _batch(s)
+        loss: torch.Tensor
+        if bug == "loss_leaf":
+            loss = nn.functional.cross_entropy(model(x), y).detach().requires_grad_()  # planted: leaf
+        else:
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if bug == "data_assign":
+            model.mid.weight.data = init.clone()  # planted: data_assign
+
+    report, _ = _run(model, opt, loop)
+    assert not report.healthy
+    got = _details(report)
+    if bug == "loss_leaf":
+        assert set(got) == {n for n, _ in model.named_parameters()}
+        for reason, detail in got.values():
+            assert reason == Reason.NO_GRAD and f"{_site_here('leaf')} (`loss = " in detail and "`.detach()`" in detail
+    elif bug == "data_assign":
+        assert set(got) == {"mid.weight"} and got["mid.weight"][0] == Reason.OVERWRITTEN
+        assert f"{_site_here('data_assign')} (`model.mid.weight.data = init.clone()`)" in got["mid.weight"][1]
+    else:
+        assert not got
+        wiped = report.records(WeightDecayWipe)
+        assert {r.name for r in wiped} == {"mid.weight", "mid.bias"}, report.table()

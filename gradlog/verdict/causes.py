@@ -102,10 +102,11 @@ def touched(table: str, records: Sequence[Any]) -> list[str]:
 
 def label(table: str, records: Sequence[Any]) -> str:
     """What a cause is named by: its one tensor, or the module of its first tensor when it has several; for
-    tensors that stopped at one step, the deepest module they all belong to (`common_module`)."""
+    tensors that stopped at one step, and never-updated tensors of several modules (one filter on names left
+    them out of the optimizer), the deepest module they all belong to (`common_module`)."""
     if len(records) == 1:
         return str(records[0].name)
-    if table == "stalled" or len({module_of(r.name) for r in records}) > 1:
+    if table == "stalled" or (table == "never_updated" and len({module_of(r.name) for r in records}) > 1):
         return common_module([str(r.name) for r in records])
     return module_of(records[0].name)
 

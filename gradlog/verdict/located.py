@@ -109,7 +109,7 @@ def locate(records: Sequence[NeverUpdated], ids: Mapping[str, int], trace: Trace
     out = []
     for rec in records:
         pid = ids.get(rec.name)
-        if pid is not None and rec.reason == Reason.FROZEN and pid in trace.frozen_by:
+        if pid is not None and rec.reason == Reason.FROZEN and rec.suspect and pid in trace.frozen_by:
             site = trace.frozen_by[pid]
             at = f" at {site.quoted()}" if site is not None else ""
             said = (
