@@ -444,3 +444,36 @@ def test_loop_bugs_gradlog_already_named_stay_named(bug: str) -> None:
         assert not got
         wiped = report.records(WeightDecayWipe)
         assert {r.name for r in wiped} == {"mid.weight", "mid.bias"}, report.table()
+
+
+# --- a state saved at the start reloaded every epoch ------------------------------------------------------------
+@pytest.mark.parametrize(("period", "every"), [(10, 5), (10, 1), (0, 5)])
+def test_a_saved_state_reloaded_every_epoch_is_overwritten(period: int, every: int) -> None:
+    """`model.load_state_dict(saved)` at the start of every 10-step epoch, `saved` taken before training: the
+    model never keeps more than 10 steps of learning. Before: OK at every=5 and every=1 (the values before two
+    consecutive measured steps always differ, and only a streak of equal ones was looked for). Now
+    `overwritten` naming the steps at which the values were back at step 0's; restored once at step 0 (the
+    twin, period 0) it learns."""
+    torch.manual_seed(0)
+    model = DeadLayer(0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def loop(s: int) -> None:
+        if (period and s % period == 0) or s == 0:
+            model.load_state_dict(saved)  # planted: reload
+        _loop(model, opt)(s)
+
+    report, same = _run(model, opt, loop, every=every)
+    assert not same  # at close each is 9 steps from the start: changed, yet it never learned beyond 10 steps
+    if not period:
+        assert report.healthy and not report.never_updated, report.table()
+        return
+    got = _details(report)
+    # mid.bias starts at zero (DeadLayer(0.0)): a zero tensor back at zero is left to `pruned` (AdaLoRA's ranks
+    # pruned to zero), so the screen leaves zero starts out
+    assert set(got) == {n for n, _ in model.named_parameters()} - {"mid.bias"} and not report.healthy
+    for reason, detail in got.values():
+        assert reason == Reason.OVERWRITTEN, detail
+        assert "yet its values before steps 10 and 20 were those before step 0 again" in detail, detail
+        assert "so it learns only between the resets" in detail

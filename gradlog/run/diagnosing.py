@@ -110,6 +110,7 @@ class Diagnosis:
             earlier,
             self.ledger.evidence,
             self._sites(),
+            self.ledger.returns,
         )
         pruned = pruned_whole(rows, self.ledger.back_to_start, self.ledger.set_back, self._learned(), self._sites())
         never = diagnose(

@@ -186,6 +186,13 @@ class Ledger:
         #: per tracked index, the first two consecutive measured steps (k, k + 1) between which its values
         #: changed outside the optimizer: where a set-back of some of its slices happened at the latest
         self.written_between: dict[int, tuple[int, int]] = {}
+        #: the reset screen (`_returns`): the rows, their sums of squares before the first measured step of
+        #: these rows, which of them the optimizer moved since (or since their last return), and that step
+        self._origin: tuple[list[Tracked], torch.Tensor, torch.Tensor, int] | None = None
+        #: per tracked index: the measured step whose values it came back to, and the later measured steps
+        #: before which its sum of squares was, bit for bit, that step's again after the optimizer had moved it
+        #: (a state saved at the start reloaded every epoch, misaligned with `every`: no streak shows it)
+        self.returns: dict[int, tuple[int, list[int]]] = {}
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -353,6 +360,7 @@ class Ledger:
             after = torch.where(copied, after, torch.full_like(after, math.nan))
         else:
             after = torch.full(upd.shape, math.nan, dtype=upd.dtype)
+        self._returns(m, before, moved)
         prev, self._prev = self._prev, (m.rows, before, moved, m.index, after)
         if prev is None:
             return
@@ -384,6 +392,22 @@ class Ledger:
             else:
                 sb.hits += 1
                 sb.pending = True
+
+    def _returns(self, m: Measurement, before: torch.Tensor, moved: torch.Tensor) -> None:
+        """The reset screen: rows whose sum of squares before this measured step is, bit for bit, the one before
+        the first measured step of these rows, although the optimizer moved them since (a zero start is left
+        out: a zero-initialised tensor pruned back to zero is `pruned`). Whole-tensor ops; Python work only for
+        the rows that came back."""
+        origin = self._origin
+        if origin is None or (origin[0] is not m.rows and origin[0] != m.rows) or origin[1].shape != before.shape:
+            self._origin = (m.rows, before.clone(), moved.clone(), m.index)
+            return
+        _, start, since, at = origin
+        back = since & (before == start) & (start > 0)
+        for i in back.nonzero().flatten().tolist():
+            if m.rows[i].group is not None:
+                self.returns.setdefault(m.rows[i].index, (at, []))[1].append(m.index)
+        self._origin = (m.rows, start, (since & ~back) | moved, at)
 
     def check_set_back(self, rows: list[Tracked], step: int) -> None:
         """At measured step `step`'s pre-hook (the weights as the step finds them): fingerprint the tensors
