@@ -11,7 +11,10 @@ already measured: a tensor's sum of squares before a measured step equal, bit fo
 the previous measured step although that step updated it; only then is it fingerprinted, at the next
 measured step's pre-hook, and again at the one after, and the two compared (`SetBack`): exact, and no
 cost for tensors the screen passes (a max-norm renormalisation keeps the norm, not the values: its
-fingerprints differ, and it is let go).
+fingerprints differ, and it is let go). A reset that no two consecutive measured steps show (a state saved at
+the start reloaded every 10 steps, measured every 5) is screened the same way against the sums of squares before
+the first measured step (`Ledger.returns`): back there, bit for bit, after the optimizer moved it, at two or more
+later measured steps.
 """
 
 from __future__ import annotations
