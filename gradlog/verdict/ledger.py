@@ -31,6 +31,11 @@ from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 
 
+#: how far (a share of it) a tensor's sum of squares must have moved from its start before an equal one counts as
+#: a return there (`Ledger._returns`): 100x an fp32 sum's rounding
+_AWAY = 1e-5
+
+
 @dataclass(frozen=True)
 class NonFinite:
     """Where a gradient first went NaN/Inf: the step to look at first."""
@@ -398,9 +403,10 @@ class Ledger:
 
     def _returns(self, m: Measurement, before: torch.Tensor, moved: torch.Tensor) -> None:
         """The reset screen: rows whose sum of squares before this measured step is, bit for bit, the one before
-        the first measured step of these rows, although the optimizer moved them since (a zero start is left
-        out: a zero-initialised tensor pruned back to zero is `pruned`). Whole-tensor ops; Python work only for
-        the rows that came back."""
+        the first measured step of these rows, although at a measured step since the optimizer moved them and
+        their sum was away from it by more than `_AWAY` of it (a zero start is left out: a zero-initialised
+        tensor pruned back to zero is `pruned`). Whole-tensor ops; Python work only for the rows that came
+        back."""
         origin = self._origin
         if origin is None or (origin[0] is not m.rows and origin[0] != m.rows) or origin[1].shape != before.shape:
             self._origin = (m.rows, before.clone(), moved.clone(), m.index)
@@ -410,7 +416,11 @@ class Ledger:
         for i in back.nonzero().flatten().tolist():
             if m.rows[i].group is not None:
                 self.returns.setdefault(m.rows[i].index, (at, []))[1].append(m.index)
-        self._origin = (m.rows, start, (since & ~back) | moved, at)
+        # away from the start by far more than the sum's rounding (updates below it leave the sum as it was, and
+        # noise-level ones may flip its last bits and back): the sum itself shows the move, so an equal one later
+        # is the values coming back, not updates too small to see
+        away = (before - start).abs() > _AWAY * start
+        self._origin = (m.rows, start, (since & ~back) | (away & moved), at)
 
     def check_set_back(self, rows: list[Tracked], step: int) -> None:
         """At measured step `step`'s pre-hook (the weights as the step finds them): fingerprint the tensors
