@@ -30,7 +30,6 @@ from gradlog.measure.flat_shards import slice_view
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
 
-
 #: how far (a share of it) a tensor's sum of squares must have moved from its start before an equal one counts as
 #: a return there (`Ledger._returns`): 100x an fp32 sum's rounding
 _AWAY = 1e-5
