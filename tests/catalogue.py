@@ -1520,3 +1520,111 @@ class MeanScaledInputs(nn.Module):
         features = torch.cat([x / scale, loc.abs().log1p(), scale.log()], 1)
         out: torch.Tensor = self.out(torch.tanh(self.inp(features)))
         return out
+
+
+class SaturatedBranch(nn.Module):
+    """`a` (8->8) and a branch `b` (8->8) combined into `head` (8->3); `cut` says how forward saturates the branch,
+    each on its own marked line: "clamp" (``clamp(min=50)`` above every value of `b`'s output: each output is the
+    bound), "maximum" (``torch.maximum(a + 100, b)``: `a`'s side wins everywhere), "masked_fill" (a mask True
+    everywhere fills every element of `b`'s output), or "none", the healthy twin (the same three ops with bounds,
+    offsets and masks that let `b` through somewhere). With a cut, `b.weight` and `b.bias` get an exactly zero
+    gradient at every step; the rest learns."""
+
+    def __init__(self, cut: str = "none") -> None:
+        super().__init__()
+        self.cut = cut
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.relu(self.a(x)), self.b(x)
+        if self.cut == "clamp":
+            h = a + b.clamp(min=50.0)  # planted: clamp
+        elif self.cut == "maximum":
+            h = torch.maximum(a + 100.0, b)  # planted: maximum
+        elif self.cut == "masked_fill":
+            h = a + b.masked_fill(x.abs() < 1e6, 0.0)  # planted: masked_fill
+        else:
+            h = a + b.clamp(min=-0.5) + torch.maximum(a, b) + b.masked_fill(x > 1.0, 0.0)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+class LearnedScale(nn.Module):
+    """`inp` (8->16), ReLU, times a per-unit `scale` (16), `head` (16->3). `as_buffer` keeps `scale` as a buffer
+    made with requires_grad=True (marked): backward() gives it a gradient every step, yet it is no parameter, so
+    no optimizer built from ``parameters()`` steps it and it never changes; False makes it an nn.Parameter, the
+    healthy twin."""
+
+    def __init__(self, as_buffer: bool = True) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 3)
+        if as_buffer:
+            self.register_buffer("scale", torch.ones(16, requires_grad=True))  # planted: buffer
+        else:
+            self.scale = nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.relu(self.inp(x)) * self.scale)
+        return out
+
+
+class GainMadeInForward(DeadLayer):
+    """DeadLayer(0) (healthy) times a per-unit `gain` that forward makes anew at every call (marked:
+    ``self.gain = nn.Parameter(torch.ones(16))``), as a user who meant it to learn writes it in the wrong method:
+    the optimizer holds the first one (when `warm`: one forward ran before it was built) or none, forward reads a
+    new one each step, and no `gain` ever learns. `made_in="init"` is the healthy twin (made once in __init__)."""
+
+    def __init__(self, made_in: str = "forward") -> None:
+        super().__init__(0.0)
+        self.made_in = made_in
+        if made_in == "init":
+            self.gain = nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.made_in == "forward":
+            self.gain = nn.Parameter(torch.ones(16))  # planted: gain
+        out: torch.Tensor = self.head(torch.relu(self.mid(torch.relu(self.inp(x)))) * self.gain)
+        return out
+
+
+class FreezesInForward(DeadLayer):
+    """DeadLayer(0) (healthy) whose forward calls ``self.mid.requires_grad_(False)`` at every call when `freeze`
+    (marked): a freeze meant for a later phase, written in the wrong place. `mid.*` never gets a gradient, though
+    it required grad when the optimizer and gradlog started; False is the healthy twin."""
+
+    def __init__(self, freeze: bool = True) -> None:
+        super().__init__(0.0)
+        self.freeze = freeze
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.freeze:
+            self.mid.requires_grad_(False)  # planted: freeze
+        return super().forward(x)
+
+
+class CutInForward(DeadLayer):
+    """DeadLayer(0) (healthy) whose forward cuts `inp` and `mid` off the loss on one marked line, as a user writes
+    it by mistake: "argmax" (a hard choice fed to an embedding, no straight-through estimator), "compare" (a
+    ``> 0`` gate), "tensor" (``torch.tensor(h)``: a copy with no graph), or "none", the healthy twin. With a cut,
+    `inp.*` and `mid.*` get no gradient; the head learns (and `codes`, the embedding argmax and the twin read)."""
+
+    def __init__(self, cut: str = "none") -> None:
+        super().__init__(0.0)
+        self.cut = cut
+        self.codes = nn.Embedding(16, 16) if cut in ("argmax", "none") else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.mid(torch.relu(self.inp(x)))
+        if self.cut == "argmax" and self.codes is not None:
+            h = self.codes(h.argmax(-1))  # planted: argmax
+        elif self.cut == "compare":
+            h = (h > 0).float() * x.sum(1, keepdim=True)  # planted: compare
+        elif self.cut == "tensor":
+            h = torch.tensor(h)  # planted: tensor
+        elif self.codes is not None:
+            h = torch.relu(h) + self.codes(x.abs().argmax(-1))
+        out: torch.Tensor = self.head(h)
+        return out

@@ -5,7 +5,10 @@ A report that says "grad None: unused, detached, or under torch.no_grad()" leave
 no place. One step run under `StepTrace` answers with the place: a `TorchFunctionMode` sees every torch call
 of the forward and the loss; a call that reads a tensor which requires grad and returns none that does (a
 ``.detach()``, ``.data``, an op under ``torch.no_grad()``, ``argmax``, a comparison, an integer cast,
-``.item()``) is a *cut*, and so is an op whose gradient is zero everywhere (``round``, ``floor``, ``sign``).
+``.item()``) is a *cut*, and so is an op whose gradient is zero everywhere (``round``, ``floor``, ``sign``) or,
+read from its values at that step, zero here (a ReLU with no positive output, dropout with p >= 1, a product with
+an all-zero mask, a ``where``/``maximum``/``minimum`` one side of which never won, a clamp whose every input lies
+outside its bounds, a ``masked_fill`` whose mask covers everything).
 Each cut keeps the user's frame (the first outside torch and gradlog) and the autograd node of what it read,
 so after the step the cut that separates a weight with no gradient from the loss is the one whose input
 reaches that weight. Cuts that parameters learn across (a straight-through estimator, an EMA teacher, a
@@ -39,7 +42,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+    register_module_parameter_registration_hook,
+)
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
@@ -64,13 +71,32 @@ _COMPARISONS = frozenset(
 _NO_VALUE = frozenset({"size", "dim", "numel", "__len__", "__repr__", "__format__", "__bool__", "stride", "__hash__"})
 #: the cuts that leave an exactly zero gradient (the others leave none): matched to weights whose gradient is zero
 ZERO_KINDS = frozenset(
-    {"zero_derivative", "times_zero", "all_ignored", "dead_relu", "all_dropped", "zero_mask", "where_unchosen"}
+    {
+        "zero_derivative",
+        "times_zero",
+        "all_ignored",
+        "dead_relu",
+        "all_dropped",
+        "zero_mask",
+        "where_unchosen",
+        "clamped",
+        "max_unchosen",
+        "all_masked",
+    }
 )
 _MULTIPLY = frozenset({"mul", "__mul__", "__rmul__", "multiply", "mul_", "__imul__"})
 #: activations whose derivative is 0 wherever their output is 0: an all-zero output passes no gradient back
 _RELU = frozenset({"relu", "relu_", "relu6"})
 #: calls whose gradient to a weight is the product of the other input: an all-zero input gives it a zero one
 _PRODUCTS = frozenset({"linear", "conv1d", "conv2d", "conv3d", "matmul", "mm", "bmm", "einsum", *_MULTIPLY})
+#: clamps: the gradient passes only where the input lies within [min, max] (bounds included)
+_CLAMPS = frozenset(
+    {"clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "hardtanh"}
+)
+#: element-wise max/min of two tensors: the gradient goes to the input that won (half each where they tie)
+_PICKS = frozenset({"maximum", "minimum", "fmax", "fmin", "max", "min"})
+#: masked_fill: the filled elements pass no gradient back to the input
+_MASKED_FILL = frozenset({"masked_fill", "masked_fill_"})
 #: dropout calls (torch.nn.functional's): with p >= 1 every element is dropped and the gradient is zero
 _DROPOUT = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
 #: losses whose targets may all be their ignore_index (a positional ignore_index is their 5th argument)
@@ -90,6 +116,8 @@ class Site:
     file: str
     line: int
     code: str  # the source line, stripped ("" when it cannot be read)
+    #: the function the line is in ("train:12": its name and first line), to tell two lines of one loop body
+    scope: str = field(default="", compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -114,6 +142,7 @@ class Cut:
     seq: int = 0  # its place among the step's torch calls: the last cut is the nearest the loss
     module: str = ""  # the innermost module of the model whose forward made the call ("3 (ReLU)"), "" outside one
     decorator: Site | None = None  # the @torch.no_grad() / @torch.inference_mode() line the call ran under
+    knob: str = ""  # the call's arguments that made it cut ("min=50.0"), where they are numbers
 
     def what(self) -> str:
         """The cut in words: "`.detach()`", "`linear` under torch.no_grad()"."""
@@ -137,6 +166,11 @@ class Cut:
             "product's gradient is zero)",
             "where_unchosen": f"`{self.op}`{self._in()} whose condition chose the other branch everywhere (this "
             "branch's gradient is zero)",
+            "clamped": f"`{self.op}`{self._in()} whose every input lay outside its bounds{self._said()} (each output "
+            "is a bound, whose gradient is zero)",
+            "max_unchosen": f"`{self.op}`{self._in()} whose other input won everywhere (this input's gradient is zero)",
+            "all_masked": f"`{self.op}`{self._in()} whose mask is True everywhere (every element filled: the "
+            "input's gradient is zero)",
         }
         said = words.get(self.kind, f"`{self.op}`")
         if self.decorator is not None and self.kind in ("no_grad", "inference_mode"):
@@ -145,6 +179,9 @@ class Cut:
 
     def _in(self) -> str:
         return f" in module `{self.module}`" if self.module else ""
+
+    def _said(self) -> str:
+        return f" ({self.knob})" if self.knob else ""
 
     def fix(self) -> str:
         """What to change there, in one line."""
@@ -171,6 +208,12 @@ class Cut:
             "all_dropped": "give dropout a p below 1 (p is the share dropped, not kept)",
             "zero_mask": "check the mask: it is zero everywhere (a wrong dtype, comparison or index?)",
             "where_unchosen": "check the condition: it has one value everywhere, so the other branch never counts",
+            "clamped": f"the bounds{self._said()} lie beyond every input: check them (a wrong sign, or min and max "
+            "swapped?) or the scale of what feeds them",
+            "max_unchosen": f"the other input of {self.op} is "
+            f"{'smaller' if self.op in ('minimum', 'fmin', 'min') else 'larger'} everywhere: check it (an offset, a "
+            "scale or a wrong sign?)",
+            "all_masked": "check the mask: it is True everywhere (inverted, or built with the wrong comparison?)",
         }.get(self.kind, "give it a differentiable path to the loss")
 
     def located(self) -> str:
@@ -225,9 +268,20 @@ class TraceResult:
     cut_of: dict[int, Cut] = field(default_factory=dict)
     #: ids of the weights some traced call read (directly or through a module's forward)
     used: set[int] = field(default_factory=set)
+    #: a parameter's name -> (id of the tensor its module held in that slot while its forward ran, where that
+    #: forward was called), for slots that held a tensor the optimizer does not step (torch.func.functional_call)
+    swapped: dict[str, tuple[int, Site | None]] = field(default_factory=dict)
     foreign: list[Foreign] = field(default_factory=list)
     #: the loss had no grad_fn: it was rebuilt as a new leaf (or never required grad); its cut, where one is known
     loss_leaf: bool = False
+    #: a parameter's name -> where the traced step registered it anew on the model's module (an nn.Parameter
+    #: made in forward: a new tensor at every call, never the one the optimizer steps)
+    remade: dict[str, Site | None] = field(default_factory=dict)
+    #: id -> where the traced step set the weight's requires_grad to False (``requires_grad_(False)`` in forward)
+    frozen_by: dict[int, Site | None] = field(default_factory=dict)
+    #: where the traced step's backward() and the optimizer's step() were called from
+    backward_site: Site | None = None
+    step_site: Site | None = None
     calls: int = 0  # torch calls traced
     seconds: float = 0.0  # wall time of the traced step, the step itself included
     step: int | None = None  # a run's optimizer step that was traced (None: gradlog.check's)
@@ -240,6 +294,12 @@ class TraceResult:
         """Backward wrote a non-zero gradient, and the optimizer's step saw an all-zero one: zeroed in between
         (clipped with max_norm=0, zero_grad(set_to_none=False))."""
         return pid in self.nonzero_accumulated and pid in self.zero_at_step
+
+    def step_before_backward(self) -> bool:
+        """The loop's body calls step() on a line above backward() (one function, one file): each step() runs
+        before the backward() of its iteration, after the next zero_grad() cleared the previous one's gradient."""
+        b, s = self.backward_site, self.step_site
+        return b is not None and s is not None and b.file == s.file and b.scope == s.scope != "" and s.line < b.line
 
     def cost(self) -> str:
         return f"one traced step: {self.calls} torch calls, {self.seconds * 1e3:.0f} ms"
@@ -262,7 +322,7 @@ def user_site(skip: Iterable[str] = ()) -> Site | None:
     path = frame.f_code.co_filename
     code = linecache.getline(path, frame.f_lineno).split("  #")[0].strip()  # the statement, not its comment
     code = code if len(code) <= 80 else code[:77] + "..."
-    return Site(_shown(path), frame.f_lineno, code)
+    return Site(_shown(path), frame.f_lineno, code, f"{frame.f_code.co_name}:{frame.f_code.co_firstlineno}")
 
 
 def grad_decorator() -> Site | None:
@@ -377,7 +437,79 @@ def _zero_gradient(name: str, args: Any, kwargs: dict[str, Any], outs: list[torc
         return "zero_mask" if any(f.numel() and not bool(f.any()) for f in factors) else None
     if name == "where" and _where_unchosen(args, kwargs) is not None:
         return "where_unchosen"
+    if name in _CLAMPS and _clamped(name, args, kwargs) is not None:
+        return "clamped"
+    if name in _PICKS and _unpicked(name, args) is not None:
+        return "max_unchosen"
+    if name in _MASKED_FILL and _all_masked(args, kwargs):
+        return "all_masked"
     return None
+
+
+def _number(value: Any) -> float | None:
+    """A bound given as a Python number or a one-element tensor; None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
+        return float(value.item())
+    return None
+
+
+def _clamped(name: str, args: Any, kwargs: dict[str, Any]) -> str | None:
+    """A clamp none of whose input elements lies within its bounds (each output is a bound: the gradient is zero
+    everywhere), as its bounds in words ("min=50.0"); None when some input passes, or the bounds are not numbers."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, torch.Tensor) or not x.numel() or not x.is_floating_point():
+        return None
+    if name == "hardtanh":
+        lo: Any = kwargs.get("min_val", args[1] if len(args) > 1 else -1.0)
+        hi: Any = kwargs.get("max_val", args[2] if len(args) > 2 else 1.0)
+    elif name.startswith("clamp_max"):
+        lo, hi = None, kwargs.get("max", args[1] if len(args) > 1 else None)
+    else:
+        lo = kwargs.get("min", args[1] if len(args) > 1 else None)
+        hi = None if name.startswith("clamp_min") else kwargs.get("max", args[2] if len(args) > 2 else None)
+    low, high = _number(lo), _number(hi)
+    if (lo is not None and low is None) or (hi is not None and high is None) or (low is None and high is None):
+        return None
+    with torch.no_grad():
+        inside = torch.ones_like(x, dtype=torch.bool)
+        if low is not None:
+            inside &= x >= low
+        if high is not None:
+            inside &= x <= high
+        if bool(inside.any()):
+            return None
+    return ", ".join(f"{k}={v:g}" for k, v in (("min", low), ("max", high)) if v is not None)
+
+
+def _unpicked(name: str, args: Any) -> int | None:
+    """An element-wise max/min of two tensors one of which the other beat everywhere: the loser's position (0 or
+    1), whose gradient is zero; None when each wins somewhere (or they tie: the gradient is split)."""
+    if len(args) < 2 or not all(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args[:2]):
+        return None
+    a, b = args[0], args[1]
+    if not a.numel() or not b.numel():
+        return None
+    with torch.no_grad():
+        a_wins = a > b if name in ("maximum", "fmax", "max") else a < b
+        if bool(a_wins.all()):
+            return 1
+        b_wins = b > a if name in ("maximum", "fmax", "max") else b < a
+        return 0 if bool(b_wins.all()) else None
+
+
+def _all_masked(args: Any, kwargs: dict[str, Any]) -> bool:
+    """`x.masked_fill(mask, value)` whose mask is True at every element of x: x gets a zero gradient."""
+    x = args[0] if args else kwargs.get("input")
+    mask = args[1] if len(args) > 1 else kwargs.get("mask")
+    if not isinstance(x, torch.Tensor) or not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return False
+    if not x.numel() or not mask.numel():
+        return False
+    return bool(mask.broadcast_to(x.shape).all()) if mask.dim() <= x.dim() else False
 
 
 def _where_unchosen(args: Any, kwargs: dict[str, Any]) -> int | None:
@@ -404,6 +536,16 @@ def _cut_kind(name: str, outs: list[torch.Tensor]) -> str | None:
     if not any(o.is_floating_point() or o.is_complex() for o in outs):
         return "integer"
     return "other"
+
+
+def _freezes(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """``t.requires_grad_(False)`` or ``t.requires_grad = False``: a call that turns a tensor's gradient off."""
+    name = getattr(func, "__name__", "")
+    if name == "requires_grad_":
+        flag = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+        return flag is False
+    owner = getattr(func, "__self__", None)
+    return name == "__set__" and getattr(owner, "__name__", "") == "requires_grad" and len(args) > 1 and not args[1]
 
 
 def _is_zero_number(value: Any) -> bool:
@@ -485,7 +627,12 @@ class StepTrace:
         self._recording = False
         self._after_backward = False  # backward() began: later calls (a copy of the weights, logging) are no cut
         self._names = {id(m): name for name, m in model.named_modules() if name}
+        self._prefixes = {id(m): f"{name}." if name else "" for name, m in model.named_modules()}
+        self._stepped_ids = (
+            {id(p) for g in optimizer.param_groups for p in g["params"]} if optimizer is not None else None
+        )
         self._stack: list[nn.Module] = []  # the modules whose forward is running, innermost last
+        self._call_site: Site | None = None  # where the outermost module's forward was called
         self._dead: dict[int, tuple[torch.Tensor, Cut]] = {}  # a dead ReLU's all-zero output (held) -> its cut
         self.active = False
 
@@ -499,6 +646,7 @@ class StepTrace:
 
     def start(self) -> None:
         self._started = time.perf_counter()
+        self._call_site = user_site()  # started from the model's forward pre-hook: the line that called it
         for pid, p in self.params.items():
             if p.requires_grad and p.is_leaf:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._accumulated_hook(pid)))  # type: ignore[no-untyped-call]
@@ -506,6 +654,7 @@ class StepTrace:
         # is off before anything reads the weights for the step
         self._handles.append(register_optimizer_step_pre_hook(self._step_pre_hook))
         self._handles.append(register_module_forward_pre_hook(self._entered))
+        self._handles.append(register_module_parameter_registration_hook(self._registered))
         self._handles.append(register_module_forward_hook(self._left, always_call=True))
         self._mode.__enter__()  # type: ignore[no-untyped-call]
         self._recording = True
@@ -548,6 +697,21 @@ class StepTrace:
 
     def _entered(self, module: nn.Module, *_: Any) -> None:
         self._stack.append(module)
+        prefix = self._prefixes.get(id(module))
+        if prefix is None or self._stepped_ids is None or not self._recording:
+            return
+        if module is self.model:  # the user's call of the model (a functional_call's line, not one in forward)
+            self._call_site = user_site()
+        for pname, t in module._parameters.items():  # what forward reads: the optimizer's tensors, or others
+            if t is not None and id(t) not in self._stepped_ids and t.requires_grad:
+                self._result.swapped.setdefault(prefix + pname, (id(t), self._call_site))
+
+    def _registered(self, module: nn.Module, name: str, param: Any) -> None:
+        """A parameter registered on a module of the model during the step (``self.w = nn.Parameter(...)`` in
+        forward): the model's tensor of that name is new at every call."""
+        prefix = self._prefixes.get(id(module))
+        if prefix is not None and param is not None and self._recording:
+            self._result.remade.setdefault(prefix + name, user_site())
 
     def _left(self, module: nn.Module, *_: Any) -> None:
         if self._stack and self._stack[-1] is module:
@@ -574,6 +738,7 @@ class StepTrace:
             return
         self._stepped = True
         self._pause()
+        self._result.step_site = user_site()
         self._read_grads()
 
     def _read_grads(self) -> None:
@@ -593,7 +758,10 @@ class StepTrace:
         if self._seen > MAX_CALLS:  # a step that never ends (an evaluation loop before the next step)
             self._pause()
             return
+        if args and isinstance(args[0], torch.Tensor) and id(args[0]) in self.params and _freezes(func, args, kwargs):
+            self._result.frozen_by.setdefault(id(args[0]), user_site())
         if func is torch.Tensor.backward:
+            self._result.backward_site = self._result.backward_site or user_site()
             self._after_backward = True
             self._grad_ids = None  # the gradients as backward() left them, read at the next in-place call
             return
@@ -626,11 +794,13 @@ class StepTrace:
                 self._made.add(id(t))  # initialised during the step: a module built in forward
         kind = _kind(name, args, kwargs, outs)
         if kind is not None:
-            if kind == "where_unchosen":  # only the branch the condition never chose gets the zero gradient
-                side = args[_where_unchosen(args, kwargs) or 0]
+            if kind in ("where_unchosen", "max_unchosen", "all_masked"):  # only the side that lost gets a zero one
+                at = {"where_unchosen": _where_unchosen(args, kwargs), "max_unchosen": _unpicked(name, args)}.get(kind)
+                side = args[at or 0]
                 graded = [side] if isinstance(side, torch.Tensor) and side.requires_grad else []
             deco = grad_decorator() if kind in ("no_grad", "inference_mode") else None
-            cut = Cut(kind, name, user_site(), self._seen, self._module_now(), deco)
+            knob = (_clamped(name, args, kwargs) or "") if kind == "clamped" else ""
+            cut = Cut(kind, name, user_site(), self._seen, self._module_now(), deco, knob)
             self._cuts.append((cut, [t.grad_fn if t.grad_fn is not None else t for t in graded]))
             if kind == "dead_relu":
                 self._dead[id(outs[0])] = (outs[0], cut)
@@ -730,6 +900,9 @@ class OnceTrace:
         known = {id(p) for p in model.parameters()}
         if optimizer is not None:
             known |= {id(p) for g in optimizer.param_groups for p in g["params"]}
+        #: ids of the model's tensors that required grad at the start: one frozen since arms the trace, which
+        #: then names the line that freezes it, where that line runs at every step (in forward)
+        self.trainable = frozenset(id(p) for p in model.parameters() if p.requires_grad)
         #: the first forward's hooks and, during it, the global parameter-registration hook (`_first_forward`)
         self._first: list[RemovableHandle] = []
         self.made_in_forward = 0  # parameters registered during the model's first forward
@@ -740,6 +913,18 @@ class OnceTrace:
                 model.register_forward_pre_hook(self._first_forward),
                 model.register_forward_hook(self._first_forward_done, always_call=True),
             ]
+
+    def refrozen(self) -> bool:
+        """A tensor of the model that required grad at the start and is frozen now, while the optimizer holds it
+        (measured steps leave frozen tensors out, so `starved` cannot see it): the trace names the line that
+        freezes it, where that line runs at every step. One pass over the parameters, at the first measured
+        step only."""
+        model = self._model()
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        if model is None or optimizer is None:
+            return False
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        return any(not p.requires_grad and id(p) in self.trainable and id(p) in held for p in model.parameters())
 
     def _first_forward(self, module: nn.Module, args: Any) -> None:
         """Before the model's first forward: count the parameters any module registers until it returns. Inside a
@@ -919,24 +1104,30 @@ def _through_functions(nodes: list[Any], starved: list[int]) -> dict[int, Custom
 
 def unregistered(model: nn.Module, known: set[int]) -> list[tuple[str, str, torch.Tensor]]:
     """Tensors requiring grad that the model's attributes hold outside its parameters: modules or tensors in
-    a Python list, tuple or dict, or a plain tensor attribute. Each as (path, what holds it, tensor), e.g.
-    ("layers[2].weight", "a Python list of 6 Linear", w); tensors the model does hold as parameters are left
-    out (a list of references to registered layers is fine)."""
+    a Python list, tuple or dict, a plain tensor attribute, or a buffer made with requires_grad=True. Each as
+    (path, what holds it, tensor), e.g. ("layers[2].weight", "a Python list of 6 Linear", w); tensors the model
+    does hold as parameters are left out (a list of references to registered layers is fine)."""
     internal = set(vars(nn.Module()))
     out: list[tuple[str, str, torch.Tensor]] = []
     seen: set[int] = set()
     for mod_name, module in model.named_modules():
         prefix = f"{mod_name}." if mod_name else ""
-        for key, value in vars(module).items():
-            if key in internal:
+        held = [
+            found for key, value in vars(module).items() if key not in internal for found in _held(prefix + key, value)
+        ]
+        # register_buffer keeps a tensor out of parameters() even with requires_grad=True: one meant to learn
+        held += [(prefix + k, b, BUFFER) for k, b in module._buffers.items() if isinstance(b, torch.Tensor)]
+        for path, t, container in held:
+            if getattr(t, FSDP1_MARK, False):  # FSDP1's flat parameter: the model's own parameters, flattened
                 continue
-            for path, t, container in _held(prefix + key, value):
-                if getattr(t, FSDP1_MARK, False):  # FSDP1's flat parameter: the model's own parameters, flattened
-                    continue
-                if id(t) not in known and id(t) not in seen and t.requires_grad and t.is_leaf:
-                    seen.add(id(t))
-                    out.append((path, container, t))
+            if id(t) not in known and id(t) not in seen and t.requires_grad and t.is_leaf:
+                seen.add(id(t))
+                out.append((path, container, t))
     return out
+
+
+#: what holds a buffer that requires grad (`unregistered`)
+BUFFER = "a buffer (register_buffer), not an nn.Parameter"
 
 
 def _held(path: str, value: Any) -> Iterator[tuple[str, torch.Tensor, str]]:

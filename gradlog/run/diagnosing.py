@@ -23,7 +23,7 @@ from gradlog.measure.writes import WriteWatch
 from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.diagnosis import diagnose, run_hint
 from gradlog.verdict.experts import expert_layout, idle_experts
-from gradlog.verdict.knobs import explain_left_out, explain_lr
+from gradlog.verdict.knobs import explain_filtered, explain_left_out, explain_lr
 from gradlog.verdict.ledger import Evidence, Ledger
 from gradlog.verdict.overwritten import overwritten, pruned_whole
 from gradlog.verdict.policy import Policy
@@ -110,6 +110,7 @@ class Diagnosis:
             earlier,
             self.ledger.evidence,
             self._sites(),
+            self.ledger.returns,
         )
         pruned = pruned_whole(rows, self.ledger.back_to_start, self.ledger.set_back, self._learned(), self._sites())
         never = diagnose(
@@ -247,7 +248,7 @@ class Diagnosis:
             return never, stopped, partly
         groups = {r.name: r.group for r in rows}
         params = {r.name: p for r in rows if (p := r.held()) is not None}
-        never = explain_left_out(explain_lr(never, groups, opt, self.steps), params, opt)
+        never = explain_filtered(explain_left_out(explain_lr(never, groups, opt, self.steps), params, opt), groups)
         return never, explain_lr(stopped, groups, opt, self.steps), explain_lr(partly, groups, opt, self.steps)
 
     def _slices_in_time(

@@ -43,7 +43,7 @@ from gradlog.verdict.alerts import Alerts
 from gradlog.verdict.judge import plural
 from gradlog.verdict.knobs import explain_padding
 from gradlog.verdict.ledger import Ledger
-from gradlog.verdict.located import locate, not_registered, traced_hint
+from gradlog.verdict.located import locate, not_registered, remade, traced_hint
 from gradlog.verdict.policy import Policy, PolicyLike
 from gradlog.verdict.report import Reason, Report
 from gradlog.writers import WriterSpec
@@ -299,7 +299,9 @@ class GradLogger:
         """The run's one traced step (`gradlog.measure.trace.OnceTrace`): armed by a measured step that shows a
         trainable tensor without a gradient, read out after the traced step. Advice: a failure ends it quietly."""
         try:
-            check = None if m is None else (lambda: starved(m.rows, m.has_grad, m.lists.nonzero))
+            check = (
+                None if m is None else (lambda: starved(m.rows, m.has_grad, m.lists.nonzero) or self._once.refrozen())
+            )
             self._once.after_log(check, self.pipeline.steps)
         except Exception as exc:  # never kill the run for advice
             self._once.close(self.pipeline.steps)
@@ -391,7 +393,7 @@ class GradLogger:
         return dataclasses.replace(
             report,
             hint=traced_hint(report.hint, [*report.never_updated, *report.stalled], ids, result),
-            never_updated=locate(report.never_updated, ids, result) + outside,
+            never_updated=remade(locate(report.never_updated, ids, result), result) + outside,
             tracked_tensors=report.tracked_tensors + len(outside),
         )
 

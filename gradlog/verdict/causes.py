@@ -32,6 +32,11 @@ from gradlog.runformat.cells import DIM_NAMES, bare_name
 UNIT_REASONS = frozenset({"dead_units", "zero_grad"})
 
 
+#: what a `not_in_optimizer` record's detail says where a filter on names left its tensor out
+#: (`gradlog.verdict.knobs.explain_filtered`): the attribute it names is the cause, across modules
+FILTERED = "left out by name"
+_FILTERED_ATTR = re.compile(FILTERED + r": every `([^`]+)` of \d+ modules")
+
 #: the traced step's label in a record's detail (`gradlog.measure.trace.TraceResult.label`); what follows it
 #: is the cause that step located for the tensor
 _TRACED = re.compile(r"traced step \((?:optimizer step \d+; )?\d+ torch calls\): ")
@@ -62,7 +67,10 @@ def cause_key(table: str, record: Any) -> tuple[Hashable, ...]:
     stopped_slices, precision, experts) belongs to; records with equal keys are one finding."""
     reason = str(getattr(record, "reason", ""))
     if table == "never_updated":
-        return (table, module_of(record.name), reason, bool(getattr(record, "suspect", False)), located(record))
+        # tensors one filter on names left out of the optimizer are one cause across their modules
+        found = _FILTERED_ATTR.search(str(getattr(record, "detail", "")))
+        where = f"{FILTERED}: {found.group(1)}" if found else module_of(record.name)
+        return (table, where, reason, bool(getattr(record, "suspect", False)), located(record))
     if table == "stalled":
         return (table, reason, getattr(record, "since_step", None))
     if table in ("partly_updated", "stopped_slices") and reason in UNIT_REASONS and record.indices:
@@ -94,10 +102,11 @@ def touched(table: str, records: Sequence[Any]) -> list[str]:
 
 def label(table: str, records: Sequence[Any]) -> str:
     """What a cause is named by: its one tensor, or the module of its first tensor when it has several; for
-    tensors that stopped at one step, the deepest module they all belong to (`common_module`)."""
+    tensors that stopped at one step, and never-updated tensors of several modules (one filter on names left
+    them out of the optimizer), the deepest module they all belong to (`common_module`)."""
     if len(records) == 1:
         return str(records[0].name)
-    if table == "stalled":
+    if table == "stalled" or (table == "never_updated" and len({module_of(r.name) for r in records}) > 1):
         return common_module([str(r.name) for r in records])
     return module_of(records[0].name)
 

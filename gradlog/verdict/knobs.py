@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 
 from gradlog.measure.trace import PaddingUse, _code_site
+from gradlog.verdict.causes import FILTERED
 from gradlog.verdict.report import NeverUpdated, PartlyUpdated, Reason, Stalled
 
 R = TypeVar("R", NeverUpdated, Stalled, PartlyUpdated)
@@ -196,6 +197,50 @@ def explain_left_out(
         )
         out.append(dataclasses.replace(rec, detail=detail + said))
     return out
+
+
+#: the guess a `not_in_optimizer` record's detail makes when nothing better is known
+_ADDED_LATER = "in no optimizer param group (added after the optimizer was built?)"
+
+
+def explain_filtered(records: Sequence[NeverUpdated], groups: Mapping[str, int | None]) -> list[NeverUpdated]:
+    """`records` with a filter on names named in the `not_in_optimizer` ones it explains: the tensors of one
+    attribute name (every `bias`) left out of the optimizer in two or more modules whose other tensors are in
+    it. A module's tensors are made together, so "added after the optimizer was built" does not fit them; a
+    param-group list built with a name test that misses them (`"Bias" in n`, `n.endswith("bias")` on the
+    wrong group) does. `groups`: every tracked tensor's name -> its param group (None: in none)."""
+    left: dict[str, list[NeverUpdated]] = {}
+    for rec in records:
+        if rec.reason == Reason.NOT_IN_OPTIMIZER and rec.detail.startswith(_ADDED_LATER) and "." in rec.name:
+            left.setdefault(rec.name.rsplit(".", 1)[1], []).append(rec)
+    explained: dict[str, str] = {}
+    for attr, recs in left.items():
+        siblings = {}
+        for rec in recs:
+            module = rec.name.rsplit(".", 1)[0]
+            inside = [(n, g) for n, g in groups.items() if g is not None and n.rsplit(".", 1)[0] == module and "." in n]
+            if inside:
+                siblings[rec.name] = inside
+        if len(siblings) < 2:
+            continue
+        names = list(siblings)
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)})" if len(names) > 4 else "")
+        in_groups = sorted({g for inside in siblings.values() for _, g in inside if g is not None})
+        said = (
+            f"in no optimizer param group, {FILTERED}: every `{attr}` of {len(names)} modules ({shown}) is in "
+            f"none, while their modules' other tensors are in param group{'s' if len(in_groups) > 1 else ''} "
+            f"{', '.join(map(str, in_groups))}: tensors made together with the ones the optimizer holds, so not "
+            "added later; the list the optimizer was built from dropped them by name; fix: check the name test "
+            f"that builds the param groups (a typo or the wrong case: `{attr}`), so every tensor lands in one group"
+        )
+        for name in names:
+            explained[name] = said
+    return [
+        dataclasses.replace(r, detail=r.detail.replace(_ADDED_LATER, explained[r.name], 1))
+        if r.name in explained
+        else r
+        for r in records
+    ]
 
 
 def explain_padding(records: Sequence[PartlyUpdated], found: Mapping[str, PaddingUse]) -> list[PartlyUpdated]:

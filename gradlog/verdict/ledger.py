@@ -11,7 +11,10 @@ already measured: a tensor's sum of squares before a measured step equal, bit fo
 the previous measured step although that step updated it; only then is it fingerprinted, at the next
 measured step's pre-hook, and again at the one after, and the two compared (`SetBack`): exact, and no
 cost for tensors the screen passes (a max-norm renormalisation keeps the norm, not the values: its
-fingerprints differ, and it is let go).
+fingerprints differ, and it is let go). A reset that no two consecutive measured steps show (a state saved at
+the start reloaded every 10 steps, measured every 5) is screened the same way against the sums of squares before
+the first measured step (`Ledger.returns`): back there, bit for bit, after the optimizer moved it, at two or more
+later measured steps.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from gradlog.measure.fingerprint import Changes, Fingerprint, changes_all, compa
 from gradlog.measure.flat_shards import slice_view
 from gradlog.measure.meter import Measurement
 from gradlog.measure.params import Tracked, is_materialized, local_tensor
+
+#: how far (a share of it) a tensor's sum of squares must have moved from its start before an equal one counts as
+#: a return there (`Ledger._returns`): 100x an fp32 sum's rounding
+_AWAY = 1e-5
 
 
 @dataclass(frozen=True)
@@ -186,6 +193,13 @@ class Ledger:
         #: per tracked index, the first two consecutive measured steps (k, k + 1) between which its values
         #: changed outside the optimizer: where a set-back of some of its slices happened at the latest
         self.written_between: dict[int, tuple[int, int]] = {}
+        #: the reset screen (`_returns`): the rows, their sums of squares before the first measured step of
+        #: these rows, which of them the optimizer moved since (or since their last return), and that step
+        self._origin: tuple[list[Tracked], torch.Tensor, torch.Tensor, int] | None = None
+        #: per tracked index: the measured step whose values it came back to, and the later measured steps
+        #: before which its sum of squares was, bit for bit, that step's again after the optimizer had moved it
+        #: (a state saved at the start reloaded every epoch, misaligned with `every`: no streak shows it)
+        self.returns: dict[int, tuple[int, list[int]]] = {}
 
     def _ev(self, row: Tracked) -> Evidence:
         ev = self.evidence.get(row.index)
@@ -353,6 +367,7 @@ class Ledger:
             after = torch.where(copied, after, torch.full_like(after, math.nan))
         else:
             after = torch.full(upd.shape, math.nan, dtype=upd.dtype)
+        self._returns(m, before, moved)
         prev, self._prev = self._prev, (m.rows, before, moved, m.index, after)
         if prev is None:
             return
@@ -384,6 +399,27 @@ class Ledger:
             else:
                 sb.hits += 1
                 sb.pending = True
+
+    def _returns(self, m: Measurement, before: torch.Tensor, moved: torch.Tensor) -> None:
+        """The reset screen: rows whose sum of squares before this measured step is, bit for bit, the one before
+        the first measured step of these rows, although at a measured step since the optimizer moved them and
+        their sum was away from it by more than `_AWAY` of it (a zero start is left out: a zero-initialised
+        tensor pruned back to zero is `pruned`). Whole-tensor ops; Python work only for the rows that came
+        back."""
+        origin = self._origin
+        if origin is None or (origin[0] is not m.rows and origin[0] != m.rows) or origin[1].shape != before.shape:
+            self._origin = (m.rows, before.clone(), moved.clone(), m.index)
+            return
+        _, start, since, at = origin
+        back = since & (before == start) & (start > 0)
+        for i in back.nonzero().flatten().tolist():
+            if m.rows[i].group is not None:
+                self.returns.setdefault(m.rows[i].index, (at, []))[1].append(m.index)
+        # away from the start by far more than the sum's rounding (updates below it leave the sum as it was, and
+        # noise-level ones may flip its last bits and back): the sum itself shows the move, so an equal one later
+        # is the values coming back, not updates too small to see
+        away = (before - start).abs() > _AWAY * start
+        self._origin = (m.rows, start, (since & ~back) | (away & moved), at)
 
     def check_set_back(self, rows: list[Tracked], step: int) -> None:
         """At measured step `step`'s pre-hook (the weights as the step finds them): fingerprint the tensors

@@ -159,12 +159,15 @@ def overwritten(
     earlier: Collection[str] = (),
     own: Mapping[int, Evidence] | None = None,
     sites: Mapping[int, str] | None = None,
+    returns: Mapping[int, tuple[int, list[int]]] | None = None,
 ) -> tuple[dict[int, str], list[Stalled]]:
     """The never-updated details (by tracked index) and the stalled records of tensors set back outside the
     optimizer, in model order. A resumed run: `earlier` names the tensors the earlier segments found set back
     (`gradlog.run.resume.Continuation.set_back_before`), `own` is this segment's evidence (`resumed_set_back`).
     `sites`: where each tensor was written outside the optimizer, where seen (`gradlog.measure.writes`):
-    the detail names the line and ends with its fix."""
+    the detail names the line and ends with its fix. `returns`: the ledger's reset screen (`Ledger.returns`);
+    a tensor back at its earlier values before two or more later measured steps is set back too, although
+    no two consecutive measured steps show it (a reload every 10 steps, measured every 5)."""
     sites = sites or {}
     never: dict[int, str] = {}
     stalled: list[Stalled] = []
@@ -197,6 +200,24 @@ def overwritten(
             stalled.append(Stalled(row.name, held.back_at, held.since, Reason.OVERWRITTEN, detail))
     if earlier and own is not None:
         never.update(resumed_set_back(rows, own, set_back, earlier, never, {s.name for s in stalled}))
+    reported = {s.name for s in stalled}
+    for row in rows:
+        ev = evidence.get(row.index)
+        back = (returns or {}).get(row.index)
+        if back is None or len(back[1]) < 2 or row.index in never or row.name in reported or ev is None:
+            continue
+        if not ev.updated or not row.param.requires_grad:
+            continue
+        site = sites.get(row.index)
+        at = f" at {site}" if site else ""
+        steps = back[1]
+        listed = ", ".join(str(k) for k in steps[:-1]) + f" and {steps[-1]}"
+        never[row.index] = (
+            f"{_updated(ev)}, yet its values before steps {listed} were those before step {back[0]} again (its sum of "
+            "squares, bit for bit, each time after the optimizer had moved it): set back to them outside the "
+            f"optimizer{at} again and again (a state saved at the start reloaded every epoch, p.data.copy_(init), "
+            f"a reset), so it learns only between the resets; {_FIX_SITE if site else _FIX}"
+        )
     return never, stalled
 
 
