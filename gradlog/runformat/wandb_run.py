@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import posixpath
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -32,6 +33,8 @@ from gradlog.runformat.rundata import (
 #: The W&B writer logs some tables under another key (the plain name already holds a scalar there).
 _WANDB_TABLES = {key: name for name, key in names.WANDB_TABLE_KEYS.items()}
 _STEP_KEY = names.STEP_KEY
+#: The largest integer a float holds (about 1.8e308); JSON integers past it make `float()` raise.
+_FLOAT_INT = int(sys.float_info.max)
 
 
 def _tensor_order(config: dict[str, Any]) -> list[str]:
@@ -130,12 +133,32 @@ def read_run_files(run_files: list[str], root: str, limits: Limits) -> RunData:
     return run
 
 
+#: The longest JSON object a reader parses where it expects a table-file reference (gradlog's are ~200 bytes).
+_MAX_REF = 4096
+
+
+def _wanted(where: str, path: list[str], text: str) -> bool:
+    """The items this reader uses, told from their JSON text before parsing it: in history rows the numbers and
+    the table-file references (wandb writes one as a short object, or as one short item per field), in the
+    summary anything but a list, in the config the model order. The rest (histogram lists, long strings) is
+    left unparsed: a 40 MB file of `[[],[],...]` rows took 1.3 GB."""
+    head = text[:1]
+    if where == "history":
+        return head in _NUMBER_START or (head != "[" and len(text) <= _MAX_REF)
+    if where == "summary":
+        return head != "[" and (head != "{" or len(text) <= _MAX_REF)
+    return path[0] == names.ORDER_KEY
+
+
+_NUMBER_START = frozenset("-0123456789NI")  # NaN, Infinity, -Infinity too: parsed however long
+
+
 def _read_file(run_file: str, root: str, limits: Limits, run: RunData) -> Any:
     """One `.wandb` file read; what is damaged goes to `run.skipped`, a missing exit record to `run.notes`."""
     from gradlog.runformat.wandb_offline import WandbFileError, read_offline_run
 
     try:
-        offline = read_offline_run(run_file, root=root, max_bytes=limits.max_file_bytes)
+        offline = read_offline_run(run_file, root=root, max_bytes=limits.max_file_bytes, keep=_wanted)
     except (WandbFileError, ImportError) as exc:  # ImportError names pip install 'gradlog[wandb]'
         raise BadRun(str(exc)) from exc
     except OSError as exc:
@@ -157,6 +180,7 @@ def _history(history: list[dict[str, Any]], points: dict[str, SeriesBuilder], sk
     """Add the history rows' numbers to `points`; returns the tables they name (table name -> file path)."""
     table_files: dict[str, Any] = {}
     bad_steps: dict[str, list[int]] = {}
+    bad_values: dict[str, list[int]] = {}
     for n, row in enumerate(history):
         step = row.get(_STEP_KEY, row.get("_step"))
         if isinstance(step, bool) or not isinstance(step, (int, float)):
@@ -169,13 +193,24 @@ def _history(history: list[dict[str, Any]], points: dict[str, SeriesBuilder], sk
             if key.startswith("_") or key == _STEP_KEY:
                 continue
             if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if isinstance(value, int) and not -_FLOAT_INT <= value <= _FLOAT_INT:  # float() would raise
+                    bad_values.setdefault(key, []).append(n)
+                    continue
                 points[key].add(int(step), float(value))
             elif isinstance(value, dict) and value.get("_type") == "table-file" and "path" in value:
                 table_files[_WANDB_TABLES.get(key, key)] = value["path"]
     for why, numbers in bad_steps.items():
-        first = ", ".join(str(r) for r in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
-        skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {first})")
+        skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {_rows(numbers)})")
+    for key, numbers in bad_values.items():
+        skipped.append(
+            f"{key[:200]!r}: {len(numbers)} value{'s' * (len(numbers) != 1)} skipped, an integer beyond any "
+            f"float (rows {_rows(numbers)})"
+        )
     return table_files
+
+
+def _rows(numbers: list[int]) -> str:
+    return ", ".join(str(r) for r in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
 
 
 def _answer(
