@@ -1,0 +1,114 @@
+"""Trouble in a writer never ends, blocks or silences the training run: what tests/test_nothing_lost.py and
+tests/test_edge_cases.py do not cover yet.
+
+A backend that calls `sys.exit` (wandb's teardown does, with the service's exit code) raises SystemExit, which
+is no `Exception`: on a writer's own thread it ended that thread in silence (every later record of that writer
+lost, no warning, no count), and from an inline writer it ended the training script inside `gl.log()`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import gradlog
+
+STEPS = 5
+
+
+class Exiting(gradlog.Writer):
+    """Every record call raises SystemExit(3), as `sys.exit(3)` inside a backend would."""
+
+    def __init__(self, inline: bool) -> None:
+        self.inline = inline
+        self.calls = 0
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        self.calls += 1
+        raise SystemExit(3)
+
+    def log_histogram(self, tag: str, hist: Any, step: int) -> None:
+        raise SystemExit(3)
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        raise SystemExit(3)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_writer_raising_systemexit_warns_once_and_training_goes_on(inline: bool) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    bad, mem = Exiting(inline), gradlog.MemoryWriter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gl = gradlog.GradLogger(model, opt, writer=[bad, mem], every=1, print_report=False)
+        for step in range(STEPS):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            gl.log(step)
+        report = gl.close()
+    said = [str(w.message) for w in caught if "Exiting.log_scalars failed" in str(w.message)]
+    assert said == [
+        "gradlog: Exiting.log_scalars failed (RuntimeError: it raised SystemExit(3)); training continues, "
+        "further errors of this kind are not shown"
+    ], [str(w.message) for w in caught]
+    assert bad.calls == STEPS + 1  # every step and the final counts: it kept being asked (its thread lived)
+    assert [s for s, _ in mem.scalars["weights/grad_norm/weight"]] == list(range(STEPS))
+    assert report.measured_steps == STEPS and report.never_updated == []
+
+
+def test_ctrl_c_inside_an_inline_writer_still_stops_training() -> None:
+    """KeyboardInterrupt is the user's: it is not caught with SystemExit."""
+
+    class Interrupted(Exiting):
+        def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+            self.calls += 1
+            if self.calls == 1:  # the user's Ctrl-C, once
+                raise KeyboardInterrupt
+
+        def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+            pass
+
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gl = gradlog.GradLogger(model, opt, writer=[Interrupted(inline=True)], every=1, print_report=False)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    with pytest.raises(KeyboardInterrupt):
+        gl.log(0)
+    assert gl.close().measured_steps == 1
+
+
+def test_a_writer_whose_where_raises_still_gets_the_report_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    """`Writer.where()` (the line naming a run's files, printed before the report) raising in a writer of one's
+    own made `gl.close()` raise at the end of training: no report, no Report. Now one warning, and the report."""
+
+    class Nowhere(gradlog.MemoryWriter):
+        def where(self) -> str | None:
+            raise AttributeError("'Nowhere' object has no attribute 'folder'")
+
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gl = gradlog.GradLogger(model, opt, writer=[Nowhere()], every=1)
+        for step in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            gl.log(step)
+        report = gl.close()
+    said = [str(w.message) for w in caught if "where()" in str(w.message)]
+    assert said == [
+        "gradlog: Nowhere.where() failed (AttributeError: 'Nowhere' object has no attribute 'folder'); where its "
+        "files are is not shown"
+    ], said
+    out = capsys.readouterr().out
+    assert report.measured_steps == 2 and out.rstrip().endswith(report.verdict), out
