@@ -24,8 +24,11 @@ import io
 import json
 import os
 import random
+import resource
 import shutil
 import struct
+import subprocess
+import sys
 import warnings
 import zlib
 from collections.abc import Callable, Iterator
@@ -288,7 +291,7 @@ def _reframe(prefix: bytes, records: Records) -> bytes:
 
 
 def _table_files(logs: Path) -> list[Path]:
-    return sorted(logs.glob("wandb/*/files/media/table/**/*.table.json"))
+    return sorted(logs.glob("wandb/offline-run-*/files/media/table/**/*.table.json"))
 
 
 def table_mutation(k: int, text: str) -> tuple[str, Mutation]:
@@ -462,14 +465,32 @@ print("grew", (after - before) // 1024, "exit", code, file=sys.stderr)
 """
 
 
+def measured_report(logs: Path) -> tuple[subprocess.CompletedProcess[str], int]:
+    """`run_report(logs)` in a child limited to 2.5 GB of address space (importing torch takes ~0.7 GB of it):
+    (the finished process, how many MB its peak RSS grew while reading the run)."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (5 << 29, 5 << 29))
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(logs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=250,
+        preexec_fn=limit,
+    )
+    assert "grew" in proc.stderr, proc.stderr[-2000:]
+    return proc, int(proc.stderr.rsplit("grew", 1)[1].split()[0])
+
+
 def test_history_lists_are_not_parsed_into_memory(real_run: tuple[Path, str, Records], tmp_path: Path) -> None:
     """A run file with 20 MB of extra history rows whose values are lists of empty lists (`[[],[],...]`, the
     shape of a histogram's values): each parsed into a Python list of lists, 25 times the file's size (a 40 MB
     file took 1.3 GB and 9 s in `gradlog report`). The reader only ever uses a history row's numbers and
     table references; the rest is left unparsed, and the report needs what the file itself takes."""
-    import subprocess
-    import sys
-
     records = [pb.Record.FromString(rec.SerializeToString()) for rec in real_run[2]]
     junk = "[" + "[]," * 200_000 + "[]]"
     extra = [
@@ -485,11 +506,45 @@ def test_history_lists_are_not_parsed_into_memory(real_run: tuple[Path, str, Rec
     ]
     logs = _write(real_run, tmp_path, records[:-1] + extra + records[-1:])
     assert (logs / real_run[1]).stat().st_size > 19_000_000
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(logs)], capture_output=True, text=True, env=env, timeout=250
-    )
-    grew = int(proc.stderr.rsplit("grew", 1)[1].split()[0])
+    proc, grew = measured_report(logs)
     assert "exit 1" in proc.stderr and "gradlog PROBLEM: 2 of 7 tensors never updated" in proc.stdout, proc.stderr
     assert grew < 150, f"reading a 20 MB run file grew the process by {grew} MB"
+
+
+def _never_table(logs: Path) -> Path:
+    (path,) = logs.glob("wandb/offline-run-*/files/media/table/gradlog/never_updated_table_*.table.json")
+    return path
+
+
+def test_table_rows_without_their_cells_are_left_out_and_counted(
+    real_run: tuple[Path, str, Records], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """50,000 empty rows (`[]`) after the real rows of the never-updated table: each was read as a never-updated
+    tensor named "" ("50002 of 7 tensors never updated (unknown 50000)", one skipped line per row where a cell
+    was unreadable). A row without its cells is damage: left out and counted in one line, and the rows beside
+    it still count."""
+    logs = _write(real_run, tmp_path, [pb.Record.FromString(rec.SerializeToString()) for rec in real_run[2]])
+    table = _never_table(logs)
+    doc = json.loads(table.read_text())
+    assert [r[0] for r in doc["data"]] == ["unused.weight", "unused.bias"]
+    doc["data"] += [[]] * 50_000
+    table.write_text(json.dumps(doc))
+    code = run_report(str(logs), as_json=True)
+    out = json.loads(capsys.readouterr().out)
+    assert code == 2 and out["verdict"].startswith("gradlog PROBLEM: 2 of 7 tensors never updated (no_grad 2)"), out
+    assert [r["name"] for r in out["never_updated"]] == ["unused.weight", "unused.bias"]
+    (said,) = [s for s in out["skipped"] if "never_updated" in s]
+    assert said == f"table gradlog/never_updated: 50000 rows without {len(doc['columns'])} cells left out", said
+
+
+def test_a_table_file_of_millions_of_lists_is_not_parsed(real_run: tuple[Path, str, Records], tmp_path: Path) -> None:
+    """A 30 MB never-updated table of ten million empty rows: `gradlog report` grew to 7.8 GB and was still
+    parsing after 4 minutes of CPU. No table of gradlog's holds a million rows (one per tensor): such a file is
+    refused unparsed and named, and the report comes from the rest of the run."""
+    logs = _write(real_run, tmp_path, [pb.Record.FromString(rec.SerializeToString()) for rec in real_run[2]])
+    with open(_never_table(logs), "w") as f:
+        f.write('{"columns": ["name"], "data": [' + ",".join(["[]"] * 10_000_000) + "]}")
+    proc, grew = measured_report(logs)
+    assert "exit 2" in proc.stderr and "1 unreadable part skipped" in proc.stdout, proc.stdout[-500:]
+    assert "(ValueError: 10,000,003 lists and objects, more than the 1,000,000" in proc.stdout, proc.stdout[-1500:]
+    assert grew < 150, f"reading the run grew the process by {grew} MB"

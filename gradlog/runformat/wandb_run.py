@@ -55,8 +55,14 @@ def _table_path(rel: Any) -> str | None:
     return norm
 
 
-def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> Table:
-    """One W&B table file: only a relative path inside the run's `files/` folder, only a regular file."""
+#: A table holds one row (one JSON list) per tensor: a million is far past any model, and parsing that many costs
+#: ~60 MB. A 30 MB file of empty rows (`[[],[],...]`, 10 million) took 7.8 GB before this cap.
+_MAX_TABLE_CONTAINERS = 1_000_000
+
+
+def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> tuple[Table, int]:
+    """One W&B table file (only a relative path inside the run's `files/` folder, only a regular file), and how
+    many of its rows were left out for having another number of cells than it has columns."""
     norm = _table_path(rel)
     if norm is None:
         raise Refused(f"path {str(rel)[:200]!r} is not a relative path inside the run's files/ folder; not opened")
@@ -71,6 +77,12 @@ def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> Table:
         what="table file",
         cap="max_table_bytes",
     )
+    containers = data.count(b"[") + data.count(b"{")  # what parsing costs most: ~60 bytes each, from 2 bytes
+    if containers > _MAX_TABLE_CONTAINERS:
+        raise ValueError(
+            f"{containers:,} lists and objects, more than the {_MAX_TABLE_CONTAINERS:,} a table of gradlog's holds "
+            "(one row per tensor); not parsed"
+        )
     doc = loads_json(data)
     if not isinstance(doc, dict) or not isinstance(doc.get("columns"), list) or not isinstance(doc.get("data"), list):
         raise ValueError("not a W&B table (no columns and data lists)")
@@ -79,8 +91,9 @@ def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> Table:
     for r in doc["data"]:
         if not isinstance(r, list):
             raise ValueError("a table row is not a list")
-        rows.append([summary_text(c) for c in r])
-    return columns, rows
+        if len(r) == len(columns):  # W&B writes whole rows: another length is damage, left out and counted
+            rows.append([summary_text(c) for c in r])
+    return (columns, rows), len(doc["data"]) - len(rows)
 
 
 def runs_in(folder: str) -> dict[str, list[str]]:
@@ -221,9 +234,13 @@ def _answer(
         if not wanted_table(name):
             continue
         try:
-            run.tables[name] = _read_table(run_dir, root, rel, limits)
+            run.tables[name], bad = _read_table(run_dir, root, rel, limits)
         except (Refused, OSError, ValueError, RecursionError) as exc:
             run.skipped.append(f"table {name}: {str(rel)[:200]} cannot be read ({type(exc).__name__}: {exc})")
+            continue
+        if bad:
+            columns = len(run.tables[name][0])
+            run.skipped.append(f"table {name}: {bad} row{'s' * (bad != 1)} without {columns} cells left out")
     if names.summary_key(names.VERDICT) in summary:  # the summary table, kept by W&B in run.summary
         keys = [(k, names.summary_key(k)) for k in names.SUMMARY_KEYS]
         rows = [[k, summary_text(summary[key])] for k, key in keys if key in summary]
