@@ -24,6 +24,7 @@ import io
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import struct
@@ -548,3 +549,21 @@ def test_a_table_file_of_millions_of_lists_is_not_parsed(real_run: tuple[Path, s
     assert "exit 2" in proc.stderr and "1 unreadable part skipped" in proc.stdout, proc.stdout[-500:]
     assert "(ValueError: 10,000,003 lists and objects, more than the 1,000,000" in proc.stdout, proc.stdout[-1500:]
     assert grew < 150, f"reading the run grew the process by {grew} MB"
+
+
+def test_a_record_over_max_record_bytes_is_skipped_unassembled(
+    real_run: tuple[Path, str, Records], tmp_path: Path
+) -> None:
+    """A record of 2 MB (63 chunks) under `Limits(max_record_bytes=1 MiB)`: the TensorBoard reader skips a record
+    over the cap, the W&B reader assembled any size (its pieces copied twice, then parsed: up to the 4 GiB file
+    cap in one record). Now it is skipped and named, and the records after it (the exit record) still read."""
+    from gradlog.runformat.files import Limits
+
+    records = [pb.Record.FromString(rec.SerializeToString()) for rec in real_run[2]]
+    big = pb.Record(history=pb.HistoryRecord(item=[pb.HistoryItem(key="note", value_json='"' + "x" * (2 << 20) + '"')]))
+    logs = _write(real_run, tmp_path, [*records[:-1], big, records[-1]])
+    run = load(str(logs), limits=Limits(max_record_bytes=1 << 20))
+    (said,) = run.skipped
+    assert re.fullmatch(r"record started at offset \d+ is over 1,048,576 bytes \(max_record_bytes\); skipped", said)
+    assert not run.notes, run.notes  # the exit record after it was read: a finished run
+    assert load(str(logs)).skipped == []  # under the default cap (64 MiB) it is an ordinary record

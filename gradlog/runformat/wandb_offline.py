@@ -86,12 +86,16 @@ def find_run_files(root: str | os.PathLike[str]) -> list[str]:
     return sorted(found, key=lambda p: (os.path.getmtime(p), p))
 
 
-def read_chunks(data: bytes, skipped: list[str], tail: list[str] | None = None) -> Iterator[bytes]:
+def read_chunks(
+    data: bytes, skipped: list[str], tail: list[str] | None = None, max_record: int | None = None
+) -> Iterator[bytes]:
     """Reassemble records from the chunk stream; problems are appended to `skipped` and reading goes on.
 
-    A record cut off by the end of the file goes to `tail` instead, when given.
+    A record cut off by the end of the file goes to `tail` instead, when given. A record of more than
+    `max_record` bytes is skipped unassembled (its pieces would be copied twice, then parsed).
     """
     torn = skipped if tail is None else tail
+    size, oversized = 0, False  # bytes of the record in `parts`; True while skipping the rest of a big one
     pos = HEADER.size
     parts: list[bytes] | None = None
     start = 0
@@ -124,6 +128,8 @@ def read_chunks(data: bytes, skipped: list[str], tail: list[str] | None = None) 
             pos += left
             continue
         offset, pos = pos, body + length
+        if kind in (FULL, FIRST):
+            oversized = False
         if kind == FULL:
             if parts is not None:
                 skipped.append(f"record started at offset {start} has no last piece; dropped")
@@ -132,12 +138,20 @@ def read_chunks(data: bytes, skipped: list[str], tail: list[str] | None = None) 
         elif kind == FIRST:
             if parts is not None:
                 skipped.append(f"record started at offset {start} has no last piece; dropped")
-            parts, start = [payload], offset
+            parts, start, size = [payload], offset, length
+        elif oversized:
+            oversized = kind != LAST
         elif parts is None:
             skipped.append(f"{'middle' if kind == MIDDLE else 'last'} piece at offset {offset} without a first piece")
         else:
             parts.append(payload)
-            if kind == LAST:
+            size += length
+            if max_record is not None and size > max_record:
+                skipped.append(
+                    f"record started at offset {start} is over {max_record:,} bytes (max_record_bytes); skipped"
+                )
+                parts, oversized = None, kind != LAST
+            elif kind == LAST:
                 yield b"".join(parts)
                 parts = None
     if parts is not None:
@@ -200,11 +214,13 @@ def read_offline_run(
     root: str | None = None,
     max_bytes: int = 4 * GIB,
     keep: Keep | None = None,
+    max_record_bytes: int | None = None,
 ) -> OfflineRun:
     """Read history rows, summary and config from one `run-*.wandb` file.
 
     `keep(where, path, value_json)`, when given, chooses the items to parse: JSON costs 10-25 times its
     size in Python objects, so a reader that needs a few values keeps a crafted file from costing gigabytes.
+    A record over `max_record_bytes` (None: no cap) is skipped and named.
 
     Damage is reported in `.skipped`, a torn tail in `.torn_tail` (or either raised as `WandbFileError`
     with `strict=True`); a file that is not a W&B run file at all always raises. The file must be a
@@ -232,7 +248,7 @@ def read_offline_run(
     if version != VERSION:
         raise WandbFileError(f"{path}: W&B run file version {version} is not supported (only {VERSION})")
     run = OfflineRun(path=path)
-    for n, raw in enumerate(read_chunks(data, run.skipped, run.torn_tail)):
+    for n, raw in enumerate(read_chunks(data, run.skipped, run.torn_tail, max_record_bytes)):
         rec = pb.Record()
         try:
             rec.ParseFromString(raw)

@@ -171,7 +171,9 @@ def _read_file(run_file: str, root: str, limits: Limits, run: RunData) -> Any:
     from gradlog.runformat.wandb_offline import WandbFileError, read_offline_run
 
     try:
-        offline = read_offline_run(run_file, root=root, max_bytes=limits.max_file_bytes, keep=_wanted)
+        offline = read_offline_run(
+            run_file, root=root, max_bytes=limits.max_file_bytes, keep=_wanted, max_record_bytes=limits.max_record_bytes
+        )
     except (WandbFileError, ImportError) as exc:  # ImportError names pip install 'gradlog[wandb]'
         raise BadRun(str(exc)) from exc
     except OSError as exc:
