@@ -8,8 +8,12 @@ lost, no warning, no count), and from an inline writer it ended the training scr
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,3 +116,60 @@ def test_a_writer_whose_where_raises_still_gets_the_report_printed(capsys: pytes
     ], said
     out = capsys.readouterr().out
     assert report.measured_steps == 2 and out.rstrip().endswith(report.verdict), out
+
+
+CHILD = """
+import os, resource, signal, sys, time, warnings
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as EFBIG, not a kill (inherited by wandb-core)
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, hard))  # `ulimit -f` of ~300 KB, for this process and wandb-core
+import torch, gradlog
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    gl = gradlog.GradLogger(model, opt, writer="wandb", log_dir=sys.argv[1], every=1, print_report=False)
+    for step in range(40):
+        model(torch.randn(8, 32)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        gl.log(step)
+        time.sleep(0.05)
+    report = gl.close()
+print("measured", report.measured_steps)
+for w in caught:
+    print("warning:", w.message)
+"""
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_on_the_wandb_run_is_warned_about(tmp_path: Path) -> None:
+    """`ulimit -f` (RLIMIT_FSIZE), inherited by wandb-core, cut the run file off at the limit with no word: the
+    disk had space, so the W&B writer's free-space check said nothing (seen: 40 steps logged, the file stopped at
+    300,000 bytes, no warning). Now one warning names the file and the limit; training goes on, and
+    `gradlog report` reads what was written."""
+    pytest.importorskip("wandb")
+    root = Path(__file__).resolve().parent.parent
+    # no WANDB_* of this process: an earlier test's run leaves WANDB_SERVICE set, and the child would then use
+    # that wandb-core, which has no file size limit
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        env[var] = str(tmp_path / var.lower())
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "logs")], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "measured 40", proc.stdout
+    said = [line for line in lines if "file size limit" in line]
+    assert len(said) == 1 and "300000 bytes, `ulimit -f`" in said[0] and ".wandb" in said[0], proc.stdout
+    (run_file,) = (tmp_path / "logs" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert run_file.stat().st_size == 300_000  # what the limit let through
+    report = subprocess.run(
+        [sys.executable, "-m", "gradlog", "report", str(tmp_path / "logs")], capture_output=True, text=True, env=env
+    )
+    assert report.returncode in (1, 2) and "Traceback" not in report.stderr, report.stderr[-2000:]
+    assert "gradlog INCOMPLETE" in report.stdout or "gradlog PROBLEM" in report.stdout, report.stdout[-800:]
