@@ -149,3 +149,22 @@ def test_a_plot_name_without_a_suffix_says_where_it_went(
     err = capsys.readouterr().err
     assert code == 0 and f"plot written to {tmp_path / 'curves.png'}" in err, err
     assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("arg", ["include", "exclude"])
+def test_a_filter_that_does_not_take_a_name_is_named(arg: str) -> None:
+    """`include=lambda: True` failed at the first scan with "<lambda>() takes 0 positional arguments but 1 was
+    given", which names neither the argument nor what the callable is given."""
+    model = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=rf"{arg}=<function .*: a callable filter is called with one argument"):
+        gradlog.GradLogger(model, writer="memory", print_report=False, **{arg: lambda: True})
+    gl = gradlog.GradLogger(model, writer="memory", print_report=False, **{arg: lambda name: name == "bias"})
+    assert gl.close().tracked_tensors == 1  # bias only, or weight only
+
+
+def test_a_scaler_class_is_named() -> None:
+    """`scaler=torch.amp.GradScaler` (the class, not the loop's instance) raised "GradScaler.is_enabled() missing
+    1 required positional argument: 'self'"."""
+    model = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"scaler=GradScaler: pass the instance your loop uses, not the class"):
+        gradlog.GradLogger(model, writer="memory", scaler=torch.amp.GradScaler, print_report=False)
