@@ -173,3 +173,37 @@ def test_a_file_size_limit_on_the_wandb_run_is_warned_about(tmp_path: Path) -> N
     )
     assert report.returncode in (1, 2) and "Traceback" not in report.stderr, report.stderr[-2000:]
     assert "gradlog INCOMPLETE" in report.stdout or "gradlog PROBLEM" in report.stdout, report.stdout[-800:]
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_finishes_the_wandb_run(tmp_path: Path) -> None:
+    """SIGTERM (torchrun, SLURM, `kill`) to a run logging to W&B: the signal's exit status stays, the report is
+    printed, and the W&B run file ends with the final tables and its exit record (tests/test_nothing_lost.py
+    checks this for TensorBoard only)."""
+    pytest.importorskip("wandb")
+    import signal
+
+    from gradlog.readers.run import load
+
+    proc, out, err = sigterm_after_ten_steps_with("wandb", tmp_path / "run")
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert "gradlog OK: 2 of 6 tensors never updated (frozen 2)" in out, out[-1000:]
+    run = load(str(tmp_path / "run"))
+    assert run.backend == "wandb" and run.provisional_step is None and run.notes == [] and run.skipped == []
+    assert {r[0] for r in run.tables["gradlog/never_updated"][1]} == {"2.weight", "2.bias"}
+
+
+def sigterm_after_ten_steps_with(writer: str, run_dir: Path) -> tuple[subprocess.Popen[str], str, str]:
+    """tests/fault_child.py's endless training with `writer`, sent SIGTERM once it logged step 10."""
+    import signal
+
+    from test_nothing_lost import start_child, wait_for
+
+    proc = start_child("sigterm", str(run_dir), writer)
+    try:
+        wait_for(proc, "logged 10")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    return proc, out, err
