@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from gradlog.cli.paths import plot_target
 from gradlog.cli.report import _plain
 from gradlog.compare.checkpoints import CannotCompare, Progress, diff, open_all
 from gradlog.readers.checkpoints import BadCheckpoint
@@ -40,6 +41,10 @@ def run_diff(
         return _fail(str(exc))
     if len(paths) < 2:
         return _fail(f"needs two or more checkpoints of one model, in training order; got {len(paths)}")
+    try:
+        plot_to = plot_target(plot_to) if plot_to else None
+    except ValueError as exc:
+        return _fail(str(exc))
     bar: Progress | None = None
     try:
         checkpoints = open_all(paths)

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from gradlog.cli.paths import plot_target
 from gradlog.readers.run import BadRun, load
 from gradlog.runformat.cells import bare_name
 from gradlog.runformat.files import Limits, shown_lines, valid_text
@@ -83,6 +84,10 @@ def run_report(
     if not factor > 1:
         why = "a gradient norm at least this many times its running median"
         return _fail(f"--spike must be a factor > 1 ({why}), got {spike}")
+    try:
+        plot = plot_target(plot) if plot else None
+    except ValueError as exc:
+        return _fail(str(exc))
     try:
         run = load(path, limits=limits)
         # Without --band/--spike: the warnings the run recorded at close (what close() said)

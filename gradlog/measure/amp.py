@@ -34,6 +34,8 @@ def active_scaler(scaler: Any) -> Any:
     """
     if scaler is None:
         return None
+    if isinstance(scaler, type):  # its methods are unbound: is_enabled() "missing 1 required argument: 'self'"
+        raise TypeError(f"scaler={scaler.__name__}: pass the instance your loop uses, not the class")
     is_enabled = getattr(scaler, "is_enabled", None)
     if not callable(is_enabled) or not callable(getattr(scaler, "get_scale", None)):
         raise TypeError(

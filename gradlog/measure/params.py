@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -124,6 +125,7 @@ def _matcher(spec: NameFilter, arg: str) -> Callable[[str], bool] | None:
     if spec is None:
         return None
     if callable(spec):
+        _check_one_argument(spec, arg)
         return spec
     patterns = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (Sequence, set, frozenset)) else None
     if not patterns or not all(isinstance(p, str) for p in patterns):
@@ -132,6 +134,20 @@ def _matcher(spec: NameFilter, arg: str) -> Callable[[str], bool] | None:
             f"got {spec!r}"
         )
     return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _check_one_argument(fn: Callable[..., Any], arg: str) -> None:
+    """A callable filter is called with one tensor name: `include=lambda: True` failed at the first scan with
+    "<lambda>() takes 0 positional arguments but 1 was given", naming neither the argument nor the fix."""
+    try:
+        inspect.signature(fn).bind("name")
+    except TypeError:
+        raise TypeError(
+            f"{arg}={fn!r}: a callable filter is called with one argument, the tensor's name, and returns True to "
+            f"watch it (e.g. {arg}=lambda name: name.startswith('encoder.'))"
+        ) from None
+    except ValueError:  # no signature to read (some builtins): it is called as it is
+        pass
 
 
 class Selection:

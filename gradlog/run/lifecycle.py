@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -336,6 +337,7 @@ def clip_grad_norm_(
     With it, the measured step reports the norms before clipping (per tensor and `gradlog/grad_norm_total`)
     and `gradlog/clip_coef`, computed from the clipped gradients and this total: no extra pass.
     """
+    check_max_norm(max_norm)
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     total = torch.nn.utils.clip_grad_norm_(
         params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
@@ -343,6 +345,19 @@ def clip_grad_norm_(
     for gl in list(ACTIVE):
         gl.note_clip(params, total, max_norm)
     return total
+
+
+def check_max_norm(max_norm: object) -> None:
+    """torch takes any `max_norm`: a negative one multiplies every gradient by a negative factor (each update
+    goes uphill) and NaN makes every gradient NaN, both silently. A number >= 0 is what a user means."""
+    value = math.nan
+    if isinstance(max_norm, (int, float)) or (isinstance(max_norm, torch.Tensor) and max_norm.numel() == 1):
+        value = float(max_norm)
+    if isinstance(max_norm, bool) or not value >= 0:
+        raise ValueError(
+            f"clip_grad_norm_(max_norm={max_norm!r}): must be a number >= 0, the largest total gradient norm to "
+            "keep (e.g. 1.0); a negative one would flip every gradient's sign and NaN would make them NaN"
+        )
 
 
 def log(step: int | None = None) -> None:

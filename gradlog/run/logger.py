@@ -129,6 +129,11 @@ class GradLogger:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train")
         # DeepSpeed ZeRO-1/2: the engine's module and a view of its optimizer; ZeRO-3, FSDP1, pipelines: refused
         model, optimizer, zero = attach(model, optimizer)
+        if next(iter(model.parameters()), None) is None:
+            raise ValueError(
+                f"model {type(model).__name__} has no parameters, so gradlog has nothing to watch; pass the module "
+                "you train (the one whose parameters the optimizer holds), not a parameter-free part of it"
+            )
         if optimizer is not None:
             optimizer = steppable(optimizer)  # a wrapper's (accelerate, Lightning) inner optimizer
         every = check_every(every)

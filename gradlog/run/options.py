@@ -40,7 +40,7 @@ from gradlog.verdict.alerts import (
     Alerts,
     check_band,
 )
-from gradlog.writers import WriterSpec
+from gradlog.writers import REGISTRY, Writer, WriterSpec
 from gradlog.writers.guard import DEFAULT_TIMEOUT_S as DEFAULT_WRITER_TIMEOUT_S
 from gradlog.writers.overview import check_every as check_overview_every
 
@@ -234,6 +234,7 @@ class Output(_Spelled):
         check_resume(self.resume)
         if isinstance(self.writer, Output):
             raise ValueError("Output(writer=Output(...)): pass the writer name or instance, not another Output")
+        check_writer(self.writer)
         if self.options is None:
             object.__setattr__(self, "options", {})
         if not isinstance(self.options, Mapping):
@@ -245,6 +246,34 @@ class Output(_Spelled):
         for name in ("handle_signals", "strict"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Output({name}=...) must be True or False, got {getattr(self, name)!r}")
+
+
+def check_writer(spec: object) -> None:
+    """`writer=` holds registered names and `Writer` instances only: a typo, a class or a stray value is named
+    where the user wrote it, not as "'int' object is not iterable" from deep inside."""
+    valid = ", ".join(repr(n) for n in sorted(REGISTRY))
+    items = [spec] if isinstance(spec, (str, Writer, type)) else spec
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(
+            f"writer={spec!r}: must be a writer name ({valid}), a gradlog.Writer instance or a list of them"
+        )
+    for item in items:
+        if isinstance(item, Writer):
+            continue
+        if isinstance(item, str):
+            if item not in REGISTRY:
+                near = difflib.get_close_matches(item, list(REGISTRY), n=1, cutoff=0.5)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise ValueError(
+                    f"unknown writer {item!r}; valid names are {valid}, or pass a gradlog.Writer instance{hint}"
+                )
+        elif isinstance(item, type) and issubclass(item, Writer):
+            raise TypeError(f"writer={item.__name__}: pass an instance, {item.__name__}(...), not the class")
+        else:
+            raise TypeError(
+                f"writer={item!r}: must be a writer name ({valid}), a gradlog.Writer instance or a list of them; "
+                f"got {type(item).__name__}"
+            )
 
 
 def histogram_options(value: bool | HistogramOptions) -> HistogramOptions:
@@ -335,6 +364,11 @@ def writer_options(out: Output, log_dir: str | None) -> tuple[str | None, dict[s
                 f"log_dir={log_dir!r} and Output(options={{'log_dir': {opt_dir!r}}}) disagree; pass log_dir= only"
             )
         log_dir = opt_dir
+    if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"log_dir={log_dir!r}: must be a folder path (a str or pathlib.Path) such as 'runs/exp1', "
+            f"got {type(log_dir).__name__}"
+        )
     if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise ValueError(
             f"log_dir={os.fspath(log_dir)!r} is a file, not a folder: gradlog writes a run's files into a folder "

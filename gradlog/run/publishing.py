@@ -205,7 +205,17 @@ class Publisher:
 
     def where(self) -> str | None:
         """Where this run's files went, and the commands that read them (None for memory-only writers)."""
-        lines = [line for line in (w.where() for w in self.writers.writers) if line]
+        lines = []
+        for w in self.writers.writers:
+            try:  # a writer of one's own with a bug here must not cost the run its report
+                line = w.where()
+            except Exception as exc:
+                if self.failures.strict:
+                    raise
+                warn(f"gradlog: {type(w).__name__}.where() failed ({describe(exc)}); where its files are is not shown")
+                continue
+            if line:
+                lines.append(str(line))
         return "\n".join(lines) or None
 
 

@@ -38,7 +38,8 @@ class Limits:
     `max_table_bytes`: one W&B table file (a never-updated table of 10,000 tensors is about 1 MB).
     `max_files`: candidate files (`*tfevents*`, `*.wandb`) found when searching a folder.
     `max_entries`: folder entries looked at during that search.
-    `max_record_bytes`: one TensorBoard record (gradlog's are below 1 MB); a bigger one is skipped unread.
+    `max_record_bytes`: one TensorBoard or W&B record (gradlog's are below 1 MB; its W&B rows are split at about
+    10 MB); a bigger one is skipped unread.
     """
 
     max_file_bytes: int = 4 * GIB

@@ -26,7 +26,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,12 +86,16 @@ def find_run_files(root: str | os.PathLike[str]) -> list[str]:
     return sorted(found, key=lambda p: (os.path.getmtime(p), p))
 
 
-def read_chunks(data: bytes, skipped: list[str], tail: list[str] | None = None) -> Iterator[bytes]:
+def read_chunks(
+    data: bytes, skipped: list[str], tail: list[str] | None = None, max_record: int | None = None
+) -> Iterator[bytes]:
     """Reassemble records from the chunk stream; problems are appended to `skipped` and reading goes on.
 
-    A record cut off by the end of the file goes to `tail` instead, when given.
+    A record cut off by the end of the file goes to `tail` instead, when given. A record of more than
+    `max_record` bytes is skipped unassembled (its pieces would be copied twice, then parsed).
     """
     torn = skipped if tail is None else tail
+    size, oversized = 0, False  # bytes of the record in `parts`; True while skipping the rest of a big one
     pos = HEADER.size
     parts: list[bytes] | None = None
     start = 0
@@ -124,6 +128,8 @@ def read_chunks(data: bytes, skipped: list[str], tail: list[str] | None = None) 
             pos += left
             continue
         offset, pos = pos, body + length
+        if kind in (FULL, FIRST):
+            oversized = False
         if kind == FULL:
             if parts is not None:
                 skipped.append(f"record started at offset {start} has no last piece; dropped")
@@ -132,23 +138,39 @@ def read_chunks(data: bytes, skipped: list[str], tail: list[str] | None = None) 
         elif kind == FIRST:
             if parts is not None:
                 skipped.append(f"record started at offset {start} has no last piece; dropped")
-            parts, start = [payload], offset
+            parts, start, size = [payload], offset, length
+        elif oversized:
+            oversized = kind != LAST
         elif parts is None:
             skipped.append(f"{'middle' if kind == MIDDLE else 'last'} piece at offset {offset} without a first piece")
         else:
             parts.append(payload)
-            if kind == LAST:
+            size += length
+            if max_record is not None and size > max_record:
+                skipped.append(
+                    f"record started at offset {start} is over {max_record:,} bytes (max_record_bytes); skipped"
+                )
+                parts, oversized = None, kind != LAST
+            elif kind == LAST:
                 yield b"".join(parts)
                 parts = None
     if parts is not None:
         torn.append(f"record started at offset {start} was cut off at the end of the file; dropped")
 
 
-def _items(items: Iterable[Any], skipped: list[str], where: str) -> dict[str, Any]:
+#: Which items a reader wants: `(where, path, value_json) -> bool`, `where` one of "history", "summary",
+#: "config"; the others are left out unparsed (a caller that reads only numbers needs no histogram lists).
+Keep = Callable[[str, list[str], str], bool]
+
+
+def _items(items: Iterable[Any], skipped: list[str], where: str, keep: Keep | None = None) -> dict[str, Any]:
     """`key`/`nested_key` + `value_json` items -> a nested dict."""
     out: dict[str, Any] = {}
+    kind = where.split(" ", 1)[0]
     for item in items:
         path = list(item.nested_key) or [item.key]
+        if keep is not None and not keep(kind, path, item.value_json):
+            continue
         if len(path) > MAX_JSON_DEPTH:
             skipped.append(f"{where}: a key nested {len(path)} levels deep (at most {MAX_JSON_DEPTH}); skipped")
             continue
@@ -191,8 +213,14 @@ def read_offline_run(
     strict: bool = False,
     root: str | None = None,
     max_bytes: int = 4 * GIB,
+    keep: Keep | None = None,
+    max_record_bytes: int | None = None,
 ) -> OfflineRun:
     """Read history rows, summary and config from one `run-*.wandb` file.
+
+    `keep(where, path, value_json)`, when given, chooses the items to parse: JSON costs 10-25 times its
+    size in Python objects, so a reader that needs a few values keeps a crafted file from costing gigabytes.
+    A record over `max_record_bytes` (None: no cap) is skipped and named.
 
     Damage is reported in `.skipped`, a torn tail in `.torn_tail` (or either raised as `WandbFileError`
     with `strict=True`); a file that is not a W&B run file at all always raises. The file must be a
@@ -220,7 +248,7 @@ def read_offline_run(
     if version != VERSION:
         raise WandbFileError(f"{path}: W&B run file version {version} is not supported (only {VERSION})")
     run = OfflineRun(path=path)
-    for n, raw in enumerate(read_chunks(data, run.skipped, run.torn_tail)):
+    for n, raw in enumerate(read_chunks(data, run.skipped, run.torn_tail, max_record_bytes)):
         rec = pb.Record()
         try:
             rec.ParseFromString(raw)
@@ -229,21 +257,21 @@ def read_offline_run(
             continue
         kind = rec.WhichOneof("record_type")
         if kind == "history":
-            row = _items(rec.history.item, run.skipped, f"history record {n}")
+            row = _items(rec.history.item, run.skipped, f"history record {n}", keep)
             row.setdefault("_step", rec.history.step.num)
             run.history.append(row)
         elif kind == "summary":
-            update = _items(rec.summary.update, run.skipped, f"summary record {n}")
+            update = _items(rec.summary.update, run.skipped, f"summary record {n}", keep)
             run.summary_updates.append(update)
             _merge(run.summary, update)
             _remove(run.summary, rec.summary.remove)
         elif kind == "config":
-            _merge(run.config, _items(rec.config.update, run.skipped, f"config record {n}"))
+            _merge(run.config, _items(rec.config.update, run.skipped, f"config record {n}", keep))
             _remove(run.config, rec.config.remove)
         elif kind == "run":
             run.run_id = rec.run.run_id or run.run_id
             run.project = rec.run.project or run.project
-            _merge(run.config, _items(rec.run.config.update, run.skipped, f"run record {n}"))
+            _merge(run.config, _items(rec.run.config.update, run.skipped, f"config (run record {n})", keep))
         elif kind == "metric":
             m = rec.metric
             entry = {"name": m.name} if m.name else {"glob_name": m.glob_name}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import posixpath
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -32,6 +33,8 @@ from gradlog.runformat.rundata import (
 #: The W&B writer logs some tables under another key (the plain name already holds a scalar there).
 _WANDB_TABLES = {key: name for name, key in names.WANDB_TABLE_KEYS.items()}
 _STEP_KEY = names.STEP_KEY
+#: The largest integer a float holds (about 1.8e308); JSON integers past it make `float()` raise.
+_FLOAT_INT = int(sys.float_info.max)
 
 
 def _tensor_order(config: dict[str, Any]) -> list[str]:
@@ -52,8 +55,14 @@ def _table_path(rel: Any) -> str | None:
     return norm
 
 
-def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> Table:
-    """One W&B table file: only a relative path inside the run's `files/` folder, only a regular file."""
+#: A table holds one row (one JSON list) per tensor: a million is far past any model, and parsing that many costs
+#: ~60 MB. A 30 MB file of empty rows (`[[],[],...]`, 10 million) took 7.8 GB before this cap.
+_MAX_TABLE_CONTAINERS = 1_000_000
+
+
+def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> tuple[Table, int]:
+    """One W&B table file (only a relative path inside the run's `files/` folder, only a regular file), and how
+    many of its rows were left out for having another number of cells than it has columns."""
     norm = _table_path(rel)
     if norm is None:
         raise Refused(f"path {str(rel)[:200]!r} is not a relative path inside the run's files/ folder; not opened")
@@ -68,6 +77,12 @@ def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> Table:
         what="table file",
         cap="max_table_bytes",
     )
+    containers = data.count(b"[") + data.count(b"{")  # what parsing costs most: ~60 bytes each, from 2 bytes
+    if containers > _MAX_TABLE_CONTAINERS:
+        raise ValueError(
+            f"{containers:,} lists and objects, more than the {_MAX_TABLE_CONTAINERS:,} a table of gradlog's holds "
+            "(one row per tensor); not parsed"
+        )
     doc = loads_json(data)
     if not isinstance(doc, dict) or not isinstance(doc.get("columns"), list) or not isinstance(doc.get("data"), list):
         raise ValueError("not a W&B table (no columns and data lists)")
@@ -76,8 +91,9 @@ def _read_table(run_dir: str, root: str, rel: Any, limits: Limits) -> Table:
     for r in doc["data"]:
         if not isinstance(r, list):
             raise ValueError("a table row is not a list")
-        rows.append([summary_text(c) for c in r])
-    return columns, rows
+        if len(r) == len(columns):  # W&B writes whole rows: another length is damage, left out and counted
+            rows.append([summary_text(c) for c in r])
+    return (columns, rows), len(doc["data"]) - len(rows)
 
 
 def runs_in(folder: str) -> dict[str, list[str]]:
@@ -130,12 +146,34 @@ def read_run_files(run_files: list[str], root: str, limits: Limits) -> RunData:
     return run
 
 
+#: The longest JSON object a reader parses where it expects a table-file reference (gradlog's are ~200 bytes).
+_MAX_REF = 4096
+
+
+def _wanted(where: str, path: list[str], text: str) -> bool:
+    """The items this reader uses, told from their JSON text before parsing it: in history rows the numbers and
+    the table-file references (wandb writes one as a short object, or as one short item per field), in the
+    summary anything but a list, in the config the model order. The rest (histogram lists, long strings) is
+    left unparsed: a 40 MB file of `[[],[],...]` rows took 1.3 GB."""
+    head = text[:1]
+    if where == "history":
+        return head in _NUMBER_START or (head != "[" and len(text) <= _MAX_REF)
+    if where == "summary":
+        return head != "[" and (head != "{" or len(text) <= _MAX_REF)
+    return path[0] == names.ORDER_KEY
+
+
+_NUMBER_START = frozenset("-0123456789NI")  # NaN, Infinity, -Infinity too: parsed however long
+
+
 def _read_file(run_file: str, root: str, limits: Limits, run: RunData) -> Any:
     """One `.wandb` file read; what is damaged goes to `run.skipped`, a missing exit record to `run.notes`."""
     from gradlog.runformat.wandb_offline import WandbFileError, read_offline_run
 
     try:
-        offline = read_offline_run(run_file, root=root, max_bytes=limits.max_file_bytes)
+        offline = read_offline_run(
+            run_file, root=root, max_bytes=limits.max_file_bytes, keep=_wanted, max_record_bytes=limits.max_record_bytes
+        )
     except (WandbFileError, ImportError) as exc:  # ImportError names pip install 'gradlog[wandb]'
         raise BadRun(str(exc)) from exc
     except OSError as exc:
@@ -157,6 +195,7 @@ def _history(history: list[dict[str, Any]], points: dict[str, SeriesBuilder], sk
     """Add the history rows' numbers to `points`; returns the tables they name (table name -> file path)."""
     table_files: dict[str, Any] = {}
     bad_steps: dict[str, list[int]] = {}
+    bad_values: dict[str, list[int]] = {}
     for n, row in enumerate(history):
         step = row.get(_STEP_KEY, row.get("_step"))
         if isinstance(step, bool) or not isinstance(step, (int, float)):
@@ -169,13 +208,24 @@ def _history(history: list[dict[str, Any]], points: dict[str, SeriesBuilder], sk
             if key.startswith("_") or key == _STEP_KEY:
                 continue
             if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if isinstance(value, int) and not -_FLOAT_INT <= value <= _FLOAT_INT:  # float() would raise
+                    bad_values.setdefault(key, []).append(n)
+                    continue
                 points[key].add(int(step), float(value))
             elif isinstance(value, dict) and value.get("_type") == "table-file" and "path" in value:
                 table_files[_WANDB_TABLES.get(key, key)] = value["path"]
     for why, numbers in bad_steps.items():
-        first = ", ".join(str(r) for r in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
-        skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {first})")
+        skipped.append(f"{len(numbers)} history row{'s' * (len(numbers) != 1)} skipped: {why} (rows {_rows(numbers)})")
+    for key, numbers in bad_values.items():
+        skipped.append(
+            f"{key[:200]!r}: {len(numbers)} value{'s' * (len(numbers) != 1)} skipped, an integer beyond any "
+            f"float (rows {_rows(numbers)})"
+        )
     return table_files
+
+
+def _rows(numbers: list[int]) -> str:
+    return ", ".join(str(r) for r in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
 
 
 def _answer(
@@ -186,9 +236,13 @@ def _answer(
         if not wanted_table(name):
             continue
         try:
-            run.tables[name] = _read_table(run_dir, root, rel, limits)
+            run.tables[name], bad = _read_table(run_dir, root, rel, limits)
         except (Refused, OSError, ValueError, RecursionError) as exc:
             run.skipped.append(f"table {name}: {str(rel)[:200]} cannot be read ({type(exc).__name__}: {exc})")
+            continue
+        if bad:
+            columns = len(run.tables[name][0])
+            run.skipped.append(f"table {name}: {bad} row{'s' * (bad != 1)} without {columns} cells left out")
     if names.summary_key(names.VERDICT) in summary:  # the summary table, kept by W&B in run.summary
         keys = [(k, names.summary_key(k)) for k in names.SUMMARY_KEYS]
         rows = [[k, summary_text(summary[key])] for k, key in keys if key in summary]

@@ -192,7 +192,7 @@ class Policy:
         warning: Iterable[str] = (),
         problem: Iterable[str] = (),
     ) -> None:
-        if isinstance(rules, str):
+        if isinstance(rules, str) or not isinstance(rules, (Mapping, Iterable)):
             raise ValueError(
                 f"a policy is a mapping {{'KIND[:PATTERN]': severity}} or (spec, severity) pairs, got {rules!r}"
             )
@@ -210,6 +210,10 @@ class Policy:
         for severity, specs in ((IGNORE, ignore), (NOTE, note), (WARNING, warning), (PROBLEM, problem)):
             if isinstance(specs, str):
                 specs = [specs]
+            elif not isinstance(specs, Iterable):
+                raise ValueError(
+                    f"Policy({severity}=...) takes 'KIND[:PATTERN]' specs (a string or a list), got {specs!r}"
+                )
             out += [Rule.parse(s, severity) for s in specs]
         self.rules: tuple[Rule, ...] = tuple(out)
 

@@ -107,12 +107,26 @@ def read(run: RunData, kind: type[R]) -> list[R]:
     from its cells) is skipped and named, by its `KEY` cell, in `run.skipped`."""
     name = table_name(kind)
     out: list[R] = []
+    unnamed = bad = 0
     for c in table_cells(run.tables.get(name, _EMPTY), kind.columns(written=True)):
+        if not c[kind.KEY]:  # a row about no tensor (damage): it was read as a tensor named ""
+            unnamed += 1
+            continue
         try:
             out.append(kind.from_cells(c))
         except (KeyError, ValueError) as exc:
-            run.skipped.append(f"table {name}: row {c[kind.KEY]!r} cannot be read ({exc})")
+            bad += 1
+            if bad <= _NAMED_ROWS:
+                run.skipped.append(f"table {name}: row {c[kind.KEY]!r} cannot be read ({exc})")
+    if bad > _NAMED_ROWS:
+        run.skipped.append(f"table {name}: {bad - _NAMED_ROWS} more rows cannot be read")
+    if unnamed:
+        run.skipped.append(f"table {name}: {unnamed} row{'s' * (unnamed != 1)} without a {kind.KEY!r} cell skipped")
     return out
+
+
+#: Unreadable rows named one by one in `run.skipped`; the rest are counted (a damaged table can hold millions).
+_NAMED_ROWS = 20
 
 
 def read_alerts(table: Table) -> list[Alert]:

@@ -151,6 +151,8 @@ class GuardedWriters(Writer):
                 call(w)
             except Exception as exc:
                 self._failed(w, what, exc)
+            except SystemExit as exc:  # a backend's sys.exit ended the training script (Ctrl-C still does)
+                self._failed(w, what, RuntimeError(f"it raised SystemExit({exc})"))
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         self._each("log_scalars", lambda w: w.log_scalars(scalars, step))

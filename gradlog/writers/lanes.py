@@ -89,6 +89,8 @@ class Lane:
             self.consume(items, durable)
         except Exception as exc:  # a bug or a bad value must not kill the thread and hang sync()
             self.failed(items, exc)
+        except BaseException as exc:  # SystemExit (a backend's sys.exit) ended the thread in silence: all later
+            self.failed(items, RuntimeError(f"it raised {type(exc).__name__}({exc})"))  # records lost, unsaid
         finally:
             self.busy_since = None
 

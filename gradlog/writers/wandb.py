@@ -446,6 +446,32 @@ class WandbWriter(Writer):
                 f"gradlog: the disk holding the W&B run {folder!r} is full ({free} bytes free); W&B cannot write "
                 "this run's file, so what it logs from now on is lost. Free space; training continues",
             )
+        self._check_file_size(os.path.dirname(folder))
+
+    def _check_file_size(self, run_folder: str) -> None:
+        """A file size limit (`ulimit -f`, inherited by wandb-core) cuts the run file off as silently as a full
+        disk, with space to spare: warn when the file nears it (seen: a 300 KB limit, the file stopped at
+        300,000 bytes, 40 steps logged and no word)."""
+        try:
+            import resource
+
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        except (ImportError, OSError, ValueError):  # no resource module on Windows
+            return
+        if limit == resource.RLIM_INFINITY or limit <= 0:
+            return
+        path = os.path.join(run_folder, f"run-{self.run_id}.wandb")
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return
+        if size >= limit - min(MIN_FREE_BYTES, limit // 2):
+            self._warn_once(
+                "disk",
+                f"gradlog: the W&B run file {path!r} is at the file size limit of this process ({limit} bytes, "
+                "`ulimit -f`); W&B cannot write past it, so what it logs from then on is lost. Raise the limit "
+                "(ulimit -f unlimited); training continues",
+            )
 
     def close(self) -> None:
         """Send what is buffered, write the summary, and finish the run if gradlog started it."""
