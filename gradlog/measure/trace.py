@@ -702,9 +702,12 @@ class StepTrace:
             return
         if module is self.model:  # the user's call of the model (a functional_call's line, not one in forward)
             self._call_site = user_site()
-        for pname, t in module._parameters.items():  # what forward reads: the optimizer's tensors, or others
-            if t is not None and id(t) not in self._stepped_ids and t.requires_grad:
-                self._result.swapped.setdefault(prefix + pname, (id(t), self._call_site))
+        # gradlog's own look, not one of the step's torch calls: a DTensor's (FSDP2) `requires_grad` goes through the
+        # recorder as a torch function, which made a sharded run's traced step longer than one process's
+        with torch._C.DisableTorchFunction():
+            for pname, t in module._parameters.items():  # what forward reads: the optimizer's tensors, or others
+                if t is not None and id(t) not in self._stepped_ids and t.requires_grad:
+                    self._result.swapped.setdefault(prefix + pname, (id(t), self._call_site))
 
     def _registered(self, module: nn.Module, name: str, param: Any) -> None:
         """A parameter registered on a module of the model during the step (``self.w = nn.Parameter(...)`` in
