@@ -125,7 +125,7 @@ class NeverUpdated(Record):
         "never.not_registered": (
             PROBLEM,
             "used in forward and given a gradient, but no parameter of the model (modules in a Python list, a module "
-            f"made in forward()): no optimizer steps it, {_WHOLE}",
+            f"made in forward(), a buffer registered with requires_grad=True): no optimizer steps it, {_WHOLE}",
         ),
         "never.no_grad": (PROBLEM, f"no gradient ever reached it (unused module, detach, no_grad): {_WHOLE}"),
         "never.zero_lr": (PROBLEM, f"its param group's lr is 0 (a scheduler or a typo): {_WHOLE}"),
