@@ -1031,6 +1031,17 @@ def planted_site(obj: Any, marker: str) -> str:
     return f"{os.path.basename(inspect.getsourcefile(obj) or '')}:{hits[0]}"
 
 
+def site_in(path: str, marker: str) -> str:
+    """ "test_x.py:123": the line of the file at `path` (a test file's `__file__`) marked `# planted: <marker>`."""
+    import os
+
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    hits = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(f"# planted: {marker}")]
+    assert len(hits) == 1, f"{marker!r} marks {len(hits)} lines of {path}"
+    return f"{os.path.basename(path)}:{hits[0]}"
+
+
 class CutEncoder(nn.Module):
     """An encoder and a decoder; `cut` says how forward cuts the encoder off the loss: "detach"
     (``.detach()``), "no_grad" (a ``torch.no_grad()`` region), "inference" (``torch.inference_mode()``),

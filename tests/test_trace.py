@@ -7,8 +7,6 @@ the planted statement (`catalogue.planted_site`), and are read back from the rep
 
 from __future__ import annotations
 
-import inspect
-import os
 import re
 import time
 from typing import Any
@@ -24,6 +22,7 @@ from catalogue import (
     Stacked,
     VQAutoencoder,
     planted_site,
+    site_in,
 )
 from torch import nn
 
@@ -65,10 +64,7 @@ def _rows(report: gradlog.Report, reason: Reason) -> dict[str, str]:
 
 def _site_here(marker: str) -> str:
     """This test file's line marked `# planted: <marker>` (a GAN's or a loss function's planted statement)."""
-    lines, _ = inspect.findsource(inspect.getmodule(_site_here))  # type: ignore[arg-type]
-    hits = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(f"# planted: {marker}")]
-    assert len(hits) == 1
-    return f"{os.path.basename(__file__)}:{hits[0]}"
+    return site_in(__file__, marker)
 
 
 def _no_trace_left(model: nn.Module) -> None:

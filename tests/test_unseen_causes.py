@@ -10,12 +10,19 @@ file and line a record must name come from a marker comment on the planted state
 from __future__ import annotations
 
 import inspect
-import os
 from typing import Any
 
 import pytest
 import torch
-from catalogue import CustomFunctionLayer, ReentrantCheckpointed, TwoHeadLoss, _LinearFn, planted_site, tiny_gpt2
+from catalogue import (
+    CustomFunctionLayer,
+    ReentrantCheckpointed,
+    TwoHeadLoss,
+    _LinearFn,
+    planted_site,
+    site_in,
+    tiny_gpt2,
+)
 from torch import nn
 
 import gradlog
@@ -26,10 +33,7 @@ STEPS = 30
 
 def _site_here(marker: str) -> str:
     """This file's line marked `# planted: <marker>`."""
-    lines, _ = inspect.findsource(inspect.getmodule(_site_here))  # type: ignore[arg-type]
-    hits = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(f"# planted: {marker}")]
-    assert len(hits) == 1
-    return f"{os.path.basename(__file__)}:{hits[0]}"
+    return site_in(__file__, marker)
 
 
 def _run(model: nn.Module, opt: torch.optim.Optimizer, step: Any, every: int = 5) -> tuple[gradlog.Report, set[str]]:

@@ -12,7 +12,6 @@ and line a record must name come from a marker comment on the planted statement 
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from catalogue import (
     LearnedScale,
     SaturatedBranch,
     planted_site,
+    site_in,
 )
 from test_unseen_causes import _batch, _classify, _details
 from torch import nn
@@ -39,10 +39,7 @@ STEPS = 30
 
 def _site_here(marker: str) -> str:
     """This file's line marked `# planted: <marker>`."""
-    lines, _ = inspect.findsource(inspect.getmodule(_site_here))  # type: ignore[arg-type]
-    hits = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(f"# planted: {marker}")]
-    assert len(hits) == 1
-    return f"{os.path.basename(__file__)}:{hits[0]}"
+    return site_in(__file__, marker)
 
 
 def _run(
