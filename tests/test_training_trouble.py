@@ -118,6 +118,31 @@ def test_a_writer_whose_where_raises_still_gets_the_report_printed(capsys: pytes
     assert report.measured_steps == 2 and out.rstrip().endswith(report.verdict), out
 
 
+def test_a_writer_whose_dropped_count_raises_still_closes_with_the_report() -> None:
+    """An inline writer of one's own whose `dropped` property raises: `gl.close()` raised after the report had been
+    printed (the run's Report lost to the script). Now one warning naming it, and close() returns the Report."""
+
+    class Uncounted(gradlog.MemoryWriter):
+        @property
+        def dropped(self) -> int:
+            raise RuntimeError("no count kept")
+
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gl = gradlog.GradLogger(model, opt, writer=[Uncounted()], every=1, print_report=False)
+        for step in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            gl.log(step)
+        report = gl.close()
+    said = [str(w.message) for w in caught if "Uncounted.dropped failed" in str(w.message)]
+    assert len(said) == 1 and "RuntimeError: no count kept" in said[0], [str(w.message) for w in caught]
+    assert report.measured_steps == 2 and gl.dropped == 0
+
+
 CHILD = """
 import os, resource, signal, sys, time, warnings
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as EFBIG, not a kill (inherited by wandb-core)

@@ -121,8 +121,17 @@ class GuardedWriters(Writer):
     @property
     def dropped(self) -> int:
         """Records lost so far: by writers that fell behind, and by writers that count their own (TensorBoard)."""
-        own = sum(w.dropped for w in self.writers if id(w) not in self._lanes)
+        own = sum(self._own_dropped(w) for w in self.writers if id(w) not in self._lanes)
         return own + sum(lane.dropped for lane in self._lanes.values())
+
+    def _own_dropped(self, w: Writer) -> int:
+        """A writer's own count of lost records; one that fails to say (a property of one's own writer raising) is
+        warned about once and counts 0: asking it made close() raise after the report had been printed."""
+        try:
+            return int(w.dropped)
+        except Exception as exc:
+            self._failed(w, "dropped", exc)
+            return 0
 
     def _failed(self, w: Writer, what: str, exc: Exception) -> None:
         if self.strict:
